@@ -1,0 +1,60 @@
+# fastrollout developer commands. Every target sets up what it needs, so on a fresh
+# machine `make test` and `make demo` are all it takes.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+export VIRTUAL_ENV := $(abspath $(VENV))
+export PATH := $(VIRTUAL_ENV)/bin:$(PATH)
+
+.DEFAULT_GOAL := test
+.PHONY: install build test test-rust test-python lint format bench bench-rust bench-python demo clean
+
+# The venv and every dependency (runtime + dev/test extras, RLlib 2.60 as the reference).
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+install: $(VENV)/.installed
+
+# The native extension in release mode, installed into the venv (editable).
+build: install
+	maturin develop --release -q
+
+test-rust:
+	cargo test --release -q
+
+test-python: build
+	$(PY) -m pytest -q
+
+test: test-rust test-python
+
+lint: install
+	cargo clippy --all-targets -q -- -D warnings
+	cargo clippy --all-targets --features python -q -- -D warnings
+	cargo fmt --check
+	$(PY) -m ruff check python tests benches examples
+	$(PY) -m ruff format --check python tests benches examples
+	$(MAKE) -s build
+	$(PY) -m mypy.stubtest fastrollout._core --allowlist .mypy-stubtest-allowlist
+
+format: install
+	cargo fmt
+	$(PY) -m ruff format python tests benches examples
+	$(PY) -m ruff check --fix python tests benches examples
+
+bench-rust:
+	cargo bench --bench core
+
+bench-python: build
+	$(PY) -m pytest benches -q --benchmark-only --benchmark-group-by=group --benchmark-columns=min,median,mean,ops
+
+bench: bench-rust bench-python
+
+demo: build
+	$(PY) examples/demo.py
+
+clean:
+	rm -rf target $(VENV) .pytest_cache .hypothesis .benchmarks

@@ -1,0 +1,298 @@
+//! A field of an episode: one kind of data (observations, actions, rewards, infos, one
+//! extra model output) stored either as a typed [`Column`] or, for data that fits no
+//! schema, as host objects (`O`: Python objects in the binding layer, anything `Clone` in
+//! Rust tests).
+
+use crate::column::{Column, Geometry, Index, IndexError, Resolved};
+use crate::schema::Schema;
+
+/// Storage of a field.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Storage<O> {
+    /// Nothing stored and no schema known yet: typed from the first item.
+    Untyped,
+    /// Fixed-schema items in contiguous byte buffers.
+    Typed {
+        column: Column,
+        /// The items were given as host scalars (Python `int`/`float`/`bool`), so readers
+        /// hand them back as such before `to_numpy`, as RLlib does with its Python lists.
+        host_scalars: bool,
+    },
+    /// Items that fit no schema (infos, text, ragged data), kept as host objects.
+    Objects { items: Vec<O>, lookback: usize },
+}
+
+/// One item on its way into a field, already converted by the caller.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Item<O> {
+    /// Bytes that fit the field's current schema, one buffer per leaf.
+    Bytes(Vec<Vec<u8>>),
+    /// The first item of an untyped field, with the schema inferred from it.
+    FirstTyped { schema: Schema, leaves: Vec<Vec<u8>>, host_scalars: bool },
+    /// An item stored as a host object (the field holds objects, or must become so).
+    Object(O),
+}
+
+/// One field of an episode: storage plus RLlib's "finalized" flag, which only changes how
+/// reads are returned (lists of items before `to_numpy`, batched arrays after).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Field<O> {
+    pub storage: Storage<O>,
+    pub finalized: bool,
+}
+
+impl<O: Clone> Default for Field<O> {
+    fn default() -> Self {
+        Field::untyped()
+    }
+}
+
+impl<O: Clone> Field<O> {
+    #[must_use]
+    pub fn untyped() -> Field<O> {
+        Field { storage: Storage::Untyped, finalized: false }
+    }
+
+    #[must_use]
+    pub fn typed(schema: Schema, host_scalars: bool) -> Field<O> {
+        Field { storage: Storage::Typed { column: Column::new(schema), host_scalars }, finalized: false }
+    }
+
+    #[must_use]
+    pub fn objects(items: Vec<O>, lookback: usize) -> Field<O> {
+        let lookback = lookback.min(items.len());
+        Field { storage: Storage::Objects { items, lookback }, finalized: false }
+    }
+
+    #[must_use]
+    pub fn geometry(&self) -> Geometry {
+        match &self.storage {
+            Storage::Untyped => Geometry { total: 0, lookback: 0 },
+            Storage::Typed { column, .. } => column.geometry(),
+            Storage::Objects { items, lookback } => Geometry { total: items.len(), lookback: *lookback },
+        }
+    }
+
+    /// Items in the chunk (look-back not counted).
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.geometry().len()
+    }
+
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    #[must_use]
+    pub fn lookback(&self) -> usize {
+        self.geometry().lookback
+    }
+
+    pub fn set_lookback(&mut self, lookback: usize) {
+        match &mut self.storage {
+            Storage::Untyped => {}
+            Storage::Typed { column, .. } => column.set_lookback(lookback),
+            Storage::Objects { items, lookback: lb } => *lb = lookback.min(items.len()),
+        }
+    }
+
+    /// Resolves a user index against this field's geometry.
+    pub fn resolve(&self, index: &Index, neg_index_as_lookback: bool, fill: bool) -> Result<Resolved, IndexError> {
+        self.geometry().resolve(index, neg_index_as_lookback, fill)
+    }
+
+    /// A new field with the items at absolute `positions`, the first `lookback` of them
+    /// look-back; same storage kind and finalized flag.
+    #[must_use]
+    pub fn select(&self, positions: &[usize], lookback: usize) -> Field<O> {
+        let storage = match &self.storage {
+            Storage::Untyped => Storage::Untyped,
+            Storage::Typed { column, host_scalars } => {
+                Storage::Typed { column: column.select(positions, lookback), host_scalars: *host_scalars }
+            }
+            Storage::Objects { items, .. } => {
+                let items: Vec<O> = positions.iter().map(|&p| items[p].clone()).collect();
+                let lookback = lookback.min(items.len());
+                Storage::Objects { items, lookback }
+            }
+        };
+        Field { storage, finalized: self.finalized }
+    }
+
+    /// Removes the item at absolute position `pos`.
+    pub fn remove(&mut self, pos: usize) {
+        match &mut self.storage {
+            Storage::Untyped => {}
+            Storage::Typed { column, .. } => column.remove(pos),
+            Storage::Objects { items, lookback } => {
+                if pos < items.len() {
+                    items.remove(pos);
+                    if pos < *lookback {
+                        *lookback -= 1;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Turns typed storage into host objects with `to_object` (one call per item), e.g.
+    /// when an item arrives that does not fit the schema inferred from the first one.
+    pub fn make_objects(&mut self, mut to_object: impl FnMut(&Column, usize) -> O) {
+        if let Storage::Typed { column, .. } = &self.storage {
+            let items = (0..column.total()).map(|p| to_object(column, p)).collect();
+            self.storage = Storage::Objects { items, lookback: column.lookback() };
+        } else if let Storage::Untyped = self.storage {
+            self.storage = Storage::Objects { items: Vec::new(), lookback: 0 };
+        }
+    }
+
+    /// Whether `item` can be pushed without error (so that a step touching several
+    /// fields can check them all before changing any).
+    #[must_use]
+    pub fn accepts(&self, item: &Item<O>) -> bool {
+        match (item, &self.storage) {
+            (Item::Bytes(leaves), Storage::Typed { column, .. }) => {
+                leaves.len() == column.schema().leaves.len()
+                    && leaves.iter().zip(&column.schema().leaves).all(|(b, l)| b.len() == l.item_bytes())
+            }
+            (Item::FirstTyped { schema, leaves, .. }, Storage::Untyped) => {
+                leaves.len() == schema.leaves.len()
+                    && leaves.iter().zip(&schema.leaves).all(|(b, l)| b.len() == l.item_bytes())
+            }
+            (Item::Object(_), _) => true,
+            _ => false,
+        }
+    }
+
+    /// Appends one item; `to_object` turns stored typed items into objects when an
+    /// object item arrives in a typed field.
+    ///
+    /// Returns `false` (and changes nothing) if the item does not fit (see [`Self::accepts`]).
+    pub fn push(&mut self, item: Item<O>, to_object: impl FnMut(&Column, usize) -> O) -> bool {
+        if !self.accepts(&item) {
+            return false;
+        }
+        match item {
+            Item::Bytes(leaves) => {
+                if let Storage::Typed { column, .. } = &mut self.storage {
+                    let refs: Vec<&[u8]> = leaves.iter().map(Vec::as_slice).collect();
+                    return column.push(&refs).is_ok();
+                }
+                false
+            }
+            Item::FirstTyped { schema, leaves, host_scalars } => {
+                let mut column = Column::new(schema);
+                let refs: Vec<&[u8]> = leaves.iter().map(Vec::as_slice).collect();
+                if column.push(&refs).is_err() {
+                    return false;
+                }
+                self.storage = Storage::Typed { column, host_scalars };
+                true
+            }
+            Item::Object(o) => {
+                self.make_objects(to_object);
+                if let Storage::Objects { items, .. } = &mut self.storage {
+                    items.push(o);
+                }
+                true
+            }
+        }
+    }
+
+    /// Appends the chunk items of `other` (its look-back excluded).
+    ///
+    /// Returns `false` (and changes nothing) when the two storages cannot hold each
+    /// other's items (different schemas, or typed vs objects): the caller converts first.
+    pub fn extend_chunk(&mut self, other: &Field<O>) -> bool {
+        let g = other.geometry();
+        let positions: Vec<usize> = (g.lookback..g.total).collect();
+        if positions.is_empty() {
+            return true;
+        }
+        match (&mut self.storage, &other.storage) {
+            (Storage::Typed { column, .. }, Storage::Typed { column: theirs, .. })
+                if column.schema() == theirs.schema() =>
+            {
+                column.extend_from(theirs, &positions);
+                true
+            }
+            (Storage::Objects { items, .. }, Storage::Objects { items: theirs, .. }) => {
+                items.extend(positions.iter().map(|&p| theirs[p].clone()));
+                true
+            }
+            (Storage::Untyped, _) => {
+                let lookback = self.lookback();
+                let mut adopted = other.select(&positions, 0);
+                adopted.finalized = self.finalized;
+                adopted.set_lookback(lookback);
+                self.storage = adopted.storage;
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schema::{DType, Leaf};
+
+    fn i64_field(values: &[i64], lookback: usize) -> Field<String> {
+        let mut f = Field::typed(Schema::new(vec![Leaf::new(DType::I64, vec![])]), true);
+        if let Storage::Typed { column, .. } = &mut f.storage {
+            for v in values {
+                column.push(&[&v.to_ne_bytes()]).unwrap();
+            }
+        }
+        f.set_lookback(lookback);
+        f
+    }
+
+    fn values(f: &Field<String>) -> Vec<i64> {
+        match &f.storage {
+            Storage::Typed { column, .. } => (0..column.total())
+                .map(|p| i64::from_ne_bytes(column.item(0, p).try_into().unwrap()))
+                .collect(),
+            _ => panic!("not typed"),
+        }
+    }
+
+    #[test]
+    fn select_and_extend_typed() {
+        let f = i64_field(&[1, 2, 3, 4], 1);
+        let s = f.select(&[2, 3], 1);
+        assert_eq!((values(&s), s.lookback(), s.len()), (vec![3, 4], 1, 1));
+        let mut g = i64_field(&[0, 1, 2], 0);
+        assert!(g.extend_chunk(&s));
+        assert_eq!(values(&g), vec![0, 1, 2, 4]);
+    }
+
+    #[test]
+    fn objects_and_untyped() {
+        let mut o: Field<String> = Field::objects(vec!["a".into(), "b".into(), "c".into()], 1);
+        assert_eq!((o.len(), o.lookback()), (2, 1));
+        o.remove(0);
+        assert_eq!((o.len(), o.lookback()), (2, 0));
+        let mut u: Field<String> = Field::untyped();
+        assert!(u.is_empty());
+        assert!(u.extend_chunk(&o));
+        assert_eq!(u.len(), 2);
+        let typed = i64_field(&[1], 0);
+        assert!(!u.clone().extend_chunk(&typed), "objects cannot take typed items");
+    }
+
+    #[test]
+    fn make_objects_keeps_items_and_lookback() {
+        let mut f = i64_field(&[5, 6, 7], 2);
+        f.make_objects(|c, p| format!("{}", i64::from_ne_bytes(c.item(0, p).try_into().unwrap())));
+        match &f.storage {
+            Storage::Objects { items, lookback } => {
+                assert_eq!(items, &vec!["5".to_string(), "6".into(), "7".into()]);
+                assert_eq!(*lookback, 2);
+            }
+            _ => panic!(),
+        }
+    }
+}

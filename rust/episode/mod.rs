@@ -1,0 +1,7 @@
+//! Episodes: the bookkeeping of one agent's trajectory over typed fields.
+
+pub mod field;
+pub mod single;
+
+pub use field::{Field, Item, Storage};
+pub use single::{EpisodeError, FieldName, SingleAgentCore, Step, ToObject};

@@ -1,0 +1,629 @@
+//! The single-agent episode's bookkeeping: RLlib 2.60 `SingleAgentEpisode` semantics over
+//! [`Field`]s.
+//!
+//! Observations and infos hold one item more than actions and rewards (the reset
+//! observation). All fields share the look-back of the chunk: a cut keeps the last `k`
+//! steps as look-back of its successor, so the successor can still read them.
+
+use std::fmt;
+
+use super::field::{Field, Item};
+use crate::column::{Column, Index, IndexError, Resolved};
+
+/// Errors of episode operations.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EpisodeError {
+    /// `add_env_reset` on an episode that already has observations.
+    AlreadyReset,
+    /// `add_env_step` before any observation.
+    NotReset,
+    /// Data added to, or a cut of, a terminated or truncated episode.
+    Done { what: &'static str },
+    /// The fields' lengths do not agree.
+    Inconsistent(String),
+    /// `concat_episode` of an episode that does not continue this one.
+    NotContinuation(String),
+    /// An item that does not fit its field (the binding layer checks first, so this
+    /// means a bug there).
+    Item { field: String },
+    Index(IndexError),
+}
+
+impl fmt::Display for EpisodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EpisodeError::AlreadyReset => {
+                f.write_str("add_env_reset: the episode has already been reset (it holds observations)")
+            }
+            EpisodeError::NotReset => f.write_str("add_env_step: call add_env_reset first"),
+            EpisodeError::Done { what } => {
+                write!(f, "{what}: the episode is done (terminated or truncated)")
+            }
+            EpisodeError::Inconsistent(m) | EpisodeError::NotContinuation(m) => f.write_str(m),
+            EpisodeError::Item { field } => write!(f, "the {field} item does not fit its column"),
+            EpisodeError::Index(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for EpisodeError {}
+
+impl From<IndexError> for EpisodeError {
+    fn from(e: IndexError) -> Self {
+        EpisodeError::Index(e)
+    }
+}
+
+/// Names a field of a single-agent episode (for callbacks that need to know which field's
+/// items they convert).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FieldName<'a> {
+    Observations,
+    Infos,
+    Actions,
+    Rewards,
+    Extra(&'a str),
+}
+
+/// Turns item `pos` of a typed column into a host object: `(field, from_other, column,
+/// pos)`, where `from_other` says the column belongs to the episode being concatenated.
+pub trait ToObject<O>: FnMut(FieldName<'_>, bool, &Column, usize) -> O {}
+impl<O, F: FnMut(FieldName<'_>, bool, &Column, usize) -> O> ToObject<O> for F {}
+
+/// The data of one environment step, converted by the caller.
+pub struct Step<O> {
+    pub observation: Item<O>,
+    pub action: Item<O>,
+    pub reward: Item<O>,
+    pub info: O,
+    pub extra_model_outputs: Vec<(String, Item<O>)>,
+    pub terminated: bool,
+    pub truncated: bool,
+}
+
+/// The fields and counters of a single-agent episode.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SingleAgentCore<O> {
+    pub observations: Field<O>,
+    pub infos: Field<O>,
+    pub actions: Field<O>,
+    pub rewards: Field<O>,
+    /// Extra model outputs by key, in the order the keys first appeared.
+    pub extra_model_outputs: Vec<(String, Field<O>)>,
+    pub t_started: i64,
+    pub t: i64,
+    pub is_terminated: bool,
+    pub is_truncated: bool,
+}
+
+impl<O: Clone> Default for SingleAgentCore<O> {
+    fn default() -> Self {
+        SingleAgentCore {
+            observations: Field::untyped(),
+            infos: Field::objects(Vec::new(), 0),
+            actions: Field::untyped(),
+            rewards: Field::untyped(),
+            extra_model_outputs: Vec::new(),
+            t_started: 0,
+            t: 0,
+            is_terminated: false,
+            is_truncated: false,
+        }
+    }
+}
+
+impl<O: Clone> SingleAgentCore<O> {
+    #[must_use]
+    pub fn is_done(&self) -> bool {
+        self.is_terminated || self.is_truncated
+    }
+
+    /// RLlib's `is_reset`: the chunk holds at least one observation.
+    #[must_use]
+    pub fn is_reset(&self) -> bool {
+        !self.observations.is_empty()
+    }
+
+    /// Steps in the chunk (`t - t_started`).
+    #[must_use]
+    pub fn len(&self) -> usize {
+        usize::try_from(self.t - self.t_started).unwrap_or(0)
+    }
+
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The extra-model-output field under `key`.
+    #[must_use]
+    pub fn extra(&self, key: &str) -> Option<&Field<O>> {
+        self.extra_model_outputs.iter().find(|(k, _)| k == key).map(|(_, f)| f)
+    }
+
+    pub fn extra_mut(&mut self, key: &str) -> Option<&mut Field<O>> {
+        self.extra_model_outputs.iter_mut().find(|(k, _)| k == key).map(|(_, f)| f)
+    }
+
+    /// RLlib's `to_numpy`: from now on reads return batched arrays. Observations always
+    /// switch; actions, rewards and extra model outputs only once the chunk has a step;
+    /// infos never (they stay a list of dicts).
+    pub fn to_numpy(&mut self) -> Result<(), EpisodeError> {
+        self.validate()?;
+        self.observations.finalized = true;
+        if !self.is_empty() {
+            self.actions.finalized = true;
+            self.rewards.finalized = true;
+            for (_, field) in &mut self.extra_model_outputs {
+                field.finalized = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sum of the chunk's rewards, when they are stored typed as one numeric scalar leaf.
+    #[must_use]
+    pub fn typed_return(&self) -> Option<f64> {
+        let crate::episode::Storage::Typed { column, .. } = &self.rewards.storage else {
+            return if self.rewards.is_empty() { Some(0.0) } else { None };
+        };
+        let leaf = column.schema().leaves.first()?;
+        if column.schema().leaves.len() != 1 || leaf.numel() != 1 {
+            return None;
+        }
+        let g = column.geometry();
+        let mut sum = 0.0;
+        for p in g.lookback..g.total {
+            sum += scalar_as_f64(leaf.dtype, column.item(0, p))?;
+        }
+        Some(sum)
+    }
+
+    /// Checks that the fields' lengths agree (RLlib's `validate`).
+    pub fn validate(&self) -> Result<(), EpisodeError> {
+        let (obs, infos) = (self.observations.len(), self.infos.len());
+        let (actions, rewards) = (self.actions.len(), self.rewards.len());
+        let bad = |what: String| Err(EpisodeError::Inconsistent(what));
+        if obs != infos {
+            return bad(format!("validate: {obs} observations but {infos} infos"));
+        }
+        let steps = obs.saturating_sub(1);
+        if obs == 0 && (actions != 0 || rewards != 0) || obs > 0 && (actions != steps || rewards != steps) {
+            return bad(format!(
+                "validate: {obs} observations/infos need {steps} actions and rewards, \
+                 got {actions} actions and {rewards} rewards"
+            ));
+        }
+        for (key, field) in &self.extra_model_outputs {
+            if field.len() != steps {
+                return bad(format!(
+                    "validate: extra model output {key:?} has {} items, expected {steps}",
+                    field.len()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Records the reset observation.
+    pub fn add_reset(&mut self, observation: Item<O>, info: O, mut to_object: impl ToObject<O>) -> Result<(), EpisodeError> {
+        if self.is_reset() || self.t != self.t_started {
+            return Err(EpisodeError::AlreadyReset);
+        }
+        if self.is_done() {
+            return Err(EpisodeError::Done { what: "add_env_reset" });
+        }
+        if !self.observations.accepts(&observation) {
+            return Err(EpisodeError::Item { field: "observation".into() });
+        }
+        self.observations.push(observation, |c, p| to_object(FieldName::Observations, false, c, p));
+        self.infos.push(Item::Object(info), |c, p| to_object(FieldName::Infos, false, c, p));
+        Ok(())
+    }
+
+    /// Records one step. All-or-nothing: every item is checked before any is stored.
+    pub fn add_step(
+        &mut self,
+        step: Step<O>,
+        mut to_object: impl ToObject<O>,
+    ) -> Result<(), EpisodeError> {
+        if self.is_done() {
+            return Err(EpisodeError::Done { what: "add_env_step" });
+        }
+        if !self.is_reset() {
+            return Err(EpisodeError::NotReset);
+        }
+        let item_error = |field: &str| Err(EpisodeError::Item { field: field.into() });
+        if !self.observations.accepts(&step.observation) {
+            return item_error("observation");
+        }
+        if !self.actions.accepts(&step.action) {
+            return item_error("action");
+        }
+        if !self.rewards.accepts(&step.reward) {
+            return item_error("reward");
+        }
+        for (key, item) in &step.extra_model_outputs {
+            if !self.extra(key).map_or_else(|| Field::<O>::untyped().accepts(item), |f| f.accepts(item)) {
+                return item_error(&format!("extra model output {key:?}"));
+            }
+        }
+        self.observations.push(step.observation, |c, p| to_object(FieldName::Observations, false, c, p));
+        self.actions.push(step.action, |c, p| to_object(FieldName::Actions, false, c, p));
+        self.rewards.push(step.reward, |c, p| to_object(FieldName::Rewards, false, c, p));
+        self.infos.push(Item::Object(step.info), |c, p| to_object(FieldName::Infos, false, c, p));
+        for (key, item) in step.extra_model_outputs {
+            if let Some(field) = self.extra_mut(&key) {
+                field.push(item, |c, p| to_object(FieldName::Extra(&key), false, c, p));
+            } else {
+                // A key first seen mid-episode starts its own column without look-back,
+                // as in RLlib.
+                let mut field = Field::untyped();
+                field.push(item, |c, p| to_object(FieldName::Extra(&key), false, c, p));
+                self.extra_model_outputs.push((key, field));
+            }
+        }
+        self.t += 1;
+        self.is_terminated = step.terminated;
+        self.is_truncated = step.truncated;
+        Ok(())
+    }
+
+    /// The successor chunk: continues this episode at `t`, with the last
+    /// `len_lookback_buffer` steps as its look-back. This episode is left as it was.
+    pub fn cut(&self, len_lookback_buffer: usize) -> Result<SingleAgentCore<O>, EpisodeError> {
+        if self.is_done() {
+            return Err(EpisodeError::Done { what: "cut" });
+        }
+        let k = len_lookback_buffer as i64;
+        let tail = |field: &Field<O>, n: i64| -> Result<Vec<usize>, EpisodeError> {
+            let index = if n > 0 {
+                Index::Slice { start: Some(-n), stop: None, step: None }
+            } else {
+                Index::Slice { start: None, stop: Some(0), step: None }
+            };
+            positions(field, &index, false)
+        };
+        let rewards_pos = tail(&self.rewards, k)?;
+        // RLlib's "auto" look-back: everything kept before the new chunk starts.
+        let lookback = rewards_pos.len();
+        let obs_pos = tail(&self.observations, k + 1)?;
+        let infos_pos = tail(&self.infos, k + 1)?;
+        let actions_pos = tail(&self.actions, k)?;
+        let mut extra_model_outputs = Vec::with_capacity(self.extra_model_outputs.len());
+        for (key, field) in &self.extra_model_outputs {
+            extra_model_outputs.push((key.clone(), field.select(&tail(field, k)?, lookback)));
+        }
+        Ok(SingleAgentCore {
+            observations: self.observations.select(&obs_pos, lookback),
+            infos: self.infos.select(&infos_pos, lookback),
+            actions: self.actions.select(&actions_pos, lookback),
+            rewards: self.rewards.select(&rewards_pos, lookback),
+            extra_model_outputs,
+            t_started: self.t,
+            t: self.t,
+            is_terminated: false,
+            is_truncated: false,
+        })
+    }
+
+    /// The steps `start..stop` (by `step`) as a new episode, with up to
+    /// `len_lookback_buffer` steps before `start` as look-back (default: as many as this
+    /// episode's fields have). Bounds may be negative (from the end); RLlib 2.60 semantics.
+    pub fn slice(
+        &self,
+        start: Option<i64>,
+        stop: Option<i64>,
+        step: Option<i64>,
+        len_lookback_buffer: Option<usize>,
+    ) -> Result<SingleAgentCore<O>, EpisodeError> {
+        let len = self.len() as i64;
+        let start = match start {
+            None => 0,
+            Some(s) if s < 0 => len + s,
+            Some(s) => s,
+        };
+        let stop = match stop {
+            None => len,
+            Some(s) if s < 0 => len + s,
+            Some(s) => s,
+        };
+        let keep_done = stop == len;
+        let cut = |field: &Field<O>, extra_item: i64| -> Result<Field<O>, EpisodeError> {
+            let own = field.lookback() as i64;
+            let mut lb = len_lookback_buffer.map_or(own, |l| l as i64);
+            // Never reach further back than the stored look-back allows.
+            if start >= 0 && start - lb < 0 && own < lb - start {
+                lb = own + start;
+            }
+            let index = Index::Slice { start: Some(start - lb), stop: Some(stop + extra_item), step };
+            let pos = positions(field, &index, true)?;
+            Ok(field.select(&pos, usize::try_from(lb).unwrap_or(0)))
+        };
+        let mut extra_model_outputs = Vec::with_capacity(self.extra_model_outputs.len());
+        for (key, field) in &self.extra_model_outputs {
+            extra_model_outputs.push((key.clone(), cut(field, 0)?));
+        }
+        let rewards = cut(&self.rewards, 0)?;
+        let t_started = self.t_started + start;
+        let sliced = SingleAgentCore {
+            observations: cut(&self.observations, 1)?,
+            infos: cut(&self.infos, 1)?,
+            actions: cut(&self.actions, 0)?,
+            t: t_started + rewards.len() as i64,
+            rewards,
+            extra_model_outputs,
+            t_started,
+            is_terminated: keep_done && self.is_terminated,
+            is_truncated: keep_done && self.is_truncated,
+        };
+        sliced.validate()?;
+        Ok(sliced)
+    }
+
+    /// Appends `other`, the chunk that continues this episode (RLlib's `concat_episode`).
+    ///
+    /// The caller checks that both are the same episode and that `other`'s first
+    /// observation equals this one's last; here the time steps and fields must line up.
+    pub fn concat(
+        &mut self,
+        other: &SingleAgentCore<O>,
+        mut to_object: impl ToObject<O>,
+    ) -> Result<(), EpisodeError> {
+        if self.is_done() {
+            return Err(EpisodeError::Done { what: "concat_episode" });
+        }
+        if self.t != other.t_started {
+            return Err(EpisodeError::NotContinuation(format!(
+                "concat_episode: this episode ends at t={} but the other starts at t_started={}",
+                self.t, other.t_started
+            )));
+        }
+        self.validate()?;
+        other.validate()?;
+        if let Some((key, _)) = other.extra_model_outputs.iter().find(|(k, _)| self.extra(k).is_none()) {
+            return Err(EpisodeError::NotContinuation(format!(
+                "concat_episode: extra model output {key:?} is not in this episode"
+            )));
+        }
+        let last = self.observations.geometry().total.saturating_sub(1);
+        self.observations.remove(last);
+        self.infos.remove(last.min(self.infos.geometry().total.saturating_sub(1)));
+        extend(FieldName::Observations, &mut self.observations, &other.observations, &mut to_object);
+        extend(FieldName::Actions, &mut self.actions, &other.actions, &mut to_object);
+        extend(FieldName::Rewards, &mut self.rewards, &other.rewards, &mut to_object);
+        extend(FieldName::Infos, &mut self.infos, &other.infos, &mut to_object);
+        for (key, field) in &other.extra_model_outputs {
+            if let Some(mine) = self.extra_mut(key) {
+                extend(FieldName::Extra(key), mine, field, &mut to_object);
+            }
+        }
+        self.t = other.t;
+        if other.is_terminated {
+            self.is_terminated = true;
+        } else if other.is_truncated {
+            self.is_truncated = true;
+        }
+        self.validate()
+    }
+}
+
+fn scalar_as_f64(dtype: crate::schema::DType, b: &[u8]) -> Option<f64> {
+    use crate::schema::Kind;
+    match (dtype.kind, dtype.size) {
+        (Kind::Float, 8) => Some(f64::from_ne_bytes(b.try_into().ok()?)),
+        (Kind::Float, 4) => Some(f64::from(f32::from_ne_bytes(b.try_into().ok()?))),
+        (Kind::Int | Kind::UInt | Kind::Bool, _) => dtype.read_int(b).map(|v| v as f64),
+        _ => None,
+    }
+}
+
+/// Absolute positions of `index` (no fill) in `field`.
+fn positions<O: Clone>(field: &Field<O>, index: &Index, neg_as_lookback: bool) -> Result<Vec<usize>, EpisodeError> {
+    Ok(match field.resolve(index, neg_as_lookback, false)? {
+        Resolved::One(pos) => vec![pos],
+        Resolved::Many(v) => v,
+    }
+    .into_iter()
+    .filter_map(|p| match p {
+        crate::column::Pos::At(p) => Some(p),
+        crate::column::Pos::Fill => None,
+    })
+    .collect())
+}
+
+/// Appends `other`'s chunk to `mine`; if their storages differ (two inferred schemas that
+/// disagree), both sides' items become objects first so that nothing is lost.
+fn extend<O: Clone>(name: FieldName<'_>, mine: &mut Field<O>, other: &Field<O>, to_object: &mut impl ToObject<O>) {
+    if !mine.extend_chunk(other) {
+        let mut theirs = other.clone();
+        theirs.make_objects(|c, p| to_object(name, true, c, p));
+        mine.make_objects(|c, p| to_object(name, false, c, p));
+        let merged = mine.extend_chunk(&theirs);
+        debug_assert!(merged, "two object fields always merge");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::column::Pos;
+    use crate::episode::field::Storage;
+    use crate::schema::{DType, Leaf, Schema};
+
+    type Core = SingleAgentCore<String>;
+
+    fn f32_item(v: f32) -> Item<String> {
+        Item::Bytes(vec![v.to_ne_bytes().to_vec()])
+    }
+
+    fn new_episode() -> Core {
+        let scalar = || Schema::new(vec![Leaf::new(DType::F32, vec![])]);
+        let mut core = Core {
+            observations: Field::typed(scalar(), false),
+            actions: Field::typed(scalar(), false),
+            rewards: Field::typed(scalar(), false),
+            extra_model_outputs: vec![("logp".into(), Field::typed(scalar(), false))],
+            ..Core::default()
+        };
+        core.add_reset(f32_item(0.0), "i0".into(), |_, _, _: &Column, _| String::new()).unwrap();
+        core
+    }
+
+    fn step(core: &mut Core, t: f32) {
+        let s = Step {
+            observation: f32_item(t),
+            action: f32_item(t * 10.0),
+            reward: f32_item(t * 100.0),
+            info: format!("i{t}"),
+            extra_model_outputs: vec![("logp".into(), f32_item(-t))],
+            terminated: false,
+            truncated: false,
+        };
+        core.add_step(s, |_, _, _: &Column, _| String::new()).unwrap();
+    }
+
+    fn read(field: &Field<String>) -> Vec<f32> {
+        let g = field.geometry();
+        match &field.storage {
+            Storage::Typed { column, .. } => (g.lookback..g.total)
+                .map(|p| f32::from_ne_bytes(column.item(0, p).try_into().unwrap()))
+                .collect(),
+            _ => panic!("not typed"),
+        }
+    }
+
+    #[test]
+    fn reset_step_validate() {
+        let mut e = new_episode();
+        assert_eq!(e.add_reset(f32_item(0.0), String::new(), |_, _, _: &Column, _| String::new()), Err(EpisodeError::AlreadyReset));
+        for t in 1..=3 {
+            step(&mut e, t as f32);
+        }
+        assert_eq!((e.len(), e.t), (3, 3));
+        e.validate().unwrap();
+        assert_eq!(read(&e.observations), vec![0.0, 1.0, 2.0, 3.0]);
+        assert_eq!(read(e.extra("logp").unwrap()), vec![-1.0, -2.0, -3.0]);
+    }
+
+    #[test]
+    fn step_is_all_or_nothing() {
+        let mut e = new_episode();
+        step(&mut e, 1.0);
+        let before = e.clone();
+        let bad = Step {
+            observation: f32_item(2.0),
+            action: f32_item(2.0),
+            reward: Item::Bytes(vec![vec![0u8; 3]]),
+            info: String::new(),
+            extra_model_outputs: vec![],
+            terminated: false,
+            truncated: false,
+        };
+        assert!(matches!(e.add_step(bad, |_, _, _: &Column, _| String::new()), Err(EpisodeError::Item { .. })));
+        assert_eq!(e, before);
+    }
+
+    #[test]
+    fn done_episode_rejects_steps_and_cuts() {
+        let mut e = new_episode();
+        e.is_terminated = true;
+        assert!(matches!(e.cut(0), Err(EpisodeError::Done { .. })));
+        let mut fresh = Core::default();
+        assert_eq!(
+            fresh.add_step(
+                Step {
+                    observation: Item::Object("o".into()),
+                    action: Item::Object("a".into()),
+                    reward: Item::Object("r".into()),
+                    info: String::new(),
+                    extra_model_outputs: vec![],
+                    terminated: false,
+                    truncated: false,
+                },
+                |_, _, _: &Column, _| String::new()
+            ),
+            Err(EpisodeError::NotReset)
+        );
+    }
+
+    #[test]
+    fn cut_keeps_lookback_and_concat_restores() {
+        let mut e = new_episode();
+        for t in 1..=5 {
+            step(&mut e, t as f32);
+        }
+        let original = e.clone();
+        for k in 0..=7 {
+            let mut succ = e.cut(k).unwrap();
+            assert_eq!(succ.t_started, 5);
+            assert_eq!(succ.len(), 0);
+            assert_eq!(succ.rewards.lookback(), k.min(5));
+            assert_eq!(succ.observations.lookback(), k.min(5));
+            assert_eq!(read(&succ.observations), vec![5.0]);
+            step(&mut succ, 6.0);
+            step(&mut succ, 7.0);
+            let mut joined = e.clone();
+            joined.concat(&succ, |_, _, _: &Column, _| String::new()).unwrap();
+            assert_eq!(read(&joined.observations), vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]);
+            assert_eq!(read(&joined.rewards), vec![100.0, 200.0, 300.0, 400.0, 500.0, 600.0, 700.0]);
+            assert_eq!(read(joined.extra("logp").unwrap()).len(), 7);
+            assert_eq!(joined.t, 7);
+        }
+        assert_eq!(e, original, "cut leaves the episode unchanged");
+    }
+
+    #[test]
+    fn concat_rejects_gaps() {
+        let mut e = new_episode();
+        step(&mut e, 1.0);
+        let mut other = e.cut(0).unwrap();
+        other.t_started = 9;
+        assert!(matches!(e.concat(&other, |_, _, _: &Column, _| String::new()), Err(EpisodeError::NotContinuation(_))));
+    }
+
+    #[test]
+    fn slice_matches_rllib_rules() {
+        let mut e = new_episode();
+        for t in 1..=6 {
+            step(&mut e, t as f32);
+        }
+        let s = e.slice(Some(2), Some(4), None, None).unwrap();
+        assert_eq!((s.t_started, s.t, s.len()), (2, 4, 2));
+        assert_eq!(read(&s.observations), vec![2.0, 3.0, 4.0]);
+        assert_eq!(read(&s.rewards), vec![300.0, 400.0]);
+        let s = e.slice(Some(2), Some(4), None, Some(2)).unwrap();
+        assert_eq!(s.rewards.lookback(), 2);
+        let s = e.slice(Some(-2), None, None, Some(9)).unwrap();
+        assert_eq!(read(&s.actions), vec![50.0, 60.0]);
+        assert_eq!(s.actions.lookback(), 4, "look-back capped at what is stored");
+        let mut done = e.clone();
+        done.is_truncated = true;
+        assert!(done.slice(Some(1), None, None, None).unwrap().is_truncated);
+        assert!(!done.slice(Some(1), Some(3), None, None).unwrap().is_truncated);
+    }
+
+    #[test]
+    fn objects_fall_back_and_merge() {
+        let mut e: Core = Core::default();
+        e.add_reset(Item::FirstTyped { schema: Schema::new(vec![Leaf::new(DType::I64, vec![])]), leaves: vec![1i64.to_ne_bytes().to_vec()], host_scalars: true }, String::new(), |_, _, _: &Column, _| String::new()).unwrap();
+        let s = Step {
+            observation: Item::Object("text".into()),
+            action: Item::Object("a".into()),
+            reward: f32_item(1.0),
+            info: String::new(),
+            extra_model_outputs: vec![],
+            terminated: false,
+            truncated: false,
+        };
+        assert!(!e.rewards.accepts(&f32_item(1.0)), "untyped field needs FirstTyped");
+        let s = Step { reward: Item::FirstTyped { schema: Schema::new(vec![Leaf::new(DType::F32, vec![])]), leaves: vec![1f32.to_ne_bytes().to_vec()], host_scalars: true }, ..s };
+        e.add_step(s, |_, _, c: &Column, p| format!("{:?}", c.item(0, p))).unwrap();
+        match &e.observations.storage {
+            Storage::Objects { items, .. } => assert_eq!(items.len(), 2),
+            _ => panic!("observations should have become objects"),
+        }
+        let g = e.observations.geometry();
+        assert_eq!(g.resolve(&Index::Int(-1), false, false), Ok(Resolved::One(Pos::At(1))));
+    }
+}

@@ -1,0 +1,16 @@
+//! fastrollout's native core.
+//!
+//! The crate has two layers:
+//! - the pure core (`schema`, `column`, `episode`): typed columns with look-back and the
+//!   episode bookkeeping built on them. It knows nothing of Python, so `cargo test` and the
+//!   criterion benches run on it alone;
+//! - the binding layer (`py`, behind the `python` feature that maturin turns on): converts
+//!   Python/numpy values to and from the core's types and maps core errors to Python
+//!   exceptions. It holds no logic of its own beyond that.
+
+pub mod column;
+pub mod episode;
+pub mod schema;
+
+#[cfg(feature = "python")]
+mod py;

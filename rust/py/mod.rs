@@ -1,0 +1,31 @@
+//! The binding layer: the `fastrollout._core` Python extension module.
+//!
+//! Everything here converts between Python/numpy values and the pure core's types, and maps
+//! core errors to Python exceptions; the bookkeeping itself lives in the core modules.
+
+mod errors;
+mod index;
+mod object;
+mod single;
+mod spec;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+mod _core {
+    #[pymodule_export]
+    use super::errors::EpisodeStateError;
+    #[pymodule_export]
+    use super::errors::SpaceMismatchError;
+    #[pymodule_export]
+    use super::single::SingleAgentBuffers;
+
+    use pyo3::prelude::*;
+
+    #[pymodule_init]
+    fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
+        m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+        Ok(())
+    }
+}
+

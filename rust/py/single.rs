@@ -1,0 +1,713 @@
+//! `SingleAgentBuffers`: the native storage behind `fastrollout.SingleAgentEpisode`.
+//!
+//! The Python class keeps identity and metadata (ids, spaces, custom data, timing); this
+//! object holds the fields and does every per-step and per-read operation in one call.
+
+use pyo3::exceptions::{PyKeyError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+
+use super::errors::{column_error, episode_error, index_error};
+use super::index::to_index;
+use super::object::PyObj;
+use super::spec::{self, Spec};
+use crate::column::{Column, Index, Pos, Resolved};
+use crate::episode::{Field, FieldName, Item, SingleAgentCore, Step, Storage};
+
+/// Specs of the typed fields, parallel to the core's fields.
+#[derive(Default)]
+struct Specs {
+    observations: Option<Spec>,
+    actions: Option<Spec>,
+    rewards: Option<Spec>,
+    extra_model_outputs: Vec<(String, Spec)>,
+}
+
+impl Specs {
+    fn clone_ref(&self, py: Python<'_>) -> Specs {
+        let c = |s: &Option<Spec>| s.as_ref().map(|s| s.clone_ref(py));
+        Specs {
+            observations: c(&self.observations),
+            actions: c(&self.actions),
+            rewards: c(&self.rewards),
+            extra_model_outputs: self.extra_model_outputs.iter().map(|(k, s)| (k.clone(), s.clone_ref(py))).collect(),
+        }
+    }
+
+    fn get(&self, name: FieldName<'_>) -> Option<&Spec> {
+        match name {
+            FieldName::Observations => self.observations.as_ref(),
+            FieldName::Actions => self.actions.as_ref(),
+            FieldName::Rewards => self.rewards.as_ref(),
+            FieldName::Infos => None,
+            FieldName::Extra(k) => self.extra_model_outputs.iter().find(|(n, _)| n == k).map(|(_, s)| s),
+        }
+    }
+
+    fn set(&mut self, name: FieldName<'_>, spec: Spec) {
+        match name {
+            FieldName::Observations => self.observations = Some(spec),
+            FieldName::Actions => self.actions = Some(spec),
+            FieldName::Rewards => self.rewards = Some(spec),
+            FieldName::Infos => {}
+            FieldName::Extra(k) => {
+                self.extra_model_outputs.retain(|(n, _)| n != k);
+                self.extra_model_outputs.push((k.to_string(), spec));
+            }
+        }
+    }
+}
+
+fn field_name<'a>(field: &str, key: Option<&'a str>) -> PyResult<FieldName<'a>> {
+    Ok(match (field, key) {
+        ("observations", _) => FieldName::Observations,
+        ("infos", _) => FieldName::Infos,
+        ("actions", _) => FieldName::Actions,
+        ("rewards", _) => FieldName::Rewards,
+        ("extra_model_outputs", Some(k)) => FieldName::Extra(k),
+        _ => return Err(PyValueError::new_err(format!("unknown episode field {field:?} (key {key:?})"))),
+    })
+}
+
+fn label(name: FieldName<'_>) -> String {
+    match name {
+        FieldName::Observations => "observation".into(),
+        FieldName::Infos => "infos".into(),
+        FieldName::Actions => "action".into(),
+        FieldName::Rewards => "reward".into(),
+        FieldName::Extra(k) => format!("extra model output {k:?}"),
+    }
+}
+
+/// The core's items as Python objects, for fields that turn into object storage.
+fn to_object(py: Python<'_>, specs: &Specs, other: Option<&Specs>, name: FieldName<'_>, from_other: bool, column: &Column, pos: usize) -> PyObj {
+    let specs = if from_other { other.unwrap_or(specs) } else { specs };
+    let value = specs.get(name).and_then(|s| spec::item(py, s, column, pos, false, false).ok());
+    PyObj(value.map_or_else(|| py.None(), Bound::unbind))
+}
+
+/// Converts one value for `field` (whose spec may be inferred now).
+fn prepare(
+    value: &Bound<'_, PyAny>,
+    field: &Field<PyObj>,
+    spec: Option<&Spec>,
+    name: FieldName<'_>,
+) -> PyResult<(Item<PyObj>, Option<Spec>)> {
+    let object = || (Item::Object(PyObj(value.clone().unbind())), None);
+    match (&field.storage, spec) {
+        (Storage::Objects { .. }, _) | (Storage::Typed { .. }, None) => Ok(object()),
+        (Storage::Typed { .. }, Some(spec)) => match spec::to_leaves(spec, value, None, &label(name)) {
+            Ok(leaves) => Ok((Item::Bytes(leaves), None)),
+            Err(e) if spec.from_space => Err(e),
+            Err(_) => Ok(object()),
+        },
+        (Storage::Untyped, Some(spec)) => {
+            let leaves = spec::to_leaves(spec, value, None, &label(name))?;
+            Ok((Item::FirstTyped { schema: spec.schema(), leaves, host_scalars: false }, None))
+        }
+        (Storage::Untyped, None) => match spec::infer(value)? {
+            Some((spec, host_scalars)) => match spec::to_leaves(&spec, value, None, &label(name)) {
+                Ok(leaves) => Ok((Item::FirstTyped { schema: spec.schema(), leaves, host_scalars }, Some(spec))),
+                Err(_) => Ok(object()),
+            },
+            None => Ok(object()),
+        },
+    }
+}
+
+fn is_number(value: &Bound<'_, PyAny>) -> PyResult<bool> {
+    let py = value.py();
+    if value.is_instance_of::<pyo3::types::PyFloat>() || value.is_instance_of::<pyo3::types::PyInt>() {
+        return Ok(true);
+    }
+    let np = spec::numpy(py)?;
+    if value.is_instance(&np.getattr("number")?)? || value.is_instance(&np.getattr("bool_")?)? {
+        return Ok(true);
+    }
+    if let Ok(a) = value.cast::<numpy::PyUntypedArray>() {
+        use numpy::PyUntypedArrayMethods;
+        return Ok(a.ndim() == 0 && matches!(numpy::PyArrayDescrMethods::kind(&a.dtype()), b'b' | b'i' | b'u' | b'f'));
+    }
+    Ok(false)
+}
+
+/// The fill to use for a read: nothing, raw per-leaf bytes, or (no space, finalized)
+/// numpy's promotion of the stored dtype with the fill's.
+fn empty_list(py: Python<'_>) -> Bound<'_, PyAny> {
+    PyList::empty(py).into_any()
+}
+
+/// Native buffers of one single-agent episode (observations, actions, rewards, infos,
+/// extra model outputs) with RLlib's look-back semantics.
+#[pyclass(name = "SingleAgentBuffers", module = "fastrollout._core")]
+pub struct SingleAgentBuffers {
+    core: SingleAgentCore<PyObj>,
+    specs: Specs,
+}
+
+impl SingleAgentBuffers {
+    fn field(&self, name: FieldName<'_>) -> PyResult<&Field<PyObj>> {
+        Ok(match name {
+            FieldName::Observations => &self.core.observations,
+            FieldName::Infos => &self.core.infos,
+            FieldName::Actions => &self.core.actions,
+            FieldName::Rewards => &self.core.rewards,
+            FieldName::Extra(k) => self.core.extra(k).ok_or_else(|| PyKeyError::new_err(k.to_string()))?,
+        })
+    }
+
+    fn field_mut(&mut self, name: FieldName<'_>) -> PyResult<&mut Field<PyObj>> {
+        Ok(match name {
+            FieldName::Observations => &mut self.core.observations,
+            FieldName::Infos => &mut self.core.infos,
+            FieldName::Actions => &mut self.core.actions,
+            FieldName::Rewards => &mut self.core.rewards,
+            FieldName::Extra(k) => self.core.extra_mut(k).ok_or_else(|| PyKeyError::new_err(k.to_string()))?,
+        })
+    }
+
+    fn with_core(&self, py: Python<'_>, core: SingleAgentCore<PyObj>) -> SingleAgentBuffers {
+        SingleAgentBuffers { core, specs: self.specs.clone_ref(py) }
+    }
+
+    fn typed_field(spec: Option<&Spec>) -> Field<PyObj> {
+        match spec {
+            Some(s) => Field::typed(s.schema(), false),
+            None => Field::untyped(),
+        }
+    }
+}
+
+#[pymethods]
+impl SingleAgentBuffers {
+    /// Empty buffers; spaces given here fix the observations'/actions' layout.
+    #[new]
+    #[pyo3(signature = (observation_space=None, action_space=None))]
+    fn new(observation_space: Option<&Bound<'_, PyAny>>, action_space: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+        let from = |s: Option<&Bound<'_, PyAny>>| -> PyResult<Option<Spec>> {
+            match s {
+                Some(s) if !s.is_none() => spec::from_space(s),
+                _ => Ok(None),
+            }
+        };
+        let specs = Specs { observations: from(observation_space)?, actions: from(action_space)?, ..Specs::default() };
+        let core = SingleAgentCore {
+            observations: Self::typed_field(specs.observations.as_ref()),
+            actions: Self::typed_field(specs.actions.as_ref()),
+            ..SingleAgentCore::default()
+        };
+        Ok(SingleAgentBuffers { core, specs })
+    }
+
+    /// Sets the space of `field` ("observations" or "actions"). Takes effect for the
+    /// layout only while the field holds no data or the space's layout matches it;
+    /// otherwise it is used for fills and one-hot encoding where it fits.
+    fn set_space(&mut self, field: &str, space: &Bound<'_, PyAny>) -> PyResult<()> {
+        let name = field_name(field, None)?;
+        let new = if space.is_none() { None } else { spec::from_space(space)? };
+        let f = self.field_mut(name)?;
+        match (&f.storage, &new) {
+            (Storage::Untyped, Some(s)) => *f = Field { storage: Field::<PyObj>::typed(s.schema(), false).storage, finalized: f.finalized },
+            (Storage::Typed { column, .. }, Some(s)) if column.total() == 0 || *column.schema() == s.schema() => {
+                if column.total() == 0 {
+                    *f = Field { storage: Field::<PyObj>::typed(s.schema(), false).storage, finalized: f.finalized };
+                }
+            }
+            (Storage::Typed { column, .. }, None) if column.total() == 0 => *f = Field { storage: Storage::Untyped, finalized: f.finalized },
+            _ => return Ok(()),
+        }
+        match new {
+            Some(s) => self.specs.set(name, s),
+            None => match name {
+                FieldName::Observations => self.specs.observations = None,
+                FieldName::Actions => self.specs.actions = None,
+                _ => {}
+            },
+        }
+        Ok(())
+    }
+
+    /// Records the reset observation and its infos.
+    fn add_reset(&mut self, py: Python<'_>, observation: &Bound<'_, PyAny>, infos: &Bound<'_, PyAny>) -> PyResult<()> {
+        let (item, inferred) = prepare(observation, &self.core.observations, self.specs.observations.as_ref(), FieldName::Observations)?;
+        let specs = &self.specs;
+        self.core
+            .add_reset(item, PyObj(infos.clone().unbind()), |n, o, c, p| to_object(py, specs, None, n, o, c, p))
+            .map_err(|e| episode_error(&e))?;
+        if let Some(s) = inferred {
+            self.specs.observations = Some(s);
+        }
+        Ok(())
+    }
+
+    /// Records one environment step: one call for every field. Nothing is stored unless
+    /// every value fits.
+    #[pyo3(signature = (observation, action, reward, infos, terminated, truncated, extra_model_outputs=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn add_step(
+        &mut self,
+        py: Python<'_>,
+        observation: &Bound<'_, PyAny>,
+        action: &Bound<'_, PyAny>,
+        reward: &Bound<'_, PyAny>,
+        infos: &Bound<'_, PyAny>,
+        terminated: bool,
+        truncated: bool,
+        extra_model_outputs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<()> {
+        if self.core.is_done() {
+            return Err(episode_error(&crate::episode::EpisodeError::Done { what: "add_env_step" }));
+        }
+        if !is_number(reward)? {
+            return Err(PyTypeError::new_err(format!(
+                "reward must be a real number (a Python or numpy scalar), got {} of type {}",
+                reward.repr()?,
+                reward.get_type().name()?
+            )));
+        }
+        let (obs, obs_spec) = prepare(observation, &self.core.observations, self.specs.observations.as_ref(), FieldName::Observations)?;
+        let (act, act_spec) = prepare(action, &self.core.actions, self.specs.actions.as_ref(), FieldName::Actions)?;
+        let (rew, rew_spec) = prepare(reward, &self.core.rewards, self.specs.rewards.as_ref(), FieldName::Rewards)?;
+        let mut extras = Vec::new();
+        let mut extra_specs = Vec::new();
+        if let Some(d) = extra_model_outputs {
+            let untyped = Field::untyped();
+            for (k, v) in d.iter() {
+                let key: String = k.extract().map_err(|_| PyTypeError::new_err(format!("extra_model_outputs keys must be str, got {}", k.repr().map(|r| r.to_string()).unwrap_or_default())))?;
+                let name = FieldName::Extra(&key);
+                let field = self.core.extra(&key).unwrap_or(&untyped);
+                let (item, s) = prepare(&v, field, self.specs.get(name), name)?;
+                if let Some(s) = s {
+                    extra_specs.push((key.clone(), s));
+                }
+                extras.push((key, item));
+            }
+        }
+        let step = Step {
+            observation: obs,
+            action: act,
+            reward: rew,
+            info: PyObj(infos.clone().unbind()),
+            extra_model_outputs: extras,
+            terminated,
+            truncated,
+        };
+        let specs = &self.specs;
+        self.core.add_step(step, |n, o, c, p| to_object(py, specs, None, n, o, c, p)).map_err(|e| episode_error(&e))?;
+        for (name, s) in [(FieldName::Observations, obs_spec), (FieldName::Actions, act_spec), (FieldName::Rewards, rew_spec)] {
+            if let Some(s) = s {
+                self.specs.set(name, s);
+            }
+        }
+        for (k, s) in extra_specs {
+            self.specs.set(FieldName::Extra(&k), s);
+        }
+        Ok(())
+    }
+
+    /// Appends `data` (a list of items, or a batch: an ndarray / dict of ndarrays with the
+    /// items on the first axis) to a field; a batch also marks the field finalized, as
+    /// RLlib's buffers do when built from arrays.
+    #[pyo3(signature = (field, data, key=None))]
+    fn extend(&mut self, py: Python<'_>, field: &str, data: &Bound<'_, PyAny>, key: Option<&str>) -> PyResult<()> {
+        let name = field_name(field, key)?;
+        if let FieldName::Extra(k) = name {
+            if self.core.extra(k).is_none() {
+                self.core.extra_model_outputs.push((k.to_string(), Field::untyped()));
+            }
+        }
+        let is_list = data.cast::<PyList>().is_ok() || data.cast::<pyo3::types::PyTuple>().is_ok();
+        let items: Vec<Bound<'_, PyAny>> = if is_list {
+            data.try_iter()?.collect::<PyResult<_>>()?
+        } else if name == FieldName::Infos || self.specs.get(name).is_none_or(|s| !s.from_space) || data.cast::<PyDict>().is_err() {
+            // A batch: iterate its rows (numpy arrays iterate over the first axis).
+            data.try_iter()?.collect::<PyResult<_>>()?
+        } else {
+            // A dict of batched leaves for a nested space: split rows through numpy.
+            let spec = self.specs.get(name).map(|s| s.clone_ref(py));
+            let spec = spec.ok_or_else(|| PyValueError::new_err("no space"))?;
+            let leaves = spec::to_leaves(&spec, data, Some(None), &label(name))?;
+            let n = spec.leaves.first().map_or(0, |l| if l.item_bytes() == 0 { 0 } else { leaves[0].len() / l.item_bytes() });
+            let f = self.field_mut(name)?;
+            let mut column = match &f.storage {
+                Storage::Typed { column, .. } => column.clone(),
+                _ => Column::new(spec.schema()),
+            };
+            for row in 0..n {
+                let item: Vec<&[u8]> = leaves.iter().zip(&spec.leaves).map(|(b, l)| &b[row * l.item_bytes()..(row + 1) * l.item_bytes()]).collect();
+                column.push(&item).map_err(|e| column_error(&e))?;
+            }
+            f.storage = Storage::Typed { column, host_scalars: false };
+            f.finalized = true;
+            return Ok(());
+        };
+        for item in &items {
+            let f = self.field(name)?;
+            let (it, s) = if name == FieldName::Infos {
+                (Item::Object(PyObj(item.clone().unbind())), None)
+            } else {
+                prepare(item, f, self.specs.get(name), name)?
+            };
+            let specs = &self.specs;
+            let f = match name {
+                FieldName::Observations => &mut self.core.observations,
+                FieldName::Infos => &mut self.core.infos,
+                FieldName::Actions => &mut self.core.actions,
+                FieldName::Rewards => &mut self.core.rewards,
+                FieldName::Extra(k) => self.core.extra_mut(k).ok_or_else(|| PyKeyError::new_err(k.to_string()))?,
+            };
+            if !f.push(it, |c, p| to_object(py, specs, None, name, false, c, p)) {
+                return Err(super::errors::SpaceMismatchError::new_err(format!("{} does not fit its column", label(name))));
+            }
+            if let Some(s) = s {
+                self.specs.set(name, s);
+            }
+        }
+        if !is_list && name != FieldName::Infos {
+            self.field_mut(name)?.finalized = true;
+        }
+        Ok(())
+    }
+
+    /// Sets how many of a field's stored items are look-back (capped at what is stored).
+    #[pyo3(signature = (field, lookback, key=None))]
+    fn set_lookback(&mut self, field: &str, lookback: usize, key: Option<&str>) -> PyResult<()> {
+        self.field_mut(field_name(field, key)?)?.set_lookback(lookback);
+        Ok(())
+    }
+
+    #[pyo3(signature = (field, key=None))]
+    fn lookback(&self, field: &str, key: Option<&str>) -> PyResult<usize> {
+        Ok(self.field(field_name(field, key)?)?.lookback())
+    }
+
+    /// Items in a field's chunk (look-back not counted).
+    #[pyo3(signature = (field, key=None))]
+    fn field_len(&self, field: &str, key: Option<&str>) -> PyResult<usize> {
+        Ok(self.field(field_name(field, key)?)?.len())
+    }
+
+    #[pyo3(signature = (field, key=None))]
+    fn is_finalized(&self, field: &str, key: Option<&str>) -> PyResult<bool> {
+        Ok(self.field(field_name(field, key)?)?.finalized)
+    }
+
+    /// The keys of the extra model outputs, in the order they first appeared.
+    fn extra_keys(&self) -> Vec<String> {
+        self.core.extra_model_outputs.iter().map(|(k, _)| k.clone()).collect()
+    }
+
+    #[getter]
+    fn t(&self) -> i64 {
+        self.core.t
+    }
+    #[setter]
+    fn set_t(&mut self, t: i64) {
+        self.core.t = t;
+    }
+    #[getter]
+    fn t_started(&self) -> i64 {
+        self.core.t_started
+    }
+    #[setter]
+    fn set_t_started(&mut self, t: i64) {
+        self.core.t_started = t;
+    }
+    #[getter]
+    fn is_terminated(&self) -> bool {
+        self.core.is_terminated
+    }
+    #[setter]
+    fn set_is_terminated(&mut self, v: bool) {
+        self.core.is_terminated = v;
+    }
+    #[getter]
+    fn is_truncated(&self) -> bool {
+        self.core.is_truncated
+    }
+    #[setter]
+    fn set_is_truncated(&mut self, v: bool) {
+        self.core.is_truncated = v;
+    }
+
+    /// RLlib's length checks; raises `EpisodeStateError` naming the mismatch.
+    fn validate(&self) -> PyResult<()> {
+        self.core.validate().map_err(|e| episode_error(&e))
+    }
+
+    /// Switches reads to batched arrays (RLlib's `to_numpy` rules per field).
+    fn to_numpy(&mut self) -> PyResult<()> {
+        if self.core.observations.geometry().total == 0 {
+            return Err(PyValueError::new_err("to_numpy: the episode holds no observations (call add_env_reset first)"));
+        }
+        self.core.to_numpy().map_err(|e| episode_error(&e))
+    }
+
+    /// Sum of the chunk's rewards.
+    fn get_return(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        if let Some(r) = self.core.typed_return() {
+            return Ok(r.into_pyobject(py)?.into_any().unbind());
+        }
+        let rewards = self.get(py, "rewards", None, None, false, None, false)?;
+        Ok(py.import("builtins")?.getattr("sum")?.call1((rewards,))?.unbind())
+    }
+
+    /// The successor chunk (see `SingleAgentEpisode.cut`).
+    fn cut(&self, py: Python<'_>, len_lookback_buffer: usize) -> PyResult<SingleAgentBuffers> {
+        let core = self.core.cut(len_lookback_buffer).map_err(|e| episode_error(&e))?;
+        Ok(self.with_core(py, core))
+    }
+
+    /// A slice of the chunk (see `SingleAgentEpisode.slice`).
+    #[pyo3(signature = (start, stop, step, len_lookback_buffer=None))]
+    fn slice(&self, py: Python<'_>, start: Option<i64>, stop: Option<i64>, step: Option<i64>, len_lookback_buffer: Option<usize>) -> PyResult<SingleAgentBuffers> {
+        if step == Some(0) {
+            return Err(PyValueError::new_err("slice step cannot be zero"));
+        }
+        let core = self.core.slice(start, stop, step, len_lookback_buffer).map_err(|e| episode_error(&e))?;
+        Ok(self.with_core(py, core))
+    }
+
+    /// Appends `other`'s chunk (see `SingleAgentEpisode.concat_episode`).
+    fn concat(&mut self, py: Python<'_>, other: &SingleAgentBuffers) -> PyResult<()> {
+        let specs = &self.specs;
+        self.core
+            .concat(&other.core, |n, o, c, p| to_object(py, specs, Some(&other.specs), n, o, c, p))
+            .map_err(|e| episode_error(&e))?;
+        for name in [FieldName::Observations, FieldName::Actions, FieldName::Rewards] {
+            if self.specs.get(name).is_none() {
+                if let Some(s) = other.specs.get(name) {
+                    self.specs.set(name, s.clone_ref(py));
+                }
+            }
+        }
+        for (k, s) in &other.specs.extra_model_outputs {
+            if self.specs.get(FieldName::Extra(k)).is_none() {
+                self.specs.set(FieldName::Extra(k), s.clone_ref(py));
+            }
+        }
+        Ok(())
+    }
+
+    /// A deep copy of the buffers (Python objects inside are shared, as with `copy`).
+    fn copy(&self, py: Python<'_>) -> SingleAgentBuffers {
+        self.with_core(py, self.core.clone())
+    }
+
+    /// Reads a field with RLlib's index semantics.
+    #[pyo3(signature = (field, key=None, indices=None, neg_index_as_lookback=false, fill=None, one_hot_discrete=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn get<'py>(
+        &self,
+        py: Python<'py>,
+        field: &str,
+        key: Option<&str>,
+        indices: Option<&Bound<'py, PyAny>>,
+        neg_index_as_lookback: bool,
+        fill: Option<&Bound<'py, PyAny>>,
+        one_hot_discrete: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let name = field_name(field, key)?;
+        let f = self.field(name)?;
+        let index = to_index(indices)?;
+        let fill = fill.filter(|f| !f.is_none());
+        let resolved = f.resolve(&index, neg_index_as_lookback, fill.is_some()).map_err(|e| index_error(&e))?;
+        let spec = self.specs.get(name);
+        let spaced = spec.filter(|s| s.from_space);
+        if one_hot_discrete && spaced.is_none() {
+            let touches_data = match &resolved {
+                Resolved::One(p) => matches!(p, Pos::At(_)),
+                Resolved::Many(v) => index == Index::All || v.iter().any(|p| matches!(p, Pos::At(_))),
+            };
+            if touches_data {
+                return Err(PyValueError::new_err(format!(
+                    "cannot one-hot encode the {} without a space: give the episode an {} space",
+                    label(name),
+                    if name == FieldName::Actions { "action" } else { "observation" }
+                )));
+            }
+        }
+        let one_hot = one_hot_discrete && spaced.is_some();
+        // The fill item in list form: np.full per leaf with a space, the raw value without.
+        let fill_item = |fill: &Bound<'py, PyAny>| -> PyResult<Bound<'py, PyAny>> {
+            match spaced {
+                Some(s) => spec::fill_item(py, s, fill, one_hot),
+                None => Ok(fill.clone()),
+            }
+        };
+        match (&f.storage, &resolved) {
+            (Storage::Typed { column, host_scalars }, _) => {
+                let spec = spec.ok_or_else(|| PyValueError::new_err("internal error: typed field without spec"))?;
+                let host = *host_scalars && !f.finalized;
+                match &resolved {
+                    Resolved::One(Pos::At(p)) => spec::item(py, spec, column, *p, host, one_hot),
+                    Resolved::One(Pos::Fill) => fill_item(fill.ok_or_else(|| PyValueError::new_err("internal error: fill"))?),
+                    Resolved::Many(positions) if f.finalized => {
+                        if matches!(index, Index::List(ref l) if l.is_empty()) {
+                            return Err(PyValueError::new_err("cannot batch an empty list of indices"));
+                        }
+                        self.batch_with_fill(py, spec, column, positions, fill, one_hot, spaced.is_some())
+                    }
+                    Resolved::Many(positions) => {
+                        let items = positions
+                            .iter()
+                            .map(|p| match p {
+                                Pos::At(p) => spec::item(py, spec, column, *p, host, one_hot),
+                                Pos::Fill => fill_item(fill.ok_or_else(|| PyValueError::new_err("internal error: fill"))?),
+                            })
+                            .collect::<PyResult<Vec<_>>>()?;
+                        Ok(PyList::new(py, items)?.into_any())
+                    }
+                }
+            }
+            (storage, _) => {
+                let object_at = |p: &Pos| -> PyResult<Bound<'py, PyAny>> {
+                    match (p, storage) {
+                        (Pos::At(p), Storage::Objects { items, .. }) => Ok(items[*p].0.bind(py).clone()),
+                        (Pos::Fill, _) => fill_item(fill.ok_or_else(|| PyValueError::new_err("internal error: fill"))?),
+                        _ => Err(PyValueError::new_err("internal error: position in an empty field")),
+                    }
+                };
+                match &resolved {
+                    Resolved::One(p) => object_at(p),
+                    Resolved::Many(positions) => {
+                        let items = positions.iter().map(object_at).collect::<PyResult<Vec<_>>>()?;
+                        if f.finalized && name != FieldName::Infos {
+                            if items.is_empty() && matches!(storage, Storage::Untyped) {
+                                return Ok(empty_list(py));
+                            }
+                            return spec::numpy(py)?.getattr("array")?.call1((items,));
+                        }
+                        Ok(PyList::new(py, items)?.into_any())
+                    }
+                }
+            }
+        }
+    }
+
+    /// Overwrites items of a field with RLlib's index semantics (`None` = the whole chunk).
+    #[pyo3(signature = (field, new_data, key=None, at_indices=None, neg_index_as_lookback=false))]
+    fn set(&mut self, field: &str, new_data: &Bound<'_, PyAny>, key: Option<&str>, at_indices: Option<&Bound<'_, PyAny>>, neg_index_as_lookback: bool) -> PyResult<()> {
+        let name = field_name(field, key)?;
+        let index = to_index(at_indices)?;
+        let f = self.field(name)?;
+        let g = f.geometry();
+        let (positions, single) = match &index {
+            Index::Int(i) => (vec![g.position(*i, neg_index_as_lookback).map_err(|e| index_error(&e))?], true),
+            Index::List(l) => (l.iter().map(|&i| g.position(i, neg_index_as_lookback)).collect::<Result<Vec<_>, _>>().map_err(|e| index_error(&e))?, false),
+            _ => match g.resolve(&index, neg_index_as_lookback, false).map_err(|e| index_error(&e))? {
+                Resolved::Many(v) => (v.into_iter().filter_map(|p| if let Pos::At(p) = p { Some(p) } else { None }).collect(), false),
+                Resolved::One(_) => unreachable_one(),
+            },
+        };
+        // The new items, one Python value each (or one batch).
+        let values: Option<Vec<Bound<'_, PyAny>>> = if single {
+            Some(vec![new_data.clone()])
+        } else if new_data.cast::<PyList>().is_ok() || matches!(index, Index::List(_)) {
+            let vals: Vec<Bound<'_, PyAny>> = (0..positions.len()).map(|i| new_data.get_item(i)).collect::<PyResult<_>>().map_err(|_| pyo3::exceptions::PyIndexError::new_err(format!("cannot set {} items from {}", positions.len(), new_data.repr().map(|r| r.to_string()).unwrap_or_default())))?;
+            if let Ok(n) = new_data.len() {
+                if n != positions.len() {
+                    return Err(column_error(&crate::column::ColumnError::SetLength { selected: positions.len(), given: n }));
+                }
+            }
+            Some(vals)
+        } else {
+            None
+        };
+        let spec = self.specs.get(name).map(|s| s.clone_ref(new_data.py()));
+        let f = self.field_mut(name)?;
+        match (&mut f.storage, spec) {
+            (Storage::Typed { column, .. }, Some(spec)) => {
+                let leaves: Vec<Vec<u8>> = match values {
+                    Some(vals) => {
+                        let mut acc = vec![Vec::new(); spec.leaves.len()];
+                        for v in &vals {
+                            for (a, b) in acc.iter_mut().zip(spec::to_leaves(&spec, v, None, &label(name))?) {
+                                a.extend_from_slice(&b);
+                            }
+                        }
+                        acc
+                    }
+                    None => {
+                        let leaves = spec::to_leaves(&spec, new_data, Some(None), &label(name))?;
+                        if let Some(l) = spec.leaves.first() {
+                            let n = if l.item_bytes() == 0 { positions.len() } else { leaves[0].len() / l.item_bytes() };
+                            if n != positions.len() {
+                                return Err(column_error(&crate::column::ColumnError::SetLength { selected: positions.len(), given: n }));
+                            }
+                        }
+                        leaves
+                    }
+                };
+                let refs: Vec<&[u8]> = leaves.iter().map(Vec::as_slice).collect();
+                column.overwrite_many(&positions, &refs).map_err(|e| column_error(&e))
+            }
+            (Storage::Objects { items, .. }, _) => {
+                let vals = match values {
+                    Some(v) => v,
+                    None => new_data.try_iter()?.collect::<PyResult<Vec<_>>>()?,
+                };
+                if vals.len() != positions.len() {
+                    return Err(column_error(&crate::column::ColumnError::SetLength { selected: positions.len(), given: vals.len() }));
+                }
+                for (p, v) in positions.iter().zip(vals) {
+                    items[*p] = PyObj(v.unbind());
+                }
+                Ok(())
+            }
+            _ => {
+                if positions.is_empty() {
+                    Ok(())
+                } else {
+                    Err(PyValueError::new_err(format!("cannot set the {}: the field holds no data", label(name))))
+                }
+            }
+        }
+    }
+
+    /// State for pickling: each field's full data (look-back included) and look-back.
+    fn __repr__(&self) -> String {
+        format!("SingleAgentBuffers(len={}, t_started={}, t={})", self.core.len(), self.core.t_started, self.core.t)
+    }
+}
+
+fn unreachable_one() -> (Vec<usize>, bool) {
+    // A slice or `None` always resolves to many positions.
+    (Vec::new(), false)
+}
+
+impl SingleAgentBuffers {
+    /// A batched read with RLlib's fill rules: with a space the fill is cast to the leaf's
+    /// dtype; without one, numpy promotes the stored dtype with the fill's (RLlib
+    /// concatenates `np.array([fill] * n)` with the data).
+    #[allow(clippy::too_many_arguments)]
+    fn batch_with_fill<'py>(&self, py: Python<'py>, spec: &Spec, column: &Column, positions: &[Pos], fill: Option<&Bound<'py, PyAny>>, one_hot: bool, spaced: bool) -> PyResult<Bound<'py, PyAny>> {
+        let needs_fill = positions.iter().any(|p| matches!(p, Pos::Fill));
+        let Some(fill) = fill.filter(|_| needs_fill) else {
+            return spec::batch(py, spec, column, positions, None, one_hot);
+        };
+        if spaced {
+            let bytes = spec::fill_leaves(py, spec, fill, one_hot)?;
+            return spec::batch(py, spec, column, positions, Some(&bytes), one_hot);
+        }
+        // No space: gather with zero fills, promote the dtype like numpy would, then put
+        // the fill value into the fill rows.
+        let np = spec::numpy(py)?;
+        let fill_rows: Vec<usize> = positions.iter().enumerate().filter(|(_, p)| matches!(p, Pos::Fill)).map(|(i, _)| i).collect();
+        let mut leaves = Vec::with_capacity(spec.leaves.len());
+        for (i, leaf) in spec.leaves.iter().enumerate() {
+            let bytes = column.gather(i, positions, None, false);
+            let mut shape = vec![positions.len()];
+            shape.extend_from_slice(&leaf.shape);
+            let descr = spec.descrs[i].bind(py);
+            let mut array = spec::new_array(py, descr, &shape, &bytes)?;
+            let out = np.getattr("result_type")?.call1((descr, np.getattr("asarray")?.call1((fill,))?))?;
+            if !out.eq(descr)? {
+                array = array.call_method1("astype", (out,))?;
+            }
+            array.set_item(PyList::new(py, &fill_rows)?, fill)?;
+            leaves.push(Some(array));
+        }
+        spec::nest(py, &spec.tree, &mut leaves)
+    }
+}

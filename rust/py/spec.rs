@@ -1,0 +1,528 @@
+//! Specs: how the Python values of one field map onto the core's typed leaves.
+//!
+//! A [`Spec`] is a schema (from a gymnasium space, or inferred from the first item) plus
+//! what is needed to hand items back to Python: the nesting (Dict/Tuple) and each leaf's
+//! numpy dtype. Converting in goes value -> leaf bytes (one copy); converting out goes
+//! gathered bytes -> one new numpy array per leaf (one copy).
+
+use std::fmt::Write as _;
+
+use numpy::npyffi::{self, npy_intp, PY_ARRAY_API};
+use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyTuple, PyType};
+
+use super::errors::SpaceMismatchError;
+use crate::column::{Column, Pos};
+use crate::schema::{DType, Kind, Leaf, OneHot, Schema};
+
+/// The nesting of a field's items.
+pub enum Tree {
+    Leaf(usize),
+    Dict(Vec<(Py<PyAny>, Tree)>),
+    Tuple(Vec<Tree>),
+}
+
+impl Tree {
+    fn clone_ref(&self, py: Python<'_>) -> Tree {
+        match self {
+            Tree::Leaf(i) => Tree::Leaf(*i),
+            Tree::Dict(v) => Tree::Dict(v.iter().map(|(k, t)| (k.clone_ref(py), t.clone_ref(py))).collect()),
+            Tree::Tuple(v) => Tree::Tuple(v.iter().map(|t| t.clone_ref(py)).collect()),
+        }
+    }
+}
+
+/// How one field's values are stored and handed back.
+pub struct Spec {
+    pub tree: Tree,
+    pub leaves: Vec<Leaf>,
+    pub descrs: Vec<Py<PyArrayDescr>>,
+    /// From a gymnasium space: values that do not fit are errors. Inferred specs instead
+    /// fall back to object storage.
+    pub from_space: bool,
+}
+
+impl Spec {
+    pub fn clone_ref(&self, py: Python<'_>) -> Spec {
+        Spec {
+            tree: self.tree.clone_ref(py),
+            leaves: self.leaves.clone(),
+            descrs: self.descrs.iter().map(|d| d.clone_ref(py)).collect(),
+            from_space: self.from_space,
+        }
+    }
+
+    pub fn schema(&self) -> Schema {
+        Schema::new(self.leaves.clone())
+    }
+
+}
+
+fn kind_of(descr: &Bound<'_, PyArrayDescr>) -> Option<Kind> {
+    Kind::from_code(descr.kind() as char)
+}
+
+fn dtype_of(descr: &Bound<'_, PyArrayDescr>) -> Option<DType> {
+    Some(DType { kind: kind_of(descr)?, size: descr.itemsize() })
+}
+
+static NUMPY: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+
+pub fn numpy(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
+    NUMPY.get_or_try_init(py, || Ok(py.import("numpy")?.unbind())).map(|m| m.bind(py))
+}
+
+fn space_class<'py>(py: Python<'py>, cell: &'static PyOnceLock<Py<PyType>>, name: &str) -> PyResult<&'py Bound<'py, PyType>> {
+    cell.import(py, "gymnasium.spaces", name)
+}
+
+macro_rules! space_cls {
+    ($py:expr, $name:literal) => {{
+        static CELL: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+        space_class($py, &CELL, $name)?
+    }};
+}
+
+fn descr_from<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyArrayDescr>> {
+    let py = obj.py();
+    let d = numpy(py)?.getattr("dtype")?.call1((obj,))?;
+    Ok(d.cast_into::<PyArrayDescr>()?)
+}
+
+fn shape_of(obj: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
+    obj.getattr("shape")?.extract()
+}
+
+/// Builds the spec of a gymnasium space; `None` for spaces without a fixed numeric
+/// layout (Text, Graph, Sequence, ...), whose values are stored as objects.
+pub fn from_space(space: &Bound<'_, PyAny>) -> PyResult<Option<Spec>> {
+    let mut leaves = Vec::new();
+    let mut descrs = Vec::new();
+    let Some(tree) = walk_space(space, &mut leaves, &mut descrs)? else { return Ok(None) };
+    Ok(Some(Spec { tree, leaves, descrs, from_space: true }))
+}
+
+fn walk_space(space: &Bound<'_, PyAny>, leaves: &mut Vec<Leaf>, descrs: &mut Vec<Py<PyArrayDescr>>) -> PyResult<Option<Tree>> {
+    let py = space.py();
+    let mut leaf = |descr: Bound<'_, PyArrayDescr>, shape: Vec<usize>, one_hot: OneHot| -> PyResult<Option<Tree>> {
+        let Some(dtype) = dtype_of(&descr) else { return Ok(None) };
+        leaves.push(Leaf { dtype, shape, one_hot });
+        descrs.push(descr.unbind());
+        Ok(Some(Tree::Leaf(leaves.len() - 1)))
+    };
+    if space.is_instance(space_cls!(py, "Box"))? || space.is_instance(space_cls!(py, "MultiBinary"))? {
+        return leaf(descr_from(&space.getattr("dtype")?)?, shape_of(space)?, OneHot::No);
+    }
+    if space.is_instance(space_cls!(py, "Discrete"))? {
+        let n: usize = space.getattr("n")?.extract()?;
+        let start: i64 = space.getattr("start")?.extract()?;
+        return leaf(descr_from(&space.getattr("dtype")?)?, vec![], OneHot::Discrete { n, start });
+    }
+    if space.is_instance(space_cls!(py, "MultiDiscrete"))? {
+        let flat = |name: &str| -> PyResult<Vec<i64>> {
+            space.getattr(name)?.call_method0("flatten")?.call_method0("tolist")?.extract()
+        };
+        let nvec: Vec<usize> = flat("nvec")?.into_iter().map(|v| usize::try_from(v).unwrap_or(0)).collect();
+        let start = flat("start")?;
+        return leaf(descr_from(&space.getattr("dtype")?)?, shape_of(space)?, OneHot::MultiDiscrete { nvec, start });
+    }
+    if space.is_instance(space_cls!(py, "Dict"))? {
+        let mut entries = Vec::new();
+        for item in space.getattr("spaces")?.call_method0("items")?.try_iter()? {
+            let (key, sub): (Bound<'_, PyAny>, Bound<'_, PyAny>) = item?.extract()?;
+            let Some(t) = walk_space(&sub, leaves, descrs)? else { return Ok(None) };
+            entries.push((key.unbind(), t));
+        }
+        return Ok(Some(Tree::Dict(entries)));
+    }
+    if space.is_instance(space_cls!(py, "Tuple"))? {
+        let mut entries = Vec::new();
+        for sub in space.getattr("spaces")?.try_iter()? {
+            let Some(t) = walk_space(&sub?, leaves, descrs)? else { return Ok(None) };
+            entries.push(t);
+        }
+        return Ok(Some(Tree::Tuple(entries)));
+    }
+    Ok(None)
+}
+
+/// Infers a spec from a first item given without a space: numbers, numeric arrays and
+/// dicts/tuples of them. Returns the spec and whether the item was a plain Python scalar
+/// (then items are handed back as Python scalars before `to_numpy`, as given).
+pub fn infer(value: &Bound<'_, PyAny>) -> PyResult<Option<(Spec, bool)>> {
+    let mut leaves = Vec::new();
+    let mut descrs = Vec::new();
+    let host_scalar = is_host_scalar(value);
+    let Some(tree) = walk_value(value, &mut leaves, &mut descrs)? else { return Ok(None) };
+    Ok(Some((Spec { tree, leaves, descrs, from_space: false }, host_scalar)))
+}
+
+fn is_host_scalar(value: &Bound<'_, PyAny>) -> bool {
+    value.is_exact_instance_of::<PyFloat>() || value.is_exact_instance_of::<PyInt>() || value.is_exact_instance_of::<PyBool>()
+}
+
+fn walk_value(value: &Bound<'_, PyAny>, leaves: &mut Vec<Leaf>, descrs: &mut Vec<Py<PyArrayDescr>>) -> PyResult<Option<Tree>> {
+    let py = value.py();
+    if let Ok(d) = value.cast::<PyDict>() {
+        let mut entries = Vec::new();
+        for (k, v) in d.iter() {
+            let Some(t) = walk_value(&v, leaves, descrs)? else { return Ok(None) };
+            entries.push((k.unbind(), t));
+        }
+        return Ok(Some(Tree::Dict(entries)));
+    }
+    if let Ok(t) = value.cast::<PyTuple>() {
+        let mut entries = Vec::new();
+        for v in t.iter() {
+            let Some(sub) = walk_value(&v, leaves, descrs)? else { return Ok(None) };
+            entries.push(sub);
+        }
+        return Ok(Some(Tree::Tuple(entries)));
+    }
+    let array = if let Ok(a) = value.cast::<PyUntypedArray>() {
+        a.clone()
+    } else if is_host_scalar(value) || value.cast::<PyList>().is_ok() || value.is_instance(&numpy(py)?.getattr("generic")?)? {
+        match numpy(py)?.getattr("asarray")?.call1((value,)) {
+            Ok(a) => a.cast_into::<PyUntypedArray>()?,
+            Err(_) => return Ok(None),
+        }
+    } else {
+        return Ok(None);
+    };
+    let descr = array.dtype();
+    let Some(dtype) = dtype_of(&descr) else { return Ok(None) };
+    // Python ints too large for int64 come out as objects: keep those as objects.
+    leaves.push(Leaf::new(dtype, array.shape().to_vec()));
+    descrs.push(numpy(py)?.getattr("dtype")?.call1((descr.getattr("str")?,))?.cast_into::<PyArrayDescr>()?.unbind());
+    Ok(Some(Tree::Leaf(leaves.len() - 1)))
+}
+
+/// Whether numpy data of kind `from` may be stored in a leaf of kind `to` without losing
+/// meaning: bool into anything, ints into ints and floats, floats into floats; never a
+/// float into an int or bool leaf.
+fn castable(from: Kind, to: Kind) -> bool {
+    use Kind::{Bool, Complex, Float, Int, UInt};
+    match from {
+        Bool => true,
+        Int | UInt => matches!(to, Int | UInt | Float | Complex),
+        Float => matches!(to, Float | Complex),
+        Complex => to == Complex,
+    }
+}
+
+/// Copies the bytes of a C-contiguous array.
+fn array_bytes(array: &Bound<'_, PyUntypedArray>) -> Vec<u8> {
+    let n = array.len_total_bytes();
+    // SAFETY: `array` is a live numpy array that is C-contiguous (checked by every caller),
+    // so its data pointer addresses `nbytes` readable bytes; we copy them while the
+    // array is borrowed and the thread is attached.
+    unsafe {
+        let data = (*array.as_array_ptr()).fields.data.cast::<u8>();
+        std::slice::from_raw_parts(data, n).to_vec()
+    }
+}
+
+trait TotalBytes {
+    fn len_total_bytes(&self) -> usize;
+}
+
+impl TotalBytes for Bound<'_, PyUntypedArray> {
+    fn len_total_bytes(&self) -> usize {
+        self.shape().iter().product::<usize>() * self.dtype().itemsize()
+    }
+}
+
+/// Describes what was wrong with a value for the error message.
+fn describe(value: &Bound<'_, PyAny>) -> String {
+    if let Ok(a) = value.cast::<PyUntypedArray>() {
+        let dt = a.dtype().str().map(|s| s.to_string()).unwrap_or_default();
+        return format!("an array of shape {:?} and dtype {dt}", a.shape());
+    }
+    let ty = value.get_type().name().map(|n| n.to_string()).unwrap_or_default();
+    let mut r = value.repr().map(|r| r.to_string()).unwrap_or_default();
+    if r.len() > 80 {
+        r.truncate(77);
+        r.push_str("...");
+    }
+    format!("{r} (a {ty})")
+}
+
+fn leaf_desc(leaf: &Leaf) -> String {
+    format!("shape {:?} and dtype {}", leaf.shape, leaf.dtype)
+}
+
+/// Converts one value (or batch of values) into the bytes of leaf `leaf`.
+///
+/// With `batch = Some(n)`, the value holds `n` items stacked on a leading axis (`None`:
+/// take `n` from the value).
+fn leaf_bytes(
+    value: &Bound<'_, PyAny>,
+    leaf: &Leaf,
+    descr: &Bound<'_, PyArrayDescr>,
+    batch: Option<Option<usize>>,
+    what: &dyn Fn() -> String,
+) -> PyResult<Vec<u8>> {
+    let py = value.py();
+    let mismatch = |why: String| -> PyErr {
+        SpaceMismatchError::new_err(format!("{}: expected {}{}, got {}", what(), if batch.is_some() { "a batch of items of " } else { "" }, leaf_desc(leaf), why))
+    };
+    // Fast paths: Python floats/ints into scalar float/int leaves.
+    if batch.is_none() && leaf.shape.is_empty() {
+        if value.is_exact_instance_of::<PyFloat>() && leaf.dtype.kind == Kind::Float && leaf.dtype.size >= 4 {
+            let v: f64 = value.extract()?;
+            return Ok(if leaf.dtype.size == 8 { v.to_ne_bytes().to_vec() } else { (v as f32).to_ne_bytes().to_vec() });
+        }
+        if value.is_exact_instance_of::<PyInt>() && leaf.dtype == DType::I64 {
+            if let Ok(v) = value.extract::<i64>() {
+                return Ok(v.to_ne_bytes().to_vec());
+            }
+        }
+    }
+    let array = match value.cast::<PyUntypedArray>() {
+        Ok(a) => a.clone(),
+        Err(_) => numpy(py)?
+            .getattr("asarray")?
+            .call1((value,))
+            .map_err(|_| mismatch(describe(value)))?
+            .cast_into::<PyUntypedArray>()?,
+    };
+    let shape = array.shape();
+    let item_shape = match batch {
+        None => shape,
+        Some(n) => {
+            if shape.is_empty() || n.is_some_and(|n| n != shape[0]) {
+                return Err(mismatch(describe(value)));
+            }
+            &shape[1..]
+        }
+    };
+    if item_shape != leaf.shape.as_slice() {
+        return Err(mismatch(describe(value)));
+    }
+    let given = array.dtype();
+    let Some(kind) = kind_of(&given) else { return Err(mismatch(describe(value))) };
+    if !castable(kind, leaf.dtype.kind) {
+        return Err(mismatch(describe(value)));
+    }
+    if given.is_equiv_to(descr) && array.is_c_contiguous() {
+        return Ok(array_bytes(&array));
+    }
+    let cast = numpy(py)?.getattr("ascontiguousarray")?.call1((&array, descr))?.cast_into::<PyUntypedArray>()?;
+    Ok(array_bytes(&cast))
+}
+
+/// Flattens `value` by `spec` into one byte buffer per leaf.
+///
+/// `batch`: `None` for one item; `Some(n)` for `n` items stacked per leaf (`Some(None)`:
+/// any `n`, taken from the value; all leaves must agree).
+pub fn to_leaves(spec: &Spec, value: &Bound<'_, PyAny>, batch: Option<Option<usize>>, field: &str) -> PyResult<Vec<Vec<u8>>> {
+    let mut out: Vec<Vec<u8>> = vec![Vec::new(); spec.leaves.len()];
+    let mut path = String::new();
+    let mut batch = batch;
+    flatten_into(spec, &spec.tree, value, &mut batch, field, &mut path, &mut out, value.py())?;
+    Ok(out)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn flatten_into(
+    spec: &Spec,
+    tree: &Tree,
+    value: &Bound<'_, PyAny>,
+    batch: &mut Option<Option<usize>>,
+    field: &str,
+    path: &mut String,
+    out: &mut [Vec<u8>],
+    py: Python<'_>,
+) -> PyResult<()> {
+    let what = |path: &str| format!("{field}{path}");
+    match tree {
+        Tree::Leaf(i) => {
+            let what = || what(path);
+            let descr = spec.descrs[*i].bind(py);
+            let leaf = &spec.leaves[*i];
+            let bytes = leaf_bytes(value, leaf, descr, *batch, &what)?;
+            if let Some(None) = batch {
+                // The first leaf fixes the batch size for the others.
+                let n = if leaf.item_bytes() == 0 { 0 } else { bytes.len() / leaf.item_bytes() };
+                *batch = Some(Some(n));
+            }
+            out[*i] = bytes;
+        }
+        Tree::Dict(entries) => {
+            for (key, sub) in entries {
+                let key = key.bind(py);
+                let item = value.get_item(key).map_err(|_| {
+                    SpaceMismatchError::new_err(format!("{}: expected a dict with key {}, got {}", what(path), key.repr().map(|r| r.to_string()).unwrap_or_default(), describe(value)))
+                })?;
+                let len = path.len();
+                let _ = write!(path, "[{}]", key.repr()?);
+                flatten_into(spec, sub, &item, batch, field, path, out, py)?;
+                path.truncate(len);
+            }
+        }
+        Tree::Tuple(entries) => {
+            let n = value.len().unwrap_or(usize::MAX);
+            if n != entries.len() || value.cast::<PyUntypedArray>().is_ok() {
+                return Err(SpaceMismatchError::new_err(format!("{}: expected a tuple of {} items, got {}", what(path), entries.len(), describe(value))));
+            }
+            for (k, sub) in entries.iter().enumerate() {
+                let item = value.get_item(k)?;
+                let len = path.len();
+                let _ = write!(path, "[{k}]");
+                flatten_into(spec, sub, &item, batch, field, path, out, py)?;
+                path.truncate(len);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A new C-contiguous numpy array of `descr` and `shape` holding a copy of `bytes`.
+pub fn new_array<'py>(py: Python<'py>, descr: &Bound<'py, PyArrayDescr>, shape: &[usize], bytes: &[u8]) -> PyResult<Bound<'py, PyAny>> {
+    let mut dims: Vec<npy_intp> = shape.iter().map(|&d| d as npy_intp).collect();
+    // SAFETY: PyArray_NewFromDescr steals one reference to the descriptor, which
+    // `into_dtype_ptr` hands over; with a null data pointer numpy allocates a
+    // C-contiguous buffer of exactly prod(shape) * itemsize bytes, which the copy below
+    // fills completely (the caller passes that many bytes; checked first).
+    unsafe {
+        let expected = shape.iter().product::<usize>() * descr.itemsize();
+        if expected != bytes.len() {
+            return Err(pyo3::exceptions::PyRuntimeError::new_err(format!("internal error: {} bytes for an array of {expected}", bytes.len())));
+        }
+        let ptr = PY_ARRAY_API.PyArray_NewFromDescr(
+            py,
+            npyffi::get_type_object(py, npyffi::NpyTypes::PyArray_Type),
+            descr.clone().into_dtype_ptr(),
+            dims.len() as i32,
+            dims.as_mut_ptr(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            // With a null data pointer a non-zero `flags` asks for Fortran order: 0 keeps
+            // the C order the byte copy below assumes.
+            0,
+            std::ptr::null_mut(),
+        );
+        let array = Bound::from_owned_ptr_or_err(py, ptr)?;
+        if !bytes.is_empty() {
+            let data = (*array.as_ptr().cast::<npyffi::PyArrayObject>()).fields.data.cast::<u8>();
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), data, bytes.len());
+        }
+        Ok(array)
+    }
+}
+
+/// One scalar of `descr` from its bytes: a numpy scalar, or a Python scalar with
+/// `host_scalar`.
+fn scalar<'py>(py: Python<'py>, descr: &Bound<'py, PyArrayDescr>, leaf: &Leaf, bytes: &[u8], host_scalar: bool) -> PyResult<Bound<'py, PyAny>> {
+    if host_scalar {
+        match (leaf.dtype.kind, leaf.dtype.size) {
+            (Kind::Float, 8) => return Ok(PyFloat::new(py, f64::from_ne_bytes(bytes.try_into()?)).into_any()),
+            (Kind::Int, 8) => return Ok(i64::from_ne_bytes(bytes.try_into()?).into_pyobject(py)?.into_any()),
+            (Kind::Bool, 1) => return Ok(PyBool::new(py, bytes[0] != 0).to_owned().into_any()),
+            _ => {}
+        }
+    }
+    let array = new_array(py, descr, &[], bytes)?;
+    // SAFETY: `array` is a valid 0-d ndarray; PyArray_Return steals the reference we pass
+    // (hence `into_ptr`) and returns a new reference to the equivalent numpy scalar.
+    unsafe {
+        let ptr = PY_ARRAY_API.PyArray_Return(py, array.into_ptr().cast());
+        Bound::from_owned_ptr_or_err(py, ptr)
+    }
+}
+
+/// Rebuilds the nesting of `tree` around per-leaf Python values.
+pub fn nest<'py>(py: Python<'py>, tree: &Tree, leaves: &mut [Option<Bound<'py, PyAny>>]) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match tree {
+        Tree::Leaf(i) => leaves[*i].take().ok_or_else(|| pyo3::exceptions::PyRuntimeError::new_err("internal error: leaf used twice"))?,
+        Tree::Dict(entries) => {
+            let d = PyDict::new(py);
+            for (k, sub) in entries {
+                d.set_item(k.bind(py), nest(py, sub, leaves)?)?;
+            }
+            d.into_any()
+        }
+        Tree::Tuple(entries) => {
+            let items = entries.iter().map(|sub| nest(py, sub, leaves)).collect::<PyResult<Vec<_>>>()?;
+            PyTuple::new(py, items)?.into_any()
+        }
+    })
+}
+
+/// The float32 descriptor used for one-hot output.
+fn f32_descr(py: Python<'_>) -> Bound<'_, PyArrayDescr> {
+    numpy::dtype::<f32>(py)
+}
+
+/// Item `pos` of `column` as a Python value (nested by the spec).
+pub fn item<'py>(py: Python<'py>, spec: &Spec, column: &Column, pos: usize, host_scalars: bool, one_hot: bool) -> PyResult<Bound<'py, PyAny>> {
+    let mut values = Vec::with_capacity(spec.leaves.len());
+    for (i, leaf) in spec.leaves.iter().enumerate() {
+        let bytes = column.item(i, pos);
+        let v = if one_hot && leaf.one_hot_width().is_some() {
+            let mut out = Vec::new();
+            leaf.write_one_hot(bytes, &mut out);
+            new_array(py, &f32_descr(py), &[leaf.one_hot_width().unwrap_or(0)], &out)?
+        } else if leaf.shape.is_empty() {
+            scalar(py, spec.descrs[i].bind(py), leaf, bytes, host_scalars)?
+        } else {
+            new_array(py, spec.descrs[i].bind(py), &leaf.shape, bytes)?
+        };
+        values.push(Some(v));
+    }
+    nest(py, &spec.tree, &mut values)
+}
+
+/// The fill item of a spec: one `np.full(leaf_shape, fill, leaf_dtype)` per leaf (float32
+/// slots of the one-hot width for discrete leaves under `one_hot`), as bytes.
+pub fn fill_leaves(py: Python<'_>, spec: &Spec, fill: &Bound<'_, PyAny>, one_hot: bool) -> PyResult<Vec<Vec<u8>>> {
+    let np = numpy(py)?;
+    spec.leaves
+        .iter()
+        .enumerate()
+        .map(|(i, leaf)| {
+            let (shape, descr) = match leaf.one_hot_width() {
+                Some(w) if one_hot => (vec![w], f32_descr(py)),
+                _ => (leaf.shape.clone(), spec.descrs[i].bind(py).clone()),
+            };
+            let full = np.getattr("full")?.call1((shape, fill, descr))?.cast_into::<PyUntypedArray>()?;
+            Ok(array_bytes(&full))
+        })
+        .collect()
+}
+
+/// The fill item of a spec as a Python value (nested; 0-d arrays for scalar leaves, as
+/// `np.full` gives them).
+pub fn fill_item<'py>(py: Python<'py>, spec: &Spec, fill: &Bound<'py, PyAny>, one_hot: bool) -> PyResult<Bound<'py, PyAny>> {
+    let bytes = fill_leaves(py, spec, fill, one_hot)?;
+    let mut values = Vec::with_capacity(spec.leaves.len());
+    for (i, leaf) in spec.leaves.iter().enumerate() {
+        let v = match leaf.one_hot_width() {
+            Some(w) if one_hot => new_array(py, &f32_descr(py), &[w], &bytes[i])?,
+            _ => new_array(py, spec.descrs[i].bind(py), &leaf.shape, &bytes[i])?,
+        };
+        values.push(Some(v));
+    }
+    nest(py, &spec.tree, &mut values)
+}
+
+/// The items at `positions` as one batched numpy array per leaf, nested by the spec.
+pub fn batch<'py>(py: Python<'py>, spec: &Spec, column: &Column, positions: &[Pos], fill: Option<&[Vec<u8>]>, one_hot: bool) -> PyResult<Bound<'py, PyAny>> {
+    let mut values = Vec::with_capacity(spec.leaves.len());
+    for (i, leaf) in spec.leaves.iter().enumerate() {
+        let hot = one_hot && leaf.one_hot_width().is_some();
+        let bytes = column.gather(i, positions, fill.map(|f| f[i].as_slice()), hot);
+        let mut shape = vec![positions.len()];
+        let array = if hot {
+            shape.push(leaf.one_hot_width().unwrap_or(0));
+            new_array(py, &f32_descr(py), &shape, &bytes)?
+        } else {
+            shape.extend_from_slice(&leaf.shape);
+            new_array(py, spec.descrs[i].bind(py), &shape, &bytes)?
+        };
+        values.push(Some(array));
+    }
+    nest(py, &spec.tree, &mut values)
+}
