@@ -211,16 +211,34 @@ impl Geometry {
     }
 }
 
-/// The positions `range(total)[start:stop:step]` selects, with Python's clamping of
-/// non-negative bounds (`start >= 0`, and `stop >= 0` or the "minus infinity" marker).
+/// The positions `range(total)[start:stop:step]` selects, with Python's rules for any
+/// bounds (negative ones count from the end, then clamp; the "minus infinity" stop runs a
+/// negative step down to position 0).
 fn python_slice(total: i64, start: i64, stop: i64, step: i64) -> impl Iterator<Item = i64> {
-    let (first, end) = if step > 0 {
-        (start.min(total), stop.clamp(0, total))
-    } else {
-        let first = start.min(total - 1);
-        let end = if stop == NEG_INFINITE_STOP { -1 } else { stop.min(total - 1) };
-        (first, end)
+    // CPython's PySlice_AdjustIndices.
+    let adjust = |v: i64| -> i64 {
+        if v < 0 {
+            let v = v.saturating_add(total);
+            if v < 0 {
+                if step < 0 {
+                    -1
+                } else {
+                    0
+                }
+            } else {
+                v
+            }
+        } else if v >= total {
+            if step < 0 {
+                total - 1
+            } else {
+                total
+            }
+        } else {
+            v
+        }
     };
+    let (first, end) = (adjust(start), adjust(stop));
     let count = if step > 0 {
         if end > first {
             (end - first + step - 1) / step
@@ -320,6 +338,18 @@ mod tests {
         assert_eq!(python_slice(5, 10, NEG_INFINITE_STOP, -2).collect::<Vec<_>>(), vec![4, 2, 0]);
         assert_eq!(python_slice(5, 1, 4, 2).collect::<Vec<_>>(), vec![1, 3]);
         assert_eq!(python_slice(0, 0, 0, 1).count(), 0);
+        assert_eq!(python_slice(0, -1, NEG_INFINITE_STOP, 1).count(), 0);
+        assert_eq!(python_slice(5, -2, 5, 1).collect::<Vec<_>>(), vec![3, 4]);
+        assert_eq!(python_slice(5, -9, 2, 1).collect::<Vec<_>>(), vec![0, 1]);
+    }
+
+    #[test]
+    fn reversed_bounds_on_an_empty_buffer_give_only_fill() {
+        // RLlib 2.60 trips its own assertion here (start becomes -1); the right answer is
+        // the fill items and no data.
+        let g = Geometry::new(0, 0);
+        assert_eq!(slice(g, Some(5), Some(-1), None, false, true), vec![Pos::Fill; 6]);
+        assert_eq!(slice(g, Some(5), Some(-1), None, false, false), vec![]);
     }
 
     #[test]

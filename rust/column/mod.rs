@@ -146,11 +146,12 @@ impl Column {
         &self.leaves[leaf][pos * n..(pos + 1) * n]
     }
 
-    fn check_item(&self, item: ItemRef<'_>) -> Result<(), ColumnError> {
+    fn check_item<B: AsRef<[u8]>>(&self, item: &[B]) -> Result<(), ColumnError> {
         if item.len() != self.schema.leaves.len() {
             return Err(ColumnError::LeafCount { expected: self.schema.leaves.len(), got: item.len() });
         }
         for (i, (bytes, leaf)) in item.iter().zip(&self.schema.leaves).enumerate() {
+            let bytes = bytes.as_ref();
             if bytes.len() != leaf.item_bytes() {
                 return Err(ColumnError::ItemSize { leaf: i, expected: leaf.item_bytes(), got: bytes.len() });
             }
@@ -159,10 +160,10 @@ impl Column {
     }
 
     /// Appends one item. All-or-nothing: a malformed item leaves the column unchanged.
-    pub fn push(&mut self, item: ItemRef<'_>) -> Result<(), ColumnError> {
+    pub fn push<B: AsRef<[u8]>>(&mut self, item: &[B]) -> Result<(), ColumnError> {
         self.check_item(item)?;
         for (buf, bytes) in self.leaves.iter_mut().zip(item) {
-            buf.extend_from_slice(bytes);
+            buf.extend_from_slice(bytes.as_ref());
         }
         self.total += 1;
         Ok(())
@@ -254,6 +255,7 @@ impl Column {
         }
         for (leaf, bytes) in item.iter().enumerate() {
             let n = bytes.len();
+            let bytes: &[u8] = bytes;
             self.leaves[leaf][pos * n..(pos + 1) * n].copy_from_slice(bytes);
         }
         Ok(())
@@ -332,7 +334,7 @@ mod tests {
         c.push(&[&item(1.0, 2.0)]).unwrap();
         let before = c.clone();
         assert_eq!(c.push(&[&[0u8; 4]]), Err(ColumnError::ItemSize { leaf: 0, expected: 8, got: 4 }));
-        assert_eq!(c.push(&[]), Err(ColumnError::LeafCount { expected: 1, got: 0 }));
+        assert_eq!(c.push::<&[u8]>(&[]), Err(ColumnError::LeafCount { expected: 1, got: 0 }));
         assert_eq!(c, before);
     }
 

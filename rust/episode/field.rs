@@ -176,15 +176,13 @@ impl<O: Clone> Field<O> {
         match item {
             Item::Bytes(leaves) => {
                 if let Storage::Typed { column, .. } = &mut self.storage {
-                    let refs: Vec<&[u8]> = leaves.iter().map(Vec::as_slice).collect();
-                    return column.push(&refs).is_ok();
+                    return column.push(&leaves).is_ok();
                 }
                 false
             }
             Item::FirstTyped { schema, leaves, host_scalars } => {
                 let mut column = Column::new(schema);
-                let refs: Vec<&[u8]> = leaves.iter().map(Vec::as_slice).collect();
-                if column.push(&refs).is_err() {
+                if column.push(&leaves).is_err() {
                     return false;
                 }
                 self.storage = Storage::Typed { column, host_scalars };

@@ -120,8 +120,12 @@ fn is_number(value: &Bound<'_, PyAny>) -> PyResult<bool> {
     if value.is_instance_of::<pyo3::types::PyFloat>() || value.is_instance_of::<pyo3::types::PyInt>() {
         return Ok(true);
     }
-    let np = spec::numpy(py)?;
-    if value.is_instance(&np.getattr("number")?)? || value.is_instance(&np.getattr("bool_")?)? {
+    static NUMBER_TYPES: pyo3::sync::PyOnceLock<(Py<PyAny>, Py<PyAny>)> = pyo3::sync::PyOnceLock::new();
+    let (number, bool_) = NUMBER_TYPES.get_or_try_init(py, || -> PyResult<_> {
+        let np = spec::numpy(py)?;
+        Ok((np.getattr("number")?.unbind(), np.getattr("bool_")?.unbind()))
+    })?;
+    if value.is_instance(number.bind(py))? || value.is_instance(bool_.bind(py))? {
         return Ok(true);
     }
     if let Ok(a) = value.cast::<numpy::PyUntypedArray>() {

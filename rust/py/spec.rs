@@ -253,6 +253,34 @@ fn leaf_desc(leaf: &Leaf) -> String {
     format!("shape {:?} and dtype {}", leaf.shape, leaf.dtype)
 }
 
+/// numpy's scalar types that the fast path knows: (type, kind, size).
+static SCALAR_TYPES: PyOnceLock<Vec<(Py<PyType>, Kind, usize)>> = PyOnceLock::new();
+
+/// The bytes of a numpy float/int/bool scalar for a scalar leaf of the same kind and a
+/// size at least as large; `None` when the fast path does not apply.
+fn numpy_scalar_bytes(value: &Bound<'_, PyAny>, leaf: &Leaf) -> PyResult<Option<Vec<u8>>> {
+    let py = value.py();
+    let types = SCALAR_TYPES.get_or_try_init(py, || -> PyResult<_> {
+        let np = numpy(py)?;
+        let mut v = Vec::new();
+        for (name, kind, size) in [("float32", Kind::Float, 4), ("float64", Kind::Float, 8), ("int64", Kind::Int, 8), ("int32", Kind::Int, 4), ("bool_", Kind::Bool, 1)] {
+            v.push((np.getattr(name)?.cast_into::<PyType>()?.unbind(), kind, size));
+        }
+        Ok(v)
+    })?;
+    let ty = value.get_type();
+    let Some((_, kind, size)) = types.iter().find(|(t, _, _)| t.bind(py).is(&ty)) else { return Ok(None) };
+    let (to, to_size) = (leaf.dtype.kind, leaf.dtype.size);
+    Ok(match (kind, to, to_size) {
+        (Kind::Float, Kind::Float, 4) if *size == 4 => Some((value.extract::<f64>()? as f32).to_ne_bytes().to_vec()),
+        (Kind::Float, Kind::Float, 8) => Some(value.extract::<f64>()?.to_ne_bytes().to_vec()),
+        (Kind::Int | Kind::Bool, Kind::Int, 8) => Some(value.extract::<i64>()?.to_ne_bytes().to_vec()),
+        (Kind::Int | Kind::Bool, Kind::Int, 4) if *size <= 4 => Some((value.extract::<i64>()? as i32).to_ne_bytes().to_vec()),
+        (Kind::Bool, Kind::Bool, 1) => Some(vec![u8::from(value.is_truthy()?)]),
+        _ => None,
+    })
+}
+
 /// Converts one value (or batch of values) into the bytes of leaf `leaf`.
 ///
 /// With `batch = Some(n)`, the value holds `n` items stacked on a leading axis (`None`:
@@ -268,8 +296,12 @@ fn leaf_bytes(
     let mismatch = |why: String| -> PyErr {
         SpaceMismatchError::new_err(format!("{}: expected {}{}, got {}", what(), if batch.is_some() { "a batch of items of " } else { "" }, leaf_desc(leaf), why))
     };
-    // Fast paths: Python floats/ints into scalar float/int leaves.
+    // Fast paths: Python floats/ints and numpy float/int scalars into scalar leaves
+    // (no numpy call; the per-step cost of rewards, actions and log-probs).
     if batch.is_none() && leaf.shape.is_empty() {
+        if let Some(bytes) = numpy_scalar_bytes(value, leaf)? {
+            return Ok(bytes);
+        }
         if value.is_exact_instance_of::<PyFloat>() && leaf.dtype.kind == Kind::Float && leaf.dtype.size >= 4 {
             let v: f64 = value.extract()?;
             return Ok(if leaf.dtype.size == 8 { v.to_ne_bytes().to_vec() } else { (v as f32).to_ne_bytes().to_vec() });
@@ -306,7 +338,9 @@ fn leaf_bytes(
     if !castable(kind, leaf.dtype.kind) {
         return Err(mismatch(describe(value)));
     }
-    if given.is_equiv_to(descr) && array.is_c_contiguous() {
+    // Identity first: numpy shares one descriptor object per builtin dtype, so the
+    // common case skips the C-API equivalence call.
+    if (given.is(descr) || given.is_equiv_to(descr)) && array.is_c_contiguous() {
         return Ok(array_bytes(&array));
     }
     let cast = numpy(py)?.getattr("ascontiguousarray")?.call1((&array, descr))?.cast_into::<PyUntypedArray>()?;

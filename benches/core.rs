@@ -1,0 +1,115 @@
+//! Criterion benches of the pure core: column append, single-agent add_env_step, cut and
+//! the to_numpy gather. Run with `make bench-rust` (`cargo bench --bench core`); compare
+//! against a saved baseline with `cargo bench --bench core -- --baseline main`.
+
+use std::hint::black_box;
+
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use fastrollout::column::{Column, Index, Pos, Resolved};
+use fastrollout::episode::{Field, FieldName, Item, SingleAgentCore, Step};
+use fastrollout::schema::{DType, Leaf, Schema};
+
+const CARTPOLE_OBS: usize = 4;
+
+fn obs_schema(numel: usize, dtype: DType) -> Schema {
+    Schema::new(vec![Leaf::new(dtype, vec![numel])])
+}
+
+fn scalar(dtype: DType) -> Schema {
+    Schema::new(vec![Leaf::new(dtype, vec![])])
+}
+
+fn no_object(_: FieldName<'_>, _: bool, _: &Column, _: usize) {}
+
+fn episode(obs_numel: usize, obs_dtype: DType) -> SingleAgentCore<()> {
+    let mut e = SingleAgentCore::<()> {
+        observations: Field::typed(obs_schema(obs_numel, obs_dtype), false),
+        actions: Field::typed(scalar(DType::I64), false),
+        rewards: Field::typed(scalar(DType::F64), true),
+        extra_model_outputs: vec![("action_logp".into(), Field::typed(scalar(DType::F32), false))],
+        ..SingleAgentCore::default()
+    };
+    let obs = vec![0u8; obs_numel * obs_dtype.size];
+    e.add_reset(Item::Bytes(vec![obs]), (), no_object).expect("reset");
+    e
+}
+
+fn step(obs: &[u8]) -> Step<()> {
+    Step {
+        observation: Item::Bytes(vec![obs.to_vec()]),
+        action: Item::Bytes(vec![1i64.to_ne_bytes().to_vec()]),
+        reward: Item::Bytes(vec![1f64.to_ne_bytes().to_vec()]),
+        info: (),
+        extra_model_outputs: vec![("action_logp".into(), Item::Bytes(vec![(-0.7f32).to_ne_bytes().to_vec()]))],
+        terminated: false,
+        truncated: false,
+    }
+}
+
+fn bench_column_append(c: &mut Criterion) {
+    let mut g = c.benchmark_group("column_append");
+    for (name, numel, dtype) in [("cartpole_f32x4", CARTPOLE_OBS, DType::F32), ("atari_u8x84x84x4", 84 * 84 * 4, DType { kind: fastrollout::schema::Kind::UInt, size: 1 })] {
+        let item = vec![7u8; numel * dtype.size];
+        g.throughput(Throughput::Bytes(item.len() as u64));
+        g.bench_function(name, |b| {
+            let mut col = Column::new(obs_schema(numel, dtype));
+            b.iter(|| {
+                if col.total() >= 4096 {
+                    // Steady state of a runner: keep look-back, reuse storage.
+                    col.recycle_keep_tail(1);
+                }
+                col.push(&[black_box(&item)]).expect("push");
+            });
+        });
+    }
+    g.finish();
+}
+
+fn bench_add_env_step(c: &mut Criterion) {
+    let obs = vec![0u8; CARTPOLE_OBS * 4];
+    c.bench_function("single_agent/add_env_step", |b| {
+        b.iter_batched_ref(
+            || episode(CARTPOLE_OBS, DType::F32),
+            |e| {
+                for _ in 0..200 {
+                    e.add_step(step(black_box(&obs)), no_object).expect("step");
+                }
+            },
+            BatchSize::SmallInput,
+        );
+    });
+}
+
+fn filled(steps: usize) -> SingleAgentCore<()> {
+    let obs = vec![0u8; CARTPOLE_OBS * 4];
+    let mut e = episode(CARTPOLE_OBS, DType::F32);
+    for _ in 0..steps {
+        e.add_step(step(&obs), no_object).expect("step");
+    }
+    e
+}
+
+fn bench_cut_and_gather(c: &mut Criterion) {
+    let e = filled(200);
+    c.bench_function("single_agent/cut_lookback_1", |b| b.iter(|| black_box(&e).cut(1).expect("cut")));
+    c.bench_function("single_agent/to_numpy_gather_200_steps", |b| {
+        b.iter(|| {
+            // What to_numpy + reading every column costs: one gather per leaf.
+            let mut total = 0;
+            for field in [&e.observations, &e.actions, &e.rewards] {
+                let Resolved::Many(pos) = field.resolve(&Index::All, false, false).expect("resolve") else { unreachable!() };
+                if let fastrollout::episode::Storage::Typed { column, .. } = &field.storage {
+                    total += column.gather(0, black_box(&pos), None, false).len();
+                }
+            }
+            total
+        });
+    });
+    let pos: Vec<Pos> = (0..200).map(Pos::At).collect();
+    if let fastrollout::episode::Storage::Typed { column, .. } = &e.observations.storage {
+        c.bench_function("column/gather_200_f32x4", |b| b.iter(|| column.gather(0, black_box(&pos), None, false)));
+    }
+}
+
+criterion_group!(benches, bench_column_append, bench_add_env_step, bench_cut_and_gather);
+criterion_main!(benches);
