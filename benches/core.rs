@@ -40,7 +40,10 @@ fn step(obs: &[u8]) -> Step<()> {
         action: Item::Bytes(vec![1i64.to_ne_bytes().to_vec()]),
         reward: Item::Bytes(vec![1f64.to_ne_bytes().to_vec()]),
         info: (),
-        extra_model_outputs: vec![("action_logp".into(), Item::Bytes(vec![(-0.7f32).to_ne_bytes().to_vec()]))],
+        extra_model_outputs: vec![(
+            "action_logp".into(),
+            Item::Bytes(vec![(-0.7f32).to_ne_bytes().to_vec()]),
+        )],
         terminated: false,
         truncated: false,
     }
@@ -48,7 +51,10 @@ fn step(obs: &[u8]) -> Step<()> {
 
 fn bench_column_append(c: &mut Criterion) {
     let mut g = c.benchmark_group("column_append");
-    for (name, numel, dtype) in [("cartpole_f32x4", CARTPOLE_OBS, DType::F32), ("atari_u8x84x84x4", 84 * 84 * 4, DType { kind: fastrollout::schema::Kind::UInt, size: 1 })] {
+    for (name, numel, dtype) in [
+        ("cartpole_f32x4", CARTPOLE_OBS, DType::F32),
+        ("atari_u8x84x84x4", 84 * 84 * 4, DType { kind: fastrollout::schema::Kind::UInt, size: 1 }),
+    ] {
         let item = vec![7u8; numel * dtype.size];
         g.throughput(Throughput::Bytes(item.len() as u64));
         g.bench_function(name, |b| {
@@ -97,7 +103,9 @@ fn bench_cut_and_gather(c: &mut Criterion) {
             // What to_numpy + reading every column costs: one gather per leaf.
             let mut total = 0;
             for field in [&e.observations, &e.actions, &e.rewards] {
-                let Resolved::Many(pos) = field.resolve(&Index::All, false, false).expect("resolve") else { unreachable!() };
+                let Resolved::Many(pos) = field.resolve(&Index::All, false, false).expect("resolve") else {
+                    unreachable!()
+                };
                 if let fastrollout::episode::Storage::Typed { column, .. } = &field.storage {
                     total += column.gather(0, black_box(&pos), None, false).len();
                 }
@@ -107,7 +115,9 @@ fn bench_cut_and_gather(c: &mut Criterion) {
     });
     let pos: Vec<Pos> = (0..200).map(Pos::At).collect();
     if let fastrollout::episode::Storage::Typed { column, .. } = &e.observations.storage {
-        c.bench_function("column/gather_200_f32x4", |b| b.iter(|| column.gather(0, black_box(&pos), None, false)));
+        c.bench_function("column/gather_200_f32x4", |b| {
+            b.iter(|| column.gather(0, black_box(&pos), None, false))
+        });
     }
 }
 

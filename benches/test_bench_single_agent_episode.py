@@ -34,9 +34,7 @@ def _record(cls, space, obs):
     ep = cls(observation_space=space, action_space=ACT_SPACE)
     ep.add_env_reset(obs[0])
     for t in range(1, STEPS + 1):
-        ep.add_env_step(
-            obs[t], t & 1, 1.0, extra_model_outputs={"action_logp": np.float32(-0.69)}
-        )
+        ep.add_env_step(obs[t], t & 1, 1.0, extra_model_outputs={"action_logp": np.float32(-0.69)})
     successor = ep.cut(len_lookback_buffer=1)
     ep.to_numpy()
     return ep, successor

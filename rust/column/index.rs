@@ -21,7 +21,11 @@ pub enum Index {
     All,
     Int(i64),
     List(Vec<i64>),
-    Slice { start: Option<i64>, stop: Option<i64>, step: Option<i64> },
+    Slice {
+        start: Option<i64>,
+        stop: Option<i64>,
+        step: Option<i64>,
+    },
 }
 
 /// Where one requested item comes from.
@@ -103,18 +107,16 @@ impl Geometry {
         fill: bool,
     ) -> Result<Resolved, IndexError> {
         match index {
-            Index::All => {
-                Ok(Resolved::Many((self.lookback..self.total).map(Pos::At).collect()))
-            }
+            Index::All => Ok(Resolved::Many((self.lookback..self.total).map(Pos::At).collect())),
             Index::Int(i) => self.resolve_int(*i, neg_index_as_lookback, fill).map(Resolved::One),
             Index::List(list) => list
                 .iter()
                 .map(|&i| self.resolve_int(i, neg_index_as_lookback, fill))
                 .collect::<Result<Vec<_>, _>>()
                 .map(Resolved::Many),
-            Index::Slice { start, stop, step } => self
-                .resolve_slice(*start, *stop, *step, neg_index_as_lookback, fill)
-                .map(Resolved::Many),
+            Index::Slice { start, stop, step } => {
+                self.resolve_slice(*start, *stop, *step, neg_index_as_lookback, fill).map(Resolved::Many)
+            }
         }
     }
 

@@ -17,12 +17,22 @@ pub use index::{Geometry, Index, IndexError, Pos, Resolved};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ColumnError {
     /// An item's leaf has the wrong number of bytes for the schema.
-    ItemSize { leaf: usize, expected: usize, got: usize },
+    ItemSize {
+        leaf: usize,
+        expected: usize,
+        got: usize,
+    },
     /// An item has the wrong number of leaves.
-    LeafCount { expected: usize, got: usize },
+    LeafCount {
+        expected: usize,
+        got: usize,
+    },
     Index(IndexError),
     /// `set` got a different number of items than the index selects.
-    SetLength { selected: usize, given: usize },
+    SetLength {
+        selected: usize,
+        given: usize,
+    },
 }
 
 impl fmt::Display for ColumnError {
@@ -35,10 +45,9 @@ impl fmt::Display for ColumnError {
                 write!(f, "the item has {got} leaves, expected {expected}")
             }
             ColumnError::Index(e) => e.fmt(f),
-            ColumnError::SetLength { selected, given } => write!(
-                f,
-                "cannot set {given} items into {selected} selected positions: the sizes differ"
-            ),
+            ColumnError::SetLength { selected, given } => {
+                write!(f, "cannot set {given} items into {selected} selected positions: the sizes differ")
+            }
         }
     }
 }
@@ -251,7 +260,12 @@ impl Column {
     pub fn overwrite(&mut self, pos: usize, item: ItemRef<'_>) -> Result<(), ColumnError> {
         self.check_item(item)?;
         if pos >= self.total {
-            return Err(IndexError::OutOfRange { index: pos as i64, len: self.len(), lookback: self.lookback }.into());
+            return Err(IndexError::OutOfRange {
+                index: pos as i64,
+                len: self.len(),
+                lookback: self.lookback,
+            }
+            .into());
         }
         for (leaf, bytes) in item.iter().enumerate() {
             let n = bytes.len();
@@ -270,12 +284,17 @@ impl Column {
         for (leaf, bytes) in items.iter().enumerate() {
             let n = self.schema.leaves[leaf].item_bytes();
             if bytes.len() != n * positions.len() {
-                let given = if n == 0 { 0 } else { bytes.len() / n };
+                let given = bytes.len().checked_div(n).unwrap_or(0);
                 return Err(ColumnError::SetLength { selected: positions.len(), given });
             }
         }
         if let Some(&bad) = positions.iter().find(|&&p| p >= self.total) {
-            return Err(IndexError::OutOfRange { index: bad as i64, len: self.len(), lookback: self.lookback }.into());
+            return Err(IndexError::OutOfRange {
+                index: bad as i64,
+                len: self.len(),
+                lookback: self.lookback,
+            }
+            .into());
         }
         for (leaf, bytes) in items.iter().enumerate() {
             let n = self.schema.leaves[leaf].item_bytes();
@@ -294,6 +313,7 @@ impl Column {
 }
 
 #[cfg(test)]
+#[allow(clippy::float_cmp)] // exact values written and read back
 mod tests {
     use super::*;
     use crate::schema::{DType, OneHot};
@@ -320,12 +340,13 @@ mod tests {
         }
         c.set_lookback(1);
         assert_eq!(c.len(), 3);
-        let Resolved::Many(pos) = c.geometry().resolve(&Index::All, false, false).unwrap() else {
-            panic!()
-        };
+        let Resolved::Many(pos) = c.geometry().resolve(&Index::All, false, false).unwrap() else { panic!() };
         assert_eq!(floats(&c.gather(0, &pos, None, false)), vec![1.0, -1.0, 2.0, -2.0, 3.0, -3.0]);
         let fill = item(9.0, 9.0);
-        assert_eq!(floats(&c.gather(0, &[Pos::Fill, Pos::At(0)], Some(&fill), false)), vec![9.0, 9.0, 0.0, 0.0]);
+        assert_eq!(
+            floats(&c.gather(0, &[Pos::Fill, Pos::At(0)], Some(&fill), false)),
+            vec![9.0, 9.0, 0.0, 0.0]
+        );
     }
 
     #[test]
@@ -384,7 +405,10 @@ mod tests {
         assert_eq!(floats(c.item(0, 1)), vec![7.0, 7.0]);
         assert!(c.overwrite(3, &[&item(7.0, 7.0)]).is_err());
         let two = [item(5.0, 5.0), item(6.0, 6.0)].concat();
-        assert_eq!(c.overwrite_many(&[0, 1, 2], &[&two]), Err(ColumnError::SetLength { selected: 3, given: 2 }));
+        assert_eq!(
+            c.overwrite_many(&[0, 1, 2], &[&two]),
+            Err(ColumnError::SetLength { selected: 3, given: 2 })
+        );
         c.overwrite_many(&[2, 0], &[&two]).unwrap();
         assert_eq!(floats(c.item(0, 2)), vec![5.0, 5.0]);
         assert_eq!(floats(c.item(0, 0)), vec![6.0, 6.0]);

@@ -98,7 +98,12 @@ impl<O: Clone> Field<O> {
     }
 
     /// Resolves a user index against this field's geometry.
-    pub fn resolve(&self, index: &Index, neg_index_as_lookback: bool, fill: bool) -> Result<Resolved, IndexError> {
+    pub fn resolve(
+        &self,
+        index: &Index,
+        neg_index_as_lookback: bool,
+        fill: bool,
+    ) -> Result<Resolved, IndexError> {
         self.geometry().resolve(index, neg_index_as_lookback, fill)
     }
 

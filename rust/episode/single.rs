@@ -18,14 +18,18 @@ pub enum EpisodeError {
     /// `add_env_step` before any observation.
     NotReset,
     /// Data added to, or a cut of, a terminated or truncated episode.
-    Done { what: &'static str },
+    Done {
+        what: &'static str,
+    },
     /// The fields' lengths do not agree.
     Inconsistent(String),
     /// `concat_episode` of an episode that does not continue this one.
     NotContinuation(String),
     /// An item that does not fit its field (the binding layer checks first, so this
     /// means a bug there).
-    Item { field: String },
+    Item {
+        field: String,
+    },
     Index(IndexError),
 }
 
@@ -206,7 +210,12 @@ impl<O: Clone> SingleAgentCore<O> {
     }
 
     /// Records the reset observation.
-    pub fn add_reset(&mut self, observation: Item<O>, info: O, mut to_object: impl ToObject<O>) -> Result<(), EpisodeError> {
+    pub fn add_reset(
+        &mut self,
+        observation: Item<O>,
+        info: O,
+        mut to_object: impl ToObject<O>,
+    ) -> Result<(), EpisodeError> {
         if self.is_reset() || self.t != self.t_started {
             return Err(EpisodeError::AlreadyReset);
         }
@@ -222,11 +231,7 @@ impl<O: Clone> SingleAgentCore<O> {
     }
 
     /// Records one step. All-or-nothing: every item is checked before any is stored.
-    pub fn add_step(
-        &mut self,
-        step: Step<O>,
-        mut to_object: impl ToObject<O>,
-    ) -> Result<(), EpisodeError> {
+    pub fn add_step(&mut self, step: Step<O>, mut to_object: impl ToObject<O>) -> Result<(), EpisodeError> {
         if self.is_done() {
             return Err(EpisodeError::Done { what: "add_env_step" });
         }
@@ -419,7 +424,11 @@ fn scalar_as_f64(dtype: crate::schema::DType, b: &[u8]) -> Option<f64> {
 }
 
 /// Absolute positions of `index` (no fill) in `field`.
-fn positions<O: Clone>(field: &Field<O>, index: &Index, neg_as_lookback: bool) -> Result<Vec<usize>, EpisodeError> {
+fn positions<O: Clone>(
+    field: &Field<O>,
+    index: &Index,
+    neg_as_lookback: bool,
+) -> Result<Vec<usize>, EpisodeError> {
     Ok(match field.resolve(index, neg_as_lookback, false)? {
         Resolved::One(pos) => vec![pos],
         Resolved::Many(v) => v,
@@ -434,7 +443,12 @@ fn positions<O: Clone>(field: &Field<O>, index: &Index, neg_as_lookback: bool) -
 
 /// Appends `other`'s chunk to `mine`; if their storages differ (two inferred schemas that
 /// disagree), both sides' items become objects first so that nothing is lost.
-fn extend<O: Clone>(name: FieldName<'_>, mine: &mut Field<O>, other: &Field<O>, to_object: &mut impl ToObject<O>) {
+fn extend<O: Clone>(
+    name: FieldName<'_>,
+    mine: &mut Field<O>,
+    other: &Field<O>,
+    to_object: &mut impl ToObject<O>,
+) {
     if !mine.extend_chunk(other) {
         let mut theirs = other.clone();
         theirs.make_objects(|c, p| to_object(name, true, c, p));
@@ -496,7 +510,10 @@ mod tests {
     #[test]
     fn reset_step_validate() {
         let mut e = new_episode();
-        assert_eq!(e.add_reset(f32_item(0.0), String::new(), |_, _, _: &Column, _| String::new()), Err(EpisodeError::AlreadyReset));
+        assert_eq!(
+            e.add_reset(f32_item(0.0), String::new(), |_, _, _: &Column, _| String::new()),
+            Err(EpisodeError::AlreadyReset)
+        );
         for t in 1..=3 {
             step(&mut e, t as f32);
         }
@@ -520,7 +537,10 @@ mod tests {
             terminated: false,
             truncated: false,
         };
-        assert!(matches!(e.add_step(bad, |_, _, _: &Column, _| String::new()), Err(EpisodeError::Item { .. })));
+        assert!(matches!(
+            e.add_step(bad, |_, _, _: &Column, _| String::new()),
+            Err(EpisodeError::Item { .. })
+        ));
         assert_eq!(e, before);
     }
 
@@ -579,7 +599,10 @@ mod tests {
         step(&mut e, 1.0);
         let mut other = e.cut(0).unwrap();
         other.t_started = 9;
-        assert!(matches!(e.concat(&other, |_, _, _: &Column, _| String::new()), Err(EpisodeError::NotContinuation(_))));
+        assert!(matches!(
+            e.concat(&other, |_, _, _: &Column, _| String::new()),
+            Err(EpisodeError::NotContinuation(_))
+        ));
     }
 
     #[test]
@@ -606,7 +629,16 @@ mod tests {
     #[test]
     fn objects_fall_back_and_merge() {
         let mut e: Core = Core::default();
-        e.add_reset(Item::FirstTyped { schema: Schema::new(vec![Leaf::new(DType::I64, vec![])]), leaves: vec![1i64.to_ne_bytes().to_vec()], host_scalars: true }, String::new(), |_, _, _: &Column, _| String::new()).unwrap();
+        e.add_reset(
+            Item::FirstTyped {
+                schema: Schema::new(vec![Leaf::new(DType::I64, vec![])]),
+                leaves: vec![1i64.to_ne_bytes().to_vec()],
+                host_scalars: true,
+            },
+            String::new(),
+            |_, _, _: &Column, _| String::new(),
+        )
+        .unwrap();
         let s = Step {
             observation: Item::Object("text".into()),
             action: Item::Object("a".into()),
@@ -617,7 +649,14 @@ mod tests {
             truncated: false,
         };
         assert!(!e.rewards.accepts(&f32_item(1.0)), "untyped field needs FirstTyped");
-        let s = Step { reward: Item::FirstTyped { schema: Schema::new(vec![Leaf::new(DType::F32, vec![])]), leaves: vec![1f32.to_ne_bytes().to_vec()], host_scalars: true }, ..s };
+        let s = Step {
+            reward: Item::FirstTyped {
+                schema: Schema::new(vec![Leaf::new(DType::F32, vec![])]),
+                leaves: vec![1f32.to_ne_bytes().to_vec()],
+                host_scalars: true,
+            },
+            ..s
+        };
         e.add_step(s, |_, _, c: &Column, p| format!("{:?}", c.item(0, p))).unwrap();
         match &e.observations.storage {
             Storage::Objects { items, .. } => assert_eq!(items.len(), 2),

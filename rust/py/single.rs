@@ -30,7 +30,11 @@ impl Specs {
             observations: c(&self.observations),
             actions: c(&self.actions),
             rewards: c(&self.rewards),
-            extra_model_outputs: self.extra_model_outputs.iter().map(|(k, s)| (k.clone(), s.clone_ref(py))).collect(),
+            extra_model_outputs: self
+                .extra_model_outputs
+                .iter()
+                .map(|(k, s)| (k.clone(), s.clone_ref(py)))
+                .collect(),
         }
     }
 
@@ -80,7 +84,15 @@ fn label(name: FieldName<'_>) -> String {
 }
 
 /// The core's items as Python objects, for fields that turn into object storage.
-fn to_object(py: Python<'_>, specs: &Specs, other: Option<&Specs>, name: FieldName<'_>, from_other: bool, column: &Column, pos: usize) -> PyObj {
+fn to_object(
+    py: Python<'_>,
+    specs: &Specs,
+    other: Option<&Specs>,
+    name: FieldName<'_>,
+    from_other: bool,
+    column: &Column,
+    pos: usize,
+) -> PyObj {
     let specs = if from_other { other.unwrap_or(specs) } else { specs };
     let value = specs.get(name).and_then(|s| spec::item(py, s, column, pos, false, false).ok());
     PyObj(value.map_or_else(|| py.None(), Bound::unbind))
@@ -107,7 +119,9 @@ fn prepare(
         }
         (Storage::Untyped, None) => match spec::infer(value)? {
             Some((spec, host_scalars)) => match spec::to_leaves(&spec, value, None, &label(name)) {
-                Ok(leaves) => Ok((Item::FirstTyped { schema: spec.schema(), leaves, host_scalars }, Some(spec))),
+                Ok(leaves) => {
+                    Ok((Item::FirstTyped { schema: spec.schema(), leaves, host_scalars }, Some(spec)))
+                }
                 Err(_) => Ok(object()),
             },
             None => Ok(object()),
@@ -130,7 +144,8 @@ fn is_number(value: &Bound<'_, PyAny>) -> PyResult<bool> {
     }
     if let Ok(a) = value.cast::<numpy::PyUntypedArray>() {
         use numpy::PyUntypedArrayMethods;
-        return Ok(a.ndim() == 0 && matches!(numpy::PyArrayDescrMethods::kind(&a.dtype()), b'b' | b'i' | b'u' | b'f'));
+        return Ok(a.ndim() == 0
+            && matches!(numpy::PyArrayDescrMethods::kind(&a.dtype()), b'b' | b'i' | b'u' | b'f'));
     }
     Ok(false)
 }
@@ -166,7 +181,9 @@ impl SingleAgentBuffers {
             FieldName::Infos => &mut self.core.infos,
             FieldName::Actions => &mut self.core.actions,
             FieldName::Rewards => &mut self.core.rewards,
-            FieldName::Extra(k) => self.core.extra_mut(k).ok_or_else(|| PyKeyError::new_err(k.to_string()))?,
+            FieldName::Extra(k) => {
+                self.core.extra_mut(k).ok_or_else(|| PyKeyError::new_err(k.to_string()))?
+            }
         })
     }
 
@@ -187,14 +204,21 @@ impl SingleAgentBuffers {
     /// Empty buffers; spaces given here fix the observations'/actions' layout.
     #[new]
     #[pyo3(signature = (observation_space=None, action_space=None))]
-    fn new(observation_space: Option<&Bound<'_, PyAny>>, action_space: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+    fn new(
+        observation_space: Option<&Bound<'_, PyAny>>,
+        action_space: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
         let from = |s: Option<&Bound<'_, PyAny>>| -> PyResult<Option<Spec>> {
             match s {
                 Some(s) if !s.is_none() => spec::from_space(s),
                 _ => Ok(None),
             }
         };
-        let specs = Specs { observations: from(observation_space)?, actions: from(action_space)?, ..Specs::default() };
+        let specs = Specs {
+            observations: from(observation_space)?,
+            actions: from(action_space)?,
+            ..Specs::default()
+        };
         let core = SingleAgentCore {
             observations: Self::typed_field(specs.observations.as_ref()),
             actions: Self::typed_field(specs.actions.as_ref()),
@@ -211,13 +235,25 @@ impl SingleAgentBuffers {
         let new = if space.is_none() { None } else { spec::from_space(space)? };
         let f = self.field_mut(name)?;
         match (&f.storage, &new) {
-            (Storage::Untyped, Some(s)) => *f = Field { storage: Field::<PyObj>::typed(s.schema(), false).storage, finalized: f.finalized },
-            (Storage::Typed { column, .. }, Some(s)) if column.total() == 0 || *column.schema() == s.schema() => {
-                if column.total() == 0 {
-                    *f = Field { storage: Field::<PyObj>::typed(s.schema(), false).storage, finalized: f.finalized };
+            (Storage::Untyped, Some(s)) => {
+                *f = Field {
+                    storage: Field::<PyObj>::typed(s.schema(), false).storage,
+                    finalized: f.finalized,
                 }
             }
-            (Storage::Typed { column, .. }, None) if column.total() == 0 => *f = Field { storage: Storage::Untyped, finalized: f.finalized },
+            (Storage::Typed { column, .. }, Some(s))
+                if column.total() == 0 || *column.schema() == s.schema() =>
+            {
+                if column.total() == 0 {
+                    *f = Field {
+                        storage: Field::<PyObj>::typed(s.schema(), false).storage,
+                        finalized: f.finalized,
+                    };
+                }
+            }
+            (Storage::Typed { column, .. }, None) if column.total() == 0 => {
+                *f = Field { storage: Storage::Untyped, finalized: f.finalized }
+            }
             _ => return Ok(()),
         }
         match new {
@@ -232,11 +268,23 @@ impl SingleAgentBuffers {
     }
 
     /// Records the reset observation and its infos.
-    fn add_reset(&mut self, py: Python<'_>, observation: &Bound<'_, PyAny>, infos: &Bound<'_, PyAny>) -> PyResult<()> {
-        let (item, inferred) = prepare(observation, &self.core.observations, self.specs.observations.as_ref(), FieldName::Observations)?;
+    fn add_reset(
+        &mut self,
+        py: Python<'_>,
+        observation: &Bound<'_, PyAny>,
+        infos: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let (item, inferred) = prepare(
+            observation,
+            &self.core.observations,
+            self.specs.observations.as_ref(),
+            FieldName::Observations,
+        )?;
         let specs = &self.specs;
         self.core
-            .add_reset(item, PyObj(infos.clone().unbind()), |n, o, c, p| to_object(py, specs, None, n, o, c, p))
+            .add_reset(item, PyObj(infos.clone().unbind()), |n, o, c, p| {
+                to_object(py, specs, None, n, o, c, p)
+            })
             .map_err(|e| episode_error(&e))?;
         if let Some(s) = inferred {
             self.specs.observations = Some(s);
@@ -269,15 +317,27 @@ impl SingleAgentBuffers {
                 reward.get_type().name()?
             )));
         }
-        let (obs, obs_spec) = prepare(observation, &self.core.observations, self.specs.observations.as_ref(), FieldName::Observations)?;
-        let (act, act_spec) = prepare(action, &self.core.actions, self.specs.actions.as_ref(), FieldName::Actions)?;
-        let (rew, rew_spec) = prepare(reward, &self.core.rewards, self.specs.rewards.as_ref(), FieldName::Rewards)?;
+        let (obs, obs_spec) = prepare(
+            observation,
+            &self.core.observations,
+            self.specs.observations.as_ref(),
+            FieldName::Observations,
+        )?;
+        let (act, act_spec) =
+            prepare(action, &self.core.actions, self.specs.actions.as_ref(), FieldName::Actions)?;
+        let (rew, rew_spec) =
+            prepare(reward, &self.core.rewards, self.specs.rewards.as_ref(), FieldName::Rewards)?;
         let mut extras = Vec::new();
         let mut extra_specs = Vec::new();
         if let Some(d) = extra_model_outputs {
             let untyped = Field::untyped();
             for (k, v) in d.iter() {
-                let key: String = k.extract().map_err(|_| PyTypeError::new_err(format!("extra_model_outputs keys must be str, got {}", k.repr().map(|r| r.to_string()).unwrap_or_default())))?;
+                let key: String = k.extract().map_err(|_| {
+                    PyTypeError::new_err(format!(
+                        "extra_model_outputs keys must be str, got {}",
+                        k.repr().map(|r| r.to_string()).unwrap_or_default()
+                    ))
+                })?;
                 let name = FieldName::Extra(&key);
                 let field = self.core.extra(&key).unwrap_or(&untyped);
                 let (item, s) = prepare(&v, field, self.specs.get(name), name)?;
@@ -297,8 +357,14 @@ impl SingleAgentBuffers {
             truncated,
         };
         let specs = &self.specs;
-        self.core.add_step(step, |n, o, c, p| to_object(py, specs, None, n, o, c, p)).map_err(|e| episode_error(&e))?;
-        for (name, s) in [(FieldName::Observations, obs_spec), (FieldName::Actions, act_spec), (FieldName::Rewards, rew_spec)] {
+        self.core
+            .add_step(step, |n, o, c, p| to_object(py, specs, None, n, o, c, p))
+            .map_err(|e| episode_error(&e))?;
+        for (name, s) in [
+            (FieldName::Observations, obs_spec),
+            (FieldName::Actions, act_spec),
+            (FieldName::Rewards, rew_spec),
+        ] {
             if let Some(s) = s {
                 self.specs.set(name, s);
             }
@@ -313,7 +379,13 @@ impl SingleAgentBuffers {
     /// items on the first axis) to a field; a batch also marks the field finalized, as
     /// RLlib's buffers do when built from arrays.
     #[pyo3(signature = (field, data, key=None))]
-    fn extend(&mut self, py: Python<'_>, field: &str, data: &Bound<'_, PyAny>, key: Option<&str>) -> PyResult<()> {
+    fn extend(
+        &mut self,
+        py: Python<'_>,
+        field: &str,
+        data: &Bound<'_, PyAny>,
+        key: Option<&str>,
+    ) -> PyResult<()> {
         let name = field_name(field, key)?;
         if let FieldName::Extra(k) = name {
             if self.core.extra(k).is_none() {
@@ -323,7 +395,10 @@ impl SingleAgentBuffers {
         let is_list = data.cast::<PyList>().is_ok() || data.cast::<pyo3::types::PyTuple>().is_ok();
         let items: Vec<Bound<'_, PyAny>> = if is_list {
             data.try_iter()?.collect::<PyResult<_>>()?
-        } else if name == FieldName::Infos || self.specs.get(name).is_none_or(|s| !s.from_space) || data.cast::<PyDict>().is_err() {
+        } else if name == FieldName::Infos
+            || self.specs.get(name).is_none_or(|s| !s.from_space)
+            || data.cast::<PyDict>().is_err()
+        {
             // A batch: iterate its rows (numpy arrays iterate over the first axis).
             data.try_iter()?.collect::<PyResult<_>>()?
         } else {
@@ -331,14 +406,24 @@ impl SingleAgentBuffers {
             let spec = self.specs.get(name).map(|s| s.clone_ref(py));
             let spec = spec.ok_or_else(|| PyValueError::new_err("no space"))?;
             let leaves = spec::to_leaves(&spec, data, Some(None), &label(name))?;
-            let n = spec.leaves.first().map_or(0, |l| if l.item_bytes() == 0 { 0 } else { leaves[0].len() / l.item_bytes() });
+            let n = spec.leaves.first().map_or(0, |l| {
+                if l.item_bytes() == 0 {
+                    0
+                } else {
+                    leaves[0].len() / l.item_bytes()
+                }
+            });
             let f = self.field_mut(name)?;
             let mut column = match &f.storage {
                 Storage::Typed { column, .. } => column.clone(),
                 _ => Column::new(spec.schema()),
             };
             for row in 0..n {
-                let item: Vec<&[u8]> = leaves.iter().zip(&spec.leaves).map(|(b, l)| &b[row * l.item_bytes()..(row + 1) * l.item_bytes()]).collect();
+                let item: Vec<&[u8]> = leaves
+                    .iter()
+                    .zip(&spec.leaves)
+                    .map(|(b, l)| &b[row * l.item_bytes()..(row + 1) * l.item_bytes()])
+                    .collect();
                 column.push(&item).map_err(|e| column_error(&e))?;
             }
             f.storage = Storage::Typed { column, host_scalars: false };
@@ -358,10 +443,15 @@ impl SingleAgentBuffers {
                 FieldName::Infos => &mut self.core.infos,
                 FieldName::Actions => &mut self.core.actions,
                 FieldName::Rewards => &mut self.core.rewards,
-                FieldName::Extra(k) => self.core.extra_mut(k).ok_or_else(|| PyKeyError::new_err(k.to_string()))?,
+                FieldName::Extra(k) => {
+                    self.core.extra_mut(k).ok_or_else(|| PyKeyError::new_err(k.to_string()))?
+                }
             };
             if !f.push(it, |c, p| to_object(py, specs, None, name, false, c, p)) {
-                return Err(super::errors::SpaceMismatchError::new_err(format!("{} does not fit its column", label(name))));
+                return Err(super::errors::SpaceMismatchError::new_err(format!(
+                    "{} does not fit its column",
+                    label(name)
+                )));
             }
             if let Some(s) = s {
                 self.specs.set(name, s);
@@ -440,9 +530,12 @@ impl SingleAgentBuffers {
     }
 
     /// Switches reads to batched arrays (RLlib's `to_numpy` rules per field).
+    #[allow(clippy::wrong_self_convention)] // RLlib's method name
     fn to_numpy(&mut self) -> PyResult<()> {
         if self.core.observations.geometry().total == 0 {
-            return Err(PyValueError::new_err("to_numpy: the episode holds no observations (call add_env_reset first)"));
+            return Err(PyValueError::new_err(
+                "to_numpy: the episode holds no observations (call add_env_reset first)",
+            ));
         }
         self.core.to_numpy().map_err(|e| episode_error(&e))
     }
@@ -464,7 +557,14 @@ impl SingleAgentBuffers {
 
     /// A slice of the chunk (see `SingleAgentEpisode.slice`).
     #[pyo3(signature = (start, stop, step, len_lookback_buffer=None))]
-    fn slice(&self, py: Python<'_>, start: Option<i64>, stop: Option<i64>, step: Option<i64>, len_lookback_buffer: Option<usize>) -> PyResult<SingleAgentBuffers> {
+    fn slice(
+        &self,
+        py: Python<'_>,
+        start: Option<i64>,
+        stop: Option<i64>,
+        step: Option<i64>,
+        len_lookback_buffer: Option<usize>,
+    ) -> PyResult<SingleAgentBuffers> {
         if step == Some(0) {
             return Err(PyValueError::new_err("slice step cannot be zero"));
         }
@@ -499,6 +599,9 @@ impl SingleAgentBuffers {
     }
 
     /// Reads a field with RLlib's index semantics.
+    // One match over storage kind x index form x finalized; splitting it would scatter
+    // the RLlib rules it mirrors.
+    #[allow(clippy::too_many_lines)]
     #[pyo3(signature = (field, key=None, indices=None, neg_index_as_lookback=false, fill=None, one_hot_discrete=false))]
     #[allow(clippy::too_many_arguments)]
     fn get<'py>(
@@ -515,7 +618,8 @@ impl SingleAgentBuffers {
         let f = self.field(name)?;
         let index = to_index(indices)?;
         let fill = fill.filter(|f| !f.is_none());
-        let resolved = f.resolve(&index, neg_index_as_lookback, fill.is_some()).map_err(|e| index_error(&e))?;
+        let resolved =
+            f.resolve(&index, neg_index_as_lookback, fill.is_some()).map_err(|e| index_error(&e))?;
         let spec = self.specs.get(name);
         let spaced = spec.filter(|s| s.from_space);
         if one_hot_discrete && spaced.is_none() {
@@ -541,23 +645,28 @@ impl SingleAgentBuffers {
         };
         match (&f.storage, &resolved) {
             (Storage::Typed { column, host_scalars }, _) => {
-                let spec = spec.ok_or_else(|| PyValueError::new_err("internal error: typed field without spec"))?;
+                let spec =
+                    spec.ok_or_else(|| PyValueError::new_err("internal error: typed field without spec"))?;
                 let host = *host_scalars && !f.finalized;
                 match &resolved {
                     Resolved::One(Pos::At(p)) => spec::item(py, spec, column, *p, host, one_hot),
-                    Resolved::One(Pos::Fill) => fill_item(fill.ok_or_else(|| PyValueError::new_err("internal error: fill"))?),
+                    Resolved::One(Pos::Fill) => {
+                        fill_item(fill.ok_or_else(|| PyValueError::new_err("internal error: fill"))?)
+                    }
                     Resolved::Many(positions) if f.finalized => {
                         if matches!(index, Index::List(ref l) if l.is_empty()) {
                             return Err(PyValueError::new_err("cannot batch an empty list of indices"));
                         }
-                        self.batch_with_fill(py, spec, column, positions, fill, one_hot, spaced.is_some())
+                        Self::batch_with_fill(py, spec, column, positions, fill, one_hot, spaced.is_some())
                     }
                     Resolved::Many(positions) => {
                         let items = positions
                             .iter()
                             .map(|p| match p {
                                 Pos::At(p) => spec::item(py, spec, column, *p, host, one_hot),
-                                Pos::Fill => fill_item(fill.ok_or_else(|| PyValueError::new_err("internal error: fill"))?),
+                                Pos::Fill => fill_item(
+                                    fill.ok_or_else(|| PyValueError::new_err("internal error: fill"))?,
+                                ),
                             })
                             .collect::<PyResult<Vec<_>>>()?;
                         Ok(PyList::new(py, items)?.into_any())
@@ -568,7 +677,9 @@ impl SingleAgentBuffers {
                 let object_at = |p: &Pos| -> PyResult<Bound<'py, PyAny>> {
                     match (p, storage) {
                         (Pos::At(p), Storage::Objects { items, .. }) => Ok(items[*p].0.bind(py).clone()),
-                        (Pos::Fill, _) => fill_item(fill.ok_or_else(|| PyValueError::new_err("internal error: fill"))?),
+                        (Pos::Fill, _) => {
+                            fill_item(fill.ok_or_else(|| PyValueError::new_err("internal error: fill"))?)
+                        }
                         _ => Err(PyValueError::new_err("internal error: position in an empty field")),
                     }
                 };
@@ -590,17 +701,36 @@ impl SingleAgentBuffers {
     }
 
     /// Overwrites items of a field with RLlib's index semantics (`None` = the whole chunk).
+    #[allow(clippy::too_many_lines)] // index form x storage kind, as in `get`
     #[pyo3(signature = (field, new_data, key=None, at_indices=None, neg_index_as_lookback=false))]
-    fn set(&mut self, field: &str, new_data: &Bound<'_, PyAny>, key: Option<&str>, at_indices: Option<&Bound<'_, PyAny>>, neg_index_as_lookback: bool) -> PyResult<()> {
+    fn set(
+        &mut self,
+        field: &str,
+        new_data: &Bound<'_, PyAny>,
+        key: Option<&str>,
+        at_indices: Option<&Bound<'_, PyAny>>,
+        neg_index_as_lookback: bool,
+    ) -> PyResult<()> {
         let name = field_name(field, key)?;
         let index = to_index(at_indices)?;
         let f = self.field(name)?;
         let g = f.geometry();
         let (positions, single) = match &index {
-            Index::Int(i) => (vec![g.position(*i, neg_index_as_lookback).map_err(|e| index_error(&e))?], true),
-            Index::List(l) => (l.iter().map(|&i| g.position(i, neg_index_as_lookback)).collect::<Result<Vec<_>, _>>().map_err(|e| index_error(&e))?, false),
+            Index::Int(i) => {
+                (vec![g.position(*i, neg_index_as_lookback).map_err(|e| index_error(&e))?], true)
+            }
+            Index::List(l) => (
+                l.iter()
+                    .map(|&i| g.position(i, neg_index_as_lookback))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| index_error(&e))?,
+                false,
+            ),
             _ => match g.resolve(&index, neg_index_as_lookback, false).map_err(|e| index_error(&e))? {
-                Resolved::Many(v) => (v.into_iter().filter_map(|p| if let Pos::At(p) = p { Some(p) } else { None }).collect(), false),
+                Resolved::Many(v) => (
+                    v.into_iter().filter_map(|p| if let Pos::At(p) = p { Some(p) } else { None }).collect(),
+                    false,
+                ),
                 Resolved::One(_) => unreachable_one(),
             },
         };
@@ -608,10 +738,22 @@ impl SingleAgentBuffers {
         let values: Option<Vec<Bound<'_, PyAny>>> = if single {
             Some(vec![new_data.clone()])
         } else if new_data.cast::<PyList>().is_ok() || matches!(index, Index::List(_)) {
-            let vals: Vec<Bound<'_, PyAny>> = (0..positions.len()).map(|i| new_data.get_item(i)).collect::<PyResult<_>>().map_err(|_| pyo3::exceptions::PyIndexError::new_err(format!("cannot set {} items from {}", positions.len(), new_data.repr().map(|r| r.to_string()).unwrap_or_default())))?;
+            let vals: Vec<Bound<'_, PyAny>> = (0..positions.len())
+                .map(|i| new_data.get_item(i))
+                .collect::<PyResult<_>>()
+                .map_err(|_| {
+                    pyo3::exceptions::PyIndexError::new_err(format!(
+                        "cannot set {} items from {}",
+                        positions.len(),
+                        new_data.repr().map(|r| r.to_string()).unwrap_or_default()
+                    ))
+                })?;
             if let Ok(n) = new_data.len() {
                 if n != positions.len() {
-                    return Err(column_error(&crate::column::ColumnError::SetLength { selected: positions.len(), given: n }));
+                    return Err(column_error(&crate::column::ColumnError::SetLength {
+                        selected: positions.len(),
+                        given: n,
+                    }));
                 }
             }
             Some(vals)
@@ -620,6 +762,7 @@ impl SingleAgentBuffers {
         };
         let spec = self.specs.get(name).map(|s| s.clone_ref(new_data.py()));
         let f = self.field_mut(name)?;
+        #[allow(clippy::single_match_else)]
         match (&mut f.storage, spec) {
             (Storage::Typed { column, .. }, Some(spec)) => {
                 let leaves: Vec<Vec<u8>> = match values {
@@ -635,9 +778,16 @@ impl SingleAgentBuffers {
                     None => {
                         let leaves = spec::to_leaves(&spec, new_data, Some(None), &label(name))?;
                         if let Some(l) = spec.leaves.first() {
-                            let n = if l.item_bytes() == 0 { positions.len() } else { leaves[0].len() / l.item_bytes() };
+                            let n = if l.item_bytes() == 0 {
+                                positions.len()
+                            } else {
+                                leaves[0].len() / l.item_bytes()
+                            };
                             if n != positions.len() {
-                                return Err(column_error(&crate::column::ColumnError::SetLength { selected: positions.len(), given: n }));
+                                return Err(column_error(&crate::column::ColumnError::SetLength {
+                                    selected: positions.len(),
+                                    given: n,
+                                }));
                             }
                         }
                         leaves
@@ -652,7 +802,10 @@ impl SingleAgentBuffers {
                     None => new_data.try_iter()?.collect::<PyResult<Vec<_>>>()?,
                 };
                 if vals.len() != positions.len() {
-                    return Err(column_error(&crate::column::ColumnError::SetLength { selected: positions.len(), given: vals.len() }));
+                    return Err(column_error(&crate::column::ColumnError::SetLength {
+                        selected: positions.len(),
+                        given: vals.len(),
+                    }));
                 }
                 for (p, v) in positions.iter().zip(vals) {
                     items[*p] = PyObj(v.unbind());
@@ -663,7 +816,10 @@ impl SingleAgentBuffers {
                 if positions.is_empty() {
                     Ok(())
                 } else {
-                    Err(PyValueError::new_err(format!("cannot set the {}: the field holds no data", label(name))))
+                    Err(PyValueError::new_err(format!(
+                        "cannot set the {}: the field holds no data",
+                        label(name)
+                    )))
                 }
             }
         }
@@ -671,7 +827,12 @@ impl SingleAgentBuffers {
 
     /// State for pickling: each field's full data (look-back included) and look-back.
     fn __repr__(&self) -> String {
-        format!("SingleAgentBuffers(len={}, t_started={}, t={})", self.core.len(), self.core.t_started, self.core.t)
+        format!(
+            "SingleAgentBuffers(len={}, t_started={}, t={})",
+            self.core.len(),
+            self.core.t_started,
+            self.core.t
+        )
     }
 }
 
@@ -685,7 +846,15 @@ impl SingleAgentBuffers {
     /// dtype; without one, numpy promotes the stored dtype with the fill's (RLlib
     /// concatenates `np.array([fill] * n)` with the data).
     #[allow(clippy::too_many_arguments)]
-    fn batch_with_fill<'py>(&self, py: Python<'py>, spec: &Spec, column: &Column, positions: &[Pos], fill: Option<&Bound<'py, PyAny>>, one_hot: bool, spaced: bool) -> PyResult<Bound<'py, PyAny>> {
+    fn batch_with_fill<'py>(
+        py: Python<'py>,
+        spec: &Spec,
+        column: &Column,
+        positions: &[Pos],
+        fill: Option<&Bound<'py, PyAny>>,
+        one_hot: bool,
+        spaced: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let needs_fill = positions.iter().any(|p| matches!(p, Pos::Fill));
         let Some(fill) = fill.filter(|_| needs_fill) else {
             return spec::batch(py, spec, column, positions, None, one_hot);
@@ -697,7 +866,8 @@ impl SingleAgentBuffers {
         // No space: gather with zero fills, promote the dtype like numpy would, then put
         // the fill value into the fill rows.
         let np = spec::numpy(py)?;
-        let fill_rows: Vec<usize> = positions.iter().enumerate().filter(|(_, p)| matches!(p, Pos::Fill)).map(|(i, _)| i).collect();
+        let fill_rows: Vec<usize> =
+            positions.iter().enumerate().filter(|(_, p)| matches!(p, Pos::Fill)).map(|(i, _)| i).collect();
         let mut leaves = Vec::with_capacity(spec.leaves.len());
         for (i, leaf) in spec.leaves.iter().enumerate() {
             let bytes = column.gather(i, positions, None, false);

@@ -57,7 +57,6 @@ impl Spec {
     pub fn schema(&self) -> Schema {
         Schema::new(self.leaves.clone())
     }
-
 }
 
 fn kind_of(descr: &Bound<'_, PyArrayDescr>) -> Option<Kind> {
@@ -74,7 +73,11 @@ pub fn numpy(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
     NUMPY.get_or_try_init(py, || Ok(py.import("numpy")?.unbind())).map(|m| m.bind(py))
 }
 
-fn space_class<'py>(py: Python<'py>, cell: &'static PyOnceLock<Py<PyType>>, name: &str) -> PyResult<&'py Bound<'py, PyType>> {
+fn space_class<'py>(
+    py: Python<'py>,
+    cell: &'static PyOnceLock<Py<PyType>>,
+    name: &str,
+) -> PyResult<&'py Bound<'py, PyType>> {
     cell.import(py, "gymnasium.spaces", name)
 }
 
@@ -104,14 +107,19 @@ pub fn from_space(space: &Bound<'_, PyAny>) -> PyResult<Option<Spec>> {
     Ok(Some(Spec { tree, leaves, descrs, from_space: true }))
 }
 
-fn walk_space(space: &Bound<'_, PyAny>, leaves: &mut Vec<Leaf>, descrs: &mut Vec<Py<PyArrayDescr>>) -> PyResult<Option<Tree>> {
+fn walk_space(
+    space: &Bound<'_, PyAny>,
+    leaves: &mut Vec<Leaf>,
+    descrs: &mut Vec<Py<PyArrayDescr>>,
+) -> PyResult<Option<Tree>> {
     let py = space.py();
-    let mut leaf = |descr: Bound<'_, PyArrayDescr>, shape: Vec<usize>, one_hot: OneHot| -> PyResult<Option<Tree>> {
-        let Some(dtype) = dtype_of(&descr) else { return Ok(None) };
-        leaves.push(Leaf { dtype, shape, one_hot });
-        descrs.push(descr.unbind());
-        Ok(Some(Tree::Leaf(leaves.len() - 1)))
-    };
+    let mut leaf =
+        |descr: Bound<'_, PyArrayDescr>, shape: Vec<usize>, one_hot: OneHot| -> PyResult<Option<Tree>> {
+            let Some(dtype) = dtype_of(&descr) else { return Ok(None) };
+            leaves.push(Leaf { dtype, shape, one_hot });
+            descrs.push(descr.unbind());
+            Ok(Some(Tree::Leaf(leaves.len() - 1)))
+        };
     if space.is_instance(space_cls!(py, "Box"))? || space.is_instance(space_cls!(py, "MultiBinary"))? {
         return leaf(descr_from(&space.getattr("dtype")?)?, shape_of(space)?, OneHot::No);
     }
@@ -126,7 +134,11 @@ fn walk_space(space: &Bound<'_, PyAny>, leaves: &mut Vec<Leaf>, descrs: &mut Vec
         };
         let nvec: Vec<usize> = flat("nvec")?.into_iter().map(|v| usize::try_from(v).unwrap_or(0)).collect();
         let start = flat("start")?;
-        return leaf(descr_from(&space.getattr("dtype")?)?, shape_of(space)?, OneHot::MultiDiscrete { nvec, start });
+        return leaf(
+            descr_from(&space.getattr("dtype")?)?,
+            shape_of(space)?,
+            OneHot::MultiDiscrete { nvec, start },
+        );
     }
     if space.is_instance(space_cls!(py, "Dict"))? {
         let mut entries = Vec::new();
@@ -160,10 +172,16 @@ pub fn infer(value: &Bound<'_, PyAny>) -> PyResult<Option<(Spec, bool)>> {
 }
 
 fn is_host_scalar(value: &Bound<'_, PyAny>) -> bool {
-    value.is_exact_instance_of::<PyFloat>() || value.is_exact_instance_of::<PyInt>() || value.is_exact_instance_of::<PyBool>()
+    value.is_exact_instance_of::<PyFloat>()
+        || value.is_exact_instance_of::<PyInt>()
+        || value.is_exact_instance_of::<PyBool>()
 }
 
-fn walk_value(value: &Bound<'_, PyAny>, leaves: &mut Vec<Leaf>, descrs: &mut Vec<Py<PyArrayDescr>>) -> PyResult<Option<Tree>> {
+fn walk_value(
+    value: &Bound<'_, PyAny>,
+    leaves: &mut Vec<Leaf>,
+    descrs: &mut Vec<Py<PyArrayDescr>>,
+) -> PyResult<Option<Tree>> {
     let py = value.py();
     if let Ok(d) = value.cast::<PyDict>() {
         let mut entries = Vec::new();
@@ -183,7 +201,10 @@ fn walk_value(value: &Bound<'_, PyAny>, leaves: &mut Vec<Leaf>, descrs: &mut Vec
     }
     let array = if let Ok(a) = value.cast::<PyUntypedArray>() {
         a.clone()
-    } else if is_host_scalar(value) || value.cast::<PyList>().is_ok() || value.is_instance(&numpy(py)?.getattr("generic")?)? {
+    } else if is_host_scalar(value)
+        || value.cast::<PyList>().is_ok()
+        || value.is_instance(&numpy(py)?.getattr("generic")?)?
+    {
         match numpy(py)?.getattr("asarray")?.call1((value,)) {
             Ok(a) => a.cast_into::<PyUntypedArray>()?,
             Err(_) => return Ok(None),
@@ -195,7 +216,9 @@ fn walk_value(value: &Bound<'_, PyAny>, leaves: &mut Vec<Leaf>, descrs: &mut Vec
     let Some(dtype) = dtype_of(&descr) else { return Ok(None) };
     // Python ints too large for int64 come out as objects: keep those as objects.
     leaves.push(Leaf::new(dtype, array.shape().to_vec()));
-    descrs.push(numpy(py)?.getattr("dtype")?.call1((descr.getattr("str")?,))?.cast_into::<PyArrayDescr>()?.unbind());
+    descrs.push(
+        numpy(py)?.getattr("dtype")?.call1((descr.getattr("str")?,))?.cast_into::<PyArrayDescr>()?.unbind(),
+    );
     Ok(Some(Tree::Leaf(leaves.len() - 1)))
 }
 
@@ -263,7 +286,13 @@ fn numpy_scalar_bytes(value: &Bound<'_, PyAny>, leaf: &Leaf) -> PyResult<Option<
     let types = SCALAR_TYPES.get_or_try_init(py, || -> PyResult<_> {
         let np = numpy(py)?;
         let mut v = Vec::new();
-        for (name, kind, size) in [("float32", Kind::Float, 4), ("float64", Kind::Float, 8), ("int64", Kind::Int, 8), ("int32", Kind::Int, 4), ("bool_", Kind::Bool, 1)] {
+        for (name, kind, size) in [
+            ("float32", Kind::Float, 4),
+            ("float64", Kind::Float, 8),
+            ("int64", Kind::Int, 8),
+            ("int32", Kind::Int, 4),
+            ("bool_", Kind::Bool, 1),
+        ] {
             v.push((np.getattr(name)?.cast_into::<PyType>()?.unbind(), kind, size));
         }
         Ok(v)
@@ -272,10 +301,14 @@ fn numpy_scalar_bytes(value: &Bound<'_, PyAny>, leaf: &Leaf) -> PyResult<Option<
     let Some((_, kind, size)) = types.iter().find(|(t, _, _)| t.bind(py).is(&ty)) else { return Ok(None) };
     let (to, to_size) = (leaf.dtype.kind, leaf.dtype.size);
     Ok(match (kind, to, to_size) {
-        (Kind::Float, Kind::Float, 4) if *size == 4 => Some((value.extract::<f64>()? as f32).to_ne_bytes().to_vec()),
+        (Kind::Float, Kind::Float, 4) if *size == 4 => {
+            Some((value.extract::<f64>()? as f32).to_ne_bytes().to_vec())
+        }
         (Kind::Float, Kind::Float, 8) => Some(value.extract::<f64>()?.to_ne_bytes().to_vec()),
         (Kind::Int | Kind::Bool, Kind::Int, 8) => Some(value.extract::<i64>()?.to_ne_bytes().to_vec()),
-        (Kind::Int | Kind::Bool, Kind::Int, 4) if *size <= 4 => Some((value.extract::<i64>()? as i32).to_ne_bytes().to_vec()),
+        (Kind::Int | Kind::Bool, Kind::Int, 4) if *size <= 4 => {
+            Some((value.extract::<i64>()? as i32).to_ne_bytes().to_vec())
+        }
         (Kind::Bool, Kind::Bool, 1) => Some(vec![u8::from(value.is_truthy()?)]),
         _ => None,
     })
@@ -294,7 +327,13 @@ fn leaf_bytes(
 ) -> PyResult<Vec<u8>> {
     let py = value.py();
     let mismatch = |why: String| -> PyErr {
-        SpaceMismatchError::new_err(format!("{}: expected {}{}, got {}", what(), if batch.is_some() { "a batch of items of " } else { "" }, leaf_desc(leaf), why))
+        SpaceMismatchError::new_err(format!(
+            "{}: expected {}{}, got {}",
+            what(),
+            if batch.is_some() { "a batch of items of " } else { "" },
+            leaf_desc(leaf),
+            why
+        ))
     };
     // Fast paths: Python floats/ints and numpy float/int scalars into scalar leaves
     // (no numpy call; the per-step cost of rewards, actions and log-probs).
@@ -304,7 +343,11 @@ fn leaf_bytes(
         }
         if value.is_exact_instance_of::<PyFloat>() && leaf.dtype.kind == Kind::Float && leaf.dtype.size >= 4 {
             let v: f64 = value.extract()?;
-            return Ok(if leaf.dtype.size == 8 { v.to_ne_bytes().to_vec() } else { (v as f32).to_ne_bytes().to_vec() });
+            return Ok(if leaf.dtype.size == 8 {
+                v.to_ne_bytes().to_vec()
+            } else {
+                (v as f32).to_ne_bytes().to_vec()
+            });
         }
         if value.is_exact_instance_of::<PyInt>() && leaf.dtype == DType::I64 {
             if let Ok(v) = value.extract::<i64>() {
@@ -343,7 +386,8 @@ fn leaf_bytes(
     if (given.is(descr) || given.is_equiv_to(descr)) && array.is_c_contiguous() {
         return Ok(array_bytes(&array));
     }
-    let cast = numpy(py)?.getattr("ascontiguousarray")?.call1((&array, descr))?.cast_into::<PyUntypedArray>()?;
+    let cast =
+        numpy(py)?.getattr("ascontiguousarray")?.call1((&array, descr))?.cast_into::<PyUntypedArray>()?;
     Ok(array_bytes(&cast))
 }
 
@@ -351,7 +395,12 @@ fn leaf_bytes(
 ///
 /// `batch`: `None` for one item; `Some(n)` for `n` items stacked per leaf (`Some(None)`:
 /// any `n`, taken from the value; all leaves must agree).
-pub fn to_leaves(spec: &Spec, value: &Bound<'_, PyAny>, batch: Option<Option<usize>>, field: &str) -> PyResult<Vec<Vec<u8>>> {
+pub fn to_leaves(
+    spec: &Spec,
+    value: &Bound<'_, PyAny>,
+    batch: Option<Option<usize>>,
+    field: &str,
+) -> PyResult<Vec<Vec<u8>>> {
     let mut out: Vec<Vec<u8>> = vec![Vec::new(); spec.leaves.len()];
     let mut path = String::new();
     let mut batch = batch;
@@ -388,7 +437,12 @@ fn flatten_into(
             for (key, sub) in entries {
                 let key = key.bind(py);
                 let item = value.get_item(key).map_err(|_| {
-                    SpaceMismatchError::new_err(format!("{}: expected a dict with key {}, got {}", what(path), key.repr().map(|r| r.to_string()).unwrap_or_default(), describe(value)))
+                    SpaceMismatchError::new_err(format!(
+                        "{}: expected a dict with key {}, got {}",
+                        what(path),
+                        key.repr().map(|r| r.to_string()).unwrap_or_default(),
+                        describe(value)
+                    ))
                 })?;
                 let len = path.len();
                 let _ = write!(path, "[{}]", key.repr()?);
@@ -399,7 +453,12 @@ fn flatten_into(
         Tree::Tuple(entries) => {
             let n = value.len().unwrap_or(usize::MAX);
             if n != entries.len() || value.cast::<PyUntypedArray>().is_ok() {
-                return Err(SpaceMismatchError::new_err(format!("{}: expected a tuple of {} items, got {}", what(path), entries.len(), describe(value))));
+                return Err(SpaceMismatchError::new_err(format!(
+                    "{}: expected a tuple of {} items, got {}",
+                    what(path),
+                    entries.len(),
+                    describe(value)
+                )));
             }
             for (k, sub) in entries.iter().enumerate() {
                 let item = value.get_item(k)?;
@@ -414,7 +473,12 @@ fn flatten_into(
 }
 
 /// A new C-contiguous numpy array of `descr` and `shape` holding a copy of `bytes`.
-pub fn new_array<'py>(py: Python<'py>, descr: &Bound<'py, PyArrayDescr>, shape: &[usize], bytes: &[u8]) -> PyResult<Bound<'py, PyAny>> {
+pub fn new_array<'py>(
+    py: Python<'py>,
+    descr: &Bound<'py, PyArrayDescr>,
+    shape: &[usize],
+    bytes: &[u8],
+) -> PyResult<Bound<'py, PyAny>> {
     let mut dims: Vec<npy_intp> = shape.iter().map(|&d| d as npy_intp).collect();
     // SAFETY: PyArray_NewFromDescr steals one reference to the descriptor, which
     // `into_dtype_ptr` hands over; with a null data pointer numpy allocates a
@@ -423,7 +487,10 @@ pub fn new_array<'py>(py: Python<'py>, descr: &Bound<'py, PyArrayDescr>, shape: 
     unsafe {
         let expected = shape.iter().product::<usize>() * descr.itemsize();
         if expected != bytes.len() {
-            return Err(pyo3::exceptions::PyRuntimeError::new_err(format!("internal error: {} bytes for an array of {expected}", bytes.len())));
+            return Err(pyo3::exceptions::PyRuntimeError::new_err(format!(
+                "internal error: {} bytes for an array of {expected}",
+                bytes.len()
+            )));
         }
         let ptr = PY_ARRAY_API.PyArray_NewFromDescr(
             py,
@@ -449,7 +516,13 @@ pub fn new_array<'py>(py: Python<'py>, descr: &Bound<'py, PyArrayDescr>, shape: 
 
 /// One scalar of `descr` from its bytes: a numpy scalar, or a Python scalar with
 /// `host_scalar`.
-fn scalar<'py>(py: Python<'py>, descr: &Bound<'py, PyArrayDescr>, leaf: &Leaf, bytes: &[u8], host_scalar: bool) -> PyResult<Bound<'py, PyAny>> {
+fn scalar<'py>(
+    py: Python<'py>,
+    descr: &Bound<'py, PyArrayDescr>,
+    leaf: &Leaf,
+    bytes: &[u8],
+    host_scalar: bool,
+) -> PyResult<Bound<'py, PyAny>> {
     if host_scalar {
         match (leaf.dtype.kind, leaf.dtype.size) {
             (Kind::Float, 8) => return Ok(PyFloat::new(py, f64::from_ne_bytes(bytes.try_into()?)).into_any()),
@@ -468,9 +541,15 @@ fn scalar<'py>(py: Python<'py>, descr: &Bound<'py, PyArrayDescr>, leaf: &Leaf, b
 }
 
 /// Rebuilds the nesting of `tree` around per-leaf Python values.
-pub fn nest<'py>(py: Python<'py>, tree: &Tree, leaves: &mut [Option<Bound<'py, PyAny>>]) -> PyResult<Bound<'py, PyAny>> {
+pub fn nest<'py>(
+    py: Python<'py>,
+    tree: &Tree,
+    leaves: &mut [Option<Bound<'py, PyAny>>],
+) -> PyResult<Bound<'py, PyAny>> {
     Ok(match tree {
-        Tree::Leaf(i) => leaves[*i].take().ok_or_else(|| pyo3::exceptions::PyRuntimeError::new_err("internal error: leaf used twice"))?,
+        Tree::Leaf(i) => leaves[*i]
+            .take()
+            .ok_or_else(|| pyo3::exceptions::PyRuntimeError::new_err("internal error: leaf used twice"))?,
         Tree::Dict(entries) => {
             let d = PyDict::new(py);
             for (k, sub) in entries {
@@ -491,7 +570,14 @@ fn f32_descr(py: Python<'_>) -> Bound<'_, PyArrayDescr> {
 }
 
 /// Item `pos` of `column` as a Python value (nested by the spec).
-pub fn item<'py>(py: Python<'py>, spec: &Spec, column: &Column, pos: usize, host_scalars: bool, one_hot: bool) -> PyResult<Bound<'py, PyAny>> {
+pub fn item<'py>(
+    py: Python<'py>,
+    spec: &Spec,
+    column: &Column,
+    pos: usize,
+    host_scalars: bool,
+    one_hot: bool,
+) -> PyResult<Bound<'py, PyAny>> {
     let mut values = Vec::with_capacity(spec.leaves.len());
     for (i, leaf) in spec.leaves.iter().enumerate() {
         let bytes = column.item(i, pos);
@@ -511,7 +597,12 @@ pub fn item<'py>(py: Python<'py>, spec: &Spec, column: &Column, pos: usize, host
 
 /// The fill item of a spec: one `np.full(leaf_shape, fill, leaf_dtype)` per leaf (float32
 /// slots of the one-hot width for discrete leaves under `one_hot`), as bytes.
-pub fn fill_leaves(py: Python<'_>, spec: &Spec, fill: &Bound<'_, PyAny>, one_hot: bool) -> PyResult<Vec<Vec<u8>>> {
+pub fn fill_leaves(
+    py: Python<'_>,
+    spec: &Spec,
+    fill: &Bound<'_, PyAny>,
+    one_hot: bool,
+) -> PyResult<Vec<Vec<u8>>> {
     let np = numpy(py)?;
     spec.leaves
         .iter()
@@ -529,7 +620,12 @@ pub fn fill_leaves(py: Python<'_>, spec: &Spec, fill: &Bound<'_, PyAny>, one_hot
 
 /// The fill item of a spec as a Python value (nested; 0-d arrays for scalar leaves, as
 /// `np.full` gives them).
-pub fn fill_item<'py>(py: Python<'py>, spec: &Spec, fill: &Bound<'py, PyAny>, one_hot: bool) -> PyResult<Bound<'py, PyAny>> {
+pub fn fill_item<'py>(
+    py: Python<'py>,
+    spec: &Spec,
+    fill: &Bound<'py, PyAny>,
+    one_hot: bool,
+) -> PyResult<Bound<'py, PyAny>> {
     let bytes = fill_leaves(py, spec, fill, one_hot)?;
     let mut values = Vec::with_capacity(spec.leaves.len());
     for (i, leaf) in spec.leaves.iter().enumerate() {
@@ -543,7 +639,14 @@ pub fn fill_item<'py>(py: Python<'py>, spec: &Spec, fill: &Bound<'py, PyAny>, on
 }
 
 /// The items at `positions` as one batched numpy array per leaf, nested by the spec.
-pub fn batch<'py>(py: Python<'py>, spec: &Spec, column: &Column, positions: &[Pos], fill: Option<&[Vec<u8>]>, one_hot: bool) -> PyResult<Bound<'py, PyAny>> {
+pub fn batch<'py>(
+    py: Python<'py>,
+    spec: &Spec,
+    column: &Column,
+    positions: &[Pos],
+    fill: Option<&[Vec<u8>]>,
+    one_hot: bool,
+) -> PyResult<Bound<'py, PyAny>> {
     let mut values = Vec::with_capacity(spec.leaves.len());
     for (i, leaf) in spec.leaves.iter().enumerate() {
         let hot = one_hot && leaf.one_hot_width().is_some();

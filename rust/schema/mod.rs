@@ -208,8 +208,7 @@ mod tests {
         leaf.one_hot = OneHot::Discrete { n: 3, start: 0 };
         let mut out = Vec::new();
         leaf.write_one_hot(&2i64.to_ne_bytes(), &mut out);
-        let vals: Vec<f32> =
-            out.chunks(4).map(|c| f32::from_ne_bytes(c.try_into().unwrap())).collect();
+        let vals: Vec<f32> = out.chunks(4).map(|c| f32::from_ne_bytes(c.try_into().unwrap())).collect();
         assert_eq!(vals, vec![0.0, 0.0, 1.0]);
 
         let mut md = Leaf::new(DType { kind: Kind::Int, size: 4 }, vec![2]);
@@ -218,8 +217,7 @@ mod tests {
         item.extend_from_slice(&0i32.to_ne_bytes());
         let mut out = Vec::new();
         md.write_one_hot(&item, &mut out);
-        let vals: Vec<f32> =
-            out.chunks(4).map(|c| f32::from_ne_bytes(c.try_into().unwrap())).collect();
+        let vals: Vec<f32> = out.chunks(4).map(|c| f32::from_ne_bytes(c.try_into().unwrap())).collect();
         assert_eq!(vals, vec![0.0, 1.0, 1.0, 0.0, 0.0]);
         assert_eq!(md.one_hot_width(), Some(5));
     }

@@ -412,9 +412,7 @@ class SingleAgentEpisode:
             EpisodeStateError: If a stepped slice leaves the fields' lengths inconsistent.
             ValueError: If the slice step is 0.
         """
-        buffers = self._buffers.slice(
-            slice_.start, slice_.stop, slice_.step, len_lookback_buffer
-        )
+        buffers = self._buffers.slice(slice_.start, slice_.stop, slice_.step, len_lookback_buffer)
         return self._from_buffers(self, buffers)
 
     def __getitem__(self, item: slice) -> SingleAgentEpisode:
@@ -642,9 +640,7 @@ class SingleAgentEpisode:
         return self._buffers.t - self._buffers.t_started
 
     def __repr__(self) -> str:
-        return (
-            f"SAEps(len={len(self)} done={self.is_done} R={self.get_return()} id_={self.id_})"
-        )
+        return f"SAEps(len={len(self)} done={self.is_done} R={self.get_return()} id_={self.id_})"
 
     def get_data_dict(self) -> dict[str, Any]:
         """The chunk as a dict of columns (RLlib's column names).
