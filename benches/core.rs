@@ -116,7 +116,7 @@ fn bench_cut_and_gather(c: &mut Criterion) {
     let pos: Vec<Pos> = (0..200).map(Pos::At).collect();
     if let fastrollout::episode::Storage::Typed { column, .. } = &e.observations.storage {
         c.bench_function("column/gather_200_f32x4", |b| {
-            b.iter(|| column.gather(0, black_box(&pos), None, false))
+            b.iter(|| column.gather(0, black_box(&pos), None, false));
         });
     }
 }
