@@ -10,11 +10,15 @@ export PATH := $(VIRTUAL_ENV)/bin:$(PATH)
 .DEFAULT_GOAL := test
 .PHONY: install build test test-rust test-python lint format bench bench-rust bench-python demo clean
 
-# The venv and every dependency (runtime + dev/test extras, RLlib 2.60 as the reference).
+# The venv and every dependency named in pyproject.toml (build backend, runtime, and the
+# dev/test extra with RLlib 2.60 as the reference). The package itself is built by `build`.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb')); \
+	print('\n'.join(p['build-system']['requires'] + p['project']['dependencies'] \
+	+ p['project']['optional-dependencies']['dev']))" > $(VENV)/requirements.txt
+	$(PY) -m pip install -q -r $(VENV)/requirements.txt
 	touch $@
 
 install: $(VENV)/.installed
@@ -39,6 +43,7 @@ lint: install
 	$(PY) -m ruff format --check python tests benches examples
 	$(MAKE) -s build
 	$(PY) -m mypy.stubtest fastrollout._core --allowlist .mypy-stubtest-allowlist
+	$(PY) -m mypy python/fastrollout
 
 format: install
 	cargo fmt

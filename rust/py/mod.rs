@@ -18,7 +18,7 @@ mod _core {
     #[pymodule_export]
     use super::errors::SpaceMismatchError;
     #[pymodule_export]
-    use super::single::SingleAgentBuffers;
+    use super::single::SingleAgentEpisodePy;
 
     use pyo3::prelude::*;
 

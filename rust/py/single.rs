@@ -1,4 +1,4 @@
-//! `SingleAgentBuffers`: the native storage behind `fastrollout.SingleAgentEpisode`.
+//! `SingleAgentEpisodePy`: the native storage behind `fastrollout.SingleAgentEpisode`.
 //!
 //! The Python class keeps identity and metadata (ids, spaces, custom data, timing); this
 //! object holds the fields and does every per-step and per-read operation in one call.
@@ -12,7 +12,7 @@ use super::index::to_index;
 use super::object::PyObj;
 use super::spec::{self, Spec};
 use crate::column::{Column, Index, Pos, Resolved};
-use crate::episode::{Field, FieldName, Item, SingleAgentCore, Step, Storage};
+use crate::episode::{EpisodeError, Field, FieldName, Item, SingleAgentCore, Step, Storage};
 
 /// Specs of the typed fields, parallel to the core's fields.
 #[derive(Default)]
@@ -129,6 +129,14 @@ fn prepare(
     }
 }
 
+/// `infos or {}`, as RLlib records them.
+fn infos_or_empty(py: Python<'_>, infos: Option<&Bound<'_, PyAny>>) -> PyObj {
+    match infos {
+        Some(i) if i.is_truthy().unwrap_or(true) => PyObj(i.clone().unbind()),
+        _ => PyObj(PyDict::new(py).into_any().unbind()),
+    }
+}
+
 fn is_number(value: &Bound<'_, PyAny>) -> PyResult<bool> {
     let py = value.py();
     if value.is_instance_of::<pyo3::types::PyFloat>() || value.is_instance_of::<pyo3::types::PyInt>() {
@@ -158,13 +166,33 @@ fn empty_list(py: Python<'_>) -> Bound<'_, PyAny> {
 
 /// Native buffers of one single-agent episode (observations, actions, rewards, infos,
 /// extra model outputs) with RLlib's look-back semantics.
-#[pyclass(name = "SingleAgentBuffers", module = "fastrollout._core")]
-pub struct SingleAgentBuffers {
+///
+/// `fastrollout.SingleAgentEpisode` subclasses it: the per-step and per-read methods with
+/// RLlib's names are native, so a call goes straight from Python into Rust; the Python
+/// class adds identity, spaces, custom data and state handling.
+#[pyclass(name = "SingleAgentEpisodeCore", module = "fastrollout._core", subclass)]
+pub struct SingleAgentEpisodePy {
     core: SingleAgentCore<PyObj>,
     specs: Specs,
+    /// `time.perf_counter()` values (CLOCK_MONOTONIC) of the first and the last step.
+    start_time: Option<f64>,
+    last_step_time: Option<f64>,
 }
 
-impl SingleAgentBuffers {
+/// Seconds on the clock `time.perf_counter()` reads (CLOCK_MONOTONIC on Linux), so the
+/// values stored in states compare with Python's.
+fn perf_counter() -> f64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec into the valid, exclusively borrowed `ts`.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
+    if rc == 0 {
+        ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+    } else {
+        0.0
+    }
+}
+
+impl SingleAgentEpisodePy {
     fn field(&self, name: FieldName<'_>) -> PyResult<&Field<PyObj>> {
         Ok(match name {
             FieldName::Observations => &self.core.observations,
@@ -187,49 +215,33 @@ impl SingleAgentBuffers {
         })
     }
 
-    fn with_core(&self, py: Python<'_>, core: SingleAgentCore<PyObj>) -> SingleAgentBuffers {
-        SingleAgentBuffers { core, specs: self.specs.clone_ref(py) }
+    /// Moves `core` (with this episode's specs) into `target`, a fresh episode object.
+    fn fill_target(&self, target: &Bound<'_, SingleAgentEpisodePy>, core: SingleAgentCore<PyObj>) -> PyResult<()> {
+        let specs = self.specs.clone_ref(target.py());
+        let mut t = target.try_borrow_mut()?;
+        t.core = core;
+        t.specs = specs;
+        t.start_time = None;
+        t.last_step_time = None;
+        Ok(())
     }
 
-    fn typed_field(spec: Option<&Spec>) -> Field<PyObj> {
-        match spec {
-            Some(s) => Field::typed(s.schema(), false),
-            None => Field::untyped(),
-        }
-    }
 }
 
 #[pymethods]
-impl SingleAgentBuffers {
-    /// Empty buffers; spaces given here fix the observations'/actions' layout.
+impl SingleAgentEpisodePy {
+    /// An empty episode core; the Python subclass's `__init__` fills it (arguments are
+    /// accepted and ignored here so that subclasses can take any).
     #[new]
-    #[pyo3(signature = (observation_space=None, action_space=None))]
-    fn new(
-        observation_space: Option<&Bound<'_, PyAny>>,
-        action_space: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Self> {
-        let from = |s: Option<&Bound<'_, PyAny>>| -> PyResult<Option<Spec>> {
-            match s {
-                Some(s) if !s.is_none() => spec::from_space(s),
-                _ => Ok(None),
-            }
-        };
-        let specs = Specs {
-            observations: from(observation_space)?,
-            actions: from(action_space)?,
-            ..Specs::default()
-        };
-        let core = SingleAgentCore {
-            observations: Self::typed_field(specs.observations.as_ref()),
-            actions: Self::typed_field(specs.actions.as_ref()),
-            ..SingleAgentCore::default()
-        };
-        Ok(SingleAgentBuffers { core, specs })
+    #[pyo3(signature = (*_args, **_kwargs))]
+    fn new(_args: &Bound<'_, pyo3::types::PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>) -> Self {
+        SingleAgentEpisodePy { core: SingleAgentCore::default(), specs: Specs::default(), start_time: None, last_step_time: None }
     }
 
     /// Sets the space of `field` ("observations" or "actions"). Takes effect for the
     /// layout only while the field holds no data or the space's layout matches it;
     /// otherwise it is used for fills and one-hot encoding where it fits.
+    #[pyo3(name = "_set_space")]
     fn set_space(&mut self, field: &str, space: &Bound<'_, PyAny>) -> PyResult<()> {
         let name = field_name(field, None)?;
         let new = if space.is_none() { None } else { spec::from_space(space)? };
@@ -267,13 +279,26 @@ impl SingleAgentBuffers {
         Ok(())
     }
 
-    /// Records the reset observation and its infos.
-    fn add_reset(
+    /// Records the reset observation (and its infos).
+    ///
+    /// Raises `EpisodeStateError` if the episode already holds observations, is done or
+    /// does not start at t=0, and `SpaceMismatchError` if the observation does not fit.
+    #[pyo3(signature = (observation, infos=None))]
+    fn add_env_reset(
         &mut self,
         py: Python<'_>,
         observation: &Bound<'_, PyAny>,
-        infos: &Bound<'_, PyAny>,
+        infos: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
+        if self.core.is_done() {
+            return Err(episode_error(&EpisodeError::Done { what: "add_env_reset" }));
+        }
+        if self.core.t_started != 0 {
+            return Err(super::errors::EpisodeStateError::new_err(format!(
+                "add_env_reset: a reset starts at t=0, this episode starts at t_started={}",
+                self.core.t_started
+            )));
+        }
         let (item, inferred) = prepare(
             observation,
             &self.core.observations,
@@ -282,33 +307,36 @@ impl SingleAgentBuffers {
         )?;
         let specs = &self.specs;
         self.core
-            .add_reset(item, PyObj(infos.clone().unbind()), |n, o, c, p| {
-                to_object(py, specs, None, n, o, c, p)
-            })
+            .add_reset(item, infos_or_empty(py, infos), |n, o, c, p| to_object(py, specs, None, n, o, c, p))
             .map_err(|e| episode_error(&e))?;
         if let Some(s) = inferred {
             self.specs.observations = Some(s);
         }
+        self.start_time = Some(perf_counter());
         Ok(())
     }
 
-    /// Records one environment step: one call for every field. Nothing is stored unless
-    /// every value fits.
-    #[pyo3(signature = (observation, action, reward, infos, terminated, truncated, extra_model_outputs=None))]
+    /// Records one environment step, every field in one native call. Nothing is stored
+    /// unless every value fits.
+    ///
+    /// Raises `EpisodeStateError` if the episode is done or was never reset,
+    /// `SpaceMismatchError` if the observation or action does not fit its space, and
+    /// `TypeError` if the reward is not a real number.
+    #[pyo3(signature = (observation, action, reward, infos=None, *, terminated=false, truncated=false, extra_model_outputs=None))]
     #[allow(clippy::too_many_arguments)]
-    fn add_step(
+    fn add_env_step(
         &mut self,
         py: Python<'_>,
         observation: &Bound<'_, PyAny>,
         action: &Bound<'_, PyAny>,
         reward: &Bound<'_, PyAny>,
-        infos: &Bound<'_, PyAny>,
+        infos: Option<&Bound<'_, PyAny>>,
         terminated: bool,
         truncated: bool,
         extra_model_outputs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<()> {
         if self.core.is_done() {
-            return Err(episode_error(&crate::episode::EpisodeError::Done { what: "add_env_step" }));
+            return Err(episode_error(&EpisodeError::Done { what: "add_env_step" }));
         }
         if !is_number(reward)? {
             return Err(PyTypeError::new_err(format!(
@@ -351,7 +379,7 @@ impl SingleAgentBuffers {
             observation: obs,
             action: act,
             reward: rew,
-            info: PyObj(infos.clone().unbind()),
+            info: infos_or_empty(py, infos),
             extra_model_outputs: extras,
             terminated,
             truncated,
@@ -372,6 +400,9 @@ impl SingleAgentBuffers {
         for (k, s) in extra_specs {
             self.specs.set(FieldName::Extra(&k), s);
         }
+        let now = perf_counter();
+        self.last_step_time = Some(now);
+        self.start_time.get_or_insert(now);
         Ok(())
     }
 
@@ -379,6 +410,7 @@ impl SingleAgentBuffers {
     /// items on the first axis) to a field; a batch also marks the field finalized, as
     /// RLlib's buffers do when built from arrays.
     #[pyo3(signature = (field, data, key=None))]
+    #[pyo3(name = "_extend")]
     fn extend(
         &mut self,
         py: Python<'_>,
@@ -465,28 +497,33 @@ impl SingleAgentBuffers {
 
     /// Sets how many of a field's stored items are look-back (capped at what is stored).
     #[pyo3(signature = (field, lookback, key=None))]
+    #[pyo3(name = "_set_lookback")]
     fn set_lookback(&mut self, field: &str, lookback: usize, key: Option<&str>) -> PyResult<()> {
         self.field_mut(field_name(field, key)?)?.set_lookback(lookback);
         Ok(())
     }
 
     #[pyo3(signature = (field, key=None))]
+    #[pyo3(name = "_lookback")]
     fn lookback(&self, field: &str, key: Option<&str>) -> PyResult<usize> {
         Ok(self.field(field_name(field, key)?)?.lookback())
     }
 
     /// Items in a field's chunk (look-back not counted).
     #[pyo3(signature = (field, key=None))]
+    #[pyo3(name = "_field_len")]
     fn field_len(&self, field: &str, key: Option<&str>) -> PyResult<usize> {
         Ok(self.field(field_name(field, key)?)?.len())
     }
 
     #[pyo3(signature = (field, key=None))]
+    #[pyo3(name = "_is_finalized")]
     fn is_finalized(&self, field: &str, key: Option<&str>) -> PyResult<bool> {
         Ok(self.field(field_name(field, key)?)?.finalized)
     }
 
     /// The keys of the extra model outputs, in the order they first appeared.
+    #[pyo3(name = "_extra_keys")]
     fn extra_keys(&self) -> Vec<String> {
         self.core.extra_model_outputs.iter().map(|(k, _)| k.clone()).collect()
     }
@@ -529,18 +566,29 @@ impl SingleAgentBuffers {
         self.core.validate().map_err(|e| episode_error(&e))
     }
 
-    /// Switches reads to batched arrays (RLlib's `to_numpy` rules per field).
+    /// Switches reads to batched numpy arrays (RLlib's `to_numpy`): observations always;
+    /// actions, rewards and extra model outputs once the chunk has a step; infos never.
+    /// Returns the episode.
+    ///
+    /// Raises `EpisodeStateError` if the lengths do not fit, `ValueError` if the episode
+    /// holds no observation at all.
     #[allow(clippy::wrong_self_convention)] // RLlib's method name
-    fn to_numpy(&mut self) -> PyResult<()> {
-        if self.core.observations.geometry().total == 0 {
+    fn to_numpy(mut slf: PyRefMut<'_, Self>) -> PyResult<PyRefMut<'_, Self>> {
+        if slf.core.observations.geometry().total == 0 {
             return Err(PyValueError::new_err(
                 "to_numpy: the episode holds no observations (call add_env_reset first)",
             ));
         }
-        self.core.to_numpy().map_err(|e| episode_error(&e))
+        slf.core.to_numpy().map_err(|e| episode_error(&e))?;
+        Ok(slf)
     }
 
-    /// Sum of the chunk's rewards.
+    /// The seed-era name of `to_numpy`.
+    fn finalize(slf: PyRefMut<'_, Self>) -> PyResult<PyRefMut<'_, Self>> {
+        Self::to_numpy(slf)
+    }
+
+    /// The sum of the chunk's rewards (look-back not counted).
     fn get_return(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         if let Some(r) = self.core.typed_return() {
             return Ok(r.into_pyobject(py)?.into_any().unbind());
@@ -549,31 +597,35 @@ impl SingleAgentBuffers {
         Ok(py.import("builtins")?.getattr("sum")?.call1((rewards,))?.unbind())
     }
 
-    /// The successor chunk (see `SingleAgentEpisode.cut`).
-    fn cut(&self, py: Python<'_>, len_lookback_buffer: usize) -> PyResult<SingleAgentBuffers> {
+    /// Writes the successor chunk of `cut(len_lookback_buffer)` into `target`, a fresh
+    /// episode object.
+    #[pyo3(name = "_cut_into")]
+    fn cut_into(&self, target: &Bound<'_, SingleAgentEpisodePy>, len_lookback_buffer: usize) -> PyResult<()> {
         let core = self.core.cut(len_lookback_buffer).map_err(|e| episode_error(&e))?;
-        Ok(self.with_core(py, core))
+        self.fill_target(target, core)
     }
 
-    /// A slice of the chunk (see `SingleAgentEpisode.slice`).
-    #[pyo3(signature = (start, stop, step, len_lookback_buffer=None))]
-    fn slice(
+    /// Writes the steps `start:stop:step` (with look-back) into `target`, a fresh episode
+    /// object.
+    #[pyo3(name = "_slice_into", signature = (target, start, stop, step, len_lookback_buffer=None))]
+    fn slice_into(
         &self,
-        py: Python<'_>,
+        target: &Bound<'_, SingleAgentEpisodePy>,
         start: Option<i64>,
         stop: Option<i64>,
         step: Option<i64>,
         len_lookback_buffer: Option<usize>,
-    ) -> PyResult<SingleAgentBuffers> {
+    ) -> PyResult<()> {
         if step == Some(0) {
             return Err(PyValueError::new_err("slice step cannot be zero"));
         }
         let core = self.core.slice(start, stop, step, len_lookback_buffer).map_err(|e| episode_error(&e))?;
-        Ok(self.with_core(py, core))
+        self.fill_target(target, core)
     }
 
     /// Appends `other`'s chunk (see `SingleAgentEpisode.concat_episode`).
-    fn concat(&mut self, py: Python<'_>, other: &SingleAgentBuffers) -> PyResult<()> {
+    #[pyo3(name = "_concat")]
+    fn concat(&mut self, py: Python<'_>, other: &SingleAgentEpisodePy) -> PyResult<()> {
         let specs = &self.specs;
         self.core
             .concat(&other.core, |n, o, c, p| to_object(py, specs, Some(&other.specs), n, o, c, p))
@@ -593,9 +645,149 @@ impl SingleAgentBuffers {
         Ok(())
     }
 
-    /// A deep copy of the buffers (Python objects inside are shared, as with `copy`).
-    fn copy(&self, py: Python<'_>) -> SingleAgentBuffers {
-        self.with_core(py, self.core.clone())
+    /// Reads observations with RLlib's index semantics (see `SingleAgentEpisode`).
+    #[pyo3(signature = (indices=None, *, neg_index_as_lookback=false, fill=None, one_hot_discrete=false))]
+    fn get_observations<'py>(
+        &self,
+        py: Python<'py>,
+        indices: Option<&Bound<'py, PyAny>>,
+        neg_index_as_lookback: bool,
+        fill: Option<&Bound<'py, PyAny>>,
+        one_hot_discrete: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        self.get(py, "observations", None, indices, neg_index_as_lookback, fill, one_hot_discrete)
+    }
+
+    /// Reads infos with RLlib's index semantics.
+    #[pyo3(signature = (indices=None, *, neg_index_as_lookback=false, fill=None))]
+    fn get_infos<'py>(
+        &self,
+        py: Python<'py>,
+        indices: Option<&Bound<'py, PyAny>>,
+        neg_index_as_lookback: bool,
+        fill: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        self.get(py, "infos", None, indices, neg_index_as_lookback, fill, false)
+    }
+
+    /// Reads actions with RLlib's index semantics.
+    #[pyo3(signature = (indices=None, *, neg_index_as_lookback=false, fill=None, one_hot_discrete=false))]
+    fn get_actions<'py>(
+        &self,
+        py: Python<'py>,
+        indices: Option<&Bound<'py, PyAny>>,
+        neg_index_as_lookback: bool,
+        fill: Option<&Bound<'py, PyAny>>,
+        one_hot_discrete: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        self.get(py, "actions", None, indices, neg_index_as_lookback, fill, one_hot_discrete)
+    }
+
+    /// Reads rewards with RLlib's index semantics.
+    #[pyo3(signature = (indices=None, *, neg_index_as_lookback=false, fill=None))]
+    fn get_rewards<'py>(
+        &self,
+        py: Python<'py>,
+        indices: Option<&Bound<'py, PyAny>>,
+        neg_index_as_lookback: bool,
+        fill: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        self.get(py, "rewards", None, indices, neg_index_as_lookback, fill, false)
+    }
+
+    /// Reads one extra model output with RLlib's index semantics; `KeyError` for an
+    /// unknown key.
+    #[pyo3(signature = (key, indices=None, *, neg_index_as_lookback=false, fill=None))]
+    fn get_extra_model_outputs<'py>(
+        &self,
+        py: Python<'py>,
+        key: &str,
+        indices: Option<&Bound<'py, PyAny>>,
+        neg_index_as_lookback: bool,
+        fill: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        self.get(py, "extra_model_outputs", Some(key), indices, neg_index_as_lookback, fill, false)
+    }
+
+    /// Overwrites observations in place (RLlib's `set_observations`).
+    #[pyo3(signature = (*, new_data, at_indices=None, neg_index_as_lookback=false))]
+    fn set_observations(&mut self, new_data: &Bound<'_, PyAny>, at_indices: Option<&Bound<'_, PyAny>>, neg_index_as_lookback: bool) -> PyResult<()> {
+        self.set("observations", new_data, None, at_indices, neg_index_as_lookback)
+    }
+
+    /// Overwrites actions in place.
+    #[pyo3(signature = (*, new_data, at_indices=None, neg_index_as_lookback=false))]
+    fn set_actions(&mut self, new_data: &Bound<'_, PyAny>, at_indices: Option<&Bound<'_, PyAny>>, neg_index_as_lookback: bool) -> PyResult<()> {
+        self.set("actions", new_data, None, at_indices, neg_index_as_lookback)
+    }
+
+    /// Overwrites rewards in place.
+    #[pyo3(signature = (*, new_data, at_indices=None, neg_index_as_lookback=false))]
+    fn set_rewards(&mut self, new_data: &Bound<'_, PyAny>, at_indices: Option<&Bound<'_, PyAny>>, neg_index_as_lookback: bool) -> PyResult<()> {
+        self.set("rewards", new_data, None, at_indices, neg_index_as_lookback)
+    }
+
+    /// Overwrites one extra model output in place; `KeyError` for an unknown key.
+    #[pyo3(signature = (*, key, new_data, at_indices=None, neg_index_as_lookback=false))]
+    fn set_extra_model_outputs(&mut self, key: &str, new_data: &Bound<'_, PyAny>, at_indices: Option<&Bound<'_, PyAny>>, neg_index_as_lookback: bool) -> PyResult<()> {
+        self.set("extra_model_outputs", new_data, Some(key), at_indices, neg_index_as_lookback)
+    }
+
+    /// Whether the episode is terminated or truncated.
+    #[getter]
+    fn is_done(&self) -> bool {
+        self.core.is_done()
+    }
+
+    /// Whether the chunk holds at least one observation.
+    #[getter]
+    fn is_reset(&self) -> bool {
+        self.core.is_reset()
+    }
+
+    /// Whether reads return batched numpy arrays (after `to_numpy`).
+    #[getter]
+    fn is_numpy(&self) -> bool {
+        self.core.rewards.finalized
+    }
+
+    /// Env steps in the chunk.
+    fn env_steps(&self) -> usize {
+        self.core.len()
+    }
+
+    /// Agent steps in the chunk (equal to env steps for one agent).
+    fn agent_steps(&self) -> usize {
+        self.core.len()
+    }
+
+    fn __len__(&self) -> usize {
+        self.core.len()
+    }
+
+    /// Seconds between the reset (or first step) and the last step; 0.0 before a step.
+    fn get_duration_s(&self) -> f64 {
+        match (self.start_time, self.last_step_time) {
+            (Some(start), Some(last)) => last - start,
+            _ => 0.0,
+        }
+    }
+
+    #[getter(_start_time)]
+    fn start_time(&self) -> Option<f64> {
+        self.start_time
+    }
+    #[setter(_start_time)]
+    fn set_start_time(&mut self, v: Option<f64>) {
+        self.start_time = v;
+    }
+    #[getter(_last_step_time)]
+    fn last_step_time(&self) -> Option<f64> {
+        self.last_step_time
+    }
+    #[setter(_last_step_time)]
+    fn set_last_step_time(&mut self, v: Option<f64>) {
+        self.last_step_time = v;
     }
 
     /// Reads a field with RLlib's index semantics.
@@ -604,6 +796,7 @@ impl SingleAgentBuffers {
     #[allow(clippy::too_many_lines)]
     #[pyo3(signature = (field, key=None, indices=None, neg_index_as_lookback=false, fill=None, one_hot_discrete=false))]
     #[allow(clippy::too_many_arguments)]
+    #[pyo3(name = "_get")]
     fn get<'py>(
         &self,
         py: Python<'py>,
@@ -703,6 +896,7 @@ impl SingleAgentBuffers {
     /// Overwrites items of a field with RLlib's index semantics (`None` = the whole chunk).
     #[allow(clippy::too_many_lines)] // index form x storage kind, as in `get`
     #[pyo3(signature = (field, new_data, key=None, at_indices=None, neg_index_as_lookback=false))]
+    #[pyo3(name = "_set")]
     fn set(
         &mut self,
         field: &str,
@@ -825,15 +1019,6 @@ impl SingleAgentBuffers {
         }
     }
 
-    /// State for pickling: each field's full data (look-back included) and look-back.
-    fn __repr__(&self) -> String {
-        format!(
-            "SingleAgentBuffers(len={}, t_started={}, t={})",
-            self.core.len(),
-            self.core.t_started,
-            self.core.t
-        )
-    }
 }
 
 fn unreachable_one() -> (Vec<usize>, bool) {
@@ -841,7 +1026,7 @@ fn unreachable_one() -> (Vec<usize>, bool) {
     (Vec::new(), false)
 }
 
-impl SingleAgentBuffers {
+impl SingleAgentEpisodePy {
     /// A batched read with RLlib's fill rules: with a space the fill is cast to the leaf's
     /// dtype; without one, numpy promotes the stored dtype with the fill's (RLlib
     /// concatenates `np.array([fill] * n)` with the data).

@@ -261,7 +261,7 @@ impl TotalBytes for Bound<'_, PyUntypedArray> {
 fn describe(value: &Bound<'_, PyAny>) -> String {
     if let Ok(a) = value.cast::<PyUntypedArray>() {
         let dt = a.dtype().str().map(|s| s.to_string()).unwrap_or_default();
-        return format!("an array of shape {:?} and dtype {dt}", a.shape());
+        return format!("an array of shape {} and dtype {dt}", py_shape(a.shape()));
     }
     let ty = value.get_type().name().map(|n| n.to_string()).unwrap_or_default();
     let mut r = value.repr().map(|r| r.to_string()).unwrap_or_default();
@@ -272,8 +272,17 @@ fn describe(value: &Bound<'_, PyAny>) -> String {
     format!("{r} (a {ty})")
 }
 
+/// A shape as Python prints it: `()`, `(4,)`, `(2, 3)`.
+fn py_shape(shape: &[usize]) -> String {
+    match shape {
+        [] => "()".into(),
+        [n] => format!("({n},)"),
+        _ => format!("({})", shape.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")),
+    }
+}
+
 fn leaf_desc(leaf: &Leaf) -> String {
-    format!("shape {:?} and dtype {}", leaf.shape, leaf.dtype)
+    format!("shape {} and dtype {}", py_shape(&leaf.shape), leaf.dtype)
 }
 
 /// numpy's scalar types that the fast path knows: (type, kind, size).

@@ -1,14 +1,17 @@
-"""The single-agent episode: RLlib 2.60's ``SingleAgentEpisode`` on native buffers.
+"""The single-agent episode: RLlib 2.60's ``SingleAgentEpisode`` on a native core.
 
-All data lives in a :class:`fastrollout._core.SingleAgentBuffers` (typed Rust columns with
-look-back); this class keeps identity and metadata and forwards every data operation in a
-single native call, so recording a step costs one call whatever the data looks like.
+The class subclasses :class:`fastrollout._core.SingleAgentEpisodeCore`, which holds all the
+data (typed Rust columns with look-back) and implements every per-step and per-read method
+natively: ``add_env_step``, the getters and setters, ``to_numpy``, ``len``... are one call
+from Python straight into Rust. This module adds identity and metadata (ids, spaces,
+custom data), construction from initial data, chunking (``cut``, ``slice``,
+``concat_episode``) and state handling.
 """
 
 from __future__ import annotations
 
+import builtins
 import copy
-import time
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -16,7 +19,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from fastrollout._core import SingleAgentBuffers
+from fastrollout._core import SingleAgentEpisodeCore
 from fastrollout.errors import EpisodeStateError
 
 Index = int | list[int] | slice | None
@@ -36,7 +39,7 @@ def _same_item(a: Any, b: Any) -> bool:
         return bool(a == b)
 
 
-class SingleAgentEpisode:
+class SingleAgentEpisode(SingleAgentEpisodeCore):
     """A chunk of one agent's trajectory, with look-back into what came before it.
 
     Observations and infos hold one item more than actions and rewards: the observation
@@ -82,11 +85,8 @@ class SingleAgentEpisode:
 
     __slots__ = (
         "_action_space",
-        "_buffers",
         "_custom_data",
-        "_last_step_time",
         "_observation_space",
-        "_start_time",
         "agent_id",
         "id_",
         "module_id",
@@ -119,9 +119,10 @@ class SingleAgentEpisode:
         self._observation_space = observation_space
         self._action_space = action_space
         self._custom_data: dict[str, Any] = {}
-        self._start_time: float | None = None
-        self._last_step_time: float | None = None
-        self._buffers = SingleAgentBuffers(observation_space, action_space)
+        if observation_space is not None:
+            self._set_space("observations", observation_space)
+        if action_space is not None:
+            self._set_space("actions", action_space)
 
         num_rewards = len(rewards) if rewards is not None else 0
         if len_lookback_buffer == "auto" or int(len_lookback_buffer) > num_rewards:
@@ -130,162 +131,35 @@ class SingleAgentEpisode:
             lookback = int(len_lookback_buffer)
         if not infos and observations is not None:
             infos = [{} for _ in range(len(observations))]
-        buffers = self._buffers
         for field, data in zip(_FIELDS, (observations, infos, actions, rewards), strict=True):
             if data is not None:
-                buffers.extend(field, data)
-            buffers.set_lookback(field, lookback)
+                self._extend(field, data)
+            self._set_lookback(field, lookback)
         for key, data in (extra_model_outputs or {}).items():
-            buffers.extend("extra_model_outputs", data, key=key)
-            buffers.set_lookback("extra_model_outputs", lookback, key=key)
-        buffers.t_started = t_started or 0
-        buffers.t = buffers.field_len("rewards") + buffers.t_started
-        buffers.is_terminated = bool(terminated)
-        buffers.is_truncated = bool(truncated)
-        buffers.validate()
+            self._extend("extra_model_outputs", data, key=key)
+            self._set_lookback("extra_model_outputs", lookback, key=key)
+        self.t_started = t_started or 0
+        self.t = self._field_len("rewards") + self.t_started
+        self.is_terminated = bool(terminated)
+        self.is_truncated = bool(truncated)
+        self.validate()
 
-    @classmethod
-    def _from_buffers(
-        cls, source: SingleAgentEpisode, buffers: SingleAgentBuffers
-    ) -> SingleAgentEpisode:
-        """A new episode around `buffers`, with `source`'s identity and spaces."""
-        episode = cls.__new__(cls)
-        episode.id_ = source.id_
-        episode.agent_id = source.agent_id
-        episode.module_id = source.module_id
-        episode.multi_agent_episode_id = source.multi_agent_episode_id
-        episode._observation_space = source._observation_space
-        episode._action_space = source._action_space
+    def _successor(self) -> SingleAgentEpisode:
+        """A blank episode with this one's identity and spaces, for cut/slice to fill."""
+        episode = type(self).__new__(type(self))
+        episode.id_ = self.id_
+        episode.agent_id = self.agent_id
+        episode.module_id = self.module_id
+        episode.multi_agent_episode_id = self.multi_agent_episode_id
+        episode._observation_space = self._observation_space
+        episode._action_space = self._action_space
         episode._custom_data = {}
-        episode._start_time = None
-        episode._last_step_time = None
-        episode._buffers = buffers
         return episode
 
-    # ------------------------------------------------------------------ recording
+    # add_env_reset, add_env_step, validate, t, t_started, is_terminated, is_truncated,
+    # is_done, is_reset and is_numpy are native (SingleAgentEpisodeCore).
 
-    def add_env_reset(self, observation: Any, infos: dict | None = None) -> None:
-        """Records the reset observation (and its infos).
-
-        Args:
-            observation: The observation returned by ``env.reset()``.
-            infos: The infos returned with it.
-
-        Raises:
-            EpisodeStateError: If the episode already holds observations, is done, or
-                does not start at t=0.
-            SpaceMismatchError: If the observation does not fit the observation space.
-        """
-        if self.is_done:
-            raise EpisodeStateError("add_env_reset: the episode is done")
-        if self._buffers.t_started != 0:
-            raise EpisodeStateError(
-                f"add_env_reset: a reset starts at t=0, this episode starts at "
-                f"t_started={self._buffers.t_started}"
-            )
-        self._buffers.add_reset(observation, infos or {})
-        self._start_time = time.perf_counter()
-
-    def add_env_step(
-        self,
-        observation: Any,
-        action: Any,
-        reward: Any,
-        infos: dict | None = None,
-        *,
-        terminated: bool = False,
-        truncated: bool = False,
-        extra_model_outputs: dict[str, Any] | None = None,
-    ) -> None:
-        """Records one environment step (one native call for all fields).
-
-        Args:
-            observation: The observation after the step.
-            action: The action that was taken.
-            reward: The reward received.
-            infos: The infos returned with the observation.
-            terminated: Whether the episode terminated with this step.
-            truncated: Whether the episode was truncated with this step.
-            extra_model_outputs: Extra model outputs of the action, by key.
-
-        Raises:
-            EpisodeStateError: If the episode is done or was never reset.
-            SpaceMismatchError: If the observation or action does not fit its space.
-            TypeError: If the reward is not a real number.
-        """
-        self._buffers.add_step(
-            observation,
-            action,
-            reward,
-            infos or {},
-            terminated,
-            truncated,
-            extra_model_outputs,
-        )
-        self._last_step_time = now = time.perf_counter()
-        if self._start_time is None:
-            self._start_time = now
-
-    def validate(self) -> None:
-        """Checks that the fields' lengths fit together.
-
-        Raises:
-            EpisodeStateError: Naming the field whose length is off.
-        """
-        self._buffers.validate()
-
-    # ------------------------------------------------------------------ state flags
-
-    @property
-    def t(self) -> int:
-        """The env step at the end of the chunk."""
-        return self._buffers.t
-
-    @t.setter
-    def t(self, value: int) -> None:
-        self._buffers.t = value
-
-    @property
-    def t_started(self) -> int:
-        """The env step at which the chunk starts."""
-        return self._buffers.t_started
-
-    @t_started.setter
-    def t_started(self, value: int) -> None:
-        self._buffers.t_started = value
-
-    @property
-    def is_terminated(self) -> bool:
-        """Whether the episode terminated."""
-        return self._buffers.is_terminated
-
-    @is_terminated.setter
-    def is_terminated(self, value: bool) -> None:
-        self._buffers.is_terminated = bool(value)
-
-    @property
-    def is_truncated(self) -> bool:
-        """Whether the episode was truncated."""
-        return self._buffers.is_truncated
-
-    @is_truncated.setter
-    def is_truncated(self, value: bool) -> None:
-        self._buffers.is_truncated = bool(value)
-
-    @property
-    def is_done(self) -> bool:
-        """Whether the episode is terminated or truncated."""
-        return self._buffers.is_terminated or self._buffers.is_truncated
-
-    @property
-    def is_reset(self) -> bool:
-        """Whether the chunk holds at least one observation."""
-        return self._buffers.field_len("observations") > 0
-
-    @property
-    def is_numpy(self) -> bool:
-        """Whether reads return batched numpy arrays (after :meth:`to_numpy`)."""
-        return self._buffers.is_finalized("rewards")
+    # ------------------------------------------------------------------ metadata
 
     @property
     def custom_data(self) -> dict[str, Any]:
@@ -300,7 +174,7 @@ class SingleAgentEpisode:
     @observation_space.setter
     def observation_space(self, value: gym.Space | None) -> None:
         self._observation_space = value
-        self._buffers.set_space("observations", value)
+        self._set_space("observations", value)
 
     @property
     def action_space(self) -> gym.Space | None:
@@ -310,33 +184,9 @@ class SingleAgentEpisode:
     @action_space.setter
     def action_space(self, value: gym.Space | None) -> None:
         self._action_space = value
-        self._buffers.set_space("actions", value)
+        self._set_space("actions", value)
 
-    # ------------------------------------------------------------------ numpy
-
-    def to_numpy(self) -> SingleAgentEpisode:
-        """Switches reads to batched numpy arrays (RLlib's ``to_numpy``).
-
-        Observations always switch; actions, rewards and extra model outputs once the
-        chunk has at least one step; infos stay a list of dicts.
-
-        Returns:
-            This episode.
-
-        Raises:
-            EpisodeStateError: If the fields' lengths do not fit together.
-            ValueError: If the episode holds no observation at all.
-        """
-        self._buffers.to_numpy()
-        return self
-
-    def finalize(self) -> SingleAgentEpisode:
-        """The seed-era name of :meth:`to_numpy`.
-
-        Returns:
-            This episode.
-        """
-        return self.to_numpy()
+    # to_numpy and its seed-era name finalize are native.
 
     # ------------------------------------------------------------------ chunks
 
@@ -368,7 +218,7 @@ class SingleAgentEpisode:
             raise EpisodeStateError(
                 "concat_episode: the other chunk's first observation is not this one's last"
             )
-        self._buffers.concat(other._buffers)
+        self._concat(other)
         self._custom_data.update(other.custom_data)
 
     def cut(self, len_lookback_buffer: int = 0) -> SingleAgentEpisode:
@@ -392,7 +242,8 @@ class SingleAgentEpisode:
             raise EpisodeStateError(
                 f"cut: len_lookback_buffer must be >= 0, got {len_lookback_buffer}"
             )
-        successor = self._from_buffers(self, self._buffers.cut(len_lookback_buffer))
+        successor = self._successor()
+        self._cut_into(successor, len_lookback_buffer)
         successor._custom_data = copy.deepcopy(self._custom_data)
         return successor
 
@@ -412,10 +263,11 @@ class SingleAgentEpisode:
             EpisodeStateError: If a stepped slice leaves the fields' lengths inconsistent.
             ValueError: If the slice step is 0.
         """
-        buffers = self._buffers.slice(slice_.start, slice_.stop, slice_.step, len_lookback_buffer)
-        return self._from_buffers(self, buffers)
+        sliced = self._successor()
+        self._slice_into(sliced, slice_.start, slice_.stop, slice_.step, len_lookback_buffer)
+        return sliced
 
-    def __getitem__(self, item: slice) -> SingleAgentEpisode:
+    def __getitem__(self, item: builtins.slice) -> SingleAgentEpisode:
         """``episode[a:b]`` is ``episode.slice(slice(a, b))``.
 
         Raises:
@@ -427,217 +279,16 @@ class SingleAgentEpisode:
             f"SingleAgentEpisode supports only slices (episode[a:b]), not {item!r}"
         )
 
-    # ------------------------------------------------------------------ getters
-
-    def get_observations(
-        self,
-        indices: Index = None,
-        *,
-        neg_index_as_lookback: bool = False,
-        fill: Any = None,
-        one_hot_discrete: bool = False,
-    ) -> Any:
-        """Reads observations.
-
-        Args:
-            indices: None (the whole chunk), an int, a list of ints or a slice; relative
-                to the chunk start, negative ints from the end.
-            neg_index_as_lookback: Negative indices reach into the look-back (-1 = the
-                last item before the chunk).
-            fill: Value for positions outside the stored data (instead of an error or
-                clipping).
-            one_hot_discrete: One-hot encode Discrete/MultiDiscrete parts (float32).
-
-        Returns:
-            One item, a list of items (before :meth:`to_numpy`) or batched arrays.
-
-        Raises:
-            IndexError: For an int index outside the data without `fill`.
-            ValueError: For `one_hot_discrete` without an observation space.
-        """
-        return self._buffers.get(
-            "observations", None, indices, neg_index_as_lookback, fill, one_hot_discrete
-        )
-
-    def get_infos(
-        self, indices: Index = None, *, neg_index_as_lookback: bool = False, fill: Any = None
-    ) -> Any:
-        """Reads infos; arguments as in :meth:`get_observations`.
-
-        Returns:
-            One info dict or a list of them.
-
-        Raises:
-            IndexError: For an int index outside the data without `fill`.
-        """
-        return self._buffers.get("infos", None, indices, neg_index_as_lookback, fill, False)
-
-    def get_actions(
-        self,
-        indices: Index = None,
-        *,
-        neg_index_as_lookback: bool = False,
-        fill: Any = None,
-        one_hot_discrete: bool = False,
-    ) -> Any:
-        """Reads actions; arguments as in :meth:`get_observations`.
-
-        Returns:
-            One action, a list of actions, or batched arrays.
-
-        Raises:
-            IndexError: For an int index outside the data without `fill`.
-            ValueError: For `one_hot_discrete` without an action space.
-        """
-        return self._buffers.get(
-            "actions", None, indices, neg_index_as_lookback, fill, one_hot_discrete
-        )
-
-    def get_rewards(
-        self, indices: Index = None, *, neg_index_as_lookback: bool = False, fill: Any = None
-    ) -> Any:
-        """Reads rewards; arguments as in :meth:`get_observations`.
-
-        Returns:
-            One reward, a list of rewards, or an array.
-
-        Raises:
-            IndexError: For an int index outside the data without `fill`.
-        """
-        return self._buffers.get("rewards", None, indices, neg_index_as_lookback, fill, False)
-
-    def get_extra_model_outputs(
-        self,
-        key: str,
-        indices: Index = None,
-        *,
-        neg_index_as_lookback: bool = False,
-        fill: Any = None,
-    ) -> Any:
-        """Reads one extra model output; arguments as in :meth:`get_observations`.
-
-        Args:
-            key: The extra model output's key.
-            indices: See :meth:`get_observations`.
-            neg_index_as_lookback: See :meth:`get_observations`.
-            fill: See :meth:`get_observations`.
-
-        Returns:
-            One item, a list of items, or batched arrays.
-
-        Raises:
-            KeyError: If there is no extra model output under `key`.
-            IndexError: For an int index outside the data without `fill`.
-        """
-        return self._buffers.get(
-            "extra_model_outputs", key, indices, neg_index_as_lookback, fill, False
-        )
+    # The getters (get_observations, get_infos, get_actions, get_rewards,
+    # get_extra_model_outputs) and setters (set_observations, set_actions, set_rewards,
+    # set_extra_model_outputs) are native.
 
     @property
     def extra_model_outputs(self) -> dict[str, Any]:
         """The extra model outputs of the chunk, by key (a read-only snapshot)."""
-        return {k: self.get_extra_model_outputs(k) for k in self._buffers.extra_keys()}
+        return {k: self.get_extra_model_outputs(k) for k in self._extra_keys()}
 
-    # ------------------------------------------------------------------ setters
-
-    def set_observations(
-        self, *, new_data: Any, at_indices: Index = None, neg_index_as_lookback: bool = False
-    ) -> None:
-        """Overwrites observations in place.
-
-        Args:
-            new_data: One item (int index), a list of items, or a batch.
-            at_indices: None (the whole chunk), an int, a list of ints or a slice.
-            neg_index_as_lookback: Negative indices reach into the look-back.
-
-        Raises:
-            IndexError: If an index is out of range or `new_data` has the wrong length.
-            SpaceMismatchError: If a value does not fit the field's dtype and shape.
-        """
-        self._buffers.set("observations", new_data, None, at_indices, neg_index_as_lookback)
-
-    def set_actions(
-        self, *, new_data: Any, at_indices: Index = None, neg_index_as_lookback: bool = False
-    ) -> None:
-        """Overwrites actions in place; arguments as in :meth:`set_observations`.
-
-        Raises:
-            IndexError: If an index is out of range or `new_data` has the wrong length.
-            SpaceMismatchError: If a value does not fit the field's dtype and shape.
-        """
-        self._buffers.set("actions", new_data, None, at_indices, neg_index_as_lookback)
-
-    def set_rewards(
-        self, *, new_data: Any, at_indices: Index = None, neg_index_as_lookback: bool = False
-    ) -> None:
-        """Overwrites rewards in place; arguments as in :meth:`set_observations`.
-
-        Raises:
-            IndexError: If an index is out of range or `new_data` has the wrong length.
-            SpaceMismatchError: If a value does not fit the field's dtype and shape.
-        """
-        self._buffers.set("rewards", new_data, None, at_indices, neg_index_as_lookback)
-
-    def set_extra_model_outputs(
-        self,
-        *,
-        key: str,
-        new_data: Any,
-        at_indices: Index = None,
-        neg_index_as_lookback: bool = False,
-    ) -> None:
-        """Overwrites one extra model output in place.
-
-        Args:
-            key: The extra model output's key.
-            new_data: See :meth:`set_observations`.
-            at_indices: See :meth:`set_observations`.
-            neg_index_as_lookback: See :meth:`set_observations`.
-
-        Raises:
-            KeyError: If there is no extra model output under `key`.
-            IndexError: If an index is out of range or `new_data` has the wrong length.
-        """
-        self._buffers.set("extra_model_outputs", new_data, key, at_indices, neg_index_as_lookback)
-
-    # ------------------------------------------------------------------ summaries
-
-    def get_return(self) -> float:
-        """The sum of the chunk's rewards.
-
-        Returns:
-            The return of this chunk (look-back not counted).
-        """
-        return self._buffers.get_return()
-
-    def get_duration_s(self) -> float:
-        """Seconds between the first and the last recorded step.
-
-        Returns:
-            The wall-clock duration, 0.0 before the first step.
-        """
-        if self._last_step_time is None or self._start_time is None:
-            return 0.0
-        return self._last_step_time - self._start_time
-
-    def env_steps(self) -> int:
-        """Env steps in the chunk.
-
-        Returns:
-            ``len(self)``.
-        """
-        return len(self)
-
-    def agent_steps(self) -> int:
-        """Agent steps in the chunk (equal to env steps for a single agent).
-
-        Returns:
-            ``len(self)``.
-        """
-        return len(self)
-
-    def __len__(self) -> int:
-        return self._buffers.t - self._buffers.t_started
+    # get_return, get_duration_s, env_steps, agent_steps and __len__ are native.
 
     def __repr__(self) -> str:
         return f"SAEps(len={len(self)} done={self.is_done} R={self.get_return()} id_={self.id_})"
@@ -669,13 +320,9 @@ class SingleAgentEpisode:
     # ------------------------------------------------------------------ state
 
     def _field_state(self, field: str, key: str | None = None) -> dict[str, Any]:
-        lookback = self._buffers.lookback(field, key)
-        data = self._buffers.get(field, key, slice(-lookback, None), True, None, False)
-        return {
-            "data": data,
-            "lookback": lookback,
-            "finalized": self._buffers.is_finalized(field, key),
-        }
+        lookback = self._lookback(field, key)
+        data = self._get(field, key, slice(-lookback, None), True, None, False)
+        return {"data": data, "lookback": lookback, "finalized": self._is_finalized(field, key)}
 
     def get_state(self) -> dict[str, Any]:
         """All of the episode as plain Python/numpy data (for checkpoints and Ray).
@@ -693,7 +340,7 @@ class SingleAgentEpisode:
             "rewards": self._field_state("rewards"),
             "infos": self._field_state("infos"),
             "extra_model_outputs": {
-                k: self._field_state("extra_model_outputs", k) for k in self._buffers.extra_keys()
+                k: self._field_state("extra_model_outputs", k) for k in self._extra_keys()
             },
             "is_terminated": self.is_terminated,
             "is_truncated": self.is_truncated,
@@ -724,7 +371,6 @@ class SingleAgentEpisode:
             module_id=state["module_id"],
             multi_agent_episode_id=state["multi_agent_episode_id"],
         )
-        buffers = episode._buffers
         fields: list[tuple[str, str | None, dict[str, Any]]] = [
             (f, None, state[f]) for f in _FIELDS
         ]
@@ -732,12 +378,12 @@ class SingleAgentEpisode:
             ("extra_model_outputs", k, s) for k, s in (state["extra_model_outputs"] or {}).items()
         ]
         for field, key, fstate in fields:
-            buffers.extend(field, fstate["data"], key=key)
-            buffers.set_lookback(field, fstate["lookback"], key=key)
-        buffers.t_started = state["t_started"]
-        buffers.t = state["t"]
-        buffers.is_terminated = state["is_terminated"]
-        buffers.is_truncated = state["is_truncated"]
+            episode._extend(field, fstate["data"], key=key)
+            episode._set_lookback(field, fstate["lookback"], key=key)
+        episode.t_started = state["t_started"]
+        episode.t = state["t"]
+        episode.is_terminated = state["is_terminated"]
+        episode.is_truncated = state["is_truncated"]
         episode._start_time = state["_start_time"]
         episode._last_step_time = state["_last_step_time"]
         episode._custom_data = state.get("custom_data", {})
