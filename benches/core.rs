@@ -40,10 +40,7 @@ fn step(obs: &[u8]) -> Step<()> {
         action: Item::Bytes(vec![1i64.to_ne_bytes().to_vec()]),
         reward: Item::Bytes(vec![1f64.to_ne_bytes().to_vec()]),
         info: (),
-        extra_model_outputs: vec![(
-            "action_logp".into(),
-            Item::Bytes(vec![(-0.7f32).to_ne_bytes().to_vec()]),
-        )],
+        extra_model_outputs: vec![("action_logp", Item::Bytes(vec![(-0.7f32).to_ne_bytes().to_vec()]))],
         terminated: false,
         truncated: false,
     }

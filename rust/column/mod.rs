@@ -171,11 +171,18 @@ impl Column {
     /// Appends one item. All-or-nothing: a malformed item leaves the column unchanged.
     pub fn push<B: AsRef<[u8]>>(&mut self, item: &[B]) -> Result<(), ColumnError> {
         self.check_item(item)?;
+        self.push_unchecked(item);
+        Ok(())
+    }
+
+    /// [`Self::push`] without the size check, for items already checked against the
+    /// schema (a wrong size would corrupt later reads, not memory: every read is bounds
+    /// checked).
+    pub fn push_unchecked<B: AsRef<[u8]>>(&mut self, item: &[B]) {
         for (buf, bytes) in self.leaves.iter_mut().zip(item) {
             buf.extend_from_slice(bytes.as_ref());
         }
         self.total += 1;
-        Ok(())
     }
 
     /// Appends the items at `positions` of `other` (same schema) after this column's data.

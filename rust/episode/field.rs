@@ -178,10 +178,18 @@ impl<O: Clone> Field<O> {
         if !self.accepts(&item) {
             return false;
         }
+        self.push_accepted(item, to_object);
+        true
+    }
+
+    /// [`Self::push`] for an item that [`Self::accepts`] already approved (the hot path
+    /// checks every field of a step first, then stores without checking again).
+    pub fn push_accepted(&mut self, item: Item<O>, to_object: impl FnMut(&Column, usize) -> O) -> bool {
         match item {
             Item::Bytes(leaves) => {
                 if let Storage::Typed { column, .. } = &mut self.storage {
-                    return column.push(&leaves).is_ok();
+                    column.push_unchecked(&leaves);
+                    return true;
                 }
                 false
             }

@@ -75,12 +75,13 @@ pub trait ToObject<O>: FnMut(FieldName<'_>, bool, &Column, usize) -> O {}
 impl<O, F: FnMut(FieldName<'_>, bool, &Column, usize) -> O> ToObject<O> for F {}
 
 /// The data of one environment step, converted by the caller.
-pub struct Step<O> {
+pub struct Step<'a, O> {
     pub observation: Item<O>,
     pub action: Item<O>,
     pub reward: Item<O>,
     pub info: O,
-    pub extra_model_outputs: Vec<(String, Item<O>)>,
+    /// Extra model outputs by key (borrowed: a key is copied only when first seen).
+    pub extra_model_outputs: Vec<(&'a str, Item<O>)>,
     pub terminated: bool,
     pub truncated: bool,
 }
@@ -231,7 +232,11 @@ impl<O: Clone> SingleAgentCore<O> {
     }
 
     /// Records one step. All-or-nothing: every item is checked before any is stored.
-    pub fn add_step(&mut self, step: Step<O>, mut to_object: impl ToObject<O>) -> Result<(), EpisodeError> {
+    pub fn add_step(
+        &mut self,
+        step: Step<'_, O>,
+        mut to_object: impl ToObject<O>,
+    ) -> Result<(), EpisodeError> {
         if self.is_done() {
             return Err(EpisodeError::Done { what: "add_env_step" });
         }
@@ -253,19 +258,20 @@ impl<O: Clone> SingleAgentCore<O> {
                 return item_error(&format!("extra model output {key:?}"));
             }
         }
-        self.observations.push(step.observation, |c, p| to_object(FieldName::Observations, false, c, p));
-        self.actions.push(step.action, |c, p| to_object(FieldName::Actions, false, c, p));
-        self.rewards.push(step.reward, |c, p| to_object(FieldName::Rewards, false, c, p));
-        self.infos.push(Item::Object(step.info), |c, p| to_object(FieldName::Infos, false, c, p));
+        self.observations
+            .push_accepted(step.observation, |c, p| to_object(FieldName::Observations, false, c, p));
+        self.actions.push_accepted(step.action, |c, p| to_object(FieldName::Actions, false, c, p));
+        self.rewards.push_accepted(step.reward, |c, p| to_object(FieldName::Rewards, false, c, p));
+        self.infos.push_accepted(Item::Object(step.info), |c, p| to_object(FieldName::Infos, false, c, p));
         for (key, item) in step.extra_model_outputs {
             if let Some(field) = self.extra_mut(&key) {
-                field.push(item, |c, p| to_object(FieldName::Extra(&key), false, c, p));
+                field.push_accepted(item, |c, p| to_object(FieldName::Extra(key), false, c, p));
             } else {
                 // A key first seen mid-episode starts its own column without look-back,
                 // as in RLlib.
                 let mut field = Field::untyped();
-                field.push(item, |c, p| to_object(FieldName::Extra(&key), false, c, p));
-                self.extra_model_outputs.push((key, field));
+                field.push_accepted(item, |c, p| to_object(FieldName::Extra(key), false, c, p));
+                self.extra_model_outputs.push((key.to_string(), field));
             }
         }
         self.t += 1;
@@ -490,7 +496,7 @@ mod tests {
             action: f32_item(t * 10.0),
             reward: f32_item(t * 100.0),
             info: format!("i{t}"),
-            extra_model_outputs: vec![("logp".into(), f32_item(-t))],
+            extra_model_outputs: vec![("logp", f32_item(-t))],
             terminated: false,
             truncated: false,
         };

@@ -5,7 +5,7 @@
 
 use pyo3::exceptions::{PyKeyError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::{PyDict, PyList, PyString};
 
 use super::errors::{column_error, episode_error, index_error};
 use super::index::to_index;
@@ -108,17 +108,17 @@ fn prepare(
     let object = || (Item::Object(PyObj(value.clone().unbind())), None);
     match (&field.storage, spec) {
         (Storage::Objects { .. }, _) | (Storage::Typed { .. }, None) => Ok(object()),
-        (Storage::Typed { .. }, Some(spec)) => match spec::to_leaves(spec, value, None, &label(name)) {
+        (Storage::Typed { .. }, Some(spec)) => match spec::to_leaves(spec, value, None, &|| label(name)) {
             Ok(leaves) => Ok((Item::Bytes(leaves), None)),
             Err(e) if spec.from_space => Err(e),
             Err(_) => Ok(object()),
         },
         (Storage::Untyped, Some(spec)) => {
-            let leaves = spec::to_leaves(spec, value, None, &label(name))?;
+            let leaves = spec::to_leaves(spec, value, None, &|| label(name))?;
             Ok((Item::FirstTyped { schema: spec.schema(), leaves, host_scalars: false }, None))
         }
         (Storage::Untyped, None) => match spec::infer(value)? {
-            Some((spec, host_scalars)) => match spec::to_leaves(&spec, value, None, &label(name)) {
+            Some((spec, host_scalars)) => match spec::to_leaves(&spec, value, None, &|| label(name)) {
                 Ok(leaves) => {
                     Ok((Item::FirstTyped { schema: spec.schema(), leaves, host_scalars }, Some(spec)))
                 }
@@ -216,7 +216,11 @@ impl SingleAgentEpisodePy {
     }
 
     /// Moves `core` (with this episode's specs) into `target`, a fresh episode object.
-    fn fill_target(&self, target: &Bound<'_, SingleAgentEpisodePy>, core: SingleAgentCore<PyObj>) -> PyResult<()> {
+    fn fill_target(
+        &self,
+        target: &Bound<'_, SingleAgentEpisodePy>,
+        core: SingleAgentCore<PyObj>,
+    ) -> PyResult<()> {
         let specs = self.specs.clone_ref(target.py());
         let mut t = target.try_borrow_mut()?;
         t.core = core;
@@ -225,7 +229,6 @@ impl SingleAgentEpisodePy {
         t.last_step_time = None;
         Ok(())
     }
-
 }
 
 #[pymethods]
@@ -235,7 +238,12 @@ impl SingleAgentEpisodePy {
     #[new]
     #[pyo3(signature = (*_args, **_kwargs))]
     fn new(_args: &Bound<'_, pyo3::types::PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>) -> Self {
-        SingleAgentEpisodePy { core: SingleAgentCore::default(), specs: Specs::default(), start_time: None, last_step_time: None }
+        SingleAgentEpisodePy {
+            core: SingleAgentCore::default(),
+            specs: Specs::default(),
+            start_time: None,
+            last_step_time: None,
+        }
     }
 
     /// Sets the space of `field` ("observations" or "actions"). Takes effect for the
@@ -355,25 +363,31 @@ impl SingleAgentEpisodePy {
             prepare(action, &self.core.actions, self.specs.actions.as_ref(), FieldName::Actions)?;
         let (rew, rew_spec) =
             prepare(reward, &self.core.rewards, self.specs.rewards.as_ref(), FieldName::Rewards)?;
-        let mut extras = Vec::new();
-        let mut extra_specs = Vec::new();
-        if let Some(d) = extra_model_outputs {
-            let untyped = Field::untyped();
-            for (k, v) in d.iter() {
-                let key: String = k.extract().map_err(|_| {
-                    PyTypeError::new_err(format!(
+        let entries: Vec<(Bound<'_, PyString>, Bound<'_, PyAny>)> = match extra_model_outputs {
+            Some(d) => d
+                .iter()
+                .map(|(k, v)| match k.cast_into::<PyString>() {
+                    Ok(k) => Ok((k, v)),
+                    Err(e) => Err(PyTypeError::new_err(format!(
                         "extra_model_outputs keys must be str, got {}",
-                        k.repr().map(|r| r.to_string()).unwrap_or_default()
-                    ))
-                })?;
-                let name = FieldName::Extra(&key);
-                let field = self.core.extra(&key).unwrap_or(&untyped);
-                let (item, s) = prepare(&v, field, self.specs.get(name), name)?;
-                if let Some(s) = s {
-                    extra_specs.push((key.clone(), s));
-                }
-                extras.push((key, item));
+                        e.into_inner().repr().map(|r| r.to_string()).unwrap_or_default()
+                    ))),
+                })
+                .collect::<PyResult<_>>()?,
+            None => Vec::new(),
+        };
+        let mut extras = Vec::with_capacity(entries.len());
+        let mut extra_specs = Vec::new();
+        let untyped = Field::untyped();
+        for (k, v) in &entries {
+            let key = k.to_str()?;
+            let name = FieldName::Extra(key);
+            let field = self.core.extra(key).unwrap_or(&untyped);
+            let (item, s) = prepare(v, field, self.specs.get(name), name)?;
+            if let Some(s) = s {
+                extra_specs.push((key.to_string(), s));
             }
+            extras.push((key, item));
         }
         let step = Step {
             observation: obs,
@@ -437,7 +451,7 @@ impl SingleAgentEpisodePy {
             // A dict of batched leaves for a nested space: split rows through numpy.
             let spec = self.specs.get(name).map(|s| s.clone_ref(py));
             let spec = spec.ok_or_else(|| PyValueError::new_err("no space"))?;
-            let leaves = spec::to_leaves(&spec, data, Some(None), &label(name))?;
+            let leaves = spec::to_leaves(&spec, data, Some(None), &|| label(name))?;
             let n = spec.leaves.first().map_or(0, |l| {
                 if l.item_bytes() == 0 {
                     0
@@ -711,25 +725,46 @@ impl SingleAgentEpisodePy {
 
     /// Overwrites observations in place (RLlib's `set_observations`).
     #[pyo3(signature = (*, new_data, at_indices=None, neg_index_as_lookback=false))]
-    fn set_observations(&mut self, new_data: &Bound<'_, PyAny>, at_indices: Option<&Bound<'_, PyAny>>, neg_index_as_lookback: bool) -> PyResult<()> {
+    fn set_observations(
+        &mut self,
+        new_data: &Bound<'_, PyAny>,
+        at_indices: Option<&Bound<'_, PyAny>>,
+        neg_index_as_lookback: bool,
+    ) -> PyResult<()> {
         self.set("observations", new_data, None, at_indices, neg_index_as_lookback)
     }
 
     /// Overwrites actions in place.
     #[pyo3(signature = (*, new_data, at_indices=None, neg_index_as_lookback=false))]
-    fn set_actions(&mut self, new_data: &Bound<'_, PyAny>, at_indices: Option<&Bound<'_, PyAny>>, neg_index_as_lookback: bool) -> PyResult<()> {
+    fn set_actions(
+        &mut self,
+        new_data: &Bound<'_, PyAny>,
+        at_indices: Option<&Bound<'_, PyAny>>,
+        neg_index_as_lookback: bool,
+    ) -> PyResult<()> {
         self.set("actions", new_data, None, at_indices, neg_index_as_lookback)
     }
 
     /// Overwrites rewards in place.
     #[pyo3(signature = (*, new_data, at_indices=None, neg_index_as_lookback=false))]
-    fn set_rewards(&mut self, new_data: &Bound<'_, PyAny>, at_indices: Option<&Bound<'_, PyAny>>, neg_index_as_lookback: bool) -> PyResult<()> {
+    fn set_rewards(
+        &mut self,
+        new_data: &Bound<'_, PyAny>,
+        at_indices: Option<&Bound<'_, PyAny>>,
+        neg_index_as_lookback: bool,
+    ) -> PyResult<()> {
         self.set("rewards", new_data, None, at_indices, neg_index_as_lookback)
     }
 
     /// Overwrites one extra model output in place; `KeyError` for an unknown key.
     #[pyo3(signature = (*, key, new_data, at_indices=None, neg_index_as_lookback=false))]
-    fn set_extra_model_outputs(&mut self, key: &str, new_data: &Bound<'_, PyAny>, at_indices: Option<&Bound<'_, PyAny>>, neg_index_as_lookback: bool) -> PyResult<()> {
+    fn set_extra_model_outputs(
+        &mut self,
+        key: &str,
+        new_data: &Bound<'_, PyAny>,
+        at_indices: Option<&Bound<'_, PyAny>>,
+        neg_index_as_lookback: bool,
+    ) -> PyResult<()> {
         self.set("extra_model_outputs", new_data, Some(key), at_indices, neg_index_as_lookback)
     }
 
@@ -963,14 +998,16 @@ impl SingleAgentEpisodePy {
                     Some(vals) => {
                         let mut acc = vec![Vec::new(); spec.leaves.len()];
                         for v in &vals {
-                            for (a, b) in acc.iter_mut().zip(spec::to_leaves(&spec, v, None, &label(name))?) {
+                            for (a, b) in
+                                acc.iter_mut().zip(spec::to_leaves(&spec, v, None, &|| label(name))?)
+                            {
                                 a.extend_from_slice(&b);
                             }
                         }
                         acc
                     }
                     None => {
-                        let leaves = spec::to_leaves(&spec, new_data, Some(None), &label(name))?;
+                        let leaves = spec::to_leaves(&spec, new_data, Some(None), &|| label(name))?;
                         if let Some(l) = spec.leaves.first() {
                             let n = if l.item_bytes() == 0 {
                                 positions.len()
@@ -1018,7 +1055,6 @@ impl SingleAgentEpisodePy {
             }
         }
     }
-
 }
 
 fn unreachable_one() -> (Vec<usize>, bool) {

@@ -347,9 +347,6 @@ fn leaf_bytes(
     // Fast paths: Python floats/ints and numpy float/int scalars into scalar leaves
     // (no numpy call; the per-step cost of rewards, actions and log-probs).
     if batch.is_none() && leaf.shape.is_empty() {
-        if let Some(bytes) = numpy_scalar_bytes(value, leaf)? {
-            return Ok(bytes);
-        }
         if value.is_exact_instance_of::<PyFloat>() && leaf.dtype.kind == Kind::Float && leaf.dtype.size >= 4 {
             let v: f64 = value.extract()?;
             return Ok(if leaf.dtype.size == 8 {
@@ -362,6 +359,9 @@ fn leaf_bytes(
             if let Ok(v) = value.extract::<i64>() {
                 return Ok(v.to_ne_bytes().to_vec());
             }
+        }
+        if let Some(bytes) = numpy_scalar_bytes(value, leaf)? {
+            return Ok(bytes);
         }
     }
     let array = match value.cast::<PyUntypedArray>() {
@@ -408,9 +408,15 @@ pub fn to_leaves(
     spec: &Spec,
     value: &Bound<'_, PyAny>,
     batch: Option<Option<usize>>,
-    field: &str,
+    field: &dyn Fn() -> String,
 ) -> PyResult<Vec<Vec<u8>>> {
-    let mut out: Vec<Vec<u8>> = vec![Vec::new(); spec.leaves.len()];
+    // One leaf (the common case: a Box, Discrete, a scalar) needs no tree walk.
+    if let Tree::Leaf(0) = spec.tree {
+        let leaf = &spec.leaves[0];
+        let descr = spec.descrs[0].bind(value.py());
+        return Ok(vec![leaf_bytes(value, leaf, descr, batch, &|| field())?]);
+    }
+    let mut out: Vec<Vec<u8>> = (0..spec.leaves.len()).map(|_| Vec::new()).collect();
     let mut path = String::new();
     let mut batch = batch;
     flatten_into(spec, &spec.tree, value, &mut batch, field, &mut path, &mut out, value.py())?;
@@ -423,12 +429,13 @@ fn flatten_into(
     tree: &Tree,
     value: &Bound<'_, PyAny>,
     batch: &mut Option<Option<usize>>,
-    field: &str,
+    field: &dyn Fn() -> String,
     path: &mut String,
     out: &mut [Vec<u8>],
     py: Python<'_>,
 ) -> PyResult<()> {
-    let what = |path: &str| format!("{field}{path}");
+    // Error messages only: the field's name is formatted when something is wrong.
+    let what = |path: &str| format!("{}{path}", field());
     match tree {
         Tree::Leaf(i) => {
             let what = || what(path);
