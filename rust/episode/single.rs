@@ -264,7 +264,7 @@ impl<O: Clone> SingleAgentCore<O> {
         self.rewards.push_accepted(step.reward, |c, p| to_object(FieldName::Rewards, false, c, p));
         self.infos.push_accepted(Item::Object(step.info), |c, p| to_object(FieldName::Infos, false, c, p));
         for (key, item) in step.extra_model_outputs {
-            if let Some(field) = self.extra_mut(&key) {
+            if let Some(field) = self.extra_mut(key) {
                 field.push_accepted(item, |c, p| to_object(FieldName::Extra(key), false, c, p));
             } else {
                 // A key first seen mid-episode starts its own column without look-back,
