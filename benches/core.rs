@@ -34,7 +34,7 @@ fn episode(obs_numel: usize, obs_dtype: DType) -> SingleAgentCore<()> {
     e
 }
 
-fn step(obs: &[u8]) -> Step<()> {
+fn step(obs: &[u8]) -> Step<'static, ()> {
     Step {
         observation: Item::Bytes(vec![obs.to_vec()]),
         action: Item::Bytes(vec![1i64.to_ne_bytes().to_vec()]),
