@@ -154,14 +154,15 @@ impl Geometry {
         }
     }
 
-    fn resolve_slice(
+    /// RLlib's interpretation of a slice: absolute `start`/`stop` (stop may be the "minus
+    /// infinity" marker), the step, and how many fill items go before / after.
+    fn interpret_slice(
         self,
         start: Option<i64>,
         stop: Option<i64>,
         step: Option<i64>,
         neg_as_lookback: bool,
-        fill: bool,
-    ) -> Result<Vec<Pos>, IndexError> {
+    ) -> Result<SliceParts, IndexError> {
         let step = step.unwrap_or(1);
         if step == 0 {
             return Err(IndexError::ZeroStep);
@@ -201,16 +202,58 @@ impl Geometry {
             fill_right = -stop - 1;
             stop = NEG_INFINITE_STOP;
         }
+        Ok(SliceParts { start, stop, step, fill_left, fill_right })
+    }
+
+    fn resolve_slice(
+        self,
+        start: Option<i64>,
+        stop: Option<i64>,
+        step: Option<i64>,
+        neg_as_lookback: bool,
+        fill: bool,
+    ) -> Result<Vec<Pos>, IndexError> {
+        let parts = self.interpret_slice(start, stop, step, neg_as_lookback)?;
         let mut out = Vec::new();
         if fill {
-            out.extend(std::iter::repeat_n(Pos::Fill, fill_left as usize));
+            out.extend(std::iter::repeat_n(Pos::Fill, parts.fill_left as usize));
         }
-        out.extend(python_slice(total, start, stop, step).map(|p| Pos::At(p as usize)));
+        out.extend(
+            python_slice(self.total as i64, parts.start, parts.stop, parts.step).map(|p| Pos::At(p as usize)),
+        );
         if fill {
-            out.extend(std::iter::repeat_n(Pos::Fill, fill_right as usize));
+            out.extend(std::iter::repeat_n(Pos::Fill, parts.fill_right as usize));
         }
         Ok(out)
     }
+
+    /// Whether RLlib reads a data part for this slice (its nominal length is positive),
+    /// even if that part turns out empty. It decides the dtype of a batch that mixes data
+    /// and fill: an empty data part still takes part in the concatenation.
+    pub fn slice_reads_data(
+        self,
+        start: Option<i64>,
+        stop: Option<i64>,
+        step: Option<i64>,
+        neg_index_as_lookback: bool,
+    ) -> bool {
+        self.interpret_slice(start, stop, step, neg_index_as_lookback).is_ok_and(|p| {
+            // RLlib: max(0, (stop - start + (step - sign(step))) // step), Python floor division.
+            let num = p.stop - p.start + (p.step - p.step.signum());
+            let q = num / p.step;
+            let len = if num % p.step != 0 && ((num < 0) != (p.step < 0)) { q - 1 } else { q };
+            len > 0
+        })
+    }
+}
+
+/// A slice as RLlib interprets it (see [`Geometry::interpret_slice`]).
+struct SliceParts {
+    start: i64,
+    stop: i64,
+    step: i64,
+    fill_left: i64,
+    fill_right: i64,
 }
 
 /// The positions `range(total)[start:stop:step]` selects, with Python's rules for any
@@ -352,6 +395,17 @@ mod tests {
         let g = Geometry::new(0, 0);
         assert_eq!(slice(g, Some(5), Some(-1), None, false, true), vec![Pos::Fill; 6]);
         assert_eq!(slice(g, Some(5), Some(-1), None, false, false), vec![]);
+    }
+
+    #[test]
+    fn slice_reads_data_follows_the_nominal_length() {
+        let g = Geometry::new(0, 0);
+        // Fill on the left, then a nominal data part [0:3] that is empty.
+        assert!(g.slice_reads_data(Some(-6), Some(3), None, true));
+        assert!(!g.slice_reads_data(Some(2), Some(2), None, false));
+        let g = Geometry::new(5, 0);
+        assert!(g.slice_reads_data(Some(-1), Some(-4), Some(-1), false));
+        assert!(!g.slice_reads_data(Some(3), Some(1), None, false));
     }
 
     #[test]

@@ -21,6 +21,10 @@ struct Specs {
     actions: Option<Spec>,
     rewards: Option<Spec>,
     extra_model_outputs: Vec<(String, Spec)>,
+    /// The space RLlib gives its rewards buffer (a float32 scalar Box): fills of rewards
+    /// come out as float32 through it. RLlib's `slice()` builds the rewards buffer
+    /// without it, so slices do not have it either.
+    rewards_fill: Option<Spec>,
 }
 
 impl Specs {
@@ -35,6 +39,7 @@ impl Specs {
                 .iter()
                 .map(|(k, s)| (k.clone(), s.clone_ref(py)))
                 .collect(),
+            rewards_fill: c(&self.rewards_fill),
         }
     }
 
@@ -127,6 +132,56 @@ fn prepare(
             None => Ok(object()),
         },
     }
+}
+
+/// The rows of a batch: an array's first axis, or the rows of a dict/tuple of batches
+/// put back together as dicts/tuples.
+fn split_rows<'py>(data: &Bound<'py, PyAny>) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    let py = data.py();
+    if let Ok(d) = data.cast::<PyDict>() {
+        let mut columns = Vec::with_capacity(d.len());
+        for (k, v) in d.iter() {
+            columns.push((k, split_rows(&v)?));
+        }
+        let n = columns.first().map_or(0, |(_, rows)| rows.len());
+        return (0..n)
+            .map(|i| {
+                let row = PyDict::new(py);
+                for (k, rows) in &columns {
+                    row.set_item(k, rows.get(i).ok_or_else(|| ragged(i))?)?;
+                }
+                Ok(row.into_any())
+            })
+            .collect();
+    }
+    if let Ok(t) = data.cast::<pyo3::types::PyTuple>() {
+        let columns = t.iter().map(|v| split_rows(&v)).collect::<PyResult<Vec<_>>>()?;
+        let n = columns.first().map_or(0, Vec::len);
+        return (0..n)
+            .map(|i| {
+                let row = columns
+                    .iter()
+                    .map(|rows| rows.get(i).cloned().ok_or_else(|| ragged(i)))
+                    .collect::<PyResult<Vec<_>>>()?;
+                Ok(pyo3::types::PyTuple::new(py, row)?.into_any())
+            })
+            .collect();
+    }
+    data.try_iter()?.collect()
+}
+
+fn ragged(row: usize) -> PyErr {
+    super::errors::SpaceMismatchError::new_err(format!(
+        "the batch's parts have different lengths (no row {row} in all of them)"
+    ))
+}
+
+fn no_space_for_one_hot(name: FieldName<'_>) -> PyErr {
+    PyValueError::new_err(format!(
+        "cannot one-hot encode the {} without a space: give the episode an {} space",
+        label(name),
+        if name == FieldName::Actions { "action" } else { "observation" }
+    ))
 }
 
 /// `infos or {}`, as RLlib records them.
@@ -237,10 +292,14 @@ impl SingleAgentEpisodePy {
     /// accepted and ignored here so that subclasses can take any).
     #[new]
     #[pyo3(signature = (*_args, **_kwargs))]
-    fn new(_args: &Bound<'_, pyo3::types::PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>) -> Self {
+    fn new(
+        py: Python<'_>,
+        _args: &Bound<'_, pyo3::types::PyTuple>,
+        _kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> Self {
         SingleAgentEpisodePy {
             core: SingleAgentCore::default(),
-            specs: Specs::default(),
+            specs: Specs { rewards_fill: Some(spec::f32_scalar(py)), ..Specs::default() },
             start_time: None,
             last_step_time: None,
         }
@@ -438,44 +497,12 @@ impl SingleAgentEpisodePy {
                 self.core.extra_model_outputs.push((k.to_string(), Field::untyped()));
             }
         }
-        let is_list = data.cast::<PyList>().is_ok() || data.cast::<pyo3::types::PyTuple>().is_ok();
-        let items: Vec<Bound<'_, PyAny>> = if is_list {
-            data.try_iter()?.collect::<PyResult<_>>()?
-        } else if name == FieldName::Infos
-            || self.specs.get(name).is_none_or(|s| !s.from_space)
-            || data.cast::<PyDict>().is_err()
-        {
-            // A batch: iterate its rows (numpy arrays iterate over the first axis).
-            data.try_iter()?.collect::<PyResult<_>>()?
-        } else {
-            // A dict of batched leaves for a nested space: split rows through numpy.
-            let spec = self.specs.get(name).map(|s| s.clone_ref(py));
-            let spec = spec.ok_or_else(|| PyValueError::new_err("no space"))?;
-            let leaves = spec::to_leaves(&spec, data, Some(None), &|| label(name))?;
-            let n = spec.leaves.first().map_or(0, |l| {
-                if l.item_bytes() == 0 {
-                    0
-                } else {
-                    leaves[0].len() / l.item_bytes()
-                }
-            });
-            let f = self.field_mut(name)?;
-            let mut column = match &f.storage {
-                Storage::Typed { column, .. } => column.clone(),
-                _ => Column::new(spec.schema()),
-            };
-            for row in 0..n {
-                let item: Vec<&[u8]> = leaves
-                    .iter()
-                    .zip(&spec.leaves)
-                    .map(|(b, l)| &b[row * l.item_bytes()..(row + 1) * l.item_bytes()])
-                    .collect();
-                column.push(&item).map_err(|e| column_error(&e))?;
-            }
-            f.storage = Storage::Typed { column, host_scalars: false };
-            f.finalized = true;
-            return Ok(());
-        };
+        // A Python list holds items; anything else (an array, or a dict/tuple of arrays for
+        // a nested space) is a batch with the items on its first axis, as RLlib's buffers
+        // hold them once numpy'd.
+        let is_list = data.cast::<PyList>().is_ok();
+        let items: Vec<Bound<'_, PyAny>> =
+            if is_list { data.try_iter()?.collect::<PyResult<_>>()? } else { split_rows(data)? };
         for item in &items {
             let f = self.field(name)?;
             let (it, s) = if name == FieldName::Infos {
@@ -634,7 +661,9 @@ impl SingleAgentEpisodePy {
             return Err(PyValueError::new_err("slice step cannot be zero"));
         }
         let core = self.core.slice(start, stop, step, len_lookback_buffer).map_err(|e| episode_error(&e))?;
-        self.fill_target(target, core)
+        self.fill_target(target, core)?;
+        target.try_borrow_mut()?.specs.rewards_fill = None;
+        Ok(())
     }
 
     /// Appends `other`'s chunk (see `SingleAgentEpisode.concat_episode`).
@@ -756,7 +785,8 @@ impl SingleAgentEpisodePy {
         self.set("rewards", new_data, None, at_indices, neg_index_as_lookback)
     }
 
-    /// Overwrites one extra model output in place; `KeyError` for an unknown key.
+    /// Overwrites one extra model output in place; `EpisodeStateError` (an
+    /// `AssertionError`, as in RLlib) for an unknown key.
     #[pyo3(signature = (*, key, new_data, at_indices=None, neg_index_as_lookback=false))]
     fn set_extra_model_outputs(
         &mut self,
@@ -765,6 +795,12 @@ impl SingleAgentEpisodePy {
         at_indices: Option<&Bound<'_, PyAny>>,
         neg_index_as_lookback: bool,
     ) -> PyResult<()> {
+        if self.core.extra(key).is_none() {
+            // RLlib asserts the key exists before setting (reads raise KeyError instead).
+            return Err(super::errors::EpisodeStateError::new_err(format!(
+                "set_extra_model_outputs: there is no extra model output {key:?} to set"
+            )));
+        }
         self.set("extra_model_outputs", new_data, Some(key), at_indices, neg_index_as_lookback)
     }
 
@@ -846,27 +882,42 @@ impl SingleAgentEpisodePy {
         let f = self.field(name)?;
         let index = to_index(indices)?;
         let fill = fill.filter(|f| !f.is_none());
-        let resolved =
-            f.resolve(&index, neg_index_as_lookback, fill.is_some()).map_err(|e| index_error(&e))?;
         let spec = self.specs.get(name);
         let spaced = spec.filter(|s| s.from_space);
+        if let (true, None, Index::List(list)) = (one_hot_discrete, spaced, &index) {
+            // RLlib reads a list item by item, one-hot encoding each: the first item
+            // decides whether an index error or the missing space is reported.
+            for &i in list {
+                match f.resolve(&Index::Int(i), neg_index_as_lookback, fill.is_some()) {
+                    Err(e) => return Err(index_error(&e)),
+                    Ok(Resolved::One(Pos::At(_))) => return Err(no_space_for_one_hot(name)),
+                    Ok(_) => {}
+                }
+            }
+        }
+        let resolved =
+            f.resolve(&index, neg_index_as_lookback, fill.is_some()).map_err(|e| index_error(&e))?;
         if one_hot_discrete && spaced.is_none() {
-            let touches_data = match &resolved {
-                Resolved::One(p) => matches!(p, Pos::At(_)),
-                Resolved::Many(v) => index == Index::All || v.iter().any(|p| matches!(p, Pos::At(_))),
+            // RLlib one-hot encodes whatever data part it read, even an empty one.
+            let touches_data = match (&resolved, &index) {
+                (Resolved::One(p), _) => matches!(p, Pos::At(_)),
+                (_, Index::Slice { start, stop, step }) => {
+                    f.geometry().slice_reads_data(*start, *stop, *step, neg_index_as_lookback)
+                }
+                (_, Index::All) => true,
+                (Resolved::Many(v), _) => v.iter().any(|p| matches!(p, Pos::At(_))),
             };
             if touches_data {
-                return Err(PyValueError::new_err(format!(
-                    "cannot one-hot encode the {} without a space: give the episode an {} space",
-                    label(name),
-                    if name == FieldName::Actions { "action" } else { "observation" }
-                )));
+                return Err(no_space_for_one_hot(name));
             }
         }
         let one_hot = one_hot_discrete && spaced.is_some();
         // The fill item in list form: np.full per leaf with a space, the raw value without.
+        // The space fills come from: the field's own, or RLlib's float32 rewards space.
+        let fill_spec =
+            spaced.or(if name == FieldName::Rewards { self.specs.rewards_fill.as_ref() } else { None });
         let fill_item = |fill: &Bound<'py, PyAny>| -> PyResult<Bound<'py, PyAny>> {
-            match spaced {
+            match fill_spec {
                 Some(s) => spec::fill_item(py, s, fill, one_hot),
                 None => Ok(fill.clone()),
             }
@@ -885,7 +936,31 @@ impl SingleAgentEpisodePy {
                         if matches!(index, Index::List(ref l) if l.is_empty()) {
                             return Err(PyValueError::new_err("cannot batch an empty list of indices"));
                         }
-                        Self::batch_with_fill(py, spec, column, positions, fill, one_hot, spaced.is_some())
+                        let list_index = matches!(index, Index::List(_));
+                        // Whether the data part takes part in the result's dtype (see
+                        // `slice_reads_data`); for lists, whether any item is data.
+                        let reads_data = match index {
+                            Index::Slice { start, stop, step } => {
+                                f.geometry().slice_reads_data(start, stop, step, neg_index_as_lookback)
+                            }
+                            Index::List(_) => positions.iter().any(|p| matches!(p, Pos::At(_))),
+                            _ => true,
+                        };
+                        // RLlib one-hot encodes a slice's data part only when it reads one:
+                        // otherwise an empty slice comes back as stored (dtype, item shape).
+                        let one_hot = one_hot && (reads_data || !positions.is_empty());
+                        Self::batch_with_fill(
+                            py,
+                            spec,
+                            column,
+                            positions,
+                            fill,
+                            one_hot,
+                            spaced.is_some(),
+                            fill_spec,
+                            list_index,
+                            reads_data,
+                        )
                     }
                     Resolved::Many(positions) => {
                         let items = positions
@@ -1075,6 +1150,9 @@ impl SingleAgentEpisodePy {
         fill: Option<&Bound<'py, PyAny>>,
         one_hot: bool,
         spaced: bool,
+        fill_spec: Option<&Spec>,
+        list_index: bool,
+        reads_data: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let needs_fill = positions.iter().any(|p| matches!(p, Pos::Fill));
         let Some(fill) = fill.filter(|_| needs_fill) else {
@@ -1084,9 +1162,16 @@ impl SingleAgentEpisodePy {
             let bytes = spec::fill_leaves(py, spec, fill, one_hot)?;
             return spec::batch(py, spec, column, positions, Some(&bytes), one_hot);
         }
-        // No space: gather with zero fills, promote the dtype like numpy would, then put
-        // the fill value into the fill rows.
+        // No space of its own: gather with zero fills, promote the dtype like numpy's
+        // concatenate of the data with the fill batch would (whose dtype is the fill space's,
+        // or the fill value's own), then put the fill value into the fill rows.
         let np = spec::numpy(py)?;
+        let any_data = reads_data;
+        if !any_data && fill_spec.is_none() {
+            // Only fill and no space to shape it: RLlib's `np.array([fill] * n)`.
+            let fills = PyList::new(py, std::iter::repeat_n(fill, positions.len()))?;
+            return np.getattr("array")?.call1((fills,));
+        }
         let fill_rows: Vec<usize> =
             positions.iter().enumerate().filter(|(_, p)| matches!(p, Pos::Fill)).map(|(i, _)| i).collect();
         let mut leaves = Vec::with_capacity(spec.leaves.len());
@@ -1096,7 +1181,22 @@ impl SingleAgentEpisodePy {
             shape.extend_from_slice(&leaf.shape);
             let descr = spec.descrs[i].bind(py);
             let mut array = spec::new_array(py, descr, &shape, &bytes)?;
-            let out = np.getattr("result_type")?.call1((descr, np.getattr("asarray")?.call1((fill,))?))?;
+            let fill_dtype = match fill_spec.and_then(|s| s.descrs.get(i)) {
+                Some(d) => d.bind(py).clone().into_any(),
+                None => np.getattr("asarray")?.call1((fill,))?.getattr("dtype")?,
+            };
+            // A slice concatenates data and fill batches (numpy promotes both dtypes); a
+            // list of ints stacks items the way RLlib's `batch` does: into the first
+            // item's dtype when that is an array (a fill, or a row of a non-scalar leaf),
+            // else with numpy's promotion of the scalars.
+            let first_is_fill = matches!(positions.first(), Some(Pos::Fill));
+            let out = if !any_data || (list_index && first_is_fill && fill_spec.is_some()) {
+                fill_dtype
+            } else if list_index && !first_is_fill && !leaf.shape.is_empty() {
+                descr.clone().into_any()
+            } else {
+                np.getattr("result_type")?.call1((descr, fill_dtype))?
+            };
             if !out.eq(descr)? {
                 array = array.call_method1("astype", (out,))?;
             }

@@ -580,6 +580,16 @@ pub fn nest<'py>(
     })
 }
 
+/// The spec of a float32 scalar Box (RLlib's space for rewards buffers).
+pub fn f32_scalar(py: Python<'_>) -> Spec {
+    Spec {
+        tree: Tree::Leaf(0),
+        leaves: vec![Leaf::new(DType::F32, vec![])],
+        descrs: vec![f32_descr(py).unbind()],
+        from_space: true,
+    }
+}
+
 /// The float32 descriptor used for one-hot output.
 fn f32_descr(py: Python<'_>) -> Bound<'_, PyArrayDescr> {
     numpy::dtype::<f32>(py)
