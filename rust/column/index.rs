@@ -230,6 +230,7 @@ impl Geometry {
     /// Whether RLlib reads a data part for this slice (its nominal length is positive),
     /// even if that part turns out empty. It decides the dtype of a batch that mixes data
     /// and fill: an empty data part still takes part in the concatenation.
+    #[must_use]
     pub fn slice_reads_data(
         self,
         start: Option<i64>,
