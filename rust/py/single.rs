@@ -949,18 +949,14 @@ impl SingleAgentEpisodePy {
                         // RLlib one-hot encodes a slice's data part only when it reads one:
                         // otherwise an empty slice comes back as stored (dtype, item shape).
                         let one_hot = one_hot && (reads_data || !positions.is_empty());
-                        Self::batch_with_fill(
-                            py,
-                            spec,
-                            column,
-                            positions,
+                        let rule = fill.map(|fill| FillRule {
                             fill,
-                            one_hot,
-                            spaced.is_some(),
+                            spaced: spaced.is_some(),
                             fill_spec,
                             list_index,
                             reads_data,
-                        )
+                        });
+                        Self::batch_with_fill(py, spec, column, positions, one_hot, rule)
                     }
                     Resolved::Many(positions) => {
                         let items = positions
@@ -1137,27 +1133,36 @@ fn unreachable_one() -> (Vec<usize>, bool) {
     (Vec::new(), false)
 }
 
+/// How a batched read treats its fill positions (RLlib's rules).
+struct FillRule<'a, 'py> {
+    fill: &'a Bound<'py, PyAny>,
+    /// The field has a space of its own: fills are cast to its dtypes.
+    spaced: bool,
+    /// The space that shapes fills: the field's own, or RLlib's float32 rewards space.
+    fill_spec: Option<&'a Spec>,
+    /// A list of ints (stacked like RLlib's `batch`) rather than a slice (concatenated).
+    list_index: bool,
+    /// RLlib reads a data part, whose dtype then joins the result's.
+    reads_data: bool,
+}
+
 impl SingleAgentEpisodePy {
     /// A batched read with RLlib's fill rules: with a space the fill is cast to the leaf's
     /// dtype; without one, numpy promotes the stored dtype with the fill's (RLlib
     /// concatenates `np.array([fill] * n)` with the data).
-    #[allow(clippy::too_many_arguments)]
     fn batch_with_fill<'py>(
         py: Python<'py>,
         spec: &Spec,
         column: &Column,
         positions: &[Pos],
-        fill: Option<&Bound<'py, PyAny>>,
         one_hot: bool,
-        spaced: bool,
-        fill_spec: Option<&Spec>,
-        list_index: bool,
-        reads_data: bool,
+        rule: Option<FillRule<'_, 'py>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let needs_fill = positions.iter().any(|p| matches!(p, Pos::Fill));
-        let Some(fill) = fill.filter(|_| needs_fill) else {
+        let Some(rule) = rule.filter(|_| needs_fill) else {
             return spec::batch(py, spec, column, positions, None, one_hot);
         };
+        let FillRule { fill, spaced, fill_spec, list_index, reads_data } = rule;
         if spaced {
             let bytes = spec::fill_leaves(py, spec, fill, one_hot)?;
             return spec::batch(py, spec, column, positions, Some(&bytes), one_hot);
