@@ -124,7 +124,8 @@ impl Geometry {
     pub fn position(self, index: i64, neg_index_as_lookback: bool) -> Result<usize, IndexError> {
         match self.resolve_int(index, neg_index_as_lookback, false)? {
             Pos::At(p) => Ok(p),
-            Pos::Fill => unreachable!("fill=false never yields Pos::Fill"),
+            // Without fill, resolve_int reports out-of-range positions as errors instead.
+            Pos::Fill => Err(IndexError::OutOfRange { index, len: self.len(), lookback: self.lookback }),
         }
     }
 
