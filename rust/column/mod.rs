@@ -241,26 +241,58 @@ impl Column {
         self.lookback = keep;
     }
 
+    /// Bytes of one gathered item of leaf `leaf` (float32 one-hot groups with `one_hot`
+    /// on a discrete leaf).
+    #[must_use]
+    pub fn gathered_item_bytes(&self, leaf: usize, one_hot: bool) -> usize {
+        let spec = &self.schema.leaves[leaf];
+        match spec.one_hot_width() {
+            Some(width) if one_hot => width * 4,
+            _ => spec.item_bytes(),
+        }
+    }
+
     /// Gathers leaf `leaf` at `positions` into one contiguous buffer (row-major, one item
     /// after the other); [`Pos::Fill`] items copy `fill`, which must be one item's bytes.
     /// With `one_hot`, discrete leaves are written as float32 one-hot groups.
     #[must_use]
     pub fn gather(&self, leaf: usize, positions: &[Pos], fill: Option<&[u8]>, one_hot: bool) -> Vec<u8> {
+        let mut out = vec![0; positions.len() * self.gathered_item_bytes(leaf, one_hot)];
+        self.gather_into(leaf, positions, fill, one_hot, &mut out);
+        out
+    }
+
+    /// [`Self::gather`] into `out`, which holds exactly `positions.len()` gathered items
+    /// (the caller allocates it, e.g. as the numpy array handed out: one copy per read).
+    /// Returns `false` and writes nothing if `out` or `fill` has the wrong size.
+    pub fn gather_into(
+        &self,
+        leaf: usize,
+        positions: &[Pos],
+        fill: Option<&[u8]>,
+        one_hot: bool,
+        out: &mut [u8],
+    ) -> bool {
         let spec: &Leaf = &self.schema.leaves[leaf];
         let one_hot = one_hot && spec.one_hot_width().is_some();
-        let out_item = if one_hot { spec.one_hot_width().unwrap_or(0) * 4 } else { spec.item_bytes() };
-        let mut out = Vec::with_capacity(positions.len() * out_item);
-        for pos in positions {
+        let n = self.gathered_item_bytes(leaf, one_hot);
+        if out.len() != positions.len() * n || fill.is_some_and(|f| f.len() != n) {
+            return false;
+        }
+        if n == 0 {
+            return true;
+        }
+        for (pos, dst) in positions.iter().zip(out.chunks_exact_mut(n)) {
             match *pos {
-                Pos::At(p) if one_hot => spec.write_one_hot(self.item(leaf, p), &mut out),
-                Pos::At(p) => out.extend_from_slice(self.item(leaf, p)),
+                Pos::At(p) if one_hot => spec.write_one_hot_into(self.item(leaf, p), dst),
+                Pos::At(p) => dst.copy_from_slice(self.item(leaf, p)),
                 Pos::Fill => match fill {
-                    Some(bytes) => out.extend_from_slice(bytes),
-                    None => out.resize(out.len() + out_item, 0),
+                    Some(bytes) => dst.copy_from_slice(bytes),
+                    None => dst.fill(0),
                 },
             }
         }
-        out
+        true
     }
 
     /// Overwrites the item at absolute position `pos`. All-or-nothing.

@@ -1181,11 +1181,12 @@ impl SingleAgentEpisodePy {
             positions.iter().enumerate().filter(|(_, p)| matches!(p, Pos::Fill)).map(|(i, _)| i).collect();
         let mut leaves = Vec::with_capacity(spec.leaves.len());
         for (i, leaf) in spec.leaves.iter().enumerate() {
-            let bytes = column.gather(i, positions, None, false);
             let mut shape = vec![positions.len()];
             shape.extend_from_slice(&leaf.shape);
             let descr = spec.descrs[i].bind(py);
-            let mut array = spec::new_array(py, descr, &shape, &bytes)?;
+            let mut array = spec::new_array_with(py, descr, &shape, |buf| {
+                column.gather_into(i, positions, None, false, buf)
+            })?;
             let fill_dtype = match fill_spec.and_then(|s| s.descrs.get(i)) {
                 Some(d) => d.bind(py).clone().into_any(),
                 None => np.getattr("asarray")?.call1((fill,))?.getattr("dtype")?,

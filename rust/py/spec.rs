@@ -495,19 +495,27 @@ pub fn new_array<'py>(
     shape: &[usize],
     bytes: &[u8],
 ) -> PyResult<Bound<'py, PyAny>> {
+    new_array_with(py, descr, shape, |buf| {
+        buf.copy_from_slice(bytes);
+        true
+    })
+}
+
+/// A new C-contiguous numpy array of `descr` and `shape` whose bytes `fill` writes in place
+/// (so a read copies the data once, straight into the array handed out). `fill` gets
+/// exactly `prod(shape) * itemsize` bytes and returns `false` if it could not fill them.
+pub fn new_array_with<'py>(
+    py: Python<'py>,
+    descr: &Bound<'py, PyArrayDescr>,
+    shape: &[usize],
+    fill: impl FnOnce(&mut [u8]) -> bool,
+) -> PyResult<Bound<'py, PyAny>> {
     let mut dims: Vec<npy_intp> = shape.iter().map(|&d| d as npy_intp).collect();
+    let nbytes = shape.iter().product::<usize>() * descr.itemsize();
     // SAFETY: PyArray_NewFromDescr steals one reference to the descriptor, which
-    // `into_dtype_ptr` hands over; with a null data pointer numpy allocates a
-    // C-contiguous buffer of exactly prod(shape) * itemsize bytes, which the copy below
-    // fills completely (the caller passes that many bytes; checked first).
-    unsafe {
-        let expected = shape.iter().product::<usize>() * descr.itemsize();
-        if expected != bytes.len() {
-            return Err(pyo3::exceptions::PyRuntimeError::new_err(format!(
-                "internal error: {} bytes for an array of {expected}",
-                bytes.len()
-            )));
-        }
+    // `into_dtype_ptr` hands over; with a null data pointer numpy allocates a C-contiguous
+    // buffer of exactly prod(shape) * itemsize bytes, owned by the new array.
+    let array = unsafe {
         let ptr = PY_ARRAY_API.PyArray_NewFromDescr(
             py,
             npyffi::get_type_object(py, npyffi::NpyTypes::PyArray_Type),
@@ -517,16 +525,27 @@ pub fn new_array<'py>(
             std::ptr::null_mut(),
             std::ptr::null_mut(),
             // With a null data pointer a non-zero `flags` asks for Fortran order: 0 keeps
-            // the C order the byte copy below assumes.
+            // the C order the byte copy assumes.
             0,
             std::ptr::null_mut(),
         );
-        let array = Bound::from_owned_ptr_or_err(py, ptr)?;
-        if !bytes.is_empty() {
+        Bound::from_owned_ptr_or_err(py, ptr)?
+    };
+    let ok = if nbytes == 0 {
+        fill(&mut [])
+    } else {
+        // SAFETY: the array was just created by us and is not shared yet; its data buffer
+        // holds `nbytes` writable bytes (see above) and lives as long as `array`.
+        let buf = unsafe {
             let data = (*array.as_ptr().cast::<npyffi::PyArrayObject>()).fields.data.cast::<u8>();
-            std::ptr::copy_nonoverlapping(bytes.as_ptr(), data, bytes.len());
-        }
+            std::slice::from_raw_parts_mut(data, nbytes)
+        };
+        fill(buf)
+    };
+    if ok {
         Ok(array)
+    } else {
+        Err(pyo3::exceptions::PyRuntimeError::new_err("internal error: array bytes of the wrong size"))
     }
 }
 
@@ -676,15 +695,18 @@ pub fn batch<'py>(
     let mut values = Vec::with_capacity(spec.leaves.len());
     for (i, leaf) in spec.leaves.iter().enumerate() {
         let hot = one_hot && leaf.one_hot_width().is_some();
-        let bytes = column.gather(i, positions, fill.map(|f| f[i].as_slice()), hot);
         let mut shape = vec![positions.len()];
-        let array = if hot {
+        let f32 = f32_descr(py);
+        let descr = if hot {
             shape.push(leaf.one_hot_width().unwrap_or(0));
-            new_array(py, &f32_descr(py), &shape, &bytes)?
+            &f32
         } else {
             shape.extend_from_slice(&leaf.shape);
-            new_array(py, spec.descrs[i].bind(py), &shape, &bytes)?
+            spec.descrs[i].bind(py)
         };
+        let fill_i = fill.map(|f| f[i].as_slice());
+        let array =
+            new_array_with(py, descr, &shape, |buf| column.gather_into(i, positions, fill_i, hot, buf))?;
         values.push(Some(array));
     }
     nest(py, &spec.tree, &mut values)

@@ -136,30 +136,43 @@ impl Leaf {
         }
     }
 
-    /// Writes the float32 one-hot encoding of one stored item into `out`.
+    /// Appends the float32 one-hot encoding of one stored item to `out`.
+    pub fn write_one_hot(&self, item: &[u8], out: &mut Vec<u8>) {
+        let start = out.len();
+        out.resize(start + self.one_hot_width().map_or(item.len(), |w| w * 4), 0);
+        self.write_one_hot_into(item, &mut out[start..]);
+    }
+
+    /// Writes the float32 one-hot encoding of one stored item into `out`, which holds
+    /// exactly one encoded item (`one_hot_width() * 4` bytes; the item itself for
+    /// non-discrete leaves).
     ///
     /// Indices outside the space's range give an all-zero slot group (numpy-style one-hot
     /// of an invalid index would raise; a column only holds validated items, so this only
     /// guards against data set through `set_*` without a space check).
-    pub fn write_one_hot(&self, item: &[u8], out: &mut Vec<u8>) {
-        let mut push_group = |value: i64, start: i64, n: usize| {
+    pub fn write_one_hot_into(&self, item: &[u8], out: &mut [u8]) {
+        let mut slots = out.chunks_exact_mut(4);
+        let mut put_group = |value: i64, start: i64, n: usize| {
             let hot = value.checked_sub(start).and_then(|v| usize::try_from(v).ok());
-            for slot in 0..n {
+            for (slot, dst) in (0..n).zip(slots.by_ref()) {
                 let v: f32 = if hot == Some(slot) { 1.0 } else { 0.0 };
-                out.extend_from_slice(&v.to_ne_bytes());
+                dst.copy_from_slice(&v.to_ne_bytes());
             }
         };
         match &self.one_hot {
-            OneHot::No => out.extend_from_slice(item),
+            OneHot::No => {
+                let n = out.len().min(item.len());
+                out[..n].copy_from_slice(&item[..n]);
+            }
             OneHot::Discrete { n, start } => {
                 let value = self.dtype.read_int(item).unwrap_or(-1);
-                push_group(value, *start, *n);
+                put_group(value, *start, *n);
             }
             OneHot::MultiDiscrete { nvec, start } => {
                 for (i, (&n, &s)) in nvec.iter().zip(start).enumerate() {
                     let at = i * self.dtype.size;
                     let value = item.get(at..).and_then(|b| self.dtype.read_int(b)).unwrap_or(-1);
-                    push_group(value, s, n);
+                    put_group(value, s, n);
                 }
             }
         }
