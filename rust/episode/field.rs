@@ -24,11 +24,12 @@ pub enum Storage<O> {
 
 /// One item on its way into a field, already converted by the caller.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Item<O> {
-    /// Bytes that fit the field's current schema, one buffer per leaf.
-    Bytes(Vec<Vec<u8>>),
+pub enum Item<O, B = Vec<u8>> {
+    /// Bytes that fit the field's current schema, one buffer per leaf (`B`: owned bytes,
+    /// or a view of the caller's buffer so that storing an item copies it only once).
+    Bytes(Vec<B>),
     /// The first item of an untyped field, with the schema inferred from it.
-    FirstTyped { schema: Schema, leaves: Vec<Vec<u8>>, host_scalars: bool },
+    FirstTyped { schema: Schema, leaves: Vec<B>, host_scalars: bool },
     /// An item stored as a host object (the field holds objects, or must become so).
     Object(O),
 }
@@ -155,16 +156,14 @@ impl<O: Clone> Field<O> {
     /// Whether `item` can be pushed without error (so that a step touching several
     /// fields can check them all before changing any).
     #[must_use]
-    pub fn accepts(&self, item: &Item<O>) -> bool {
+    pub fn accepts<B: AsRef<[u8]>>(&self, item: &Item<O, B>) -> bool {
+        let fits = |leaves: &[B], schema: &Schema| {
+            leaves.len() == schema.leaves.len()
+                && leaves.iter().zip(&schema.leaves).all(|(b, l)| b.as_ref().len() == l.item_bytes())
+        };
         match (item, &self.storage) {
-            (Item::Bytes(leaves), Storage::Typed { column, .. }) => {
-                leaves.len() == column.schema().leaves.len()
-                    && leaves.iter().zip(&column.schema().leaves).all(|(b, l)| b.len() == l.item_bytes())
-            }
-            (Item::FirstTyped { schema, leaves, .. }, Storage::Untyped) => {
-                leaves.len() == schema.leaves.len()
-                    && leaves.iter().zip(&schema.leaves).all(|(b, l)| b.len() == l.item_bytes())
-            }
+            (Item::Bytes(leaves), Storage::Typed { column, .. }) => fits(leaves, column.schema()),
+            (Item::FirstTyped { schema, leaves, .. }, Storage::Untyped) => fits(leaves, schema),
             (Item::Object(_), _) => true,
             _ => false,
         }
@@ -174,7 +173,11 @@ impl<O: Clone> Field<O> {
     /// object item arrives in a typed field.
     ///
     /// Returns `false` (and changes nothing) if the item does not fit (see [`Self::accepts`]).
-    pub fn push(&mut self, item: Item<O>, to_object: impl FnMut(&Column, usize) -> O) -> bool {
+    pub fn push<B: AsRef<[u8]>>(
+        &mut self,
+        item: Item<O, B>,
+        to_object: impl FnMut(&Column, usize) -> O,
+    ) -> bool {
         if !self.accepts(&item) {
             return false;
         }
@@ -184,12 +187,17 @@ impl<O: Clone> Field<O> {
 
     /// [`Self::push`] for an item that [`Self::accepts`] already approved (the hot path
     /// checks every field of a step first, then stores without checking again).
-    pub fn push_accepted(&mut self, item: Item<O>, to_object: impl FnMut(&Column, usize) -> O) -> bool {
+    pub fn push_accepted<B: AsRef<[u8]>>(
+        &mut self,
+        item: Item<O, B>,
+        to_object: impl FnMut(&Column, usize) -> O,
+    ) -> bool {
         match item {
             Item::Bytes(leaves) => {
                 if let Storage::Typed { column, .. } = &mut self.storage {
-                    column.push_unchecked(&leaves);
-                    return true;
+                    // Checked again (a cheap length compare): a view's length is read at
+                    // push time, and nothing may tear a column's item layout.
+                    return column.push(&leaves).is_ok();
                 }
                 false
             }

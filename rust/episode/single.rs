@@ -75,13 +75,13 @@ pub trait ToObject<O>: FnMut(FieldName<'_>, bool, &Column, usize) -> O {}
 impl<O, F: FnMut(FieldName<'_>, bool, &Column, usize) -> O> ToObject<O> for F {}
 
 /// The data of one environment step, converted by the caller.
-pub struct Step<'a, O> {
-    pub observation: Item<O>,
-    pub action: Item<O>,
-    pub reward: Item<O>,
+pub struct Step<'a, O, B = Vec<u8>> {
+    pub observation: Item<O, B>,
+    pub action: Item<O, B>,
+    pub reward: Item<O, B>,
     pub info: O,
     /// Extra model outputs by key (borrowed: a key is copied only when first seen).
-    pub extra_model_outputs: Vec<(&'a str, Item<O>)>,
+    pub extra_model_outputs: Vec<(&'a str, Item<O, B>)>,
     pub terminated: bool,
     pub truncated: bool,
 }
@@ -211,9 +211,9 @@ impl<O: Clone> SingleAgentCore<O> {
     }
 
     /// Records the reset observation.
-    pub fn add_reset(
+    pub fn add_reset<B: AsRef<[u8]>>(
         &mut self,
-        observation: Item<O>,
+        observation: Item<O, B>,
         info: O,
         mut to_object: impl ToObject<O>,
     ) -> Result<(), EpisodeError> {
@@ -227,14 +227,14 @@ impl<O: Clone> SingleAgentCore<O> {
             return Err(EpisodeError::Item { field: "observation".into() });
         }
         self.observations.push(observation, |c, p| to_object(FieldName::Observations, false, c, p));
-        self.infos.push(Item::Object(info), |c, p| to_object(FieldName::Infos, false, c, p));
+        self.infos.push(Item::<O, B>::Object(info), |c, p| to_object(FieldName::Infos, false, c, p));
         Ok(())
     }
 
     /// Records one step. All-or-nothing: every item is checked before any is stored.
-    pub fn add_step(
+    pub fn add_step<B: AsRef<[u8]>>(
         &mut self,
-        step: Step<'_, O>,
+        step: Step<'_, O, B>,
         mut to_object: impl ToObject<O>,
     ) -> Result<(), EpisodeError> {
         if self.is_done() {
@@ -262,7 +262,8 @@ impl<O: Clone> SingleAgentCore<O> {
             .push_accepted(step.observation, |c, p| to_object(FieldName::Observations, false, c, p));
         self.actions.push_accepted(step.action, |c, p| to_object(FieldName::Actions, false, c, p));
         self.rewards.push_accepted(step.reward, |c, p| to_object(FieldName::Rewards, false, c, p));
-        self.infos.push_accepted(Item::Object(step.info), |c, p| to_object(FieldName::Infos, false, c, p));
+        self.infos
+            .push_accepted(Item::<O, B>::Object(step.info), |c, p| to_object(FieldName::Infos, false, c, p));
         for (key, item) in step.extra_model_outputs {
             if let Some(field) = self.extra_mut(key) {
                 field.push_accepted(item, |c, p| to_object(FieldName::Extra(key), false, c, p));
@@ -558,7 +559,7 @@ mod tests {
         let mut fresh = Core::default();
         assert_eq!(
             fresh.add_step(
-                Step {
+                Step::<String> {
                     observation: Item::Object("o".into()),
                     action: Item::Object("a".into()),
                     reward: Item::Object("r".into()),

@@ -10,7 +10,7 @@ use pyo3::types::{PyDict, PyList, PyString};
 use super::errors::{column_error, episode_error, index_error};
 use super::index::to_index;
 use super::object::PyObj;
-use super::spec::{self, Spec};
+use super::spec::{self, LeafBytes, Spec};
 use crate::column::{Column, Index, Pos, Resolved};
 use crate::episode::{EpisodeError, Field, FieldName, Item, SingleAgentCore, Step, Storage};
 
@@ -104,26 +104,28 @@ fn to_object(
 }
 
 /// Converts one value for `field` (whose spec may be inferred now).
-fn prepare(
-    value: &Bound<'_, PyAny>,
+fn prepare<'py>(
+    value: &Bound<'py, PyAny>,
     field: &Field<PyObj>,
     spec: Option<&Spec>,
     name: FieldName<'_>,
-) -> PyResult<(Item<PyObj>, Option<Spec>)> {
+) -> PyResult<(Item<PyObj, LeafBytes<'py>>, Option<Spec>)> {
     let object = || (Item::Object(PyObj(value.clone().unbind())), None);
     match (&field.storage, spec) {
         (Storage::Objects { .. }, _) | (Storage::Typed { .. }, None) => Ok(object()),
-        (Storage::Typed { .. }, Some(spec)) => match spec::to_leaves(spec, value, None, &|| label(name)) {
-            Ok(leaves) => Ok((Item::Bytes(leaves), None)),
-            Err(e) if spec.from_space => Err(e),
-            Err(_) => Ok(object()),
-        },
+        (Storage::Typed { .. }, Some(spec)) => {
+            match spec::to_leaf_views(spec, value, None, &|| label(name)) {
+                Ok(leaves) => Ok((Item::Bytes(leaves), None)),
+                Err(e) if spec.from_space => Err(e),
+                Err(_) => Ok(object()),
+            }
+        }
         (Storage::Untyped, Some(spec)) => {
-            let leaves = spec::to_leaves(spec, value, None, &|| label(name))?;
+            let leaves = spec::to_leaf_views(spec, value, None, &|| label(name))?;
             Ok((Item::FirstTyped { schema: spec.schema(), leaves, host_scalars: false }, None))
         }
         (Storage::Untyped, None) => match spec::infer(value)? {
-            Some((spec, host_scalars)) => match spec::to_leaves(&spec, value, None, &|| label(name)) {
+            Some((spec, host_scalars)) => match spec::to_leaf_views(&spec, value, None, &|| label(name)) {
                 Ok(leaves) => {
                     Ok((Item::FirstTyped { schema: spec.schema(), leaves, host_scalars }, Some(spec)))
                 }

@@ -235,6 +235,52 @@ fn castable(from: Kind, to: Kind) -> bool {
     }
 }
 
+/// The bytes of one leaf of one value: owned (converted), or a view of the caller's numpy
+/// array when it already has the leaf's exact dtype and C layout, so that storing the item
+/// copies its bytes once, straight from the array into the column.
+pub enum LeafBytes<'py> {
+    Owned(Vec<u8>),
+    Array(Bound<'py, PyUntypedArray>),
+}
+
+impl LeafBytes<'_> {
+    pub fn into_owned(self) -> Vec<u8> {
+        match self {
+            LeafBytes::Owned(v) => v,
+            LeafBytes::Array(a) => array_bytes(&a),
+        }
+    }
+}
+
+impl AsRef<[u8]> for LeafBytes<'_> {
+    fn as_ref(&self) -> &[u8] {
+        match self {
+            LeafBytes::Owned(v) => v,
+            LeafBytes::Array(a) => {
+                // The array's layout is read now, not when the view was made: a reshape or
+                // resize in between changes the length (the column then rejects the item)
+                // but never points outside the live buffer.
+                if !a.is_c_contiguous() {
+                    return &[];
+                }
+                let n = a.len_total_bytes();
+                // SAFETY: `a` is a live C-contiguous numpy array (checked just above) held
+                // by this value, so its data pointer addresses `n` readable bytes. The slice
+                // borrows `self` and the caller copies it before any Python code can run
+                // (the thread stays attached and executes only Rust in between).
+                unsafe {
+                    let data = (*a.as_array_ptr()).fields.data.cast::<u8>();
+                    if n == 0 || data.is_null() {
+                        &[]
+                    } else {
+                        std::slice::from_raw_parts(data, n)
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Copies the bytes of a C-contiguous array.
 fn array_bytes(array: &Bound<'_, PyUntypedArray>) -> Vec<u8> {
     let n = array.len_total_bytes();
@@ -327,13 +373,13 @@ fn numpy_scalar_bytes(value: &Bound<'_, PyAny>, leaf: &Leaf) -> PyResult<Option<
 ///
 /// With `batch = Some(n)`, the value holds `n` items stacked on a leading axis (`None`:
 /// take `n` from the value).
-fn leaf_bytes(
-    value: &Bound<'_, PyAny>,
+fn leaf_bytes<'py>(
+    value: &Bound<'py, PyAny>,
     leaf: &Leaf,
-    descr: &Bound<'_, PyArrayDescr>,
+    descr: &Bound<'py, PyArrayDescr>,
     batch: Option<Option<usize>>,
     what: &dyn Fn() -> String,
-) -> PyResult<Vec<u8>> {
+) -> PyResult<LeafBytes<'py>> {
     let py = value.py();
     let mismatch = |why: String| -> PyErr {
         SpaceMismatchError::new_err(format!(
@@ -349,19 +395,19 @@ fn leaf_bytes(
     if batch.is_none() && leaf.shape.is_empty() {
         if value.is_exact_instance_of::<PyFloat>() && leaf.dtype.kind == Kind::Float && leaf.dtype.size >= 4 {
             let v: f64 = value.extract()?;
-            return Ok(if leaf.dtype.size == 8 {
+            return Ok(LeafBytes::Owned(if leaf.dtype.size == 8 {
                 v.to_ne_bytes().to_vec()
             } else {
                 (v as f32).to_ne_bytes().to_vec()
-            });
+            }));
         }
         if value.is_exact_instance_of::<PyInt>() && leaf.dtype == DType::I64 {
             if let Ok(v) = value.extract::<i64>() {
-                return Ok(v.to_ne_bytes().to_vec());
+                return Ok(LeafBytes::Owned(v.to_ne_bytes().to_vec()));
             }
         }
         if let Some(bytes) = numpy_scalar_bytes(value, leaf)? {
-            return Ok(bytes);
+            return Ok(LeafBytes::Owned(bytes));
         }
     }
     let array = match value.cast::<PyUntypedArray>() {
@@ -393,11 +439,11 @@ fn leaf_bytes(
     // Identity first: numpy shares one descriptor object per builtin dtype, so the
     // common case skips the C-API equivalence call.
     if (given.is(descr) || given.is_equiv_to(descr)) && array.is_c_contiguous() {
-        return Ok(array_bytes(&array));
+        return Ok(LeafBytes::Array(array));
     }
     let cast =
         numpy(py)?.getattr("ascontiguousarray")?.call1((&array, descr))?.cast_into::<PyUntypedArray>()?;
-    Ok(array_bytes(&cast))
+    Ok(LeafBytes::Array(cast))
 }
 
 /// Flattens `value` by `spec` into one byte buffer per leaf.
@@ -410,13 +456,24 @@ pub fn to_leaves(
     batch: Option<Option<usize>>,
     field: &dyn Fn() -> String,
 ) -> PyResult<Vec<Vec<u8>>> {
+    Ok(to_leaf_views(spec, value, batch, field)?.into_iter().map(LeafBytes::into_owned).collect())
+}
+
+/// [`to_leaves`] without copying leaves that are already numpy arrays of the right dtype
+/// and layout (the per-step path: the column copies them once).
+pub fn to_leaf_views<'py>(
+    spec: &Spec,
+    value: &Bound<'py, PyAny>,
+    batch: Option<Option<usize>>,
+    field: &dyn Fn() -> String,
+) -> PyResult<Vec<LeafBytes<'py>>> {
     // One leaf (the common case: a Box, Discrete, a scalar) needs no tree walk.
     if let Tree::Leaf(0) = spec.tree {
         let leaf = &spec.leaves[0];
         let descr = spec.descrs[0].bind(value.py());
         return Ok(vec![leaf_bytes(value, leaf, descr, batch, &|| field())?]);
     }
-    let mut out: Vec<Vec<u8>> = (0..spec.leaves.len()).map(|_| Vec::new()).collect();
+    let mut out: Vec<LeafBytes<'py>> = (0..spec.leaves.len()).map(|_| LeafBytes::Owned(Vec::new())).collect();
     let mut path = String::new();
     let mut batch = batch;
     flatten_into(spec, &spec.tree, value, &mut batch, field, &mut path, &mut out, value.py())?;
@@ -424,15 +481,15 @@ pub fn to_leaves(
 }
 
 #[allow(clippy::too_many_arguments)]
-fn flatten_into(
+fn flatten_into<'py>(
     spec: &Spec,
     tree: &Tree,
-    value: &Bound<'_, PyAny>,
+    value: &Bound<'py, PyAny>,
     batch: &mut Option<Option<usize>>,
     field: &dyn Fn() -> String,
     path: &mut String,
-    out: &mut [Vec<u8>],
-    py: Python<'_>,
+    out: &mut [LeafBytes<'py>],
+    py: Python<'py>,
 ) -> PyResult<()> {
     // Error messages only: the field's name is formatted when something is wrong.
     let what = |path: &str| format!("{}{path}", field());
@@ -444,7 +501,7 @@ fn flatten_into(
             let bytes = leaf_bytes(value, leaf, descr, *batch, &what)?;
             if let Some(None) = batch {
                 // The first leaf fixes the batch size for the others.
-                let n = if leaf.item_bytes() == 0 { 0 } else { bytes.len() / leaf.item_bytes() };
+                let n = bytes.as_ref().len().checked_div(leaf.item_bytes()).unwrap_or(0);
                 *batch = Some(Some(n));
             }
             out[*i] = bytes;
