@@ -5,11 +5,13 @@ The episode buffers, their cut/finalize and the metric reductions live in a Rust
 """
 
 from fastrollout._core import __version__
-from fastrollout.episodes import SingleAgentEpisode
-from fastrollout.errors import EpisodeStateError, SpaceMismatchError
+from fastrollout.episodes import MultiAgentEpisode, SingleAgentEpisode
+from fastrollout.errors import EpisodeStateError, MultiAgentEnvError, SpaceMismatchError
 
 __all__ = [
     "EpisodeStateError",
+    "MultiAgentEnvError",
+    "MultiAgentEpisode",
     "SingleAgentEpisode",
     "SpaceMismatchError",
     "__version__",

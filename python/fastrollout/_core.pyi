@@ -4,8 +4,22 @@ from typing import Any
 
 from typing_extensions import Self, disjoint_base
 
-__all__ = ["EpisodeStateError", "SingleAgentEpisodeCore", "SpaceMismatchError", "__version__"]
+__all__ = [
+    "EpisodeStateError",
+    "SingleAgentEpisodeCore",
+    "SpaceMismatchError",
+    "__version__",
+    "resolve_index",
+]
 __version__: str
+
+def resolve_index(
+    total: int,
+    lookback: int,
+    indices: Any = None,
+    neg_index_as_lookback: bool = False,
+    fill: bool = False,
+) -> int | list[int | None] | None: ...
 
 class EpisodeStateError(AssertionError):
     """An episode operation that its state does not allow."""
@@ -124,6 +138,17 @@ class SingleAgentEpisodeCore:
         neg_index_as_lookback: bool = False,
         fill: Any = None,
         one_hot_discrete: bool = False,
+    ) -> Any: ...
+    def _get_ext(
+        self,
+        field: str,
+        key: str | None = None,
+        indices: Any = None,
+        neg_index_as_lookback: bool = False,
+        fill: Any = None,
+        one_hot_discrete: bool = False,
+        add_last: Any = None,
+        ignore_last: bool = False,
     ) -> Any: ...
     def _set(
         self,

@@ -18,6 +18,8 @@ mod _core {
     #[pymodule_export]
     use super::errors::SpaceMismatchError;
     #[pymodule_export]
+    use super::index::resolve_index;
+    #[pymodule_export]
     use super::single::SingleAgentEpisodePy;
 
     use pyo3::prelude::*;

@@ -882,123 +882,70 @@ impl SingleAgentEpisodePy {
     ) -> PyResult<Bound<'py, PyAny>> {
         let name = field_name(field, key)?;
         let f = self.field(name)?;
-        let index = to_index(indices)?;
-        let fill = fill.filter(|f| !f.is_none());
-        let spec = self.specs.get(name);
-        let spaced = spec.filter(|s| s.from_space);
-        if let (true, None, Index::List(list)) = (one_hot_discrete, spaced, &index) {
-            // RLlib reads a list item by item, one-hot encoding each: the first item
-            // decides whether an index error or the missing space is reported.
-            for &i in list {
-                match f.resolve(&Index::Int(i), neg_index_as_lookback, fill.is_some()) {
-                    Err(e) => return Err(index_error(&e)),
-                    Ok(Resolved::One(Pos::At(_))) => return Err(no_space_for_one_hot(name)),
-                    Ok(_) => {}
-                }
-            }
-        }
-        let resolved =
-            f.resolve(&index, neg_index_as_lookback, fill.is_some()).map_err(|e| index_error(&e))?;
-        if one_hot_discrete && spaced.is_none() {
-            // RLlib one-hot encodes whatever data part it read, even an empty one.
-            let touches_data = match (&resolved, &index) {
-                (Resolved::One(p), _) => matches!(p, Pos::At(_)),
-                (_, Index::Slice { start, stop, step }) => {
-                    f.geometry().slice_reads_data(*start, *stop, *step, neg_index_as_lookback)
-                }
-                (_, Index::All) => true,
-                (Resolved::Many(v), _) => v.iter().any(|p| matches!(p, Pos::At(_))),
-            };
-            if touches_data {
-                return Err(no_space_for_one_hot(name));
-            }
-        }
-        let one_hot = one_hot_discrete && spaced.is_some();
-        // The fill item in list form: np.full per leaf with a space, the raw value without.
-        // The space fills come from: the field's own, or RLlib's float32 rewards space.
-        let fill_spec =
-            spaced.or(if name == FieldName::Rewards { self.specs.rewards_fill.as_ref() } else { None });
-        let fill_item = |fill: &Bound<'py, PyAny>| -> PyResult<Bound<'py, PyAny>> {
-            match fill_spec {
-                Some(s) => spec::fill_item(py, s, fill, one_hot),
-                None => Ok(fill.clone()),
-            }
+        self.read(py, name, f, self.specs.get(name), indices, neg_index_as_lookback, fill, one_hot_discrete)
+    }
+
+    /// `_get` on a view of the field with the last stored item left out
+    /// (`ignore_last`), and/or with `add_last` appended as one more item: what RLlib's
+    /// `_ignore_last_ts` / `_add_last_ts_value` do for the multi-agent episode, whose
+    /// hanging actions and rewards belong after an agent's stored data. A missing extra
+    /// model output key reads as an empty field.
+    #[pyo3(signature = (field, key=None, indices=None, neg_index_as_lookback=false, fill=None, one_hot_discrete=false, add_last=None, ignore_last=false))]
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(name = "_get_ext")]
+    fn get_ext<'py>(
+        &self,
+        py: Python<'py>,
+        field: &str,
+        key: Option<&str>,
+        indices: Option<&Bound<'py, PyAny>>,
+        neg_index_as_lookback: bool,
+        fill: Option<&Bound<'py, PyAny>>,
+        one_hot_discrete: bool,
+        add_last: Option<&Bound<'py, PyAny>>,
+        ignore_last: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let name = field_name(field, key)?;
+        let untyped = Field::untyped();
+        let stored = match name {
+            FieldName::Extra(k) => self.core.extra(k).unwrap_or(&untyped),
+            _ => self.field(name)?,
         };
-        match (&f.storage, &resolved) {
-            (Storage::Typed { column, host_scalars }, _) => {
-                let spec =
-                    spec.ok_or_else(|| PyValueError::new_err("internal error: typed field without spec"))?;
-                let host = *host_scalars && !f.finalized;
-                match &resolved {
-                    Resolved::One(Pos::At(p)) => spec::item(py, spec, column, *p, host, one_hot),
-                    Resolved::One(Pos::Fill) => {
-                        fill_item(fill.ok_or_else(|| PyValueError::new_err("internal error: fill"))?)
-                    }
-                    Resolved::Many(positions) if f.finalized => {
-                        if matches!(index, Index::List(ref l) if l.is_empty()) {
-                            return Err(PyValueError::new_err("cannot batch an empty list of indices"));
-                        }
-                        let list_index = matches!(index, Index::List(_));
-                        // Whether the data part takes part in the result's dtype (see
-                        // `slice_reads_data`); for lists, whether any item is data.
-                        let reads_data = match index {
-                            Index::Slice { start, stop, step } => {
-                                f.geometry().slice_reads_data(start, stop, step, neg_index_as_lookback)
-                            }
-                            Index::List(_) => positions.iter().any(|p| matches!(p, Pos::At(_))),
-                            _ => true,
-                        };
-                        // RLlib one-hot encodes a slice's data part only when it reads one:
-                        // otherwise an empty slice comes back as stored (dtype, item shape).
-                        let one_hot = one_hot && (reads_data || !positions.is_empty());
-                        let rule = fill.map(|fill| FillRule {
-                            fill,
-                            spaced: spaced.is_some(),
-                            fill_spec,
-                            list_index,
-                            reads_data,
-                        });
-                        Self::batch_with_fill(py, spec, column, positions, one_hot, rule)
-                    }
-                    Resolved::Many(positions) => {
-                        let items = positions
-                            .iter()
-                            .map(|p| match p {
-                                Pos::At(p) => spec::item(py, spec, column, *p, host, one_hot),
-                                Pos::Fill => fill_item(
-                                    fill.ok_or_else(|| PyValueError::new_err("internal error: fill"))?,
-                                ),
-                            })
-                            .collect::<PyResult<Vec<_>>>()?;
-                        Ok(PyList::new(py, items)?.into_any())
-                    }
-                }
-            }
-            (storage, _) => {
-                let object_at = |p: &Pos| -> PyResult<Bound<'py, PyAny>> {
-                    match (p, storage) {
-                        (Pos::At(p), Storage::Objects { items, .. }) => Ok(items[*p].0.bind(py).clone()),
-                        (Pos::Fill, _) => {
-                            fill_item(fill.ok_or_else(|| PyValueError::new_err("internal error: fill"))?)
-                        }
-                        _ => Err(PyValueError::new_err("internal error: position in an empty field")),
-                    }
-                };
-                match &resolved {
-                    Resolved::One(p) => object_at(p),
-                    Resolved::Many(positions) => {
-                        let items = positions.iter().map(object_at).collect::<PyResult<Vec<_>>>()?;
-                        if f.finalized && name != FieldName::Infos {
-                            if items.is_empty() && matches!(storage, Storage::Untyped) {
-                                return Ok(empty_list(py));
-                            }
-                            return spec::numpy(py)?.getattr("array")?.call1((items,));
-                        }
-                        Ok(PyList::new(py, items)?.into_any())
-                    }
-                }
+        let add_last = add_last.filter(|v| !v.is_none());
+        if add_last.is_none() && !ignore_last {
+            return self.read(
+                py,
+                name,
+                stored,
+                self.specs.get(name),
+                indices,
+                neg_index_as_lookback,
+                fill,
+                one_hot_discrete,
+            );
+        }
+        let mut view = stored.clone();
+        if ignore_last {
+            let total = view.geometry().total;
+            if total > 0 {
+                view.remove(total - 1);
             }
         }
+        let mut spec = self.specs.get(name).map(|s| s.clone_ref(py));
+        if let Some(value) = add_last {
+            let (item, inferred) = prepare(value, &view, spec.as_ref(), name)?;
+            let specs = &self.specs;
+            if !view.push(item, |c, p| to_object(py, specs, None, name, false, c, p)) {
+                return Err(super::errors::SpaceMismatchError::new_err(format!(
+                    "{} does not fit its column",
+                    label(name)
+                )));
+            }
+            if inferred.is_some() {
+                spec = inferred;
+            }
+        }
+        self.read(py, name, &view, spec.as_ref(), indices, neg_index_as_lookback, fill, one_hot_discrete)
     }
 
     /// Overwrites items of a field with RLlib's index semantics (`None` = the whole chunk).
@@ -1212,5 +1159,140 @@ impl SingleAgentEpisodePy {
             leaves.push(Some(array));
         }
         spec::nest(py, &spec.tree, &mut leaves)
+    }
+}
+
+impl SingleAgentEpisodePy {
+    /// Reads `f` (a field of this episode, or a view of one) with RLlib's index semantics.
+    // One match over storage kind x index form x finalized; splitting it would scatter
+    // the RLlib rules it mirrors.
+    #[allow(clippy::too_many_lines, clippy::too_many_arguments)]
+    fn read<'py>(
+        &self,
+        py: Python<'py>,
+        name: FieldName<'_>,
+        f: &Field<PyObj>,
+        spec: Option<&Spec>,
+        indices: Option<&Bound<'py, PyAny>>,
+        neg_index_as_lookback: bool,
+        fill: Option<&Bound<'py, PyAny>>,
+        one_hot_discrete: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let index = to_index(indices)?;
+        let fill = fill.filter(|f| !f.is_none());
+        let spaced = spec.filter(|s| s.from_space);
+        if let (true, None, Index::List(list)) = (one_hot_discrete, spaced, &index) {
+            // RLlib reads a list item by item, one-hot encoding each: the first item
+            // decides whether an index error or the missing space is reported.
+            for &i in list {
+                match f.resolve(&Index::Int(i), neg_index_as_lookback, fill.is_some()) {
+                    Err(e) => return Err(index_error(&e)),
+                    Ok(Resolved::One(Pos::At(_))) => return Err(no_space_for_one_hot(name)),
+                    Ok(_) => {}
+                }
+            }
+        }
+        let resolved =
+            f.resolve(&index, neg_index_as_lookback, fill.is_some()).map_err(|e| index_error(&e))?;
+        if one_hot_discrete && spaced.is_none() {
+            // RLlib one-hot encodes whatever data part it read, even an empty one.
+            let touches_data = match (&resolved, &index) {
+                (Resolved::One(p), _) => matches!(p, Pos::At(_)),
+                (_, Index::Slice { start, stop, step }) => {
+                    f.geometry().slice_reads_data(*start, *stop, *step, neg_index_as_lookback)
+                }
+                (_, Index::All) => true,
+                (Resolved::Many(v), _) => v.iter().any(|p| matches!(p, Pos::At(_))),
+            };
+            if touches_data {
+                return Err(no_space_for_one_hot(name));
+            }
+        }
+        let one_hot = one_hot_discrete && spaced.is_some();
+        // The fill item in list form: np.full per leaf with a space, the raw value without.
+        // The space fills come from: the field's own, or RLlib's float32 rewards space.
+        let fill_spec =
+            spaced.or(if name == FieldName::Rewards { self.specs.rewards_fill.as_ref() } else { None });
+        let fill_item = |fill: &Bound<'py, PyAny>| -> PyResult<Bound<'py, PyAny>> {
+            match fill_spec {
+                Some(s) => spec::fill_item(py, s, fill, one_hot),
+                None => Ok(fill.clone()),
+            }
+        };
+        match (&f.storage, &resolved) {
+            (Storage::Typed { column, host_scalars }, _) => {
+                let spec =
+                    spec.ok_or_else(|| PyValueError::new_err("internal error: typed field without spec"))?;
+                let host = *host_scalars && !f.finalized;
+                match &resolved {
+                    Resolved::One(Pos::At(p)) => spec::item(py, spec, column, *p, host, one_hot),
+                    Resolved::One(Pos::Fill) => {
+                        fill_item(fill.ok_or_else(|| PyValueError::new_err("internal error: fill"))?)
+                    }
+                    Resolved::Many(positions) if f.finalized => {
+                        if matches!(index, Index::List(ref l) if l.is_empty()) {
+                            return Err(PyValueError::new_err("cannot batch an empty list of indices"));
+                        }
+                        let list_index = matches!(index, Index::List(_));
+                        // Whether the data part takes part in the result's dtype (see
+                        // `slice_reads_data`); for lists, whether any item is data.
+                        let reads_data = match index {
+                            Index::Slice { start, stop, step } => {
+                                f.geometry().slice_reads_data(start, stop, step, neg_index_as_lookback)
+                            }
+                            Index::List(_) => positions.iter().any(|p| matches!(p, Pos::At(_))),
+                            _ => true,
+                        };
+                        // RLlib one-hot encodes a slice's data part only when it reads one:
+                        // otherwise an empty slice comes back as stored (dtype, item shape).
+                        let one_hot = one_hot && (reads_data || !positions.is_empty());
+                        let rule = fill.map(|fill| FillRule {
+                            fill,
+                            spaced: spaced.is_some(),
+                            fill_spec,
+                            list_index,
+                            reads_data,
+                        });
+                        Self::batch_with_fill(py, spec, column, positions, one_hot, rule)
+                    }
+                    Resolved::Many(positions) => {
+                        let items = positions
+                            .iter()
+                            .map(|p| match p {
+                                Pos::At(p) => spec::item(py, spec, column, *p, host, one_hot),
+                                Pos::Fill => fill_item(
+                                    fill.ok_or_else(|| PyValueError::new_err("internal error: fill"))?,
+                                ),
+                            })
+                            .collect::<PyResult<Vec<_>>>()?;
+                        Ok(PyList::new(py, items)?.into_any())
+                    }
+                }
+            }
+            (storage, _) => {
+                let object_at = |p: &Pos| -> PyResult<Bound<'py, PyAny>> {
+                    match (p, storage) {
+                        (Pos::At(p), Storage::Objects { items, .. }) => Ok(items[*p].0.bind(py).clone()),
+                        (Pos::Fill, _) => {
+                            fill_item(fill.ok_or_else(|| PyValueError::new_err("internal error: fill"))?)
+                        }
+                        _ => Err(PyValueError::new_err("internal error: position in an empty field")),
+                    }
+                };
+                match &resolved {
+                    Resolved::One(p) => object_at(p),
+                    Resolved::Many(positions) => {
+                        let items = positions.iter().map(object_at).collect::<PyResult<Vec<_>>>()?;
+                        if f.finalized && name != FieldName::Infos {
+                            if items.is_empty() && matches!(storage, Storage::Untyped) {
+                                return Ok(empty_list(py));
+                            }
+                            return spec::numpy(py)?.getattr("array")?.call1((items,));
+                        }
+                        Ok(PyList::new(py, items)?.into_any())
+                    }
+                }
+            }
+        }
     }
 }

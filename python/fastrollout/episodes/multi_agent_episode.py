@@ -1,0 +1,1464 @@
+"""The multi-agent episode: RLlib 2.60's ``MultiAgentEpisode`` over native agent episodes.
+
+One :class:`~fastrollout.SingleAgentEpisode` (native storage) holds each agent's data; this
+class keeps the multi-agent bookkeeping: which env step each agent step belongs to (agents
+act only on some steps), actions and rewards that wait for an agent's next observation
+("hanging" data), agents that join late or leave early, and the agent-to-module mapping.
+
+This first version keeps the bookkeeping in Python while it is pinned down against RLlib
+by the differential tests; moving it into the Rust core (one native call per env step) is
+tracked in the project's issues.
+"""
+
+from __future__ import annotations
+
+import builtins
+import copy
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from fastrollout._core import resolve_index
+from fastrollout.episodes.single_agent_episode import SingleAgentEpisode
+from fastrollout.errors import EpisodeStateError, MultiAgentEnvError
+
+DEFAULT_MODULE_ID = "default_policy"
+SKIP = "S"  # An env step at which an agent did not step (RLlib's skip tag).
+
+
+def default_agent_to_module_mapping_fn(agent_id: Any, episode: Any) -> str:
+    """Maps every agent to the one default module (RLlib's default)."""
+    return DEFAULT_MODULE_ID
+
+
+class _StepMap:
+    """Env step -> agent step of one agent, with look-back (``SKIP`` where it did not step)."""
+
+    __slots__ = ("data", "lookback")
+
+    def __init__(self, data: list | None = None, lookback: int = 0) -> None:
+        self.data: list = data if data is not None else []
+        self.lookback = min(lookback, len(self.data))
+
+    def __len__(self) -> int:
+        return max(len(self.data) - self.lookback, 0)
+
+    def append(self, value: Any) -> None:
+        self.data.append(value)
+
+    def extend(self, values: list) -> None:
+        self.data.extend(values)
+
+    def get(
+        self,
+        indices: Any = None,
+        *,
+        neg_index_as_lookback: bool = False,
+        fill: bool = False,
+        ignore_last: bool = False,
+    ) -> Any:
+        total = len(self.data) - int(ignore_last and len(self.data) > 0)
+        pos = resolve_index(total, self.lookback, indices, neg_index_as_lookback, fill)
+        if isinstance(pos, list):
+            return [SKIP if p is None else self.data[p] for p in pos]
+        return SKIP if pos is None else self.data[pos]
+
+    def __getitem__(self, index: int) -> Any:
+        return self.data[index]
+
+    def copy(self) -> _StepMap:
+        return _StepMap(list(self.data), self.lookback)
+
+
+def _agent_list(agent_ids: Any) -> list:
+    if agent_ids is None:
+        return []
+    if isinstance(agent_ids, list | tuple | set | frozenset):
+        return list(agent_ids)
+    return [agent_ids]
+
+
+class MultiAgentEpisode:
+    """A chunk of a multi-agent episode, with look-back, following RLlib 2.60's API.
+
+    Args:
+        id_: Unique id; a random hex string when not given.
+        observations: Initial observations, one dict (agent -> obs) per env step.
+        observation_space: Per-agent observation spaces (dict).
+        infos: Initial infos, one dict per env step.
+        actions: Initial actions, one dict per env step.
+        action_space: Per-agent action spaces (dict).
+        rewards: Initial rewards, one dict per env step.
+        terminateds: Per-agent (and ``"__all__"``) terminated flags, or one bool.
+        truncateds: Per-agent (and ``"__all__"``) truncated flags, or one bool.
+        extra_model_outputs: Initial extra model outputs, one dict per env step.
+        env_t_started: The env step at which this chunk starts.
+        agent_t_started: Per agent, the agent step at which this chunk starts.
+        len_lookback_buffer: How many initial env steps are look-back ("auto": all).
+        agent_episode_ids: Per agent, the id of its single-agent episode.
+        agent_module_ids: Per agent, its module id (skips the mapping function).
+        agent_to_module_mapping_fn: ``fn(agent_id, episode) -> module_id``, called once
+            per agent per episode.
+
+    Raises:
+        EpisodeStateError: If the initial data's lengths do not fit together.
+    """
+
+    SKIP_ENV_TS_TAG = SKIP
+
+    def __init__(
+        self,
+        id_: str | None = None,
+        *,
+        observations: list[dict] | None = None,
+        observation_space: Any = None,
+        infos: list[dict] | None = None,
+        actions: list[dict] | None = None,
+        action_space: Any = None,
+        rewards: list[dict] | None = None,
+        terminateds: dict | bool = False,
+        truncateds: dict | bool = False,
+        extra_model_outputs: list[dict] | None = None,
+        env_t_started: int | None = None,
+        agent_t_started: dict | None = None,
+        len_lookback_buffer: int | str = "auto",
+        agent_episode_ids: dict | None = None,
+        agent_module_ids: dict | None = None,
+        agent_to_module_mapping_fn: Callable[[Any, Any], str] | None = None,
+    ) -> None:
+        self.id_: str = id_ or uuid.uuid4().hex
+        self.agent_to_module_mapping_fn = (
+            agent_to_module_mapping_fn or default_agent_to_module_mapping_fn
+        )
+        self._agent_to_module_mapping: dict = dict(agent_module_ids or {})
+        if len_lookback_buffer == "auto":
+            len_lookback_buffer = len(rewards or [])
+        self._len_lookback_buffers = int(len_lookback_buffer)
+        self.observation_space = observation_space or {}
+        self.action_space = action_space or {}
+        terminateds = terminateds or {}
+        truncateds = truncateds or {}
+        self.env_t_started = env_t_started or 0
+        self.env_t = (
+            (len(rewards) if rewards is not None else 0)
+            - self._len_lookback_buffers
+            + self.env_t_started
+        )
+        self.agent_t_started: defaultdict = defaultdict(int, agent_t_started or {})
+        self.env_t_to_agent_t: defaultdict = defaultdict(_StepMap)
+        self._hanging_actions_end: dict = {}
+        self._hanging_extra_model_outputs_end: defaultdict = defaultdict(dict)
+        self._hanging_rewards_end: defaultdict = defaultdict(float)
+        self._hanging_rewards_begin: defaultdict = defaultdict(float)
+        self.is_terminated: bool = (
+            terminateds if isinstance(terminateds, bool) else terminateds.get("__all__", False)
+        )
+        self.is_truncated: bool = (
+            truncateds if isinstance(truncateds, bool) else truncateds.get("__all__", False)
+        )
+        self.agent_episodes: dict[Any, SingleAgentEpisode] = {}
+        self._init_agent_episodes(
+            agent_module_ids=agent_module_ids,
+            agent_episode_ids=agent_episode_ids,
+            observations=observations,
+            infos=infos,
+            actions=actions,
+            rewards=rewards,
+            terminateds=terminateds,
+            truncateds=truncateds,
+            extra_model_outputs=extra_model_outputs,
+        )
+        self._custom_data: dict = {}
+        self._start_time: float | None = None
+        self._last_step_time: float | None = None
+        self.validate()
+
+    # ------------------------------------------------------------------ recording
+
+    def _new_agent_episode(self, agent_id: Any) -> SingleAgentEpisode:
+        return SingleAgentEpisode(
+            agent_id=agent_id,
+            module_id=self.module_for(agent_id),
+            multi_agent_episode_id=self.id_,
+            observation_space=self.observation_space.get(agent_id),
+            action_space=self.action_space.get(agent_id),
+        )
+
+    def add_env_reset(self, *, observations: dict, infos: dict | None = None) -> None:
+        """Records the reset observations (and infos) of the agents that got one.
+
+        Args:
+            observations: Agent id -> observation.
+            infos: Agent id -> infos.
+
+        Raises:
+            EpisodeStateError: If the episode is done or was already reset.
+        """
+        if self.is_done:
+            raise EpisodeStateError("add_env_reset: the episode is done")
+        if not self.env_t == self.env_t_started == 0:
+            raise EpisodeStateError(
+                f"add_env_reset: a reset starts at env_t=0, this episode is at "
+                f"env_t={self.env_t} (env_t_started={self.env_t_started})"
+            )
+        infos = infos or {}
+        for agent_id, agent_obs in observations.items():
+            self.env_t_to_agent_t[agent_id].append(0)
+            if agent_id not in self.agent_episodes:
+                self.agent_episodes[agent_id] = self._new_agent_episode(agent_id)
+            self.agent_episodes[agent_id].add_env_reset(agent_obs, infos.get(agent_id))
+        self.validate()
+        self._start_time = time.perf_counter()
+
+    def add_env_step(
+        self,
+        observations: dict,
+        actions: dict,
+        rewards: dict,
+        infos: dict | None = None,
+        *,
+        terminateds: dict | None = None,
+        truncateds: dict | None = None,
+        extra_model_outputs: dict | None = None,
+    ) -> None:
+        """Records one env step of all agents.
+
+        Args:
+            observations: Agent id -> observation, for the agents that observe now.
+            actions: Agent id -> the action it took (agents that were asked to act).
+            rewards: Agent id -> reward (may include agents without an observation).
+            infos: Agent id -> infos.
+            terminateds: Agent id (and ``"__all__"``) -> terminated.
+            truncateds: Agent id (and ``"__all__"``) -> truncated.
+            extra_model_outputs: Agent id -> dict of extra model outputs.
+
+        Raises:
+            MultiAgentEnvError: If the episode is done, an agent that is done gets data,
+                an agent acted and observed without a reward, or an agent acted and was
+                truncated without a last observation. The message names the agent.
+        """
+        if self.is_done:
+            raise MultiAgentEnvError("add_env_step: the multi-agent episode is already done")
+        infos = infos or {}
+        terminateds = terminateds or {}
+        truncateds = truncateds or {}
+        extra_model_outputs = extra_model_outputs or {}
+        self.env_t += 1
+        self.is_terminated = terminateds.get("__all__", False)
+        self.is_truncated = truncateds.get("__all__", False)
+        done_agents = (
+            {aid for aid, eps in self.agent_episodes.items() if eps.is_done}
+            | {aid for aid, v in terminateds.items() if v}
+            | {aid for aid, v in truncateds.items() if v}
+        )
+        if all(aid in done_agents for aid in self.agent_ids):
+            self.is_terminated = True
+        stepped = set(observations)
+        for agent_id, step_map in self.env_t_to_agent_t.items():
+            if agent_id not in stepped:
+                step_map.append(SKIP)
+        all_done = terminateds.get("__all__") or truncateds.get("__all__")
+        agents_with_data = (
+            set(observations)
+            | set(actions)
+            | set(rewards)
+            | set(terminateds)
+            | set(truncateds)
+            | (set(self.agent_episodes) if all_done else set())
+        ) - {"__all__"}
+        for agent_id in agents_with_data:
+            self._step_agent(
+                agent_id,
+                observations,
+                actions,
+                rewards,
+                infos,
+                terminateds,
+                truncateds,
+                extra_model_outputs,
+            )
+        self.validate()
+        self._last_step_time = time.perf_counter()
+        if self._start_time is None:
+            self._start_time = self._last_step_time
+
+    def _step_agent(
+        self,
+        agent_id: Any,
+        observations: dict,
+        actions: dict,
+        rewards: dict,
+        infos: dict,
+        terminateds: dict,
+        truncateds: dict,
+        extra_model_outputs: dict,
+    ) -> None:
+        sa_episode = self.agent_episodes.get(agent_id)
+        if sa_episode is None:
+            sa_episode = self._new_agent_episode(agent_id)
+        obs = observations.get(agent_id)
+        action = actions.get(agent_id)
+        reward = rewards.get(agent_id)
+        info = infos.get(agent_id)
+        terminated = terminateds.get(agent_id, False) or self.is_terminated
+        truncated = truncateds.get(agent_id, False) or self.is_truncated
+        extras = extra_model_outputs.get(agent_id)
+        if sa_episode.is_done and any(v is not None for v in (obs, action, reward, info, extras)):
+            raise MultiAgentEnvError(
+                f"agent {agent_id!r} is already done but received data: obs={obs} "
+                f"action={action} reward={reward} infos={info} "
+                f"extra_model_outputs={extras}"
+            )
+        reward = reward or 0.0
+        if obs is not None and action is not None:
+            if agent_id not in rewards:
+                raise MultiAgentEnvError(
+                    f"agent {agent_id!r} acted and observed but received no reward"
+                )
+        elif obs is not None and action is None:
+            action = self._hanging_actions_end.pop(agent_id, None)
+            if action is not None:
+                extras = self._hanging_extra_model_outputs_end.pop(agent_id, None)
+                reward = self._hanging_rewards_end.pop(agent_id, 0.0) + reward
+            elif terminated or truncated:
+                self._del_hanging(agent_id)
+                return
+            else:
+                # The agent's first observation: it joins at this env step.
+                self.env_t_to_agent_t[agent_id].extend([SKIP] * self.env_t + [0])
+                self.env_t_to_agent_t[agent_id].lookback = self._len_lookback_buffers
+                sa_episode.add_env_reset(obs, info)
+                self._hanging_rewards_begin[agent_id] += reward
+                self.agent_episodes[agent_id] = sa_episode
+                return
+        elif agent_id not in observations and agent_id in actions:
+            if truncated:
+                raise MultiAgentEnvError(
+                    f"agent {agent_id!r} acted and was truncated without a last observation "
+                    "(needed to bootstrap its value)"
+                )
+            if terminated:
+                obs = sa_episode.get_observations(-1)
+                info = sa_episode.get_infos(-1)
+            else:
+                if agent_id in self._hanging_actions_end:
+                    raise MultiAgentEnvError(
+                        f"agent {agent_id!r} acted again before observing the result of "
+                        "its previous action"
+                    )
+                self._hanging_actions_end[agent_id] = action
+                self._hanging_rewards_end[agent_id] = reward
+                self._hanging_extra_model_outputs_end[agent_id] = extras
+        else:
+            action = self._hanging_actions_end.get(agent_id)
+            if terminated or truncated:
+                if action is None:
+                    self._del_hanging(agent_id)
+                    return
+                if truncated:
+                    raise MultiAgentEnvError(
+                        f"agent {agent_id!r} acted and was truncated without a last "
+                        "observation (needed to bootstrap its value)"
+                    )
+                obs = sa_episode.get_observations(-1)
+                info = sa_episode.get_infos(-1)
+                extras = self._hanging_extra_model_outputs_end.pop(agent_id, None)
+                reward = self._hanging_rewards_end.pop(agent_id, 0.0) + reward
+            elif agent_id not in self.agent_episodes:
+                self._hanging_rewards_begin[agent_id] += reward
+            else:
+                self._hanging_rewards_end[agent_id] += reward
+        if obs is not None:
+            sa_episode.add_env_step(
+                obs,
+                action,
+                reward,
+                info,
+                terminated=terminated,
+                truncated=truncated,
+                extra_model_outputs=extras,
+            )
+            self.env_t_to_agent_t[agent_id].append(len(sa_episode) + self.agent_t_started[agent_id])
+        if terminated or truncated:
+            self._del_hanging(agent_id)
+
+    def validate(self) -> None:
+        """Checks every agent episode's lengths.
+
+        Raises:
+            EpisodeStateError: If an agent episode's fields do not fit together.
+        """
+        for eps in self.agent_episodes.values():
+            eps.validate()
+
+    # ------------------------------------------------------------------ state flags
+
+    @property
+    def custom_data(self) -> dict:
+        """Free-form per-episode data for callbacks and connectors."""
+        return self._custom_data
+
+    @property
+    def is_reset(self) -> bool:
+        """Whether any agent has an observation in this chunk."""
+        return any(eps.is_reset for eps in self.agent_episodes.values())
+
+    @property
+    def is_numpy(self) -> bool:
+        """Whether the agent episodes were turned to numpy.
+
+        Raises:
+            RuntimeError: If only some of them were.
+        """
+        flags = {eps.is_numpy for eps in self.agent_episodes.values()}
+        if len(flags) > 1:
+            raise RuntimeError(f"only some agent episodes of {self} are numpy'd")
+        return flags.pop() if flags else False
+
+    @property
+    def is_done(self) -> bool:
+        """Whether the episode is terminated or truncated (``__all__``)."""
+        return self.is_terminated or self.is_truncated
+
+    @property
+    def agent_ids(self) -> set:
+        """The agents that have an episode in this chunk."""
+        return set(self.agent_episodes)
+
+    @property
+    def agent_episode_ids(self) -> dict:
+        """Agent id -> id of its single-agent episode."""
+        return {aid: eps.id_ for aid, eps in self.agent_episodes.items()}
+
+    def module_for(self, agent_id: Any) -> str | None:
+        """The module that acts for `agent_id` (the mapping function runs once per agent).
+
+        Args:
+            agent_id: The agent.
+
+        Returns:
+            Its module id.
+        """
+        if agent_id not in self._agent_to_module_mapping:
+            self._agent_to_module_mapping[agent_id] = self.agent_to_module_mapping_fn(
+                agent_id, self
+            )
+        return self._agent_to_module_mapping[agent_id]
+
+    def to_numpy(self) -> MultiAgentEpisode:
+        """Turns every agent episode to numpy.
+
+        Returns:
+            This episode.
+        """
+        for eps in list(self.agent_episodes.values()):
+            eps.to_numpy()
+        return self
+
+    def finalize(self, drop_zero_len_single_agent_episodes: bool = False) -> MultiAgentEpisode:
+        """The seed-era name of :meth:`to_numpy`.
+
+        Args:
+            drop_zero_len_single_agent_episodes: Remove agent episodes with no step in
+                this chunk first.
+
+        Returns:
+            This episode.
+        """
+        if drop_zero_len_single_agent_episodes:
+            for agent_id in [aid for aid, eps in self.agent_episodes.items() if len(eps) == 0]:
+                del self.agent_episodes[agent_id]
+        return self.to_numpy()
+
+    # ------------------------------------------------------------------ chunks
+
+    def concat_episode(self, other: MultiAgentEpisode) -> None:
+        """Appends `other`, the chunk that continues this episode.
+
+        Args:
+            other: A chunk with the same id starting at this one's ``env_t``.
+
+        Raises:
+            EpisodeStateError: If `other` does not continue this episode or this one is
+                done.
+        """
+        if other.id_ != self.id_:
+            raise EpisodeStateError(f"concat_episode: ids differ ({other.id_!r} vs {self.id_!r})")
+        if self.is_done:
+            raise EpisodeStateError("concat_episode: this episode is done")
+        if self.env_t != other.env_t_started:
+            raise EpisodeStateError(
+                f"concat_episode: this episode ends at env_t={self.env_t} but the other "
+                f"starts at env_t_started={other.env_t_started}"
+            )
+        other.validate()
+        for agent_id in self.agent_ids | other.agent_ids:
+            sa_episode = self.agent_episodes.get(agent_id)
+            if sa_episode is None:
+                self.agent_episodes[agent_id] = other.agent_episodes[agent_id]
+                self.agent_t_started[agent_id] = other.agent_t_started[agent_id]
+                if agent_id not in self.env_t_to_agent_t:
+                    self.env_t_to_agent_t[agent_id] = other.env_t_to_agent_t[agent_id].copy()
+                else:
+                    self.env_t_to_agent_t[agent_id].extend(
+                        other.env_t_to_agent_t[agent_id].data[1:]
+                    )
+                self._copy_hanging(agent_id, other)
+            elif sa_episode.is_done:
+                continue
+            elif agent_id in other.agent_episodes:
+                sa_episode.concat_episode(other.agent_episodes[agent_id])
+                if agent_id in other._hanging_actions_end:
+                    self._hanging_actions_end[agent_id] = copy.deepcopy(
+                        other._hanging_actions_end[agent_id]
+                    )
+                    self._hanging_rewards_end[agent_id] = other._hanging_rewards_end[agent_id]
+                    self._hanging_extra_model_outputs_end[agent_id] = copy.deepcopy(
+                        other._hanging_extra_model_outputs_end[agent_id]
+                    )
+                self.env_t_to_agent_t[agent_id].extend(other.env_t_to_agent_t[agent_id].data[1:])
+        self.env_t = other.env_t
+        if other.is_terminated:
+            self.is_terminated = True
+        elif other.is_truncated:
+            self.is_truncated = True
+        self._custom_data.update(other.custom_data)
+        self.validate()
+
+    def cut(self, len_lookback_buffer: int = 0) -> MultiAgentEpisode:
+        """Returns the successor chunk, which continues this episode from ``env_t``.
+
+        Args:
+            len_lookback_buffer: How many env steps the successor keeps as look-back
+                (more if an agent's hanging action needs its last observation).
+
+        Returns:
+            The successor; this episode is left unchanged.
+
+        Raises:
+            EpisodeStateError: If the episode is done or `len_lookback_buffer` < 0.
+        """
+        if len_lookback_buffer < 0:
+            raise EpisodeStateError(
+                f"cut: len_lookback_buffer must be >= 0, got {len_lookback_buffer}"
+            )
+        if self.is_done:
+            raise EpisodeStateError("cut: the episode is done")
+        requested = len_lookback_buffer
+        for agent_id in self._hanging_actions_end:
+            step_map = self.env_t_to_agent_t[agent_id]
+            # Keep the agent's last observation in the look-back: its hanging action
+            # was computed from it.
+            for i in range(requested, len(step_map.data) + 1):
+                if step_map.get(-i) != SKIP:
+                    len_lookback_buffer = max(len_lookback_buffer, i - 1)
+                    break
+        obs_and_infos = builtins.slice(-len_lookback_buffer - 1, None)
+        rest = (
+            builtins.slice(-len_lookback_buffer, None)
+            if len_lookback_buffer > 0
+            else builtins.slice(None, 0)
+        )
+        successor = MultiAgentEpisode(
+            id_=self.id_,
+            observations=self.get_observations(indices=obs_and_infos, return_list=True),
+            observation_space=self.observation_space,
+            infos=self.get_infos(indices=obs_and_infos, return_list=True),
+            actions=self.get_actions(indices=rest, return_list=True),
+            action_space=self.action_space,
+            rewards=self.get_rewards(indices=rest, return_list=True),
+            extra_model_outputs=self.get_extra_model_outputs(
+                key=None, indices=rest, return_list=True
+            ),
+            terminateds=self.get_terminateds(),
+            truncateds=self.get_truncateds(),
+            env_t_started=self.env_t,
+            agent_t_started={
+                aid: eps.t for aid, eps in self.agent_episodes.items() if not eps.is_done
+            },
+            agent_episode_ids=self.agent_episode_ids,
+            agent_module_ids={aid: eps.module_id for aid, eps in self.agent_episodes.items()},
+            agent_to_module_mapping_fn=self.agent_to_module_mapping_fn,
+            len_lookback_buffer="auto",
+        )
+        successor._hanging_rewards_begin = self._hanging_rewards_end.copy()
+        successor._custom_data = copy.deepcopy(self._custom_data)
+        return successor
+
+    def slice(
+        self, slice_: builtins.slice, *, len_lookback_buffer: int | None = None
+    ) -> MultiAgentEpisode:
+        """Returns the env steps selected by `slice_` as a new episode.
+
+        Args:
+            slice_: Which env steps (step 1 only).
+            len_lookback_buffer: How many env steps before the start to keep as look-back.
+
+        Returns:
+            The new episode.
+
+        Raises:
+            NotImplementedError: For a step other than 1.
+            ValueError: If the agent episodes' look-backs differ.
+        """
+        if slice_.step not in (1, None):
+            raise NotImplementedError(
+                f"MultiAgentEpisode.slice supports only step 1, not {slice_.step}"
+            )
+        n = len(self)
+        start, stop = slice_.start, slice_.stop
+        start = 0 if start is None else (max(n + start, 0) if start < 0 else min(start, n))
+        stop = n if stop is None else (max(n + stop, 0) if stop < 0 else min(stop, n))
+        lookbacks = set()
+        for eps in self.agent_episodes.values():
+            lookbacks.add(eps._lookback("observations"))
+            lookbacks.add(eps._lookback("actions"))
+            lookbacks.add(eps._lookback("rewards"))
+            lookbacks.update(eps._lookback("extra_model_outputs", k) for k in eps._extra_keys())
+        if len(lookbacks) > 1:
+            raise ValueError(
+                "can only slice a MultiAgentEpisode whose look-back buffers all have the "
+                f"same size (got {sorted(lookbacks)})"
+            )
+        ref_lookback = lookbacks.pop() if lookbacks else 0
+        terminateds: dict = {}
+        truncateds: dict = {}
+        agent_t_started: dict = {}
+        for aid, eps in self.agent_episodes.items():
+            mapping = self.env_t_to_agent_t[aid]
+            if stop < len(mapping) and mapping.get(stop) != SKIP and len(eps) == mapping.get(stop):
+                terminateds[aid] = eps.is_terminated
+                truncateds[aid] = eps.is_truncated
+            if start < len(mapping):
+                for i in range(start, len(mapping)):
+                    if mapping.get(i) != SKIP:
+                        agent_t_started[aid] = mapping.get(i)
+                        break
+        terminateds["__all__"] = all(terminateds.get(aid) for aid in self.agent_episodes)
+        truncateds["__all__"] = all(truncateds.get(aid) for aid in self.agent_episodes)
+        lb = len_lookback_buffer if len_lookback_buffer is not None else ref_lookback
+        if start - lb < 0 and ref_lookback < lb - start:
+            lb = ref_lookback + start
+        sliced = MultiAgentEpisode(
+            id_=self.id_,
+            observations=self.get_observations(
+                builtins.slice(start - lb, stop + 1), neg_index_as_lookback=True, return_list=True
+            ),
+            observation_space=self.observation_space,
+            actions=self.get_actions(
+                builtins.slice(start - lb, stop), neg_index_as_lookback=True, return_list=True
+            ),
+            action_space=self.action_space,
+            rewards=self.get_rewards(
+                builtins.slice(start - lb, stop), neg_index_as_lookback=True, return_list=True
+            ),
+            extra_model_outputs=self.get_extra_model_outputs(
+                indices=builtins.slice(start - lb, stop),
+                neg_index_as_lookback=True,
+                return_list=True,
+            ),
+            terminateds=terminateds,
+            truncateds=truncateds,
+            len_lookback_buffer=lb,
+            env_t_started=self.env_t_started + start,
+            agent_episode_ids={aid: eps.id_ for aid, eps in self.agent_episodes.items()},
+            agent_t_started=agent_t_started,
+            agent_module_ids=self._agent_to_module_mapping,
+            agent_to_module_mapping_fn=self.agent_to_module_mapping_fn,
+        )
+        if self.is_numpy:
+            sliced.to_numpy()
+        return sliced
+
+    def __getitem__(self, item: builtins.slice) -> MultiAgentEpisode:
+        """``episode[a:b]`` is ``episode.slice(slice(a, b))``.
+
+        Raises:
+            NotImplementedError: For anything but a slice.
+        """
+        if isinstance(item, builtins.slice):
+            return self.slice(item)
+        raise NotImplementedError(
+            f"MultiAgentEpisode supports only slices (episode[a:b]), not {item!r}"
+        )
+
+    # ------------------------------------------------------------------ getters
+
+    def get_observations(
+        self,
+        indices: Any = None,
+        agent_ids: Any = None,
+        *,
+        env_steps: bool = True,
+        neg_index_as_lookback: bool = False,
+        fill: Any = None,
+        one_hot_discrete: bool = False,
+        return_list: bool = False,
+    ) -> Any:
+        """Reads observations by env step (default) or agent step.
+
+        Args:
+            indices: None, an int, a list of ints or a slice (env steps, or agent steps
+                with ``env_steps=False``).
+            agent_ids: One agent or a collection (default: all).
+            env_steps: Index by env steps (True) or each agent's own steps (False).
+            neg_index_as_lookback: Negative indices reach into the look-back.
+            fill: Value for env steps where an agent has no data.
+            one_hot_discrete: One-hot encode discrete parts.
+            return_list: Return one dict per index (env steps only).
+
+        Returns:
+            Agent id -> data, or a list of such dicts.
+
+        Raises:
+            ValueError: For ``env_steps=False`` with ``return_list=True``.
+        """
+        return self._get(
+            "observations",
+            indices,
+            agent_ids,
+            env_steps,
+            neg_index_as_lookback,
+            fill,
+            one_hot_discrete,
+            return_list,
+        )
+
+    def get_infos(
+        self,
+        indices: Any = None,
+        agent_ids: Any = None,
+        *,
+        env_steps: bool = True,
+        neg_index_as_lookback: bool = False,
+        fill: Any = None,
+        return_list: bool = False,
+    ) -> Any:
+        """Reads infos; arguments as in :meth:`get_observations`.
+
+        Returns:
+            Agent id -> infos, or a list of such dicts.
+        """
+        return self._get(
+            "infos", indices, agent_ids, env_steps, neg_index_as_lookback, fill, False, return_list
+        )
+
+    def get_actions(
+        self,
+        indices: Any = None,
+        agent_ids: Any = None,
+        *,
+        env_steps: bool = True,
+        neg_index_as_lookback: bool = False,
+        fill: Any = None,
+        one_hot_discrete: bool = False,
+        return_list: bool = False,
+    ) -> Any:
+        """Reads actions (hanging ones included); arguments as in :meth:`get_observations`.
+
+        Returns:
+            Agent id -> actions, or a list of such dicts.
+        """
+        return self._get(
+            "actions",
+            indices,
+            agent_ids,
+            env_steps,
+            neg_index_as_lookback,
+            fill,
+            one_hot_discrete,
+            return_list,
+        )
+
+    def get_rewards(
+        self,
+        indices: Any = None,
+        agent_ids: Any = None,
+        *,
+        env_steps: bool = True,
+        neg_index_as_lookback: bool = False,
+        fill: Any = None,
+        return_list: bool = False,
+    ) -> Any:
+        """Reads rewards (hanging ones included); arguments as in :meth:`get_observations`.
+
+        Returns:
+            Agent id -> rewards, or a list of such dicts.
+        """
+        return self._get(
+            "rewards",
+            indices,
+            agent_ids,
+            env_steps,
+            neg_index_as_lookback,
+            fill,
+            False,
+            return_list,
+        )
+
+    def get_extra_model_outputs(
+        self,
+        key: str | None = None,
+        indices: Any = None,
+        agent_ids: Any = None,
+        *,
+        env_steps: bool = True,
+        neg_index_as_lookback: bool = False,
+        fill: Any = None,
+        return_list: bool = False,
+    ) -> Any:
+        """Reads extra model outputs (one key, or all as dicts with ``key=None``).
+
+        Returns:
+            Agent id -> data, or a list of such dicts.
+        """
+        return self._get(
+            "extra_model_outputs",
+            indices,
+            agent_ids,
+            env_steps,
+            neg_index_as_lookback,
+            fill,
+            False,
+            return_list,
+            key,
+        )
+
+    def get_terminateds(self) -> dict:
+        """Agent id -> terminated, plus ``"__all__"``."""
+        out = {aid: self.agent_episodes[aid].is_terminated for aid in self.agent_ids}
+        out["__all__"] = self.is_terminated
+        return out
+
+    def get_truncateds(self) -> dict:
+        """Agent id -> truncated, plus ``"__all__"``.
+
+        RLlib 2.60 reports ``is_terminated`` under ``"__all__"`` here; this is
+        ``is_truncated``.
+        """
+        out = {aid: self.agent_episodes[aid].is_truncated for aid in self.agent_ids}
+        out["__all__"] = self.is_truncated
+        return out
+
+    def _get(
+        self,
+        what: str,
+        indices: Any,
+        agent_ids: Any,
+        env_steps: bool,
+        neg: bool,
+        fill: Any,
+        one_hot: bool,
+        return_list: bool,
+        key: str | None = None,
+    ) -> Any:
+        wanted = set(_agent_list(agent_ids)) or self.agent_ids
+        if not env_steps:
+            if return_list:
+                raise ValueError(
+                    f"get_{what}() cannot take both env_steps=False and return_list=True"
+                )
+            return self._get_by_agent_steps(what, indices, wanted, neg, fill, one_hot, key)
+        if return_list:
+            return self._get_by_env_steps_as_list(what, indices, wanted, neg, fill, one_hot, key)
+        return self._get_by_env_steps(what, indices, wanted, neg, fill, one_hot, key)
+
+    def _hanging(self, what: str, agent_id: Any) -> Any:
+        if what == "actions":
+            return self._hanging_actions_end.get(agent_id)
+        if what == "extra_model_outputs":
+            return self._hanging_extra_model_outputs_end.get(agent_id)
+        if what == "rewards":
+            return self._hanging_rewards_end.get(agent_id)
+        return None
+
+    @staticmethod
+    def _read(
+        eps: SingleAgentEpisode,
+        what: str,
+        key: str | None,
+        indices: Any,
+        neg: bool,
+        fill: Any,
+        one_hot: bool,
+        add_last: Any = None,
+    ) -> Any:
+        """One agent's data with RLlib's "hanging value appended" view."""
+        field = what if what != "extra_model_outputs" else "extra_model_outputs"
+        return eps._get_ext(field, key, indices, neg, fill, one_hot, add_last, False)
+
+    def _extra_keys(self, eps: SingleAgentEpisode, hanging: Any) -> list:
+        keys = list(eps._extra_keys())
+        if not keys and isinstance(hanging, dict):
+            keys = list(hanging)
+        return keys
+
+    def _get_by_agent_steps(self, what, indices, wanted, neg, fill, one_hot, key) -> dict:
+        out = {}
+        for agent_id, eps in self.agent_episodes.items():
+            if agent_id not in wanted:
+                continue
+            hanging = self._hanging(what, agent_id)
+            if what == "extra_model_outputs" and key is None:
+                value = {
+                    k: self._read(
+                        eps,
+                        what,
+                        k,
+                        indices,
+                        neg,
+                        fill,
+                        one_hot,
+                        None if hanging is None or indices is None else hanging.get(k),
+                    )
+                    for k in self._extra_keys(eps, hanging)
+                }
+            else:
+                if key is not None and isinstance(hanging, dict):
+                    hanging = hanging.get(key)
+                value = self._read(
+                    eps,
+                    what,
+                    key,
+                    indices,
+                    neg,
+                    fill,
+                    one_hot,
+                    None if indices is None else hanging,
+                )
+            if value is None or (isinstance(value, list) and value == []):
+                continue
+            out[agent_id] = value
+        return out
+
+    def _agent_view_len(
+        self, eps: SingleAgentEpisode, what: str, key: str | None, hanging: Any
+    ) -> int:
+        """Items (look-back included) of an agent's field as the env-step getters see it."""
+        if what == "extra_model_outputs":
+            keys = [key] if key is not None else list(eps._extra_keys())
+            if not keys:
+                return -1
+            k = keys[0]
+            n = eps._lookback(what, k) + eps._field_len(what, k)
+        else:
+            n = eps._lookback(what) + eps._field_len(what)
+        return n + (hanging is not None)
+
+    def _agent_index(self, agent_id: Any, eps: SingleAgentEpisode, what: str, key, hanging, index):
+        """Env-step map entry -> position in the agent's field (look-back included)."""
+        if index == SKIP:
+            return SKIP
+        ignore_last = what not in ("observations", "infos")
+        if ignore_last and index == self._agent_view_len(eps, what, key, hanging):
+            return SKIP
+        return index - self.agent_t_started[agent_id] + eps._lookback("observations")
+
+    def _get_one(self, eps, what, key, position, fill, one_hot, hanging) -> Any:
+        """One agent's item at `position` (look-back included), or the fill/None for SKIP."""
+        if position == SKIP:
+            if fill is None:
+                return None
+            return self._fill_value(eps, what, key, fill, one_hot, hanging)
+        if what == "extra_model_outputs" and key is None:
+            return {
+                k: self._read(
+                    eps,
+                    what,
+                    k,
+                    position - eps._lookback(what, k) if eps._extra_keys() else position,
+                    True,
+                    fill,
+                    one_hot,
+                    None if hanging is None else hanging.get(k),
+                )
+                for k in self._extra_keys(eps, hanging)
+            }
+        if what == "extra_model_outputs" and isinstance(hanging, dict):
+            hanging = hanging.get(key)
+        lookback = (
+            eps._lookback(what, key) if what == "extra_model_outputs" else eps._lookback(what)
+        )
+        return self._read(eps, what, key, position - lookback, True, fill, one_hot, hanging)
+
+    def _fill_value(self, eps, what, key, fill, one_hot, hanging) -> Any:
+        if what == "extra_model_outputs" and key is None:
+            return {
+                k: eps._get_ext(what, k, 1_000_000_000_000, False, fill, one_hot, None, False)
+                for k in self._extra_keys(eps, hanging)
+            }
+        return eps._get_ext(what, key, 1_000_000_000_000, False, fill, one_hot, None, False)
+
+    def _get_by_env_steps(self, what, indices, wanted, neg, fill, one_hot, key) -> dict:
+        ignore_last = what not in ("observations", "infos")
+        out = {}
+        for agent_id, eps in self.agent_episodes.items():
+            if agent_id not in wanted:
+                continue
+            hanging = self._hanging(what, agent_id)
+            if (
+                what == "extra_model_outputs"
+                and key is None
+                and not eps._extra_keys()
+                and not hanging
+            ):
+                continue
+            mapped = self.env_t_to_agent_t[agent_id].get(
+                indices, neg_index_as_lookback=neg, fill=fill is not None, ignore_last=ignore_last
+            )
+            if isinstance(mapped, list):
+                positions = [
+                    self._agent_index(agent_id, eps, what, key, hanging, i) for i in mapped
+                ]
+                values = self._get_many(eps, what, key, positions, fill, one_hot, hanging)
+                if len(values) > 0:
+                    out[agent_id] = values
+            else:
+                position = self._agent_index(agent_id, eps, what, key, hanging, mapped)
+                value = self._get_one(eps, what, key, position, fill, one_hot, hanging)
+                if value is not None:
+                    out[agent_id] = value
+        return out
+
+    def _get_many(self, eps, what, key, positions, fill, one_hot, hanging) -> Any:
+        if what == "extra_model_outputs" and key is None:
+            return [
+                self._get_one(eps, what, key, p, fill, one_hot, hanging)
+                for p in positions
+                if p != SKIP or fill is not None
+            ]
+        if what == "extra_model_outputs" and isinstance(hanging, dict):
+            hanging = hanging.get(key)
+        lookback = (
+            eps._lookback(what, key) if what == "extra_model_outputs" else eps._lookback(what)
+        )
+        if SKIP in positions and fill is not None:
+            fill_value = eps._get_ext(
+                what, key, 1_000_000_000_000, False, fill, one_hot, None, False
+            )
+            values = [
+                fill_value
+                if p == SKIP
+                else self._read(eps, what, key, p - lookback, True, fill, one_hot, hanging)
+                for p in positions
+            ]
+            if self.is_numpy:
+                return _batch(values)
+            return values
+        wanted = [p - lookback for p in positions if p != SKIP]
+        if not wanted:
+            return []
+        return self._read(eps, what, key, wanted, True, fill, one_hot, hanging)
+
+    def _get_by_env_steps_as_list(self, what, indices, wanted, neg, fill, one_hot, key) -> list:
+        ignore_last = what not in ("observations", "infos")
+        per_agent = {}
+        for agent_id in self.agent_episodes:
+            if agent_id not in wanted:
+                continue
+            mapped = self.env_t_to_agent_t[agent_id].get(
+                indices, neg_index_as_lookback=neg, fill=True, ignore_last=ignore_last
+            )
+            if not isinstance(mapped, list):
+                mapped = [mapped]
+            per_agent[agent_id] = mapped
+        if not per_agent:
+            return []
+        out = []
+        for i in range(len(next(iter(per_agent.values())))):
+            row = {}
+            for agent_id, mapped in per_agent.items():
+                eps = self.agent_episodes[agent_id]
+                hanging = self._hanging(what, agent_id)
+                if what == "extra_model_outputs" and not eps._extra_keys() and not hanging:
+                    continue
+                position = self._agent_index(agent_id, eps, what, key, hanging, mapped[i])
+                value = self._get_one(eps, what, key, position, fill, one_hot, hanging)
+                if value is not None:
+                    row[agent_id] = value
+            out.append(row)
+        return out
+
+    # ------------------------------------------------------------------ setters
+
+    def _set(self, setter: str, new_data: dict, **kwargs: Any) -> None:
+        for agent_id, agent_data in new_data.items():
+            if agent_id not in self.agent_episodes:
+                raise KeyError(f"agent {agent_id!r} is not in this episode")
+            getattr(self.agent_episodes[agent_id], setter)(new_data=agent_data, **kwargs)
+
+    def set_observations(
+        self, *, new_data: dict, at_indices: Any = None, neg_index_as_lookback: bool = False
+    ) -> None:
+        """Overwrites observations per agent (agent steps).
+
+        Raises:
+            KeyError: For an agent that is not in the episode.
+        """
+        self._set(
+            "set_observations",
+            new_data,
+            at_indices=at_indices,
+            neg_index_as_lookback=neg_index_as_lookback,
+        )
+
+    def set_actions(
+        self, *, new_data: dict, at_indices: Any = None, neg_index_as_lookback: bool = False
+    ) -> None:
+        """Overwrites actions per agent (agent steps).
+
+        Raises:
+            KeyError: For an agent that is not in the episode.
+        """
+        self._set(
+            "set_actions",
+            new_data,
+            at_indices=at_indices,
+            neg_index_as_lookback=neg_index_as_lookback,
+        )
+
+    def set_rewards(
+        self, *, new_data: dict, at_indices: Any = None, neg_index_as_lookback: bool = False
+    ) -> None:
+        """Overwrites rewards per agent (agent steps).
+
+        Raises:
+            KeyError: For an agent that is not in the episode.
+        """
+        self._set(
+            "set_rewards",
+            new_data,
+            at_indices=at_indices,
+            neg_index_as_lookback=neg_index_as_lookback,
+        )
+
+    def set_extra_model_outputs(
+        self,
+        *,
+        key: str,
+        new_data: dict,
+        at_indices: Any = None,
+        neg_index_as_lookback: bool = False,
+    ) -> None:
+        """Overwrites one extra model output per agent (agent steps).
+
+        Raises:
+            KeyError: For an agent that is not in the episode.
+        """
+        self._set(
+            "set_extra_model_outputs",
+            new_data,
+            key=key,
+            at_indices=at_indices,
+            neg_index_as_lookback=neg_index_as_lookback,
+        )
+
+    # ------------------------------------------------------------------ summaries
+
+    def get_return(self, include_hanging_rewards: bool = False) -> float:
+        """The sum of all agents' rewards in this chunk.
+
+        Args:
+            include_hanging_rewards: Also count rewards still waiting for an agent's
+                (first or next) observation.
+
+        Returns:
+            The return.
+        """
+        total = sum(eps.get_return() for eps in self.agent_episodes.values())
+        if include_hanging_rewards:
+            total += sum(self._hanging_rewards_begin.values())
+            total += sum(self._hanging_rewards_end.values())
+        return total
+
+    def get_agents_to_act(self) -> set:
+        """The agents that observed at the last env step and are not done."""
+        return {aid for aid in self.get_observations(-1) if not self.agent_episodes[aid].is_done}
+
+    def get_agents_that_stepped(self) -> set:
+        """The agents that observed at the last env step."""
+        return set(self.get_observations(-1))
+
+    def get_duration_s(self) -> float:
+        """Seconds between the reset and the last step (0.0 before a step)."""
+        if self._last_step_time is None or self._start_time is None:
+            return 0.0
+        return self._last_step_time - self._start_time
+
+    def env_steps(self) -> int:
+        """Env steps in the chunk."""
+        return len(self)
+
+    def agent_steps(self) -> int:
+        """Agent steps in the chunk, summed over agents."""
+        return sum(len(eps) for eps in self.agent_episodes.values())
+
+    def __len__(self) -> int:
+        return self.env_t - self.env_t_started
+
+    def __repr__(self) -> str:
+        returns = {aid: eps.get_return() for aid, eps in self.agent_episodes.items()}
+        return f"MAEps(len={len(self)} done={self.is_done} Rs={returns} id_={self.id_})"
+
+    def print(self) -> None:
+        """Prints which agents stepped at which env step (an ``x`` per agent step)."""
+        maps = self.env_t_to_agent_t
+        max_ts = max(len(m.data) for m in maps.values())
+        lookback = next(iter(maps.values())).lookback
+        width = max(len(str(aid)) for aid in self.agent_ids)
+        header = (
+            "ts" + " " * width + "   ".join(str(i) for i in range(-lookback, max_ts - lookback))
+        )
+        rows = []
+        for agent, step_map in maps.items():
+            row = f"{agent}  " + " " * (width - len(str(agent)))
+            row += "".join("    " if t == SKIP else " x  " for t in step_map.data)
+            rows.append(row.rstrip())
+        print(header + "\n" + "\n".join(rows))
+
+    # ------------------------------------------------------------------ state
+
+    def get_state(self) -> dict:
+        """All of the episode as plain data (for checkpoints and Ray).
+
+        Returns:
+            A dict that :meth:`from_state` turns back into an equal episode.
+        """
+        return {
+            "id_": self.id_,
+            "agent_to_module_mapping_fn": self.agent_to_module_mapping_fn,
+            "_agent_to_module_mapping": dict(self._agent_to_module_mapping),
+            "observation_space": self.observation_space,
+            "action_space": self.action_space,
+            "env_t_started": self.env_t_started,
+            "env_t": self.env_t,
+            "agent_t_started": dict(self.agent_t_started),
+            "env_t_to_agent_t": {
+                aid: {"data": list(m.data), "lookback": m.lookback}
+                for aid, m in self.env_t_to_agent_t.items()
+            },
+            "_hanging_actions_end": dict(self._hanging_actions_end),
+            "_hanging_extra_model_outputs_end": dict(self._hanging_extra_model_outputs_end),
+            "_hanging_rewards_end": dict(self._hanging_rewards_end),
+            "_hanging_rewards_begin": dict(self._hanging_rewards_begin),
+            "is_terminated": self.is_terminated,
+            "is_truncated": self.is_truncated,
+            "agent_episodes": [(aid, eps.get_state()) for aid, eps in self.agent_episodes.items()],
+            "_start_time": self._start_time,
+            "_last_step_time": self._last_step_time,
+            "custom_data": self._custom_data,
+        }
+
+    @staticmethod
+    def from_state(state: dict) -> MultiAgentEpisode:
+        """Rebuilds an episode from :meth:`get_state`'s dict.
+
+        Args:
+            state: The dict.
+
+        Returns:
+            The episode.
+        """
+        episode = MultiAgentEpisode(id_=state["id_"])
+        episode.agent_to_module_mapping_fn = state["agent_to_module_mapping_fn"]
+        episode._agent_to_module_mapping = dict(state["_agent_to_module_mapping"])
+        episode.observation_space = state["observation_space"]
+        episode.action_space = state["action_space"]
+        episode.env_t_started = state["env_t_started"]
+        episode.env_t = state["env_t"]
+        episode.agent_t_started = defaultdict(int, state["agent_t_started"])
+        episode.env_t_to_agent_t = defaultdict(
+            _StepMap,
+            {
+                aid: _StepMap(list(m["data"]), m["lookback"])
+                for aid, m in state["env_t_to_agent_t"].items()
+            },
+        )
+        episode._hanging_actions_end = dict(state["_hanging_actions_end"])
+        episode._hanging_extra_model_outputs_end = defaultdict(
+            dict, state["_hanging_extra_model_outputs_end"]
+        )
+        episode._hanging_rewards_end = defaultdict(float, state["_hanging_rewards_end"])
+        episode._hanging_rewards_begin = defaultdict(float, state["_hanging_rewards_begin"])
+        episode.is_terminated = state["is_terminated"]
+        episode.is_truncated = state["is_truncated"]
+        episode.agent_episodes = {
+            aid: SingleAgentEpisode.from_state(s) for aid, s in state["agent_episodes"]
+        }
+        episode._start_time = state["_start_time"]
+        episode._last_step_time = state["_last_step_time"]
+        episode._custom_data = state.get("custom_data", {})
+        episode.validate()
+        return episode
+
+    def __reduce__(self) -> tuple:
+        return (MultiAgentEpisode.from_state, (self.get_state(),))
+
+    def __copy__(self) -> MultiAgentEpisode:
+        return MultiAgentEpisode.from_state(self.get_state())
+
+    def __deepcopy__(self, memo: dict) -> MultiAgentEpisode:
+        return MultiAgentEpisode.from_state(copy.deepcopy(self.get_state(), memo))
+
+    # ------------------------------------------------------------------ internals
+
+    def _copy_hanging(self, agent_id: Any, other: MultiAgentEpisode) -> None:
+        if agent_id in other._hanging_rewards_begin:
+            self._hanging_rewards_begin[agent_id] = other._hanging_rewards_begin[agent_id]
+        if agent_id in other._hanging_rewards_end:
+            self._hanging_actions_end[agent_id] = copy.deepcopy(
+                other._hanging_actions_end.get(agent_id)
+            )
+            self._hanging_rewards_end[agent_id] = other._hanging_rewards_end[agent_id]
+            self._hanging_extra_model_outputs_end[agent_id] = copy.deepcopy(
+                other._hanging_extra_model_outputs_end[agent_id]
+            )
+
+    def _del_hanging(self, agent_id: Any) -> None:
+        self._hanging_rewards_begin.pop(agent_id, None)
+        self._hanging_actions_end.pop(agent_id, None)
+        self._hanging_extra_model_outputs_end.pop(agent_id, None)
+        self._hanging_rewards_end.pop(agent_id, None)
+
+    def _del_agent(self, agent_id: Any) -> None:
+        self._del_hanging(agent_id)
+        self.agent_episodes.pop(agent_id, None)
+        self.env_t_to_agent_t.pop(agent_id, None)
+        self._agent_to_module_mapping.pop(agent_id, None)
+        self.agent_t_started.pop(agent_id, None)
+
+    def _init_agent_episodes(
+        self,
+        *,
+        agent_module_ids,
+        agent_episode_ids,
+        observations,
+        actions,
+        rewards,
+        infos,
+        terminateds,
+        truncateds,
+        extra_model_outputs,
+    ) -> None:
+        if observations is None:
+            return
+        if actions is None:
+            actions, rewards, extra_model_outputs = [], [], []
+        if infos is None:
+            infos = [{} for _ in observations]
+        if extra_model_outputs is None:
+            extra_model_outputs = [{} for _ in actions]
+        rewards = rewards or []
+        obs_per_agent: defaultdict = defaultdict(list)
+        infos_per_agent: defaultdict = defaultdict(list)
+        actions_per_agent: defaultdict = defaultdict(list)
+        rewards_per_agent: defaultdict = defaultdict(list)
+        extras_per_agent: defaultdict = defaultdict(list)
+        done_per_agent: defaultdict = defaultdict(bool)
+        lookback_per_agent: defaultdict = defaultdict(lambda: self._len_lookback_buffers)
+        all_agent_ids = set(agent_episode_ids or ())
+        agent_module_ids = agent_module_ids or {}
+        lookback_obs: defaultdict = defaultdict(int)
+        total_obs: defaultdict = defaultdict(int)
+        for idx, obs in enumerate(observations):
+            for agent_id in obs:
+                total_obs[agent_id] += 1
+                if idx < self._len_lookback_buffers:
+                    lookback_obs[agent_id] += 1
+        current_t = {}
+        for agent_id, n_lookback in lookback_obs.items():
+            if total_obs[agent_id] - n_lookback > 0:
+                current_t[agent_id] = self.agent_t_started[agent_id] - n_lookback
+            else:
+                current_t[agent_id] = self.agent_t_started[agent_id] - n_lookback + 1
+        for idx, (obs, inf) in enumerate(zip(observations, infos, strict=False)):
+            act = actions[idx] if len(actions) > idx else {}
+            extras = extra_model_outputs[idx] if len(extra_model_outputs) > idx else {}
+            rew = rewards[idx] if len(rewards) > idx else {}
+            for agent_id, agent_obs in obs.items():
+                all_agent_ids.add(agent_id)
+                obs_per_agent[agent_id].append(agent_obs)
+                infos_per_agent[agent_id].append(inf.get(agent_id, {}))
+                if len(obs_per_agent[agent_id]) > 1:
+                    actions_per_agent[agent_id].append(self._hanging_actions_end.pop(agent_id))
+                    extras_per_agent[agent_id].append(
+                        self._hanging_extra_model_outputs_end.pop(agent_id)
+                    )
+                    rewards_per_agent[agent_id].append(self._hanging_rewards_end.pop(agent_id))
+                elif agent_id not in self.env_t_to_agent_t:
+                    self.env_t_to_agent_t[agent_id].extend([SKIP] * idx)
+                    lookback_per_agent[agent_id] -= idx
+                if agent_id in act:
+                    self._hanging_actions_end[agent_id] = act[agent_id]
+                    self._hanging_extra_model_outputs_end[agent_id] = extras.get(agent_id, {})
+                    self._hanging_rewards_end[agent_id] += rew.get(agent_id, 0.0)
+                elif terminateds.get(agent_id) or truncateds.get(agent_id):
+                    done_per_agent[agent_id] = True
+                elif idx < len(observations) - 1:
+                    done_per_agent[agent_id] = terminateds[agent_id] = True
+                if agent_id not in current_t:
+                    current_t[agent_id] = self.agent_t_started.get(agent_id, 0)
+                self.env_t_to_agent_t[agent_id].append(current_t[agent_id])
+                current_t[agent_id] += 1
+            for agent_id in all_agent_ids:
+                if agent_id not in obs and agent_id not in done_per_agent:
+                    self.env_t_to_agent_t[agent_id].append(SKIP)
+                    if len(self.env_t_to_agent_t[agent_id].data) - self._len_lookback_buffers <= 0:
+                        lookback_per_agent[agent_id] -= 1
+                    self._hanging_rewards_end[agent_id] += rew.get(agent_id, 0.0)
+        for agent_id in list(self.env_t_to_agent_t):
+            if agent_id not in obs_per_agent:
+                del self.env_t_to_agent_t[agent_id]
+                continue
+            self.env_t_to_agent_t[agent_id].lookback = self._len_lookback_buffers
+        for agent_id, agent_obs in obs_per_agent.items():
+            if len(agent_obs) == 1 and done_per_agent.get(agent_id):
+                self._del_agent(agent_id)
+                continue
+            module_id = agent_module_ids.get(agent_id) or self.agent_to_module_mapping_fn(
+                agent_id, self
+            )
+            agent_extras = extras_per_agent[agent_id]
+            self.agent_episodes[agent_id] = SingleAgentEpisode(
+                (agent_episode_ids or {}).get(agent_id),
+                agent_id=agent_id,
+                module_id=module_id,
+                multi_agent_episode_id=self.id_,
+                observations=agent_obs,
+                observation_space=self.observation_space.get(agent_id),
+                infos=infos_per_agent[agent_id],
+                actions=actions_per_agent[agent_id],
+                action_space=self.action_space.get(agent_id),
+                rewards=rewards_per_agent[agent_id],
+                extra_model_outputs=(
+                    {k: [e[k] for e in agent_extras] for k in agent_extras[0]}
+                    if agent_extras
+                    else None
+                ),
+                terminated=terminateds.get(agent_id, False),
+                truncated=truncateds.get(agent_id, False),
+                t_started=self.agent_t_started[agent_id],
+                len_lookback_buffer=max(lookback_per_agent[agent_id], 0),
+            )
+
+
+def _batch(values: list) -> Any:
+    """RLlib's ``batch`` of items: stack leaves of dicts/tuples, arrays, or scalars."""
+    first = values[0]
+    if isinstance(first, dict):
+        return {k: _batch([v[k] for v in values]) for k in first}
+    if isinstance(first, tuple):
+        return tuple(_batch([v[i] for v in values]) for i in range(len(first)))
+    if isinstance(first, np.ndarray):
+        out = np.empty((len(values), *first.shape), dtype=first.dtype)
+        for i, v in enumerate(values):
+            out[i] = v
+        return out
+    return np.array(values)
+
+
+__all__ = ["MultiAgentEpisode", "default_agent_to_module_mapping_fn"]
