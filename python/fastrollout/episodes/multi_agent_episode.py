@@ -953,10 +953,13 @@ class MultiAgentEpisode:
         """Env-step map entry -> position in the agent's field (look-back included)."""
         if index == SKIP:
             return SKIP
+        position = index - self.agent_t_started[agent_id] + eps._lookback("observations")
+        # The env step an agent just observed at has no action or reward yet (unless one
+        # is hanging): for those fields it reads as a skip.
         ignore_last = what not in ("observations", "infos")
-        if ignore_last and index == self._agent_view_len(eps, what, key, hanging):
+        if ignore_last and position == self._agent_view_len(eps, what, key, hanging):
             return SKIP
-        return index - self.agent_t_started[agent_id] + eps._lookback("observations")
+        return position
 
     def _get_one(self, eps, what, key, position, fill, one_hot, hanging) -> Any:
         """One agent's item at `position` (look-back included), or the fill/None for SKIP."""
@@ -1046,7 +1049,9 @@ class MultiAgentEpisode:
                 else self._read(eps, what, key, p - lookback, True, fill, one_hot, hanging)
                 for p in positions
             ]
-            if self.is_numpy:
+            # Infos stay lists of dicts, as in the agent episodes (RLlib 2.60 tries to
+            # batch them here and fails).
+            if self.is_numpy and what != "infos":
                 return _batch(values)
             return values
         wanted = [p - lookback for p in positions if p != SKIP]
