@@ -1,6 +1,7 @@
 //! Episodes: the bookkeeping of one agent's trajectory over typed fields.
 
 pub mod field;
+pub mod multi;
 pub mod single;
 
 pub use field::{Field, Item, Storage};

@@ -359,30 +359,8 @@ impl SingleAgentEpisodePy {
         observation: &Bound<'_, PyAny>,
         infos: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        if self.core.is_done() {
-            return Err(episode_error(&EpisodeError::Done { what: "add_env_reset" }));
-        }
-        if self.core.t_started != 0 {
-            return Err(super::errors::EpisodeStateError::new_err(format!(
-                "add_env_reset: a reset starts at t=0, this episode starts at t_started={}",
-                self.core.t_started
-            )));
-        }
-        let (item, inferred) = prepare(
-            observation,
-            &self.core.observations,
-            self.specs.observations.as_ref(),
-            FieldName::Observations,
-        )?;
-        let specs = &self.specs;
-        self.core
-            .add_reset(item, infos_or_empty(py, infos), |n, o, c, p| to_object(py, specs, None, n, o, c, p))
-            .map_err(|e| episode_error(&e))?;
-        if let Some(s) = inferred {
-            self.specs.observations = Some(s);
-        }
-        self.start_time = Some(perf_counter());
-        Ok(())
+        let prepared = self.prepare_reset(observation)?;
+        self.apply_reset(py, prepared, infos)
     }
 
     /// Records one environment step, every field in one native call. Nothing is stored
@@ -404,81 +382,8 @@ impl SingleAgentEpisodePy {
         truncated: bool,
         extra_model_outputs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<()> {
-        if self.core.is_done() {
-            return Err(episode_error(&EpisodeError::Done { what: "add_env_step" }));
-        }
-        if !is_number(reward)? {
-            return Err(PyTypeError::new_err(format!(
-                "reward must be a real number (a Python or numpy scalar), got {} of type {}",
-                reward.repr()?,
-                reward.get_type().name()?
-            )));
-        }
-        let (obs, obs_spec) = prepare(
-            observation,
-            &self.core.observations,
-            self.specs.observations.as_ref(),
-            FieldName::Observations,
-        )?;
-        let (act, act_spec) =
-            prepare(action, &self.core.actions, self.specs.actions.as_ref(), FieldName::Actions)?;
-        let (rew, rew_spec) =
-            prepare(reward, &self.core.rewards, self.specs.rewards.as_ref(), FieldName::Rewards)?;
-        let entries: Vec<(Bound<'_, PyString>, Bound<'_, PyAny>)> = match extra_model_outputs {
-            Some(d) => d
-                .iter()
-                .map(|(k, v)| match k.cast_into::<PyString>() {
-                    Ok(k) => Ok((k, v)),
-                    Err(e) => Err(PyTypeError::new_err(format!(
-                        "extra_model_outputs keys must be str, got {}",
-                        e.into_inner().repr().map(|r| r.to_string()).unwrap_or_default()
-                    ))),
-                })
-                .collect::<PyResult<_>>()?,
-            None => Vec::new(),
-        };
-        let mut extras = Vec::with_capacity(entries.len());
-        let mut extra_specs = Vec::new();
-        let untyped = Field::untyped();
-        for (k, v) in &entries {
-            let key = k.to_str()?;
-            let name = FieldName::Extra(key);
-            let field = self.core.extra(key).unwrap_or(&untyped);
-            let (item, s) = prepare(v, field, self.specs.get(name), name)?;
-            if let Some(s) = s {
-                extra_specs.push((key.to_string(), s));
-            }
-            extras.push((key, item));
-        }
-        let step = Step {
-            observation: obs,
-            action: act,
-            reward: rew,
-            info: infos_or_empty(py, infos),
-            extra_model_outputs: extras,
-            terminated,
-            truncated,
-        };
-        let specs = &self.specs;
-        self.core
-            .add_step(step, |n, o, c, p| to_object(py, specs, None, n, o, c, p))
-            .map_err(|e| episode_error(&e))?;
-        for (name, s) in [
-            (FieldName::Observations, obs_spec),
-            (FieldName::Actions, act_spec),
-            (FieldName::Rewards, rew_spec),
-        ] {
-            if let Some(s) = s {
-                self.specs.set(name, s);
-            }
-        }
-        for (k, s) in extra_specs {
-            self.specs.set(FieldName::Extra(&k), s);
-        }
-        let now = perf_counter();
-        self.last_step_time = Some(now);
-        self.start_time.get_or_insert(now);
-        Ok(())
+        let prepared = self.prepare_step(py, observation, action, reward, infos, extra_model_outputs)?;
+        self.apply_step(py, prepared, terminated, truncated)
     }
 
     /// Appends `data` (a list of items, or a batch: an ndarray / dict of ndarrays with the
@@ -1294,5 +1199,189 @@ impl SingleAgentEpisodePy {
                 }
             }
         }
+    }
+}
+
+/// One step's values, converted and checked against an episode, not yet stored.
+pub struct PreparedStep<'py> {
+    observation: Item<PyObj, LeafBytes<'py>>,
+    action: Item<PyObj, LeafBytes<'py>>,
+    reward: Item<PyObj, LeafBytes<'py>>,
+    info: PyObj,
+    extras: Vec<(Bound<'py, PyString>, Item<PyObj, LeafBytes<'py>>)>,
+    /// Specs inferred from first items, stored once the step is.
+    specs: Vec<(String, Spec)>,
+}
+
+/// A reset observation, converted and checked against an episode, not yet stored.
+pub struct PreparedReset<'py> {
+    observation: Item<PyObj, LeafBytes<'py>>,
+    spec: Option<Spec>,
+}
+
+const SPEC_OBS: &str = "\0observations";
+const SPEC_ACT: &str = "\0actions";
+const SPEC_REW: &str = "\0rewards";
+
+impl SingleAgentEpisodePy {
+    /// Checks and converts a reset observation (nothing is stored).
+    pub fn prepare_reset<'py>(&self, observation: &Bound<'py, PyAny>) -> PyResult<PreparedReset<'py>> {
+        if self.core.is_done() {
+            return Err(episode_error(&EpisodeError::Done { what: "add_env_reset" }));
+        }
+        if self.core.t_started != 0 {
+            return Err(super::errors::EpisodeStateError::new_err(format!(
+                "add_env_reset: a reset starts at t=0, this episode starts at t_started={}",
+                self.core.t_started
+            )));
+        }
+        if self.core.is_reset() || self.core.t != self.core.t_started {
+            return Err(episode_error(&EpisodeError::AlreadyReset));
+        }
+        let (observation, spec) = prepare(
+            observation,
+            &self.core.observations,
+            self.specs.observations.as_ref(),
+            FieldName::Observations,
+        )?;
+        Ok(PreparedReset { observation, spec })
+    }
+
+    /// Stores a prepared reset observation.
+    pub fn apply_reset(
+        &mut self,
+        py: Python<'_>,
+        prepared: PreparedReset<'_>,
+        infos: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let specs = &self.specs;
+        self.core
+            .add_reset(prepared.observation, infos_or_empty(py, infos), |n, o, c, p| {
+                to_object(py, specs, None, n, o, c, p)
+            })
+            .map_err(|e| episode_error(&e))?;
+        if let Some(s) = prepared.spec {
+            self.specs.observations = Some(s);
+        }
+        self.start_time = Some(perf_counter());
+        Ok(())
+    }
+
+    /// Checks and converts one step's values against this episode (nothing is stored), so
+    /// that a caller recording several episodes can check all of them first.
+    pub fn prepare_step<'py>(
+        &self,
+        py: Python<'py>,
+        observation: &Bound<'py, PyAny>,
+        action: &Bound<'py, PyAny>,
+        reward: &Bound<'py, PyAny>,
+        infos: Option<&Bound<'py, PyAny>>,
+        extra_model_outputs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<PreparedStep<'py>> {
+        if self.core.is_done() {
+            return Err(episode_error(&EpisodeError::Done { what: "add_env_step" }));
+        }
+        if !self.core.is_reset() {
+            return Err(episode_error(&EpisodeError::NotReset));
+        }
+        if !is_number(reward)? {
+            return Err(PyTypeError::new_err(format!(
+                "reward must be a real number (a Python or numpy scalar), got {} of type {}",
+                reward.repr()?,
+                reward.get_type().name()?
+            )));
+        }
+        let mut specs = Vec::new();
+        let mut keep = |name: &str, s: Option<Spec>| {
+            if let Some(s) = s {
+                specs.push((name.to_string(), s));
+            }
+        };
+        let (observation, s) = prepare(
+            observation,
+            &self.core.observations,
+            self.specs.observations.as_ref(),
+            FieldName::Observations,
+        )?;
+        keep(SPEC_OBS, s);
+        let (action, s) =
+            prepare(action, &self.core.actions, self.specs.actions.as_ref(), FieldName::Actions)?;
+        keep(SPEC_ACT, s);
+        let (reward, s) =
+            prepare(reward, &self.core.rewards, self.specs.rewards.as_ref(), FieldName::Rewards)?;
+        keep(SPEC_REW, s);
+        let mut extras = Vec::new();
+        if let Some(d) = extra_model_outputs {
+            let untyped = Field::untyped();
+            for (k, v) in d.iter() {
+                let k = k.cast_into::<PyString>().map_err(|e| {
+                    PyTypeError::new_err(format!(
+                        "extra_model_outputs keys must be str, got {}",
+                        e.into_inner().repr().map(|r| r.to_string()).unwrap_or_default()
+                    ))
+                })?;
+                let key = k.to_str()?;
+                let name = FieldName::Extra(key);
+                let field = self.core.extra(key).unwrap_or(&untyped);
+                let (item, s) = prepare(&v, field, self.specs.get(name), name)?;
+                keep(key, s);
+                extras.push((k, item));
+            }
+        }
+        Ok(PreparedStep { observation, action, reward, info: infos_or_empty(py, infos), extras, specs })
+    }
+
+    /// Stores a prepared step (checked again by the core; nothing is stored on error).
+    pub fn apply_step(
+        &mut self,
+        py: Python<'_>,
+        prepared: PreparedStep<'_>,
+        terminated: bool,
+        truncated: bool,
+    ) -> PyResult<()> {
+        let PreparedStep { observation, action, reward, info, extras, specs: new_specs } = prepared;
+        let (keys, items): (Vec<Bound<'_, PyString>>, Vec<_>) = extras.into_iter().unzip();
+        let mut extra_model_outputs = Vec::with_capacity(items.len());
+        for (k, item) in keys.iter().zip(items) {
+            extra_model_outputs.push((k.to_str()?, item));
+        }
+        let step = Step { observation, action, reward, info, extra_model_outputs, terminated, truncated };
+        let specs = &self.specs;
+        self.core
+            .add_step(step, |n, o, c, p| to_object(py, specs, None, n, o, c, p))
+            .map_err(|e| episode_error(&e))?;
+        for (name, s) in new_specs {
+            let field = match name.as_str() {
+                SPEC_OBS => FieldName::Observations,
+                SPEC_ACT => FieldName::Actions,
+                SPEC_REW => FieldName::Rewards,
+                key => FieldName::Extra(key),
+            };
+            self.specs.set(field, s);
+        }
+        let now = perf_counter();
+        self.last_step_time = Some(now);
+        self.start_time.get_or_insert(now);
+        Ok(())
+    }
+
+    /// The last stored observation and infos (for an agent terminated right after acting).
+    pub fn last_observation_and_infos<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+        let minus_one = (-1i64).into_pyobject(py)?.into_any();
+        let obs = self.get(py, "observations", None, Some(&minus_one), false, None, false)?;
+        let infos = self.get(py, "infos", None, Some(&minus_one), false, None, false)?;
+        Ok((obs, infos))
+    }
+
+    /// Steps in the chunk.
+    pub fn chunk_len(&self) -> usize {
+        self.core.len()
+    }
+
+    pub fn done(&self) -> bool {
+        self.core.is_done()
     }
 }

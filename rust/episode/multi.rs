@@ -1,0 +1,343 @@
+//! Multi-agent bookkeeping: which env step each agent step belongs to, and what an env
+//! step means for one agent (RLlib 2.60 `MultiAgentEpisode` semantics).
+//!
+//! Agents act only on some env steps (turn-based games), join late and leave early. An
+//! agent's action waits ("hangs") until its next observation arrives; rewards that arrive
+//! while it waits add up, and rewards before its first observation are kept apart. The
+//! agents' own data lives in single-agent episodes; this module decides, per env step and
+//! agent, what to record where ([`plan_agent_step`]), and keeps the env-step to agent-step
+//! map ([`StepMap`]).
+
+use std::fmt;
+
+use crate::column::{Geometry, Index, IndexError, Pos, Resolved};
+
+/// One agent's env-step -> agent-step map: `Some(t)` where the agent stepped (its agent
+/// step `t`), `None` where it did not (RLlib's `"S"` skip tag). The first `lookback`
+/// entries belong to the look-back.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StepMap {
+    steps: Vec<Option<i64>>,
+    lookback: usize,
+}
+
+impl StepMap {
+    #[must_use]
+    pub fn new(steps: Vec<Option<i64>>, lookback: usize) -> StepMap {
+        let lookback = lookback.min(steps.len());
+        StepMap { steps, lookback }
+    }
+
+    #[must_use]
+    pub fn steps(&self) -> &[Option<i64>] {
+        &self.steps
+    }
+
+    #[must_use]
+    pub fn lookback(&self) -> usize {
+        self.lookback
+    }
+
+    /// Sets the look-back, capped at the entries stored.
+    pub fn set_lookback(&mut self, lookback: usize) {
+        self.lookback = lookback.min(self.steps.len());
+    }
+
+    /// Entries after the look-back.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.steps.len().saturating_sub(self.lookback)
+    }
+
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn push(&mut self, step: Option<i64>) {
+        self.steps.push(step);
+    }
+
+    pub fn extend(&mut self, steps: impl IntoIterator<Item = Option<i64>>) {
+        self.steps.extend(steps);
+    }
+
+    /// Entries at `index` (RLlib's index semantics); positions outside the map read as
+    /// skips with `fill`. `ignore_last` leaves the last entry out first: the env step
+    /// an agent has just observed at has no action or reward yet.
+    pub fn get(
+        &self,
+        index: &Index,
+        neg_index_as_lookback: bool,
+        fill: bool,
+        ignore_last: bool,
+    ) -> Result<MapRead, IndexError> {
+        let total = self.steps.len() - usize::from(ignore_last && !self.steps.is_empty());
+        // RLlib keeps the look-back as set even when `ignore_last` shortens the data.
+        let geometry = Geometry { total, lookback: self.lookback.min(total) };
+        let read = |p: &Pos| match p {
+            Pos::At(p) => self.steps[*p],
+            Pos::Fill => None,
+        };
+        Ok(match geometry.resolve(index, neg_index_as_lookback, fill)? {
+            Resolved::One(p) => MapRead::One(read(&p)),
+            Resolved::Many(v) => MapRead::Many(v.iter().map(read).collect()),
+        })
+    }
+}
+
+/// What [`StepMap::get`] read: one entry or several (`None` = skip).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MapRead {
+    One(Option<i64>),
+    Many(Vec<Option<i64>>),
+}
+
+/// What one env step holds for one agent, and the agent's state before it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[allow(clippy::struct_excessive_bools)] // one flag per dict the env step may mention the agent in
+pub struct AgentStepInput {
+    pub has_observation: bool,
+    pub has_action: bool,
+    /// The agent is a key of the step's rewards dict.
+    pub has_reward: bool,
+    /// Any of observation, action, reward, infos, extra model outputs is given (not None).
+    pub has_any_data: bool,
+    pub terminated: bool,
+    pub truncated: bool,
+    /// The agent has an episode (it observed before).
+    pub has_episode: bool,
+    pub episode_done: bool,
+    /// The agent has a step map (it was seen before, possibly without an episode).
+    pub has_step_map: bool,
+    pub has_hanging_action: bool,
+}
+
+/// Where a recorded step's action, observation, reward and extra outputs come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// This env step's value.
+    Given,
+    /// The agent's hanging value (popped).
+    Hanging,
+    /// The agent's last recorded observation/infos (an agent terminated right after
+    /// acting gets no new observation).
+    Last,
+}
+
+/// What to do for one agent at one env step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AgentPlan {
+    /// Record a step in the agent's episode. The reward is this step's plus, with
+    /// `add_hanging_reward`, the agent's hanging reward.
+    Step { observation: Source, action: Source, extra_model_outputs: Source, add_hanging_reward: bool },
+    /// The agent's first observation: it joins at this env step (reset its episode,
+    /// skips in its step map for the env steps before); the reward counts as "before
+    /// its first observation".
+    Join,
+    /// The agent acted but observes later: its action, extra outputs and reward hang.
+    Hang,
+    /// A reward for an agent without an observation: added to its hanging reward,
+    /// `begin` (before its first observation) or at the end (after its last).
+    AddReward { begin: bool },
+    /// The agent is done with nothing to record: drop its hanging data.
+    Drop,
+}
+
+/// Why an env step cannot be recorded for an agent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AgentStepError {
+    /// Data for an agent whose episode is done.
+    AlreadyDone,
+    /// An observation and an action without a reward.
+    NoReward,
+    /// Truncated right after acting, without a last observation to bootstrap from.
+    TruncatedWithoutObservation,
+    /// Acted again while its previous action still waits for an observation.
+    ActedWhileHanging,
+    /// An observation without an action from an agent that already has a step map
+    /// (it observed before and never acted).
+    ObservedWithoutActing,
+}
+
+impl fmt::Display for AgentStepError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            AgentStepError::AlreadyDone => "is already done but received data",
+            AgentStepError::NoReward => "acted and observed but received no reward",
+            AgentStepError::TruncatedWithoutObservation => {
+                "acted and was truncated without a last observation (needed to bootstrap its value)"
+            }
+            AgentStepError::ActedWhileHanging => {
+                "acted again before observing the result of its previous action"
+            }
+            AgentStepError::ObservedWithoutActing => {
+                "observed again without having acted on its previous observation"
+            }
+        })
+    }
+}
+
+impl std::error::Error for AgentStepError {}
+
+/// Decides what one env step means for one agent (RLlib 2.60's rules).
+pub fn plan_agent_step(s: &AgentStepInput) -> Result<AgentPlan, AgentStepError> {
+    if s.episode_done && s.has_any_data {
+        return Err(AgentStepError::AlreadyDone);
+    }
+    let done = s.terminated || s.truncated;
+    Ok(match (s.has_observation, s.has_action) {
+        (true, true) => {
+            if !s.has_reward {
+                return Err(AgentStepError::NoReward);
+            }
+            AgentPlan::Step {
+                observation: Source::Given,
+                action: Source::Given,
+                extra_model_outputs: Source::Given,
+                add_hanging_reward: false,
+            }
+        }
+        (true, false) => {
+            if s.has_hanging_action {
+                AgentPlan::Step {
+                    observation: Source::Given,
+                    action: Source::Hanging,
+                    extra_model_outputs: Source::Hanging,
+                    add_hanging_reward: true,
+                }
+            } else if done {
+                AgentPlan::Drop
+            } else if s.has_step_map {
+                return Err(AgentStepError::ObservedWithoutActing);
+            } else {
+                AgentPlan::Join
+            }
+        }
+        (false, true) => {
+            if s.truncated {
+                return Err(AgentStepError::TruncatedWithoutObservation);
+            }
+            if s.terminated {
+                AgentPlan::Step {
+                    observation: Source::Last,
+                    action: Source::Given,
+                    extra_model_outputs: Source::Given,
+                    add_hanging_reward: false,
+                }
+            } else if s.has_hanging_action {
+                return Err(AgentStepError::ActedWhileHanging);
+            } else {
+                AgentPlan::Hang
+            }
+        }
+        (false, false) => {
+            if done {
+                if !s.has_hanging_action {
+                    AgentPlan::Drop
+                } else if s.truncated {
+                    return Err(AgentStepError::TruncatedWithoutObservation);
+                } else {
+                    AgentPlan::Step {
+                        observation: Source::Last,
+                        action: Source::Hanging,
+                        extra_model_outputs: Source::Hanging,
+                        add_hanging_reward: true,
+                    }
+                }
+            } else {
+                AgentPlan::AddReward { begin: !s.has_episode }
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input() -> AgentStepInput {
+        AgentStepInput {
+            has_episode: true,
+            has_step_map: true,
+            has_any_data: true,
+            ..AgentStepInput::default()
+        }
+    }
+
+    #[test]
+    fn observed_and_acted_is_a_step_and_needs_a_reward() {
+        let s = AgentStepInput { has_observation: true, has_action: true, has_reward: true, ..input() };
+        assert!(matches!(plan_agent_step(&s), Ok(AgentPlan::Step { action: Source::Given, .. })));
+        let s = AgentStepInput { has_reward: false, ..s };
+        assert_eq!(plan_agent_step(&s), Err(AgentStepError::NoReward));
+    }
+
+    #[test]
+    fn turn_based_actions_hang_until_the_next_observation() {
+        let acted = AgentStepInput { has_action: true, ..input() };
+        assert_eq!(plan_agent_step(&acted), Ok(AgentPlan::Hang));
+        let again = AgentStepInput { has_hanging_action: true, ..acted };
+        assert_eq!(plan_agent_step(&again), Err(AgentStepError::ActedWhileHanging));
+        let observes = AgentStepInput { has_observation: true, has_hanging_action: true, ..input() };
+        assert_eq!(
+            plan_agent_step(&observes),
+            Ok(AgentPlan::Step {
+                observation: Source::Given,
+                action: Source::Hanging,
+                extra_model_outputs: Source::Hanging,
+                add_hanging_reward: true
+            })
+        );
+    }
+
+    #[test]
+    fn rewards_without_observation_are_kept_begin_or_end() {
+        let waiting = AgentStepInput { has_reward: true, ..input() };
+        assert_eq!(plan_agent_step(&waiting), Ok(AgentPlan::AddReward { begin: false }));
+        let before_first = AgentStepInput { has_episode: false, has_step_map: false, ..waiting };
+        assert_eq!(plan_agent_step(&before_first), Ok(AgentPlan::AddReward { begin: true }));
+    }
+
+    #[test]
+    fn joining_and_leaving() {
+        let joins =
+            AgentStepInput { has_observation: true, has_episode: false, has_step_map: false, ..input() };
+        assert_eq!(plan_agent_step(&joins), Ok(AgentPlan::Join));
+        let observed_twice = AgentStepInput { has_step_map: true, ..joins };
+        assert_eq!(plan_agent_step(&observed_twice), Err(AgentStepError::ObservedWithoutActing));
+        let leaves = AgentStepInput { terminated: true, has_any_data: false, ..input() };
+        assert_eq!(plan_agent_step(&leaves), Ok(AgentPlan::Drop));
+        let leaves_after_acting = AgentStepInput { has_hanging_action: true, ..leaves };
+        assert!(matches!(
+            plan_agent_step(&leaves_after_acting),
+            Ok(AgentPlan::Step { observation: Source::Last, action: Source::Hanging, .. })
+        ));
+        let truncated_after_acting =
+            AgentStepInput { terminated: false, truncated: true, ..leaves_after_acting };
+        assert_eq!(
+            plan_agent_step(&truncated_after_acting),
+            Err(AgentStepError::TruncatedWithoutObservation)
+        );
+        let done = AgentStepInput { episode_done: true, ..input() };
+        assert_eq!(plan_agent_step(&done), Err(AgentStepError::AlreadyDone));
+    }
+
+    #[test]
+    fn step_map_reads_with_skips_fill_and_ignore_last() {
+        // Lookback 1; the agent stepped at env steps 0, 2 and 3 (agent steps 0, 1, 2).
+        let m = StepMap::new(vec![Some(0), None, Some(1), Some(2)], 1);
+        assert_eq!(m.len(), 3);
+        assert_eq!(m.get(&Index::All, false, false, false), Ok(MapRead::Many(vec![None, Some(1), Some(2)])));
+        assert_eq!(m.get(&Index::All, false, false, true), Ok(MapRead::Many(vec![None, Some(1)])));
+        assert_eq!(m.get(&Index::Int(-1), false, false, true), Ok(MapRead::One(Some(1))));
+        assert_eq!(m.get(&Index::Int(-1), true, false, false), Ok(MapRead::One(Some(0))));
+        assert_eq!(m.get(&Index::Int(7), false, true, false), Ok(MapRead::One(None)));
+        assert!(m.get(&Index::Int(7), false, false, false).is_err());
+        let mut m = m;
+        m.push(None);
+        m.extend([Some(3)]);
+        m.set_lookback(9);
+        assert_eq!((m.lookback(), m.len(), m.is_empty()), (6, 0, true));
+    }
+}
