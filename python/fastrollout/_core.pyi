@@ -2,13 +2,15 @@
 
 from typing import Any
 
-from typing_extensions import Self, disjoint_base
+from typing_extensions import Self, disjoint_base, final
 
 __all__ = [
     "EpisodeStateError",
     "SingleAgentEpisodeCore",
     "SpaceMismatchError",
+    "StepMap",
     "__version__",
+    "multi_agent_add_env_step",
     "resolve_index",
 ]
 __version__: str
@@ -20,6 +22,39 @@ def resolve_index(
     neg_index_as_lookback: bool = False,
     fill: bool = False,
 ) -> int | list[int | None] | None: ...
+def multi_agent_add_env_step(
+    episode: Any,
+    observations: dict[Any, Any],
+    actions: dict[Any, Any],
+    rewards: dict[Any, Any],
+    infos: dict[Any, Any] | None = None,
+    terminateds: dict[Any, Any] | None = None,
+    truncateds: dict[Any, Any] | None = None,
+    extra_model_outputs: dict[Any, Any] | None = None,
+) -> None: ...
+
+@final
+class StepMap:
+    """One agent's env-step -> agent-step map, with look-back ("S" where it did not step)."""
+
+    lookback: int
+    def __new__(cls, data: Any = None, lookback: int = 0) -> StepMap: ...
+    @property
+    def data(self) -> list[int | str]: ...
+    def __len__(self) -> int: ...
+    def append(self, value: int | str) -> None: ...
+    def extend(self, values: Any) -> None: ...
+    def get(
+        self,
+        indices: Any = None,
+        *,
+        neg_index_as_lookback: bool = False,
+        fill: bool = False,
+        ignore_last: bool = False,
+    ) -> Any: ...
+    def __getitem__(self, key: Any, /) -> Any: ...
+    def copy(self) -> StepMap: ...
+    def __reduce__(self) -> tuple[Any, tuple[list[int | str], int]]: ...
 
 class EpisodeStateError(AssertionError):
     """An episode operation that its state does not allow."""

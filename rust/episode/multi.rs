@@ -158,6 +158,8 @@ pub enum AgentStepError {
     /// An observation without an action from an agent that already has a step map
     /// (it observed before and never acted).
     ObservedWithoutActing,
+    /// An action from an agent that never observed (it was not asked to act).
+    NotAskedToAct,
 }
 
 impl fmt::Display for AgentStepError {
@@ -174,6 +176,9 @@ impl fmt::Display for AgentStepError {
             AgentStepError::ObservedWithoutActing => {
                 "observed again without having acted on its previous observation"
             }
+            AgentStepError::NotAskedToAct => {
+                "sent an action but was not asked to act (it has no observation to act on)"
+            }
         })
     }
 }
@@ -184,6 +189,9 @@ impl std::error::Error for AgentStepError {}
 pub fn plan_agent_step(s: &AgentStepInput) -> Result<AgentPlan, AgentStepError> {
     if s.episode_done && s.has_any_data {
         return Err(AgentStepError::AlreadyDone);
+    }
+    if s.has_action && !s.has_episode {
+        return Err(AgentStepError::NotAskedToAct);
     }
     let done = s.terminated || s.truncated;
     Ok(match (s.has_observation, s.has_action) {
@@ -321,6 +329,8 @@ mod tests {
         );
         let done = AgentStepInput { episode_done: true, ..input() };
         assert_eq!(plan_agent_step(&done), Err(AgentStepError::AlreadyDone));
+        let stranger = AgentStepInput { has_action: true, has_episode: false, ..input() };
+        assert_eq!(plan_agent_step(&stranger), Err(AgentStepError::NotAskedToAct));
     }
 
     #[test]

@@ -5,6 +5,7 @@
 
 mod errors;
 mod index;
+mod multi;
 mod object;
 mod single;
 mod spec;
@@ -19,6 +20,10 @@ mod _core {
     use super::errors::SpaceMismatchError;
     #[pymodule_export]
     use super::index::resolve_index;
+    #[pymodule_export]
+    use super::multi::multi_agent_add_env_step;
+    #[pymodule_export]
+    use super::multi::StepMapPy;
     #[pymodule_export]
     use super::single::SingleAgentEpisodePy;
 

@@ -5,9 +5,10 @@ class keeps the multi-agent bookkeeping: which env step each agent step belongs 
 act only on some steps), actions and rewards that wait for an agent's next observation
 ("hanging" data), agents that join late or leave early, and the agent-to-module mapping.
 
-This first version keeps the bookkeeping in Python while it is pinned down against RLlib
-by the differential tests; moving it into the Rust core (one native call per env step) is
-tracked in the project's issues.
+Recording an env step is one native call (``fastrollout._core.multi_agent_add_env_step``):
+the per-agent decisions come from the Rust core, and the agents' data goes straight into
+their native episodes and env-step maps (``fastrollout._core.StepMap``). Reads, cuts and
+slices are composed here from the agents' native reads.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from fastrollout._core import resolve_index
+from fastrollout._core import StepMap, multi_agent_add_env_step
 from fastrollout.episodes.single_agent_episode import SingleAgentEpisode
-from fastrollout.errors import EpisodeStateError, MultiAgentEnvError
+from fastrollout.errors import EpisodeStateError
 
 DEFAULT_MODULE_ID = "default_policy"
 SKIP = "S"  # An env step at which an agent did not step (RLlib's skip tag).
@@ -33,45 +34,6 @@ SKIP = "S"  # An env step at which an agent did not step (RLlib's skip tag).
 def default_agent_to_module_mapping_fn(agent_id: Any, episode: Any) -> str:
     """Maps every agent to the one default module (RLlib's default)."""
     return DEFAULT_MODULE_ID
-
-
-class _StepMap:
-    """Env step -> agent step of one agent, with look-back (``SKIP`` where it did not step)."""
-
-    __slots__ = ("data", "lookback")
-
-    def __init__(self, data: list | None = None, lookback: int = 0) -> None:
-        self.data: list = data if data is not None else []
-        self.lookback = min(lookback, len(self.data))
-
-    def __len__(self) -> int:
-        return max(len(self.data) - self.lookback, 0)
-
-    def append(self, value: Any) -> None:
-        self.data.append(value)
-
-    def extend(self, values: list) -> None:
-        self.data.extend(values)
-
-    def get(
-        self,
-        indices: Any = None,
-        *,
-        neg_index_as_lookback: bool = False,
-        fill: bool = False,
-        ignore_last: bool = False,
-    ) -> Any:
-        total = len(self.data) - int(ignore_last and len(self.data) > 0)
-        pos = resolve_index(total, self.lookback, indices, neg_index_as_lookback, fill)
-        if isinstance(pos, list):
-            return [SKIP if p is None else self.data[p] for p in pos]
-        return SKIP if pos is None else self.data[pos]
-
-    def __getitem__(self, index: int) -> Any:
-        return self.data[index]
-
-    def copy(self) -> _StepMap:
-        return _StepMap(list(self.data), self.lookback)
 
 
 def _agent_list(agent_ids: Any) -> list:
@@ -149,7 +111,7 @@ class MultiAgentEpisode:
             + self.env_t_started
         )
         self.agent_t_started: defaultdict = defaultdict(int, agent_t_started or {})
-        self.env_t_to_agent_t: defaultdict = defaultdict(_StepMap)
+        self.env_t_to_agent_t: defaultdict = defaultdict(StepMap)
         self._hanging_actions_end: dict = {}
         self._hanging_extra_model_outputs_end: defaultdict = defaultdict(dict)
         self._hanging_rewards_end: defaultdict = defaultdict(float)
@@ -241,150 +203,21 @@ class MultiAgentEpisode:
                 an agent acted and observed without a reward, or an agent acted and was
                 truncated without a last observation. The message names the agent.
         """
-        if self.is_done:
-            raise MultiAgentEnvError("add_env_step: the multi-agent episode is already done")
-        infos = infos or {}
-        terminateds = terminateds or {}
-        truncateds = truncateds or {}
-        extra_model_outputs = extra_model_outputs or {}
-        self.env_t += 1
-        self.is_terminated = terminateds.get("__all__", False)
-        self.is_truncated = truncateds.get("__all__", False)
-        done_agents = (
-            {aid for aid, eps in self.agent_episodes.items() if eps.is_done}
-            | {aid for aid, v in terminateds.items() if v}
-            | {aid for aid, v in truncateds.items() if v}
+        # One native call decides and records the step for every agent; it checks and
+        # converts everything before it stores anything.
+        multi_agent_add_env_step(
+            self,
+            observations,
+            actions,
+            rewards,
+            infos,
+            terminateds,
+            truncateds,
+            extra_model_outputs,
         )
-        if all(aid in done_agents for aid in self.agent_ids):
-            self.is_terminated = True
-        stepped = set(observations)
-        for agent_id, step_map in self.env_t_to_agent_t.items():
-            if agent_id not in stepped:
-                step_map.append(SKIP)
-        all_done = terminateds.get("__all__") or truncateds.get("__all__")
-        agents_with_data = (
-            set(observations)
-            | set(actions)
-            | set(rewards)
-            | set(terminateds)
-            | set(truncateds)
-            | (set(self.agent_episodes) if all_done else set())
-        ) - {"__all__"}
-        for agent_id in agents_with_data:
-            self._step_agent(
-                agent_id,
-                observations,
-                actions,
-                rewards,
-                infos,
-                terminateds,
-                truncateds,
-                extra_model_outputs,
-            )
-        self.validate()
         self._last_step_time = time.perf_counter()
         if self._start_time is None:
             self._start_time = self._last_step_time
-
-    def _step_agent(
-        self,
-        agent_id: Any,
-        observations: dict,
-        actions: dict,
-        rewards: dict,
-        infos: dict,
-        terminateds: dict,
-        truncateds: dict,
-        extra_model_outputs: dict,
-    ) -> None:
-        sa_episode = self.agent_episodes.get(agent_id)
-        if sa_episode is None:
-            sa_episode = self._new_agent_episode(agent_id)
-        obs = observations.get(agent_id)
-        action = actions.get(agent_id)
-        reward = rewards.get(agent_id)
-        info = infos.get(agent_id)
-        terminated = terminateds.get(agent_id, False) or self.is_terminated
-        truncated = truncateds.get(agent_id, False) or self.is_truncated
-        extras = extra_model_outputs.get(agent_id)
-        if sa_episode.is_done and any(v is not None for v in (obs, action, reward, info, extras)):
-            raise MultiAgentEnvError(
-                f"agent {agent_id!r} is already done but received data: obs={obs} "
-                f"action={action} reward={reward} infos={info} "
-                f"extra_model_outputs={extras}"
-            )
-        reward = reward or 0.0
-        if obs is not None and action is not None:
-            if agent_id not in rewards:
-                raise MultiAgentEnvError(
-                    f"agent {agent_id!r} acted and observed but received no reward"
-                )
-        elif obs is not None and action is None:
-            action = self._hanging_actions_end.pop(agent_id, None)
-            if action is not None:
-                extras = self._hanging_extra_model_outputs_end.pop(agent_id, None)
-                reward = self._hanging_rewards_end.pop(agent_id, 0.0) + reward
-            elif terminated or truncated:
-                self._del_hanging(agent_id)
-                return
-            else:
-                # The agent's first observation: it joins at this env step.
-                self.env_t_to_agent_t[agent_id].extend([SKIP] * self.env_t + [0])
-                self.env_t_to_agent_t[agent_id].lookback = self._len_lookback_buffers
-                sa_episode.add_env_reset(obs, info)
-                self._hanging_rewards_begin[agent_id] += reward
-                self.agent_episodes[agent_id] = sa_episode
-                return
-        elif agent_id not in observations and agent_id in actions:
-            if truncated:
-                raise MultiAgentEnvError(
-                    f"agent {agent_id!r} acted and was truncated without a last observation "
-                    "(needed to bootstrap its value)"
-                )
-            if terminated:
-                obs = sa_episode.get_observations(-1)
-                info = sa_episode.get_infos(-1)
-            else:
-                if agent_id in self._hanging_actions_end:
-                    raise MultiAgentEnvError(
-                        f"agent {agent_id!r} acted again before observing the result of "
-                        "its previous action"
-                    )
-                self._hanging_actions_end[agent_id] = action
-                self._hanging_rewards_end[agent_id] = reward
-                self._hanging_extra_model_outputs_end[agent_id] = extras
-        else:
-            action = self._hanging_actions_end.get(agent_id)
-            if terminated or truncated:
-                if action is None:
-                    self._del_hanging(agent_id)
-                    return
-                if truncated:
-                    raise MultiAgentEnvError(
-                        f"agent {agent_id!r} acted and was truncated without a last "
-                        "observation (needed to bootstrap its value)"
-                    )
-                obs = sa_episode.get_observations(-1)
-                info = sa_episode.get_infos(-1)
-                extras = self._hanging_extra_model_outputs_end.pop(agent_id, None)
-                reward = self._hanging_rewards_end.pop(agent_id, 0.0) + reward
-            elif agent_id not in self.agent_episodes:
-                self._hanging_rewards_begin[agent_id] += reward
-            else:
-                self._hanging_rewards_end[agent_id] += reward
-        if obs is not None:
-            sa_episode.add_env_step(
-                obs,
-                action,
-                reward,
-                info,
-                terminated=terminated,
-                truncated=truncated,
-                extra_model_outputs=extras,
-            )
-            self.env_t_to_agent_t[agent_id].append(len(sa_episode) + self.agent_t_started[agent_id])
-        if terminated or truncated:
-            self._del_hanging(agent_id)
 
     def validate(self) -> None:
         """Checks every agent episode's lengths.
@@ -1277,9 +1110,9 @@ class MultiAgentEpisode:
         episode.env_t = state["env_t"]
         episode.agent_t_started = defaultdict(int, state["agent_t_started"])
         episode.env_t_to_agent_t = defaultdict(
-            _StepMap,
+            StepMap,
             {
-                aid: _StepMap(list(m["data"]), m["lookback"])
+                aid: StepMap(list(m["data"]), m["lookback"])
                 for aid, m in state["env_t_to_agent_t"].items()
             },
         )

@@ -1,0 +1,487 @@
+//! Multi-agent bindings: the native env-step map, and the one native call that records an
+//! env step of a `fastrollout.MultiAgentEpisode` for all its agents.
+//!
+//! The episode's containers (agent episodes, step maps, hanging values) are the Python
+//! object's attributes, so that the Python layer can read them as RLlib's users do; the
+//! per-agent decisions come from the pure core ([`plan_agent_step`]) and every write goes
+//! straight to the native agent episodes and step maps.
+
+use pyo3::exceptions::PyValueError;
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyList, PyString};
+
+use super::errors::index_error;
+use super::index::to_index;
+use super::single::{PreparedReset, PreparedStep, SingleAgentEpisodePy};
+use crate::episode::multi::{
+    plan_agent_step, AgentPlan, AgentStepError, AgentStepInput, MapRead, Source, StepMap,
+};
+
+/// RLlib's skip tag in env-step maps.
+const SKIP_TAG: &str = "S";
+
+fn step_to_py(py: Python<'_>, step: Option<i64>) -> PyResult<Py<PyAny>> {
+    Ok(match step {
+        Some(t) => t.into_pyobject(py)?.into_any().unbind(),
+        None => intern!(py, "S").clone().into_any().unbind(),
+    })
+}
+
+fn step_from_py(value: &Bound<'_, PyAny>) -> PyResult<Option<i64>> {
+    if let Ok(s) = value.cast::<PyString>() {
+        if s.to_str()? == SKIP_TAG {
+            return Ok(None);
+        }
+    }
+    value.extract::<i64>().map(Some).map_err(|_| {
+        PyValueError::new_err(format!(
+            "an env-step map holds agent steps (ints) or the skip tag {SKIP_TAG:?}, not {}",
+            value.repr().map(|r| r.to_string()).unwrap_or_default()
+        ))
+    })
+}
+
+/// `__reduce__`'s answer: the class and its constructor arguments.
+type Reduced<'py> = (Bound<'py, PyAny>, (Bound<'py, PyList>, usize));
+
+/// One agent's env-step -> agent-step map, with look-back (`"S"` where it did not step).
+#[pyclass(name = "StepMap", module = "fastrollout._core")]
+#[derive(Clone, Default)]
+pub struct StepMapPy {
+    map: StepMap,
+}
+
+#[pymethods]
+impl StepMapPy {
+    #[new]
+    #[pyo3(signature = (data=None, lookback=0))]
+    fn new(data: Option<&Bound<'_, PyAny>>, lookback: usize) -> PyResult<Self> {
+        let steps = match data {
+            Some(d) => d.try_iter()?.map(|v| step_from_py(&v?)).collect::<PyResult<Vec<_>>>()?,
+            None => Vec::new(),
+        };
+        Ok(StepMapPy { map: StepMap::new(steps, lookback) })
+    }
+
+    /// All entries, look-back included (a new list).
+    #[getter]
+    fn data<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let items = self.map.steps().iter().map(|s| step_to_py(py, *s)).collect::<PyResult<Vec<_>>>()?;
+        PyList::new(py, items)
+    }
+
+    #[getter]
+    fn lookback(&self) -> usize {
+        self.map.lookback()
+    }
+
+    #[setter]
+    fn set_lookback(&mut self, lookback: usize) {
+        self.map.set_lookback(lookback);
+    }
+
+    fn __len__(&self) -> usize {
+        self.map.len()
+    }
+
+    fn append(&mut self, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.map.push(step_from_py(value)?);
+        Ok(())
+    }
+
+    fn extend(&mut self, values: &Bound<'_, PyAny>) -> PyResult<()> {
+        let steps = values.try_iter()?.map(|v| step_from_py(&v?)).collect::<PyResult<Vec<_>>>()?;
+        self.map.extend(steps);
+        Ok(())
+    }
+
+    /// Entries at `indices` (RLlib's index semantics; `fill`: out-of-range reads as "S";
+    /// `ignore_last`: without the last entry).
+    #[pyo3(signature = (indices=None, *, neg_index_as_lookback=false, fill=false, ignore_last=false))]
+    fn get(
+        &self,
+        py: Python<'_>,
+        indices: Option<&Bound<'_, PyAny>>,
+        neg_index_as_lookback: bool,
+        fill: bool,
+        ignore_last: bool,
+    ) -> PyResult<Py<PyAny>> {
+        let index = to_index(indices)?;
+        match self.map.get(&index, neg_index_as_lookback, fill, ignore_last).map_err(|e| index_error(&e))? {
+            MapRead::One(s) => step_to_py(py, s),
+            MapRead::Many(v) => {
+                let items = v.iter().map(|s| step_to_py(py, *s)).collect::<PyResult<Vec<_>>>()?;
+                Ok(PyList::new(py, items)?.into_any().unbind())
+            }
+        }
+    }
+
+    /// `map[i]` is `map.get(i)` (relative to the look-back, as RLlib's buffers index).
+    fn __getitem__(&self, py: Python<'_>, index: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        self.get(py, Some(index), false, false, false)
+    }
+
+    fn copy(&self) -> StepMapPy {
+        self.clone()
+    }
+
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Reduced<'py>> {
+        let this = slf.borrow();
+        Ok((slf.get_type().into_any(), (this.data(slf.py())?, this.map.lookback())))
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        Ok(format!("StepMap({}, lookback={})", self.data(py)?.repr()?, self.map.lookback()))
+    }
+}
+
+/// What one agent's step will do, prepared before anything is stored.
+enum Prepared<'py> {
+    Step {
+        episode: Bound<'py, SingleAgentEpisodePy>,
+        step: PreparedStep<'py>,
+        /// The action came from the agent's hanging data, which is used up.
+        pops_hanging: bool,
+        terminated: bool,
+        truncated: bool,
+    },
+    Join {
+        episode: Bound<'py, SingleAgentEpisodePy>,
+        reset: PreparedReset<'py>,
+        infos: Option<Bound<'py, PyAny>>,
+    },
+    Hang {
+        action: Bound<'py, PyAny>,
+        extras: Bound<'py, PyAny>,
+    },
+    AddReward {
+        begin: bool,
+    },
+    Drop,
+}
+
+fn get_opt<'py>(
+    d: Option<&Bound<'py, PyDict>>,
+    key: &Bound<'py, PyAny>,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    match d {
+        Some(d) => Ok(d.get_item(key)?.filter(|v| !v.is_none())),
+        None => Ok(None),
+    }
+}
+
+fn flag(d: Option<&Bound<'_, PyDict>>, key: &Bound<'_, PyAny>) -> PyResult<bool> {
+    match get_opt(d, key)? {
+        Some(v) => v.is_truthy(),
+        None => Ok(false),
+    }
+}
+
+fn agent_error(agent: &Bound<'_, PyAny>, e: AgentStepError) -> PyErr {
+    let who = agent.repr().map(|r| r.to_string()).unwrap_or_default();
+    static ERR: PyOnceLock<Py<pyo3::types::PyType>> = PyOnceLock::new();
+    let message = format!("agent {who} {e}");
+    match (e, ERR.import(agent.py(), "fastrollout.errors", "MultiAgentEnvError")) {
+        (AgentStepError::ObservedWithoutActing, _) => super::errors::EpisodeStateError::new_err(message),
+        (_, Ok(cls)) => PyErr::from_type(cls.clone(), message),
+        (_, Err(err)) => err,
+    }
+}
+
+fn as_dict<'py>(value: Option<&Bound<'py, PyAny>>) -> PyResult<Option<Bound<'py, PyDict>>> {
+    match value {
+        Some(v) if !v.is_none() => Ok(Some(v.cast::<PyDict>()?.clone())),
+        _ => Ok(None),
+    }
+}
+
+/// Records one env step of a `MultiAgentEpisode` for all agents in one call.
+///
+/// Everything is checked and converted first (agent by agent, with RLlib's rules); only
+/// then is anything stored, so an error leaves the episode as it was.
+#[pyfunction]
+#[pyo3(signature = (episode, observations, actions, rewards, infos=None, terminateds=None, truncateds=None, extra_model_outputs=None))]
+#[allow(clippy::too_many_arguments, clippy::too_many_lines)]
+pub fn multi_agent_add_env_step<'py>(
+    py: Python<'py>,
+    episode: &Bound<'py, PyAny>,
+    observations: &Bound<'py, PyDict>,
+    actions: &Bound<'py, PyDict>,
+    rewards: &Bound<'py, PyDict>,
+    infos: Option<&Bound<'py, PyAny>>,
+    terminateds: Option<&Bound<'py, PyAny>>,
+    truncateds: Option<&Bound<'py, PyAny>>,
+    extra_model_outputs: Option<&Bound<'py, PyAny>>,
+) -> PyResult<()> {
+    let infos = as_dict(infos)?;
+    let terminateds = as_dict(terminateds)?;
+    let truncateds = as_dict(truncateds)?;
+    let extras = as_dict(extra_model_outputs)?;
+    let all = intern!(py, "__all__").clone().into_any();
+    let agent_episodes = episode.getattr(intern!(py, "agent_episodes"))?.cast_into::<PyDict>()?;
+    let step_maps = episode.getattr(intern!(py, "env_t_to_agent_t"))?.cast_into::<PyDict>()?;
+    let hanging_actions = episode.getattr(intern!(py, "_hanging_actions_end"))?.cast_into::<PyDict>()?;
+    let hanging_extras =
+        episode.getattr(intern!(py, "_hanging_extra_model_outputs_end"))?.cast_into::<PyDict>()?;
+    let rewards_end = episode.getattr(intern!(py, "_hanging_rewards_end"))?.cast_into::<PyDict>()?;
+    let rewards_begin = episode.getattr(intern!(py, "_hanging_rewards_begin"))?.cast_into::<PyDict>()?;
+    let t_started = episode.getattr(intern!(py, "agent_t_started"))?.cast_into::<PyDict>()?;
+
+    if episode.getattr(intern!(py, "is_terminated"))?.is_truthy()?
+        || episode.getattr(intern!(py, "is_truncated"))?.is_truthy()?
+    {
+        static ERR: PyOnceLock<Py<pyo3::types::PyType>> = PyOnceLock::new();
+        let cls = ERR.import(py, "fastrollout.errors", "MultiAgentEnvError")?;
+        return Err(PyErr::from_type(cls.clone(), "add_env_step: the multi-agent episode is already done"));
+    }
+    let all_terminated = flag(terminateds.as_ref(), &all)?;
+    let all_truncated = flag(truncateds.as_ref(), &all)?;
+    // The episode ends when `__all__` says so or every agent is done.
+    let mut is_terminated = all_terminated;
+    let is_truncated = all_truncated;
+    let done_now = |d: Option<&Bound<'py, PyDict>>, aid: &Bound<'py, PyAny>| flag(d, aid);
+    let mut every_agent_done = true;
+    for (aid, eps) in agent_episodes.iter() {
+        let eps = eps.cast::<SingleAgentEpisodePy>()?;
+        if !(eps.borrow().done()
+            || done_now(terminateds.as_ref(), &aid)?
+            || done_now(truncateds.as_ref(), &aid)?)
+        {
+            every_agent_done = false;
+            break;
+        }
+    }
+    if every_agent_done {
+        is_terminated = true;
+    }
+
+    // The agents this env step mentions, in a stable order: observations, actions,
+    // rewards, terminateds, truncateds, then (on `__all__`) every agent with an episode.
+    let with_data = PyDict::new(py);
+    for d in [Some(observations), Some(actions), Some(rewards), terminateds.as_ref(), truncateds.as_ref()]
+        .into_iter()
+        .flatten()
+    {
+        for key in d.keys() {
+            if !key.eq(&all)? {
+                with_data.set_item(&key, true)?;
+            }
+        }
+    }
+    if all_terminated || all_truncated {
+        for key in agent_episodes.keys() {
+            with_data.set_item(&key, true)?;
+        }
+    }
+
+    // Phase 1: decide and convert; nothing is stored yet.
+    let new_agent_episode = episode.getattr(intern!(py, "_new_agent_episode"))?;
+    let mut plans: Vec<(Bound<'py, PyAny>, Prepared<'py>, f64)> = Vec::with_capacity(with_data.len());
+    for aid in with_data.keys() {
+        let obs = observations.get_item(&aid)?.filter(|v| !v.is_none());
+        let action = actions.get_item(&aid)?.filter(|v| !v.is_none());
+        let reward_value = rewards.get_item(&aid)?.filter(|v| !v.is_none());
+        let info = get_opt(infos.as_ref(), &aid)?;
+        let extra = get_opt(extras.as_ref(), &aid)?;
+        let existing = agent_episodes.get_item(&aid)?;
+        let episode_done = match &existing {
+            Some(e) => e.cast::<SingleAgentEpisodePy>()?.borrow().done(),
+            None => false,
+        };
+        let terminated = flag(terminateds.as_ref(), &aid)? || is_terminated;
+        let truncated = flag(truncateds.as_ref(), &aid)? || is_truncated;
+        let input = AgentStepInput {
+            has_observation: obs.is_some(),
+            has_action: action.is_some(),
+            has_reward: rewards.contains(&aid)?,
+            has_any_data: obs.is_some()
+                || action.is_some()
+                || reward_value.is_some()
+                || info.is_some()
+                || extra.is_some(),
+            terminated,
+            truncated,
+            has_episode: existing.is_some(),
+            episode_done,
+            has_step_map: step_maps.contains(&aid)?,
+            has_hanging_action: hanging_actions.get_item(&aid)?.is_some_and(|v| !v.is_none()),
+        };
+        let plan = plan_agent_step(&input).map_err(|e| agent_error(&aid, e))?;
+        let reward = match &reward_value {
+            Some(r) => r.extract::<f64>().map_err(|_| {
+                pyo3::exceptions::PyTypeError::new_err(format!(
+                    "the reward of agent {} must be a real number, got {}",
+                    aid.repr().map(|r| r.to_string()).unwrap_or_default(),
+                    r.repr().map(|r| r.to_string()).unwrap_or_default()
+                ))
+            })?,
+            None => 0.0,
+        };
+        let agent_episode = || -> PyResult<Bound<'py, SingleAgentEpisodePy>> {
+            Ok(match &existing {
+                Some(e) => e.cast::<SingleAgentEpisodePy>()?.clone(),
+                None => new_agent_episode.call1((&aid,))?.cast_into::<SingleAgentEpisodePy>()?,
+            })
+        };
+        let prepared = match plan {
+            AgentPlan::Step { observation, action: action_src, extra_model_outputs, add_hanging_reward } => {
+                let eps = agent_episode()?;
+                let (obs_value, info_value) = if observation == Source::Last {
+                    let (o, i) = eps.borrow().last_observation_and_infos(py)?;
+                    (o, Some(i))
+                } else {
+                    (obs.clone().unwrap_or_else(|| py.None().into_bound(py)), info.clone())
+                };
+                let action_value = match action_src {
+                    Source::Hanging => {
+                        hanging_actions.get_item(&aid)?.unwrap_or_else(|| py.None().into_bound(py))
+                    }
+                    _ => action.clone().unwrap_or_else(|| py.None().into_bound(py)),
+                };
+                let extras_value = match extra_model_outputs {
+                    Source::Hanging => hanging_extras.get_item(&aid)?,
+                    _ => extra.clone(),
+                };
+                let extras_dict = as_dict(extras_value.as_ref())?;
+                let hanging_reward = if add_hanging_reward {
+                    rewards_end.get_item(&aid)?.map(|v| v.extract::<f64>()).transpose()?.unwrap_or(0.0)
+                } else {
+                    0.0
+                };
+                let total = (hanging_reward + reward).into_pyobject(py)?.into_any();
+                let step = eps
+                    .borrow()
+                    .prepare_step(
+                        py,
+                        &obs_value,
+                        &action_value,
+                        &total,
+                        info_value.as_ref(),
+                        extras_dict.as_ref(),
+                    )
+                    .map_err(|e| for_agent(py, &aid, e))?;
+                Prepared::Step {
+                    episode: eps,
+                    step,
+                    pops_hanging: action_src == Source::Hanging,
+                    terminated,
+                    truncated,
+                }
+            }
+            AgentPlan::Join => {
+                let eps = agent_episode()?;
+                let obs_value = obs.clone().unwrap_or_else(|| py.None().into_bound(py));
+                let reset = eps.borrow().prepare_reset(&obs_value).map_err(|e| for_agent(py, &aid, e))?;
+                Prepared::Join { episode: eps, reset, infos: info.clone() }
+            }
+            AgentPlan::Hang => Prepared::Hang {
+                action: action.clone().unwrap_or_else(|| py.None().into_bound(py)),
+                extras: extra.clone().unwrap_or_else(|| py.None().into_bound(py)),
+            },
+            AgentPlan::AddReward { begin } => Prepared::AddReward { begin },
+            AgentPlan::Drop => Prepared::Drop,
+        };
+        plans.push((aid, prepared, reward));
+    }
+
+    // Phase 2: store.
+    let env_t: i64 = episode.getattr(intern!(py, "env_t"))?.extract::<i64>()? + 1;
+    episode.setattr(intern!(py, "env_t"), env_t)?;
+    episode.setattr(intern!(py, "is_terminated"), is_terminated)?;
+    episode.setattr(intern!(py, "is_truncated"), is_truncated)?;
+    for (aid, map) in step_maps.iter() {
+        if !observations.contains(&aid)? {
+            map.cast::<StepMapPy>()?.borrow_mut().map.push(None);
+        }
+    }
+    let lookback: usize = episode.getattr(intern!(py, "_len_lookback_buffers"))?.extract()?;
+    let add_to = |d: &Bound<'py, PyDict>, aid: &Bound<'py, PyAny>, r: f64| -> PyResult<()> {
+        let old = d.get_item(aid)?.map(|v| v.extract::<f64>()).transpose()?.unwrap_or(0.0);
+        d.set_item(aid, old + r)
+    };
+    let drop_hanging = |aid: &Bound<'py, PyAny>| -> PyResult<()> {
+        for d in [&rewards_begin, &hanging_actions, &hanging_extras, &rewards_end] {
+            if d.contains(aid)? {
+                d.del_item(aid)?;
+            }
+        }
+        Ok(())
+    };
+    for (aid, prepared, reward) in plans {
+        match prepared {
+            Prepared::Step { episode: eps, step, pops_hanging, terminated, truncated } => {
+                eps.borrow_mut().apply_step(py, step, terminated, truncated)?;
+                if pops_hanging {
+                    for d in [&hanging_actions, &hanging_extras, &rewards_end] {
+                        if d.contains(&aid)? {
+                            d.del_item(&aid)?;
+                        }
+                    }
+                }
+                // `agent_t_started` is a defaultdict(int): reading it records the agent.
+                let t0: i64 = if let Some(v) = t_started.get_item(&aid)? {
+                    v.extract()?
+                } else {
+                    t_started.set_item(&aid, 0)?;
+                    0
+                };
+                let agent_t = eps.borrow().chunk_len() as i64 + t0;
+                step_map_of(py, &step_maps, &aid)?.borrow_mut().map.push(Some(agent_t));
+                if agent_episodes.get_item(&aid)?.is_none() {
+                    agent_episodes.set_item(&aid, &eps)?;
+                }
+                if terminated || truncated {
+                    drop_hanging(&aid)?;
+                }
+            }
+            Prepared::Join { episode: eps, reset, infos } => {
+                {
+                    let map = step_map_of(py, &step_maps, &aid)?;
+                    let mut map = map.borrow_mut();
+                    map.map.extend(std::iter::repeat_n(None, usize::try_from(env_t).unwrap_or(0)));
+                    map.map.push(Some(0));
+                    map.map.set_lookback(lookback);
+                }
+                eps.borrow_mut().apply_reset(py, reset, infos.as_ref())?;
+                add_to(&rewards_begin, &aid, reward)?;
+                agent_episodes.set_item(&aid, &eps)?;
+            }
+            Prepared::Hang { action, extras } => {
+                hanging_actions.set_item(&aid, action)?;
+                rewards_end.set_item(&aid, reward)?;
+                hanging_extras.set_item(&aid, extras)?;
+            }
+            Prepared::AddReward { begin } => {
+                add_to(if begin { &rewards_begin } else { &rewards_end }, &aid, reward)?;
+            }
+            Prepared::Drop => drop_hanging(&aid)?,
+        }
+    }
+    Ok(())
+}
+
+/// `err` (from an agent episode) again, its message prefixed with the agent's id.
+fn for_agent(py: Python<'_>, aid: &Bound<'_, PyAny>, err: PyErr) -> PyErr {
+    let who = aid.repr().map(|r| r.to_string()).unwrap_or_default();
+    let message = format!("agent {who}: {}", err.value(py));
+    match err.get_type(py).call1((message,)) {
+        Ok(value) => PyErr::from_value(value),
+        Err(_) => err,
+    }
+}
+
+/// The agent's step map, created (empty) if it has none yet.
+fn step_map_of<'py>(
+    py: Python<'py>,
+    maps: &Bound<'py, PyDict>,
+    aid: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, StepMapPy>> {
+    if let Some(m) = maps.get_item(aid)? {
+        return Ok(m.cast_into::<StepMapPy>()?);
+    }
+    let m = Bound::new(py, StepMapPy::default())?;
+    maps.set_item(aid, &m)?;
+    Ok(m)
+}
