@@ -384,12 +384,27 @@ class MultiAgentEpisode:
         requested = len_lookback_buffer
         for agent_id in self._hanging_actions_end:
             step_map = self.env_t_to_agent_t[agent_id]
-            # Keep the agent's last observation in the look-back: its hanging action
-            # was computed from it.
-            for i in range(requested, len(step_map.data) + 1):
+            # Keep the agent's last observation in the look-back: its hanging action was
+            # computed from it. (RLlib 2.60 starts this search at index 0 for
+            # len_lookback_buffer=0, i.e. at the chunk's first step, and loses the agent:
+            # ray issue 44677.)
+            for i in range(max(requested, 1), len(step_map.data) + 1):
                 if step_map.get(-i) != SKIP:
                     len_lookback_buffer = max(len_lookback_buffer, i - 1)
                     break
+        # Agents that finish exactly at this env step stay in the successor as done agent
+        # episodes that start at their last step (RLlib 2.60 drops them, or restarts them
+        # at t=0: ray issue 61602). They are cut like live agents, then marked done.
+        stepped = self.get_agents_that_stepped() if self.is_reset else set()
+        finished = {
+            aid: (self.agent_episodes[aid].is_terminated, self.agent_episodes[aid].is_truncated)
+            for aid in stepped
+            if self.agent_episodes[aid].is_done
+        }
+        terminateds = self.get_terminateds()
+        truncateds = self.get_truncateds()
+        for aid in finished:
+            terminateds[aid] = truncateds[aid] = False
         obs_and_infos = builtins.slice(-len_lookback_buffer - 1, None)
         rest = (
             builtins.slice(-len_lookback_buffer, None)
@@ -407,17 +422,22 @@ class MultiAgentEpisode:
             extra_model_outputs=self.get_extra_model_outputs(
                 key=None, indices=rest, return_list=True
             ),
-            terminateds=self.get_terminateds(),
-            truncateds=self.get_truncateds(),
+            terminateds=terminateds,
+            truncateds=truncateds,
             env_t_started=self.env_t,
             agent_t_started={
-                aid: eps.t for aid, eps in self.agent_episodes.items() if not eps.is_done
+                aid: eps.t
+                for aid, eps in self.agent_episodes.items()
+                if not eps.is_done or aid in finished
             },
             agent_episode_ids=self.agent_episode_ids,
             agent_module_ids={aid: eps.module_id for aid, eps in self.agent_episodes.items()},
             agent_to_module_mapping_fn=self.agent_to_module_mapping_fn,
             len_lookback_buffer="auto",
         )
+        for aid, (terminated, truncated) in finished.items():
+            successor.agent_episodes[aid].is_terminated = terminated
+            successor.agent_episodes[aid].is_truncated = truncated
         successor._hanging_rewards_begin = self._hanging_rewards_end.copy()
         successor._custom_data = copy.deepcopy(self._custom_data)
         return successor
