@@ -118,5 +118,47 @@ fn bench_cut_and_gather(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, bench_column_append, bench_add_env_step, bench_cut_and_gather);
+/// The core's share of a multi-agent env step: plan each agent's step, record it in the
+/// agent's episode, extend its env-step map (what `MultiAgentEpisode.add_env_step` does per
+/// agent natively), then cut every agent at the rollout boundary.
+fn bench_multi_agent(c: &mut Criterion) {
+    use fastrollout::episode::multi::{plan_agent_step, AgentStepInput, StepMap};
+    let obs = vec![0u8; CARTPOLE_OBS * 4];
+    for n_agents in [2usize, 8] {
+        c.bench_function(&format!("multi_agent/{n_agents}_agents/100_steps_then_cut"), |b| {
+            b.iter_batched_ref(
+                || {
+                    let agents: Vec<_> = (0..n_agents).map(|_| episode(CARTPOLE_OBS, DType::F32)).collect();
+                    let maps: Vec<StepMap> = (0..n_agents).map(|_| StepMap::new(vec![Some(0)], 0)).collect();
+                    (agents, maps)
+                },
+                |(agents, maps)| {
+                    let input = AgentStepInput {
+                        has_observation: true,
+                        has_action: true,
+                        has_reward: true,
+                        has_any_data: true,
+                        has_episode: true,
+                        has_step_map: true,
+                        ..AgentStepInput::default()
+                    };
+                    for _ in 0..100 {
+                        for (agent, map) in agents.iter_mut().zip(maps.iter_mut()) {
+                            let plan = plan_agent_step(black_box(&input)).expect("plan");
+                            black_box(plan);
+                            agent.add_step(step(&obs), no_object).expect("step");
+                            map.push(Some(agent.t));
+                        }
+                    }
+                    for agent in agents.iter() {
+                        black_box(agent.cut(1).expect("cut"));
+                    }
+                },
+                BatchSize::SmallInput,
+            );
+        });
+    }
+}
+
+criterion_group!(benches, bench_column_append, bench_add_env_step, bench_cut_and_gather, bench_multi_agent);
 criterion_main!(benches);
