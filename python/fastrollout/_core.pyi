@@ -10,6 +10,7 @@ __all__ = [
     "SpaceMismatchError",
     "StepMap",
     "__version__",
+    "multi_agent_add_env_reset",
     "multi_agent_add_env_step",
     "resolve_index",
 ]
@@ -22,6 +23,9 @@ def resolve_index(
     neg_index_as_lookback: bool = False,
     fill: bool = False,
 ) -> int | list[int | None] | None: ...
+def multi_agent_add_env_reset(
+    episode: Any, observations: dict[Any, Any], infos: dict[Any, Any] | None = None
+) -> None: ...
 def multi_agent_add_env_step(
     episode: Any,
     observations: dict[Any, Any],

@@ -6,7 +6,13 @@ AssertionError`` / ``except ValueError`` written against RLlib keeps working.
 
 from fastrollout._core import EpisodeStateError, SpaceMismatchError
 
-__all__ = ["EpisodeStateError", "MultiAgentEnvError", "SpaceMismatchError"]
+__all__ = [
+    "EpisodeDoneError",
+    "EpisodeStateError",
+    "IndexFormError",
+    "MultiAgentEnvError",
+    "SpaceMismatchError",
+]
 
 # Defined in the native module; shown under their public home in tracebacks.
 EpisodeStateError.__module__ = __name__
@@ -22,4 +28,19 @@ class MultiAgentEnvError(ValueError):
 
     RLlib raises its own ``MultiAgentEnvError`` in the same places; the message names the
     agent.
+    """
+
+
+class EpisodeDoneError(EpisodeStateError, RuntimeError):
+    """An operation that a done (terminated or truncated) episode does not allow.
+
+    Also a ``RuntimeError``, which RLlib raises for a cut of a done multi-agent episode.
+    """
+
+
+class IndexFormError(TypeError, AssertionError):
+    """An index form that a read does not take, e.g. an int with ``return_list=True``.
+
+    RLlib 2.60 fails there with a ``TypeError`` or an ``AssertionError`` (depending on the
+    data); this error is both, with a message that says what to pass instead.
     """

@@ -21,6 +21,8 @@ mod _core {
     #[pymodule_export]
     use super::index::resolve_index;
     #[pymodule_export]
+    use super::multi::multi_agent_add_env_reset;
+    #[pymodule_export]
     use super::multi::multi_agent_add_env_step;
     #[pymodule_export]
     use super::multi::StepMapPy;

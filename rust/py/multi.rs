@@ -462,6 +462,41 @@ pub fn multi_agent_add_env_step<'py>(
     Ok(())
 }
 
+/// Records the reset observations of a `MultiAgentEpisode`'s agents in one call: every
+/// observation is checked and converted first, then all are stored (errors name the agent
+/// and leave the episode unchanged).
+#[pyfunction]
+#[pyo3(signature = (episode, observations, infos=None))]
+pub fn multi_agent_add_env_reset<'py>(
+    py: Python<'py>,
+    episode: &Bound<'py, PyAny>,
+    observations: &Bound<'py, PyDict>,
+    infos: Option<&Bound<'py, PyAny>>,
+) -> PyResult<()> {
+    let infos = as_dict(infos)?;
+    let agent_episodes = episode.getattr(intern!(py, "agent_episodes"))?.cast_into::<PyDict>()?;
+    let step_maps = episode.getattr(intern!(py, "env_t_to_agent_t"))?.cast_into::<PyDict>()?;
+    let new_agent_episode = episode.getattr(intern!(py, "_new_agent_episode"))?;
+    let mut prepared = Vec::with_capacity(observations.len());
+    for (aid, obs) in observations.iter() {
+        let eps = match agent_episodes.get_item(&aid)? {
+            Some(e) => e.cast_into::<SingleAgentEpisodePy>()?,
+            None => new_agent_episode.call1((&aid,))?.cast_into::<SingleAgentEpisodePy>()?,
+        };
+        let reset = eps.borrow().prepare_reset(&obs).map_err(|e| for_agent(py, &aid, e))?;
+        let info = get_opt(infos.as_ref(), &aid)?;
+        prepared.push((aid, eps, reset, info));
+    }
+    for (aid, eps, reset, info) in prepared {
+        step_map_of(py, &step_maps, &aid)?.borrow_mut().map.push(Some(0));
+        eps.borrow_mut().apply_reset(py, reset, info.as_ref())?;
+        if agent_episodes.get_item(&aid)?.is_none() {
+            agent_episodes.set_item(&aid, &eps)?;
+        }
+    }
+    Ok(())
+}
+
 /// `err` (from an agent episode) again, its message prefixed with the agent's id.
 fn for_agent(py: Python<'_>, aid: &Bound<'_, PyAny>, err: PyErr) -> PyErr {
     let who = aid.repr().map(|r| r.to_string()).unwrap_or_default();

@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from fastrollout._core import StepMap, multi_agent_add_env_step
+from fastrollout._core import StepMap, multi_agent_add_env_reset, multi_agent_add_env_step
 from fastrollout.episodes.single_agent_episode import SingleAgentEpisode
-from fastrollout.errors import EpisodeStateError
+from fastrollout.errors import EpisodeDoneError, EpisodeStateError, IndexFormError
 
 DEFAULT_MODULE_ID = "default_policy"
 SKIP = "S"  # An env step at which an agent did not step (RLlib's skip tag).
@@ -159,6 +159,8 @@ class MultiAgentEpisode:
 
         Raises:
             EpisodeStateError: If the episode is done or was already reset.
+            SpaceMismatchError: If an observation does not fit its agent's space (the
+                message names the agent); nothing is recorded then.
         """
         if self.is_done:
             raise EpisodeStateError("add_env_reset: the episode is done")
@@ -167,13 +169,7 @@ class MultiAgentEpisode:
                 f"add_env_reset: a reset starts at env_t=0, this episode is at "
                 f"env_t={self.env_t} (env_t_started={self.env_t_started})"
             )
-        infos = infos or {}
-        for agent_id, agent_obs in observations.items():
-            self.env_t_to_agent_t[agent_id].append(0)
-            if agent_id not in self.agent_episodes:
-                self.agent_episodes[agent_id] = self._new_agent_episode(agent_id)
-            self.agent_episodes[agent_id].add_env_reset(agent_obs, infos.get(agent_id))
-        self.validate()
+        multi_agent_add_env_reset(self, observations, infos)
         self._start_time = time.perf_counter()
 
     def add_env_step(
@@ -247,7 +243,9 @@ class MultiAgentEpisode:
         Raises:
             RuntimeError: If only some of them were.
         """
-        flags = {eps.is_numpy for eps in self.agent_episodes.values()}
+        # Observations switch on every to_numpy (rewards only once an agent has a step),
+        # so they tell for agents of length 0 too (RLlib 2.60 raises for such mixes).
+        flags = {eps._is_finalized("observations") for eps in self.agent_episodes.values()}
         if len(flags) > 1:
             raise RuntimeError(f"only some agent episodes of {self} are numpy'd")
         return flags.pop() if flags else False
@@ -329,21 +327,31 @@ class MultiAgentEpisode:
                 f"starts at env_t_started={other.env_t_started}"
             )
         other.validate()
+        # Every agent's env-step map must keep covering every env step (RLlib 2.60 leaves
+        # the maps of agents that are done, or absent from `other`, behind, and re-appends
+        # `other`'s look-back entries: ray issue 45542).
+        new_steps = len(other)
+        reference = next(iter(self.env_t_to_agent_t.values()), None)
         for agent_id in self.agent_ids | other.agent_ids:
             sa_episode = self.agent_episodes.get(agent_id)
+            theirs = other.env_t_to_agent_t.get(agent_id)
+            # `other`'s entries from its first env step on (the one it shares with us).
+            tail = (
+                theirs.data[theirs.lookback :] if theirs is not None else [SKIP] * (new_steps + 1)
+            )
             if sa_episode is None:
                 self.agent_episodes[agent_id] = other.agent_episodes[agent_id]
                 self.agent_t_started[agent_id] = other.agent_t_started[agent_id]
-                if agent_id not in self.env_t_to_agent_t:
-                    self.env_t_to_agent_t[agent_id] = other.env_t_to_agent_t[agent_id].copy()
+                if agent_id in self.env_t_to_agent_t:
+                    self.env_t_to_agent_t[agent_id].extend(tail[1:])
                 else:
-                    self.env_t_to_agent_t[agent_id].extend(
-                        other.env_t_to_agent_t[agent_id].data[1:]
-                    )
+                    before = len(reference.data) - 1 if reference is not None else 0
+                    lookback = reference.lookback if reference is not None else 0
+                    self.env_t_to_agent_t[agent_id] = StepMap([SKIP] * before + tail, lookback)
                 self._copy_hanging(agent_id, other)
-            elif sa_episode.is_done:
-                continue
-            elif agent_id in other.agent_episodes:
+            elif sa_episode.is_done or agent_id not in other.agent_episodes:
+                self.env_t_to_agent_t[agent_id].extend([SKIP] * new_steps)
+            else:
                 sa_episode.concat_episode(other.agent_episodes[agent_id])
                 if agent_id in other._hanging_actions_end:
                     self._hanging_actions_end[agent_id] = copy.deepcopy(
@@ -353,7 +361,7 @@ class MultiAgentEpisode:
                     self._hanging_extra_model_outputs_end[agent_id] = copy.deepcopy(
                         other._hanging_extra_model_outputs_end[agent_id]
                     )
-                self.env_t_to_agent_t[agent_id].extend(other.env_t_to_agent_t[agent_id].data[1:])
+                self.env_t_to_agent_t[agent_id].extend(tail[1:])
         self.env_t = other.env_t
         if other.is_terminated:
             self.is_terminated = True
@@ -380,7 +388,7 @@ class MultiAgentEpisode:
                 f"cut: len_lookback_buffer must be >= 0, got {len_lookback_buffer}"
             )
         if self.is_done:
-            raise EpisodeStateError("cut: the episode is done")
+            raise EpisodeDoneError("cut: the multi-agent episode is done")
         requested = len_lookback_buffer
         for agent_id in self._hanging_actions_end:
             step_map = self.env_t_to_agent_t[agent_id]
@@ -717,6 +725,11 @@ class MultiAgentEpisode:
                 )
             return self._get_by_agent_steps(what, indices, wanted, neg, fill, one_hot, key)
         if return_list:
+            if isinstance(indices, int):
+                raise IndexFormError(
+                    f"get_{what}(return_list=True) takes None, a slice or a list of ints as "
+                    f"indices (one dict per env step), not the int {indices}"
+                )
             return self._get_by_env_steps_as_list(what, indices, wanted, neg, fill, one_hot, key)
         return self._get_by_env_steps(what, indices, wanted, neg, fill, one_hot, key)
 
@@ -882,11 +895,11 @@ class MultiAgentEpisode:
 
     def _get_many(self, eps, what, key, positions, fill, one_hot, hanging) -> Any:
         if what == "extra_model_outputs" and key is None:
-            return [
-                self._get_one(eps, what, key, p, fill, one_hot, hanging)
-                for p in positions
-                if p != SKIP or fill is not None
-            ]
+            # All keys: {key: that key's read}, like a read per key.
+            return {
+                k: self._get_many(eps, what, k, positions, fill, one_hot, hanging)
+                for k in self._extra_keys(eps, hanging)
+            }
         if what == "extra_model_outputs" and isinstance(hanging, dict):
             hanging = hanging.get(key)
         lookback = (
