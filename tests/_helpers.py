@@ -6,6 +6,8 @@
 - ``assert_same``: a strict deep comparison that names the path of the first difference.
 - ``snapshot``: everything observable about an episode through its public getters, as one
   comparable structure (exceptions become ``Raised`` markers).
+- ``MAEpisode`` / ``RLlibMAEpisode``: the same switch for ``MultiAgentEpisode`` (resolved on
+  first use, so the multi-agent modules import before fastrollout has the class).
 """
 
 from __future__ import annotations
@@ -18,11 +20,16 @@ from typing import Any
 
 import numpy as np
 import pytest
+from ray.rllib.env.multi_agent_episode import MultiAgentEpisode as RLlibMAEpisode
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode as RLlibEpisode
+from ray.rllib.utils.error import MultiAgentEnvError as RLlibMultiAgentEnvError
 
 __all__ = [
     "IS_FASTROLLOUT",
     "REPORT",
+    "MAEpisode",
+    "RLlibMAEpisode",
+    "RLlibMultiAgentEnvError",
     "SUBJECT",
     "Episode",
     "EpisodeStateError",
@@ -34,7 +41,9 @@ __all__ = [
     "assert_same_outcome",
     "count",
     "fastrollout_only",
+    "ma_env_errors",
     "outcome",
+    "same_error_kind",
     "snapshot",
 ]
 
@@ -261,3 +270,70 @@ def assert_same_episode(
     b = snapshot(actual, extra_keys)
     for key in a:
         assert_same_outcome(a[key], b[key], key, **kw)
+
+
+# --------------------------------------------------------------------------------------
+# Multi-agent: the subject's MultiAgentEpisode, looked up on first use.
+# --------------------------------------------------------------------------------------
+
+
+class _SubjectMAEpisode:
+    """Stands for the subject's ``MultiAgentEpisode`` class, resolved on first use.
+
+    The multi-agent test modules import while ``fastrollout`` has no ``MultiAgentEpisode``
+    yet; using this stand-in then raises (so those tests fail, they are never skipped).
+    Calling it constructs an episode; attributes (``from_state``, ...) are the class's.
+    """
+
+    def resolve(self) -> Any:
+        if SUBJECT == "rllib":
+            return RLlibMAEpisode
+        import fastrollout
+
+        cls = getattr(fastrollout, "MultiAgentEpisode", None)
+        if cls is None:
+            raise RuntimeError(
+                "fastrollout has no MultiAgentEpisode: the multi-agent tests test it and "
+                "fail until it exists (FR_DIFF_SUBJECT=rllib runs them against RLlib)"
+            )
+        return cls
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.resolve()(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.resolve(), name)
+
+    def __repr__(self) -> str:
+        return f"<the subject's MultiAgentEpisode ({SUBJECT})>"
+
+
+MAEpisode: Any = _SubjectMAEpisode()
+
+
+def ma_env_errors() -> tuple[type[BaseException], ...]:
+    """The exception classes that stand for RLlib's ``MultiAgentEnvError`` on the subject.
+
+    RLlib raises ``ray.rllib.utils.error.MultiAgentEnvError``; fastrollout (which does not
+    depend on ray) raises its own ``fastrollout.errors.MultiAgentEnvError`` or a subclass
+    of ray's.
+    """
+    classes: list[type[BaseException]] = [RLlibMultiAgentEnvError]
+    if IS_FASTROLLOUT:
+        import fastrollout.errors
+
+        own = getattr(fastrollout.errors, "MultiAgentEnvError", None)
+        if own is not None:
+            classes.append(own)
+    return tuple(classes)
+
+
+def same_error_kind(expected: type[BaseException], actual: type[BaseException]) -> bool:
+    """Whether the subject's exception ``actual`` stands for the reference's ``expected``.
+
+    A subclass counts; RLlib's ``MultiAgentEnvError`` is also matched by any class in
+    ``ma_env_errors()``.
+    """
+    if issubclass(actual, expected):
+        return True
+    return issubclass(expected, RLlibMultiAgentEnvError) and issubclass(actual, ma_env_errors())

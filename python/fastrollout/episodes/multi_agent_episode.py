@@ -725,7 +725,7 @@ class MultiAgentEpisode:
                 )
             return self._get_by_agent_steps(what, indices, wanted, neg, fill, one_hot, key)
         if return_list:
-            if isinstance(indices, int):
+            if isinstance(indices, int) and any(aid in wanted for aid in self.agent_episodes):
                 raise IndexFormError(
                     f"get_{what}(return_list=True) takes None, a slice or a list of ints as "
                     f"indices (one dict per env step), not the int {indices}"
