@@ -733,6 +733,12 @@ class MultiAgentEpisode:
             return self._get_by_env_steps_as_list(what, indices, wanted, neg, fill, one_hot, key)
         return self._get_by_env_steps(what, indices, wanted, neg, fill, one_hot, key)
 
+    @staticmethod
+    def _require_key(eps: SingleAgentEpisode, what: str, key: str | None, agent_id: Any) -> None:
+        """RLlib reads one extra model output of every selected agent: a missing key fails."""
+        if what == "extra_model_outputs" and key is not None and key not in eps._extra_keys():
+            raise KeyError(f"agent {agent_id!r} has no extra model output {key!r}")
+
     def _hanging(self, what: str, agent_id: Any) -> Any:
         if what == "actions":
             return self._hanging_actions_end.get(agent_id)
@@ -768,6 +774,7 @@ class MultiAgentEpisode:
         for agent_id, eps in self.agent_episodes.items():
             if agent_id not in wanted:
                 continue
+            self._require_key(eps, what, key, agent_id)
             hanging = self._hanging(what, agent_id)
             if what == "extra_model_outputs" and key is None:
                 value = {
@@ -879,6 +886,7 @@ class MultiAgentEpisode:
             mapped = self.env_t_to_agent_t[agent_id].get(
                 indices, neg_index_as_lookback=neg, fill=fill is not None, ignore_last=ignore_last
             )
+            self._require_key(eps, what, key, agent_id)
             if isinstance(mapped, list):
                 positions = [
                     self._agent_index(agent_id, eps, what, key, hanging, i) for i in mapped
@@ -944,6 +952,7 @@ class MultiAgentEpisode:
             row = {}
             for agent_id, mapped in per_agent.items():
                 eps = self.agent_episodes[agent_id]
+                self._require_key(eps, what, key, agent_id)
                 hanging = self._hanging(what, agent_id)
                 if what == "extra_model_outputs" and not eps._extra_keys() and not hanging:
                     continue

@@ -1,0 +1,566 @@
+"""Random valid multi-agent step scripts, and models of RLlib 2.60 with its bugs fixed.
+
+``Planner`` writes the arguments of ``add_env_reset``/``add_env_step`` for a multi-agent
+environment with a few agents: all of them acting every step (simultaneous), taking turns,
+or a random subset; agents joining late and leaving early (terminated or truncated),
+``__all__`` termination and truncation, rewards for agents without an observation (they
+hang until the agent's next observation) and rewards before an agent's first observation.
+It follows the rules of RLlib's ``MultiAgentEpisode.add_env_step``:
+
+- every agent that got an observation at the previous step and is not done acts now;
+- an agent that acts and gets its next observation in the same step gets a reward;
+- an agent that acted but got no observation holds a hanging action until its next
+  observation (it does not act again before that); it may get rewards meanwhile;
+- an agent is truncated only with an observation; it may be terminated without one (RLlib
+  then repeats its last observation);
+- no data at all for an agent that is done.
+
+The planner keeps its own book of every agent's status, so a planner copy drives a cut
+successor exactly like the original would have gone on.
+
+``fixed_cut``, ``extras_model`` and the helpers around them compute what RLlib 2.60 would
+return without the bugs listed in the differential test's ``KNOWN_RLLIB_BUGS`` (they run
+RLlib itself, on patched inputs).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from _helpers import assert_same_outcome, outcome
+
+AGENT_IDS = ("a0", "a1", "a2", "a3")
+EXTRA_KEYS = ("logp", "dist")
+MODES = ("simultaneous", "turns", "random")
+
+
+def obs_space(kind: str) -> gym.Space:
+    if kind == "discrete":
+        return gym.spaces.Discrete(5)
+    return gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+
+
+def act_space(kind: str) -> gym.Space:
+    if kind == "discrete":
+        return gym.spaces.Discrete(3)
+    return gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+
+
+# Agent-to-module mapping functions (module level, so that episodes pickle).
+def module_by_parity(agent_id: Any, episode: Any) -> str:
+    return "even" if int(str(agent_id)[-1]) % 2 == 0 else "odd"
+
+
+def module_per_agent(agent_id: Any, episode: Any) -> str:
+    return f"module_{agent_id}"
+
+
+MAPPING_FNS = (None, module_by_parity, module_per_agent)
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    obs_kind: str  # "discrete" (python int in [0, 5)) or "box" (float32, shape (2,))
+    act_kind: str  # "discrete" (python int in [0, 3)) or "box" (float32, shape (2,))
+    extras: bool  # whether its actions come with extra_model_outputs (logp, dist)
+    late: bool  # not in the reset observation (may join later)
+
+
+@dataclass
+class ScriptConfig:
+    agents: dict[str, AgentSpec]
+    mode: str
+    p_end: float  # per step: __all__ terminated or truncated
+    p_done: float  # per observation: the agent is terminated or truncated
+    p_join: float  # per step and late agent: its first observation
+    spaces: str  # "none", "dict" (a plain dict of spaces) or "gym" (gym.spaces.Dict)
+
+    @staticmethod
+    def draw(rng: np.random.Generator) -> ScriptConfig:
+        n = int(rng.choice([1, 2, 2, 3, 3, 4]))
+        agents = {}
+        for i, aid in enumerate(AGENT_IDS[:n]):
+            agents[aid] = AgentSpec(
+                obs_kind=("discrete", "box")[int(rng.integers(2))],
+                act_kind=("discrete", "box")[int(rng.integers(2))],
+                extras=bool(rng.random() < 0.5),
+                late=bool(i > 0 and rng.random() < 0.3),
+            )
+        return ScriptConfig(
+            agents=agents,
+            mode=MODES[int(rng.integers(len(MODES)))],
+            p_end=float(rng.choice([0.0, 0.04, 0.1])),
+            p_done=float(rng.choice([0.0, 0.05, 0.15])),
+            p_join=float(rng.choice([0.2, 0.5])),
+            spaces=("none", "none", "dict", "gym")[int(rng.integers(4))],
+        )
+
+    def space_kwargs(self) -> dict[str, Any]:
+        """observation_space/action_space constructor arguments (per agent), if any."""
+        if self.spaces == "none":
+            return {}
+        obs = {aid: obs_space(s.obs_kind) for aid, s in self.agents.items()}
+        act = {aid: act_space(s.act_kind) for aid, s in self.agents.items()}
+        if self.spaces == "gym":
+            return {"observation_space": gym.spaces.Dict(obs), "action_space": gym.spaces.Dict(act)}
+        return {"observation_space": obs, "action_space": act}
+
+    def describe(self) -> str:
+        agents = ", ".join(
+            f"{aid}({s.obs_kind}/{s.act_kind}{', extras' if s.extras else ''}"
+            f"{', late' if s.late else ''})"
+            for aid, s in self.agents.items()
+        )
+        return f"{self.mode} [{agents}] spaces={self.spaces}"
+
+
+class Planner:
+    """Writes valid reset/step arguments and keeps the book of every agent's status.
+
+    Status: "out" (no observation yet), "ready" (observed at the previous step: acts now),
+    "hanging" (acted, waits for its next observation), "done", "gone" (left or was dropped
+    without ever being part of the episode).
+    """
+
+    def __init__(self, cfg: ScriptConfig, rng: np.random.Generator):
+        self.cfg = cfg
+        self.rng = rng
+        self.status = dict.fromkeys(cfg.agents, "out")
+        self.joined: set[str] = set()  # agents with a SingleAgentEpisode
+        self.done = False
+        self.t = 0
+        self.turn = 0
+        self.events: Counter[str] = Counter()  # what the scripts covered (shared by forks)
+
+    def fork(self) -> Planner:
+        """An independent copy (same random generator) to drive a successor."""
+        twin = copy.copy(self)
+        twin.status = dict(self.status)
+        twin.joined = set(self.joined)
+        return twin
+
+    # -- data ----------------------------------------------------------------------
+
+    def obs(self, aid: str) -> Any:
+        if self.cfg.agents[aid].obs_kind == "discrete":
+            return int(self.rng.integers(5))
+        return self.rng.uniform(-1.0, 1.0, 2).astype(np.float32)
+
+    def act(self, aid: str) -> Any:
+        if self.cfg.agents[aid].act_kind == "discrete":
+            return int(self.rng.integers(3))
+        return self.rng.uniform(-1.0, 1.0, 2).astype(np.float32)
+
+    def reward(self) -> float:
+        return float(np.round(self.rng.normal(), 3))
+
+    def extra(self) -> dict[str, Any]:
+        r = self.rng
+        return {
+            "logp": np.float32(np.round(r.normal(), 3)),
+            "dist": r.normal(size=2).astype(np.float32),
+        }
+
+    def info(self, aid: str) -> dict | None:
+        return {"t": self.t, "who": aid} if self.rng.random() < 0.5 else None
+
+    # -- scripts -------------------------------------------------------------------
+
+    def reset(self) -> tuple[dict, dict]:
+        """(observations, infos) for add_env_reset: at least one agent."""
+        r = self.rng
+        first = [aid for aid, s in self.cfg.agents.items() if not s.late]
+        if self.cfg.mode == "turns":
+            first = first[:1]
+        elif self.cfg.mode == "random":
+            first = [aid for aid in first if r.random() < 0.6] or first[:1]
+        observations = {aid: self.obs(aid) for aid in first}
+        infos = {aid: i for aid in first if (i := self.info(aid)) is not None}
+        for aid in first:
+            self.status[aid] = "ready"
+            self.joined.add(aid)
+        return observations, infos
+
+    def step(self) -> dict[str, Any]:
+        """Keyword arguments for one valid add_env_step."""
+        r, cfg, st = self.rng, self.cfg, self.status
+        self.t += 1
+        ready = [a for a in st if st[a] == "ready"]
+        hanging = [a for a in st if st[a] == "hanging"]
+        out = [a for a in st if st[a] == "out"]
+        live = ready + hanging
+        u = r.random()
+        end = "terminated" if u < cfg.p_end / 2 else "truncated" if u < cfg.p_end else None
+
+        movers: set[str] = set()
+        if cfg.mode == "simultaneous":
+            movers = {a for a in live if r.random() < 0.9}
+        elif cfg.mode == "turns" and live:
+            # The next agent in turn observes; usually not the one that just acted.
+            order = sorted(live)
+            mover = order[self.turn % len(order)]
+            self.turn += 1
+            waiting = [a for a in order if a not in ready]
+            if mover in ready and waiting and r.random() < 0.8:
+                mover = waiting[0]
+            movers = {mover}
+        else:
+            movers = {a for a in live if r.random() < 0.6}
+        joiners = {a for a in out if r.random() < cfg.p_join}
+        if end == "truncated":
+            movers |= set(live)  # A truncation needs every acting agent's last observation.
+
+        observations = {a: self.obs(a) for a in sorted(movers | joiners)}
+        actions = {a: self.act(a) for a in ready}
+        extras = {a: self.extra() for a in ready if cfg.agents[a].extras}
+        rewards: dict[str, float] = {}
+        for a in st:
+            if st[a] in ("done", "gone"):
+                continue
+            if (a in ready and a in observations) or r.random() < (0.3 if st[a] == "out" else 0.5):
+                rewards[a] = self.reward()
+        infos = {a: i for a in observations if (i := self.info(a)) is not None}
+        terminateds: dict[str, bool] = {}
+        truncateds: dict[str, bool] = {}
+        for a in observations:
+            if r.random() < cfg.p_done:
+                (terminateds if r.random() < 0.5 else truncateds)[a] = True
+            elif r.random() < 0.1:
+                terminateds[a] = False
+        for a in live:
+            if a not in observations and r.random() < cfg.p_done / 3:
+                terminateds[a] = True  # Terminated without a last observation.
+        for a in out:
+            if a not in observations and r.random() < 0.02:
+                terminateds[a] = True  # Leaves before it ever joined.
+        if end is not None:
+            (terminateds if end == "terminated" else truncateds)["__all__"] = True
+        elif r.random() < 0.2:
+            terminateds["__all__"] = False
+
+        ev = self.events
+        ev["steps"] += 1
+        ev["steps with a hanging action"] += bool(hanging) or any(
+            a not in observations for a in ready
+        )
+        ev["rewards without an observation"] += sum(
+            a in st and a not in observations for a in rewards
+        )
+        ev["rewards before the first observation"] += sum(st[a] == "out" for a in rewards)
+        ev["agents terminated"] += sum(bool(terminateds.get(a)) for a in st)
+        ev["agents truncated"] += sum(bool(truncateds.get(a)) for a in st)
+        ev["agents terminated without an observation"] += sum(
+            bool(terminateds.get(a)) and a in live and a not in observations for a in st
+        )
+        if end is not None:
+            ev[f"episode ends: __all__ {end}"] += 1
+
+        # The book: who is done, who joined, and whether the episode ends.
+        flagged = {
+            a
+            for a in {*terminateds, *truncateds} - {"__all__"}
+            if terminateds.get(a) or truncateds.get(a)
+        }
+        done_before = {a for a in self.joined if st[a] == "done"}
+        # RLlib ends the episode (terminated) once every agent that has an episode is done.
+        self.done = end is not None or all(a in done_before | flagged for a in self.joined)
+        for a in list(st):
+            if st[a] in ("done", "gone"):
+                continue
+            if st[a] == "out":
+                if a in observations and not (a in flagged or self.done):
+                    st[a] = "ready"
+                    self.joined.add(a)
+                    ev["late joins"] += 1
+                elif a in observations or a in flagged:
+                    st[a] = "gone"  # Done with its first observation: never part of it.
+                continue
+            if a in flagged or self.done:
+                st[a] = "done"
+            else:
+                st[a] = "ready" if a in observations else "hanging"
+
+        kwargs: dict[str, Any] = {
+            "observations": observations,
+            "actions": actions,
+            "rewards": rewards,
+        }
+        if infos or r.random() < 0.5:
+            kwargs["infos"] = infos
+        if terminateds or r.random() < 0.3:
+            kwargs["terminateds"] = terminateds
+        if truncateds or r.random() < 0.3:
+            kwargs["truncateds"] = truncateds
+        if extras or r.random() < 0.3:
+            kwargs["extra_model_outputs"] = extras
+        return kwargs
+
+    def invalid_step(self) -> tuple[str, dict[str, Any]] | None:
+        """(what is wrong, add_env_step kwargs) for a step RLlib rejects; None if none fits.
+
+        Does not change the book (the step is meant to be rejected).
+        """
+        st = self.status
+        ready = [a for a in st if st[a] == "ready"]
+        done = [a for a in st if st[a] == "done"]
+        options = []
+        if done:
+            options.append("data for a done agent")
+        if ready:
+            options += ["acted and observed without a reward", "truncated without an observation"]
+        if not options:
+            return None
+        what = options[int(self.rng.integers(len(options)))]
+        actions = {a: self.act(a) for a in ready}
+        if what == "data for a done agent":
+            a = done[int(self.rng.integers(len(done)))]
+            return what, {
+                "observations": {a: self.obs(a)},
+                "actions": actions,
+                "rewards": {a: 1.0},
+            }
+        a = ready[0]
+        if what == "acted and observed without a reward":
+            return what, {"observations": {a: self.obs(a)}, "actions": actions, "rewards": {}}
+        return what, {
+            "observations": {},
+            "actions": actions,
+            "rewards": {},
+            "truncateds": {a: True},
+        }
+
+
+# --------------------------------------------------------------------------------------
+# Per-agent data.
+# --------------------------------------------------------------------------------------
+
+
+def agent_data(ep: Any) -> dict[str, dict[str, Any]]:
+    """Every agent episode's chunk data and counters (excluding its look-back)."""
+    out = {}
+    for aid in sorted(ep.agent_ids, key=str):
+        sa = ep.agent_episodes[aid]
+        out[aid] = {
+            "len": len(sa),
+            "t_started": sa.t_started,
+            "t": sa.t,
+            "is_terminated": sa.is_terminated,
+            "is_truncated": sa.is_truncated,
+            "observations": sa.get_observations(),
+            "actions": sa.get_actions(),
+            "rewards": sa.get_rewards(),
+            "infos": sa.get_infos(),
+        }
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Models of RLlib 2.60 without its bugs (computed with RLlib itself).
+# --------------------------------------------------------------------------------------
+
+
+def boundary_done_agents(ep: Any) -> dict[Any, tuple[bool, bool]]:
+    """Agents that are done and stepped at the last env step: {id: (terminated, truncated)}."""
+    out = {}
+    for aid in ep.get_agents_that_stepped():
+        sa = ep.agent_episodes[aid]
+        if sa.is_done:
+            out[aid] = (sa.is_terminated, sa.is_truncated)
+    return out
+
+
+def fixed_cut(ep: Any, len_lookback_buffer: int = 0) -> Any:
+    """RLlib 2.60's ``cut`` without ray issues 61602 and 44677 (``ep`` is RLlib's).
+
+    - 61602: an agent that is done and stepped at the last env step (it finishes exactly
+      at the cut) stays in the successor: a done agent episode of length 0 holding its
+      last observation, with ``t_started`` = its ``t`` (RLlib drops it for
+      ``len_lookback_buffer=0`` and starts it at t=0 otherwise). Modelled by cutting with
+      its done flags cleared, then setting them again on the successor.
+    - 44677 (a): with ``len_lookback_buffer=0``, RLlib's look-back extension for agents
+      with a hanging action reads index 0 instead of the last item, so such an agent is
+      dropped and its pending step is lost. The intended extension equals RLlib's own
+      ``cut(1)`` whenever a hanging action exists.
+    - 44677 (b): the successor's agent episodes come from the constructor, which leaves
+      ``_last_added_observation`` unset; an agent terminated without an observation then
+      loses its last step. Fixed by setting it to the agent's last observation (and infos).
+    """
+    src = ep
+    boundary = boundary_done_agents(ep)
+    if boundary:
+        src = copy.deepcopy(ep)
+        for aid in boundary:
+            src.agent_episodes[aid].is_terminated = False
+            src.agent_episodes[aid].is_truncated = False
+    if len_lookback_buffer == 0 and ep._hanging_actions_end:
+        len_lookback_buffer = 1
+    successor = src.cut(len_lookback_buffer=len_lookback_buffer)
+    for aid, (terminated, truncated) in boundary.items():
+        successor.agent_episodes[aid].is_terminated = terminated
+        successor.agent_episodes[aid].is_truncated = truncated
+    patch_last_added(successor)
+    return successor
+
+
+def patch_last_added(ep: Any) -> Any:
+    """Sets RLlib's private ``_last_added_observation``/``_infos`` of every agent episode
+    to its last observation/infos (what add_env_reset/add_env_step would have left)."""
+    for sa in ep.agent_episodes.values():
+        sa._last_added_observation = sa.get_observations(-1)
+        sa._last_added_infos = sa.get_infos(-1)
+    return ep
+
+
+def fixed_cut_bugs(ep: Any, len_lookback_buffer: int) -> tuple[str, ...]:
+    """Which of the issues ``fixed_cut`` corrects can show in this cut (RLlib's ``ep``)."""
+    bugs = []
+    if boundary_done_agents(ep):
+        bugs.append("61602")
+    bugs.append("44677")  # (b) can show in any successor; (a) if there is a hanging action.
+    return tuple(bugs)
+
+
+def extras_model(ep: Any, key: Any, args: tuple, kwargs: dict) -> Any:
+    """``get_extra_model_outputs`` as RLlib 2.60 means it, where RLlib crashes internally.
+
+    RLlib's extra-model-output reads run the same index mapping as its action reads (one
+    item per action, the hanging one last), but several of its code paths crash (key None
+    with batched indices, any fill, env_steps=False). The model: for each key, the
+    action read of a copy of ``ep`` whose actions (and hanging actions) are that key's
+    extra model outputs; for ``key=None``, {agent: {key: ...}} over the agent's keys.
+    """
+    keys = [key]
+    if key is None:
+        keys = sorted({k for sa in ep.agent_episodes.values() for k in sa.extra_model_outputs})
+    per_key = {}
+    for k in keys:
+        shadow = copy.deepcopy(ep)
+        shadow.action_space = {}
+        for aid, sa in list(shadow.agent_episodes.items()):
+            if k not in sa.extra_model_outputs:
+                if key is not None:
+                    raise KeyError(k)
+                del shadow.agent_episodes[aid]
+                continue
+            sa.actions = sa.extra_model_outputs[k]
+            sa.actions.space = None
+            hanging = shadow._hanging_extra_model_outputs_end.get(aid)
+            if aid in shadow._hanging_actions_end:
+                shadow._hanging_actions_end[aid] = None if hanging is None else hanging[k]
+        per_key[k] = shadow.get_actions(*args, **kwargs) if shadow.agent_episodes else None
+    if key is not None:
+        return per_key[key]
+    if kwargs.get("return_list"):
+        # One dict per env step, as many as the action read has.
+        steps: list[dict] = [{} for _ in ep.get_actions(*args, **kwargs)]
+        for k, rows in per_key.items():
+            for i, row in enumerate(rows or []):
+                for aid, value in row.items():
+                    steps[i].setdefault(aid, {})[k] = value
+        return steps
+    out: dict[Any, dict] = {}
+    for k, values in per_key.items():
+        for aid, value in (values or {}).items():
+            out.setdefault(aid, {})[k] = value
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Snapshots.
+# --------------------------------------------------------------------------------------
+
+
+def _rounded(x: Any) -> Any:
+    return round(float(x), 9)
+
+
+def ma_snapshot(ep: Any, extra_keys: tuple[str, ...] = (), *, ids: bool = True) -> dict[str, Any]:
+    """Everything observable about a multi-agent episode through its public API, as one
+    comparable structure (exceptions become ``Raised`` markers).
+
+    With ``ids=False`` the (random) agent episode ids are left out.
+    """
+    snap: dict[str, Any] = {
+        "len": outcome(lambda: len(ep)),
+        "env_t": ep.env_t,
+        "env_t_started": ep.env_t_started,
+        "agent_ids": outcome(lambda: ep.agent_ids),
+        "agent_t_started": outcome(
+            lambda: {a: ep.agent_t_started.get(a, 0) for a in sorted(ep.agent_ids, key=str)}
+        ),
+        "id_": ep.id_,
+        "is_done": ep.is_done,
+        "is_terminated": ep.is_terminated,
+        "is_truncated": ep.is_truncated,
+        "is_reset": ep.is_reset,
+        "is_numpy": outcome(lambda: ep.is_numpy),
+        "env_steps": outcome(ep.env_steps),
+        "agent_steps": outcome(ep.agent_steps),
+        "return": outcome(lambda: _rounded(ep.get_return())),
+        "return incl. hanging": outcome(
+            lambda: _rounded(ep.get_return(include_hanging_rewards=True))
+        ),
+        "agents to act": outcome(ep.get_agents_to_act),
+        "agents that stepped": outcome(ep.get_agents_that_stepped),
+        "terminateds": outcome(ep.get_terminateds),
+        "truncateds": outcome(ep.get_truncateds),
+        "custom_data": outcome(lambda: dict(ep.custom_data)),
+        "agents": outcome(lambda: agent_data(ep)),
+    }
+    if ids:
+        snap["agent_episode_ids"] = outcome(lambda: ep.agent_episode_ids)
+    else:
+        snap["agent_episode_ids (keys)"] = outcome(lambda: sorted(ep.agent_episode_ids, key=str))
+    getters = {
+        "observations": ep.get_observations,
+        "infos": ep.get_infos,
+        "actions": ep.get_actions,
+        "rewards": ep.get_rewards,
+    }
+    for key in extra_keys:
+        getters[f"extra[{key}]"] = lambda *a, _k=key, **kw: ep.get_extra_model_outputs(_k, *a, **kw)
+    for name, get in getters.items():
+        snap[name] = outcome(get)
+        snap[f"{name} (agent steps)"] = outcome(lambda g=get: g(env_steps=False))
+        snap[f"{name} (list)"] = outcome(lambda g=get: g(return_list=True))
+        snap[f"{name} (filled)"] = outcome(
+            lambda g=get: g(slice(-2, None), neg_index_as_lookback=True, fill=0)
+        )
+        snap[f"{name}[-1]"] = outcome(lambda g=get: g(-1))
+    return snap
+
+
+def assert_same_ma(expected: Any, actual: Any, extra_keys: tuple[str, ...] = (), **kw: Any) -> None:
+    """Compares the ``ma_snapshot`` of two multi-agent episodes."""
+    a = ma_snapshot(expected, extra_keys, **kw)
+    b = ma_snapshot(actual, extra_keys, **kw)
+    for key in a:
+        assert_same_outcome(a[key], b[key], key)
+
+
+def relative_t_model(ep: Any) -> Any:
+    """A copy of RLlib's ``ep`` whose env-step map counts agent steps from the chunk's
+    look-back instead of from the episode's start.
+
+    RLlib 2.60's dict-returning env-step reads of actions, rewards and extra model
+    outputs drop the item whose *absolute* agent step equals the buffer length (meant:
+    the observation without an action yet, a *relative* position). In the first chunk
+    both agree; in a cut or sliced chunk (agent_t_started != look-back) the read loses or
+    keeps the wrong item. On this copy both agree, so RLlib's reads come out right.
+    """
+    model = copy.deepcopy(ep)
+    for aid, sa in model.agent_episodes.items():
+        lookback = sa.observations.lookback
+        offset = model.agent_t_started.get(aid, 0) - lookback
+        if offset == 0 or aid not in model.env_t_to_agent_t:
+            continue
+        mapping = model.env_t_to_agent_t[aid]
+        mapping.data = [v if v == "S" else v - offset for v in mapping.data]
+        model.agent_t_started[aid] = lookback
+    return model
