@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -218,6 +218,19 @@ def assert_same_outcome(expected: Any, actual: Any, path: str = "value", **kw: A
 MAX_LOOKBACK_PROBE = 8
 
 
+def episode_getters(ep: Any, extra_keys: Iterable[str] = ()) -> dict[str, Callable[..., Any]]:
+    """The data getters of a single- or multi-agent episode by name (extras per key)."""
+    getters: dict[str, Callable[..., Any]] = {
+        "observations": ep.get_observations,
+        "infos": ep.get_infos,
+        "actions": ep.get_actions,
+        "rewards": ep.get_rewards,
+    }
+    for key in extra_keys:
+        getters[f"extra[{key}]"] = lambda *a, _k=key, **kw: ep.get_extra_model_outputs(_k, *a, **kw)
+    return getters
+
+
 def snapshot(ep: Any, extra_keys: tuple[str, ...] = (), *, deep: bool = True) -> dict:
     """Everything observable about ``ep`` through its public getters.
 
@@ -244,15 +257,7 @@ def snapshot(ep: Any, extra_keys: tuple[str, ...] = (), *, deep: bool = True) ->
         "observation_space": ep.observation_space,
         "action_space": ep.action_space,
     }
-    getters: dict[str, Callable[..., Any]] = {
-        "observations": ep.get_observations,
-        "infos": ep.get_infos,
-        "actions": ep.get_actions,
-        "rewards": ep.get_rewards,
-    }
-    for key in extra_keys:
-        getters[f"extra[{key}]"] = lambda *a, _k=key, **kw: ep.get_extra_model_outputs(_k, *a, **kw)
-    for name, get in getters.items():
+    for name, get in episode_getters(ep, extra_keys).items():
         snap[name] = outcome(get)
         if deep:
             for j in range(1, MAX_LOOKBACK_PROBE + 1):

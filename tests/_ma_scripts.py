@@ -33,7 +33,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from _helpers import assert_same_outcome, outcome
+from _helpers import assert_same_outcome, episode_getters, outcome
 
 AGENT_IDS = ("a0", "a1", "a2", "a3")
 EXTRA_KEYS = ("logp", "dist")
@@ -517,15 +517,7 @@ def ma_snapshot(ep: Any, extra_keys: tuple[str, ...] = (), *, ids: bool = True) 
         snap["agent_episode_ids"] = outcome(lambda: ep.agent_episode_ids)
     else:
         snap["agent_episode_ids (keys)"] = outcome(lambda: sorted(ep.agent_episode_ids, key=str))
-    getters = {
-        "observations": ep.get_observations,
-        "infos": ep.get_infos,
-        "actions": ep.get_actions,
-        "rewards": ep.get_rewards,
-    }
-    for key in extra_keys:
-        getters[f"extra[{key}]"] = lambda *a, _k=key, **kw: ep.get_extra_model_outputs(_k, *a, **kw)
-    for name, get in getters.items():
+    for name, get in episode_getters(ep, extra_keys).items():
         snap[name] = outcome(get)
         snap[f"{name} (agent steps)"] = outcome(lambda g=get: g(env_steps=False))
         snap[f"{name} (list)"] = outcome(lambda g=get: g(return_list=True))
