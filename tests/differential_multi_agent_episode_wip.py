@@ -207,7 +207,54 @@ def _agent_step_read_with_hanging(c: Call) -> bool:
     return bool(hanging & set(ref.agent_episodes))
 
 
+def _flattened_by_np_append(c: Call) -> bool:
+    """RLlib's result equals the subject's once each agent's items are flattened."""
+    if not (isinstance(c.ref_out, dict) and isinstance(c.sub_out, dict)):
+        return False
+    if c.ref_out.keys() != c.sub_out.keys():
+        return False
+    differs = False
+    for k, ref in c.ref_out.items():
+        sub = c.sub_out[k]
+        if isinstance(ref, np.ndarray) and ref.ndim == 1:
+            try:
+                flat = np.concatenate([np.ravel(np.asarray(x)) for x in sub]) if len(sub) else []
+            except (TypeError, ValueError):
+                return False
+            if not np.array_equal(ref, flat):
+                return False
+            differs = differs or np.asarray(sub).shape != ref.shape
+    return differs
+
+
 KNOWN_RLLIB_BUGS: list[KnownRLlibBug] = [
+    KnownRLlibBug(
+        name="np-append-flatten",
+        op=("get_actions", "get_rewards", "get_extra_model_outputs"),
+        why="RLlib appends an agent's hanging value with np.append, which flattens array "
+        "items (Box actions) into one 1-D array; fastrollout keeps one item per step "
+        "(test_agent_step_reads_append_the_hanging_value_as_an_item)",
+        applies=_flattened_by_np_append,
+    ),
+    KnownRLlibBug(
+        name="is-numpy-rewards-flag",
+        op="is_numpy",
+        why="RLlib's is_numpy reads each agent's rewards flag, which to_numpy leaves unset for "
+        "agents without a step in the chunk, so after to_numpy it answers False or raises "
+        "RuntimeError; fastrollout reads the observations' flag, which to_numpy always sets",
+        applies=lambda c: (
+            c.sub_out is True
+            and (c.ref_out is False or _raised(c.ref_out, RuntimeError))
+            and all(sa.observations.finalized for sa in c.reference.agent_episodes.values())
+        ),
+    ),
+    KnownRLlibBug(
+        name="concat-value-error",
+        op="concat_episode",
+        why="RLlib's SingleAgentEpisode.concat_episode compares array observations with a "
+        "bare truth test and raises ValueError; fastrollout compares them element-wise",
+        applies=lambda c: _raised(c.ref_out, ValueError) and c.sub_out is None,
+    ),
     KnownRLlibBug(
         name="interpret-slice-assert",
         op=("get_",),
