@@ -120,15 +120,6 @@ impl Geometry {
         }
     }
 
-    /// Resolves an int index to a stored position, without fill (for `set`).
-    pub fn position(self, index: i64, neg_index_as_lookback: bool) -> Result<usize, IndexError> {
-        match self.resolve_int(index, neg_index_as_lookback, false)? {
-            Pos::At(p) => Ok(p),
-            // Without fill, resolve_int reports out-of-range positions as errors instead.
-            Pos::Fill => Err(IndexError::OutOfRange { index, len: self.len(), lookback: self.lookback }),
-        }
-    }
-
     fn resolve_int(self, i: i64, neg_as_lookback: bool, fill: bool) -> Result<Pos, IndexError> {
         let total = self.total as i64;
         let lookback = self.lookback as i64;
@@ -330,9 +321,9 @@ mod tests {
     #[test]
     fn negative_ints_as_lookback() {
         let g = Geometry::new(5, 2);
-        assert_eq!(g.position(-1, true), Ok(1));
-        assert_eq!(g.position(-2, true), Ok(0));
-        assert!(g.position(-3, true).is_err());
+        assert_eq!(g.resolve(&Index::Int(-1), true, false), Ok(Resolved::One(Pos::At(1))));
+        assert_eq!(g.resolve(&Index::Int(-2), true, false), Ok(Resolved::One(Pos::At(0))));
+        assert!(g.resolve(&Index::Int(-3), true, false).is_err());
         assert_eq!(g.resolve(&Index::Int(-3), true, true), Ok(Resolved::One(Pos::Fill)));
     }
 

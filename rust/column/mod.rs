@@ -60,9 +60,6 @@ impl From<IndexError> for ColumnError {
     }
 }
 
-/// One item, as borrowed byte slices, one per leaf.
-pub type ItemRef<'a> = &'a [&'a [u8]];
-
 /// Typed storage for one kind of data, with look-back.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Column {
@@ -295,25 +292,6 @@ impl Column {
         true
     }
 
-    /// Overwrites the item at absolute position `pos`. All-or-nothing.
-    pub fn overwrite(&mut self, pos: usize, item: ItemRef<'_>) -> Result<(), ColumnError> {
-        self.check_item(item)?;
-        if pos >= self.total {
-            return Err(IndexError::OutOfRange {
-                index: pos as i64,
-                len: self.len(),
-                lookback: self.lookback,
-            }
-            .into());
-        }
-        for (leaf, bytes) in item.iter().enumerate() {
-            let n = bytes.len();
-            let bytes: &[u8] = bytes;
-            self.leaves[leaf][pos * n..(pos + 1) * n].copy_from_slice(bytes);
-        }
-        Ok(())
-    }
-
     /// Overwrites the items at `positions` with `items` (one buffer per leaf holding
     /// `positions.len()` items back to back). All-or-nothing.
     pub fn overwrite_many(&mut self, positions: &[usize], items: &[&[u8]]) -> Result<(), ColumnError> {
@@ -440,9 +418,9 @@ mod tests {
         for i in 0..3 {
             c.push(&[&item(i as f32, 0.0)]).unwrap();
         }
-        c.overwrite(1, &[&item(7.0, 7.0)]).unwrap();
+        c.overwrite_many(&[1], &[&item(7.0, 7.0)]).unwrap();
         assert_eq!(floats(c.item(0, 1)), vec![7.0, 7.0]);
-        assert!(c.overwrite(3, &[&item(7.0, 7.0)]).is_err());
+        assert!(c.overwrite_many(&[3], &[&item(7.0, 7.0)]).is_err());
         let two = [item(5.0, 5.0), item(6.0, 6.0)].concat();
         assert_eq!(
             c.overwrite_many(&[0, 1, 2], &[&two]),

@@ -179,14 +179,21 @@ fn flag(d: Option<&Bound<'_, PyDict>>, key: &Bound<'_, PyAny>) -> PyResult<bool>
     }
 }
 
+/// `fastrollout.errors.MultiAgentEnvError` (defined in Python, next to RLlib's name for it).
+fn multi_agent_env_error(py: Python<'_>, message: String) -> PyErr {
+    static ERR: PyOnceLock<Py<pyo3::types::PyType>> = PyOnceLock::new();
+    match ERR.import(py, "fastrollout.errors", "MultiAgentEnvError") {
+        Ok(cls) => PyErr::from_type(cls.clone(), message),
+        Err(err) => err,
+    }
+}
+
 fn agent_error(agent: &Bound<'_, PyAny>, e: AgentStepError) -> PyErr {
     let who = agent.repr().map(|r| r.to_string()).unwrap_or_default();
-    static ERR: PyOnceLock<Py<pyo3::types::PyType>> = PyOnceLock::new();
     let message = format!("agent {who} {e}");
-    match (e, ERR.import(agent.py(), "fastrollout.errors", "MultiAgentEnvError")) {
-        (AgentStepError::ObservedWithoutActing, _) => super::errors::EpisodeStateError::new_err(message),
-        (_, Ok(cls)) => PyErr::from_type(cls.clone(), message),
-        (_, Err(err)) => err,
+    match e {
+        AgentStepError::ObservedWithoutActing => super::errors::EpisodeStateError::new_err(message),
+        _ => multi_agent_env_error(agent.py(), message),
     }
 }
 
@@ -232,9 +239,10 @@ pub fn multi_agent_add_env_step<'py>(
     if episode.getattr(intern!(py, "is_terminated"))?.is_truthy()?
         || episode.getattr(intern!(py, "is_truncated"))?.is_truthy()?
     {
-        static ERR: PyOnceLock<Py<pyo3::types::PyType>> = PyOnceLock::new();
-        let cls = ERR.import(py, "fastrollout.errors", "MultiAgentEnvError")?;
-        return Err(PyErr::from_type(cls.clone(), "add_env_step: the multi-agent episode is already done"));
+        return Err(multi_agent_env_error(
+            py,
+            "add_env_step: the multi-agent episode is already done".into(),
+        ));
     }
     let all_terminated = flag(terminateds.as_ref(), &all)?;
     let all_truncated = flag(truncateds.as_ref(), &all)?;

@@ -869,25 +869,16 @@ impl SingleAgentEpisodePy {
         let index = to_index(at_indices)?;
         let f = self.field(name)?;
         let g = f.geometry();
-        let (positions, single) = match &index {
-            Index::Int(i) => {
-                (vec![g.position(*i, neg_index_as_lookback).map_err(|e| index_error(&e))?], true)
+        // Without fill every resolved position is stored data.
+        let single = matches!(index, Index::Int(_));
+        let positions: Vec<usize> =
+            match g.resolve(&index, neg_index_as_lookback, false).map_err(|e| index_error(&e))? {
+                Resolved::One(p) => vec![p],
+                Resolved::Many(v) => v,
             }
-            Index::List(l) => (
-                l.iter()
-                    .map(|&i| g.position(i, neg_index_as_lookback))
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| index_error(&e))?,
-                false,
-            ),
-            _ => match g.resolve(&index, neg_index_as_lookback, false).map_err(|e| index_error(&e))? {
-                Resolved::Many(v) => (
-                    v.into_iter().filter_map(|p| if let Pos::At(p) = p { Some(p) } else { None }).collect(),
-                    false,
-                ),
-                Resolved::One(_) => unreachable_one(),
-            },
-        };
+            .into_iter()
+            .filter_map(|p| if let Pos::At(p) = p { Some(p) } else { None })
+            .collect();
         // The new items, one Python value each (or one batch).
         let values: Option<Vec<Bound<'_, PyAny>>> = if single {
             Some(vec![new_data.clone()])
@@ -980,11 +971,6 @@ impl SingleAgentEpisodePy {
             }
         }
     }
-}
-
-fn unreachable_one() -> (Vec<usize>, bool) {
-    // A slice or `None` always resolves to many positions.
-    (Vec::new(), false)
 }
 
 /// How a batched read treats its fill positions (RLlib's rules).
@@ -1210,7 +1196,7 @@ pub struct PreparedStep<'py> {
     info: PyObj,
     extras: Vec<(Bound<'py, PyString>, Item<PyObj, LeafBytes<'py>>)>,
     /// Specs inferred from first items, stored once the step is.
-    specs: Vec<(String, Spec)>,
+    specs: Vec<(SpecSlot, Spec)>,
 }
 
 /// A reset observation, converted and checked against an episode, not yet stored.
@@ -1219,9 +1205,13 @@ pub struct PreparedReset<'py> {
     spec: Option<Spec>,
 }
 
-const SPEC_OBS: &str = "\0observations";
-const SPEC_ACT: &str = "\0actions";
-const SPEC_REW: &str = "\0rewards";
+/// Which field an inferred spec belongs to (owned: it outlives the borrowed extra keys).
+enum SpecSlot {
+    Observations,
+    Actions,
+    Rewards,
+    Extra(String),
+}
 
 impl SingleAgentEpisodePy {
     /// Checks and converts a reset observation (nothing is stored).
@@ -1292,9 +1282,9 @@ impl SingleAgentEpisodePy {
             )));
         }
         let mut specs = Vec::new();
-        let mut keep = |name: &str, s: Option<Spec>| {
+        let mut keep = |slot: SpecSlot, s: Option<Spec>| {
             if let Some(s) = s {
-                specs.push((name.to_string(), s));
+                specs.push((slot, s));
             }
         };
         let (observation, s) = prepare(
@@ -1303,13 +1293,13 @@ impl SingleAgentEpisodePy {
             self.specs.observations.as_ref(),
             FieldName::Observations,
         )?;
-        keep(SPEC_OBS, s);
+        keep(SpecSlot::Observations, s);
         let (action, s) =
             prepare(action, &self.core.actions, self.specs.actions.as_ref(), FieldName::Actions)?;
-        keep(SPEC_ACT, s);
+        keep(SpecSlot::Actions, s);
         let (reward, s) =
             prepare(reward, &self.core.rewards, self.specs.rewards.as_ref(), FieldName::Rewards)?;
-        keep(SPEC_REW, s);
+        keep(SpecSlot::Rewards, s);
         let mut extras = Vec::new();
         if let Some(d) = extra_model_outputs {
             let untyped = Field::untyped();
@@ -1324,7 +1314,9 @@ impl SingleAgentEpisodePy {
                 let name = FieldName::Extra(key);
                 let field = self.core.extra(key).unwrap_or(&untyped);
                 let (item, s) = prepare(&v, field, self.specs.get(name), name)?;
-                keep(key, s);
+                if s.is_some() {
+                    keep(SpecSlot::Extra(key.to_string()), s);
+                }
                 extras.push((k, item));
             }
         }
@@ -1350,12 +1342,12 @@ impl SingleAgentEpisodePy {
         self.core
             .add_step(step, |n, o, c, p| to_object(py, specs, None, n, o, c, p))
             .map_err(|e| episode_error(&e))?;
-        for (name, s) in new_specs {
-            let field = match name.as_str() {
-                SPEC_OBS => FieldName::Observations,
-                SPEC_ACT => FieldName::Actions,
-                SPEC_REW => FieldName::Rewards,
-                key => FieldName::Extra(key),
+        for (slot, s) in new_specs {
+            let field = match &slot {
+                SpecSlot::Observations => FieldName::Observations,
+                SpecSlot::Actions => FieldName::Actions,
+                SpecSlot::Rewards => FieldName::Rewards,
+                SpecSlot::Extra(key) => FieldName::Extra(key),
             };
             self.specs.set(field, s);
         }

@@ -760,8 +760,7 @@ class MultiAgentEpisode:
         add_last: Any = None,
     ) -> Any:
         """One agent's data with RLlib's "hanging value appended" view."""
-        field = what if what != "extra_model_outputs" else "extra_model_outputs"
-        return eps._get_ext(field, key, indices, neg, fill, one_hot, add_last, False)
+        return eps._get_ext(what, key, indices, neg, fill, one_hot, add_last, False)
 
     def _extra_keys(self, eps: SingleAgentEpisode, hanging: Any) -> list:
         keys = list(eps._extra_keys())
