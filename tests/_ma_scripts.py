@@ -25,13 +25,16 @@ RLlib itself, on patched inputs).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from ray.rllib.env.utils.infinite_lookback_buffer import InfiniteLookbackBuffer
 
 from _helpers import assert_same_outcome, episode_getters, outcome
 
@@ -437,20 +440,39 @@ def extras_model(ep: Any, key: Any, args: tuple, kwargs: dict) -> Any:
     """
     keys = [key]
     if key is None:
-        keys = sorted({k for sa in ep.agent_episodes.values() for k in sa.extra_model_outputs})
+        # The env-step map is read for every selected agent, with or without extra
+        # outputs: an index outside it fails as the action read does.
+        by_env_steps = (args[2] if len(args) > 2 else kwargs.get("env_steps", True)) is not False
+        actions = ep.get_actions(*args, **kwargs) if by_env_steps else {}
+        keys = sorted(
+            {k for sa in ep.agent_episodes.values() for k in sa.extra_model_outputs}
+            | {k for h in ep._hanging_extra_model_outputs_end.values() if h for k in h}
+        )
+    selected = args[1] if len(args) > 1 else kwargs.get("agent_ids")
+    if selected is not None and not isinstance(selected, (list, tuple, set)):
+        selected = [selected]
+    selected = selected or None  # RLlib reads an empty selection as all agents
     per_key = {}
     for k in keys:
         shadow = copy.deepcopy(ep)
         shadow.action_space = {}
         for aid, sa in list(shadow.agent_episodes.items()):
-            if k not in sa.extra_model_outputs:
+            if selected is not None and aid not in selected:
+                continue
+            hanging = shadow._hanging_extra_model_outputs_end.get(aid)
+            if k in sa.extra_model_outputs:
+                sa.actions = sa.extra_model_outputs[k]
+            elif key is None and isinstance(hanging, dict) and k in hanging:
+                # Only hanging so far: read as an empty buffer with the hanging value
+                # after it (RLlib's own reading of all keys where it does not crash; a
+                # read of this one key fails with KeyError).
+                sa.actions = InfiniteLookbackBuffer()
+            else:
                 if key is not None:
                     raise KeyError(k)
                 del shadow.agent_episodes[aid]
                 continue
-            sa.actions = sa.extra_model_outputs[k]
             sa.actions.space = None
-            hanging = shadow._hanging_extra_model_outputs_end.get(aid)
             if aid in shadow._hanging_actions_end:
                 shadow._hanging_actions_end[aid] = None if hanging is None else hanging[k]
         per_key[k] = shadow.get_actions(*args, **kwargs) if shadow.agent_episodes else None
@@ -468,6 +490,19 @@ def extras_model(ep: Any, key: Any, args: tuple, kwargs: dict) -> Any:
     for k, values in per_key.items():
         for aid, value in (values or {}).items():
             out.setdefault(aid, {})[k] = value
+    # An agent without extra model outputs but with a hanging (empty) dict of them reads
+    # as {} where an int env-step index gives its action read an item (RLlib's answer
+    # where it does not crash; batched reads drop empty answers).
+    indices = args[0] if args else kwargs.get("indices")
+    empty = [] if not (key is None and isinstance(indices, int) and by_env_steps) else [
+        aid
+        for aid, sa in ep.agent_episodes.items()
+        if not sa.extra_model_outputs and ep._hanging_extra_model_outputs_end.get(aid) is not None
+    ]
+    if empty:
+        for aid in empty:
+            if aid in actions:
+                out.setdefault(aid, {})
     return out
 
 
@@ -556,3 +591,89 @@ def relative_t_model(ep: Any) -> Any:
         mapping.data = [v if v == "S" else v - offset for v in mapping.data]
         model.agent_t_started[aid] = lookback
     return model
+
+
+def obs_numpy_model(ep: Any, *, batch_infos: bool = True) -> Any:
+    """A copy of RLlib's ``ep`` whose ``is_numpy`` follows the agents' observations.
+
+    RLlib 2.60's ``SingleAgentEpisode.is_numpy`` is its rewards buffer's flag, which an
+    agent episode without steps keeps False through ``to_numpy`` and ``cut``; the
+    multi-agent ``is_numpy`` then raises RuntimeError ("only some ... converted") for an
+    episode that was numpy'd as a whole, and so do the reads that consult it. On this copy
+    those reads give RLlib's own answer for a numpy'd episode. With ``batch_infos=False``
+    the copy claims not to be numpy'd, for info reads: fastrollout keeps infos lists of
+    dicts where RLlib tries to batch them (see the numpy-infos-fill entry).
+    """
+    model = copy.deepcopy(ep)
+
+    class ObsNumpy(type(model)):  # type: ignore[misc]
+        __slots__ = ()  # same layout as RLlib's class, so __class__ can be swapped
+
+        @property
+        def is_numpy(self) -> bool:
+            flags = {sa.observations.finalized for sa in self.agent_episodes.values()}
+            return batch_infos and flags == {True}
+
+    model.__class__ = ObsNumpy
+    return model
+
+
+class _NoFlattenNumpy:
+    """numpy, but ``append`` adds one item instead of flattening (see ``no_flatten``)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(np, name)
+
+    @staticmethod
+    def append(data: Any, value: Any) -> Any:
+        if isinstance(data, list):
+            return [*data, value]
+        data, item = np.asarray(data), np.asarray(value)
+        if data.ndim == item.ndim + 1:
+            return np.concatenate([data, item[None]])
+        return np.append(data, item)
+
+
+@contextlib.contextmanager
+def no_flatten() -> Iterator[None]:
+    """RLlib 2.60 with its look-back buffer's hanging-value append fixed.
+
+    ``InfiniteLookbackBuffer.get(_add_last_ts_value=...)`` appends the hanging action,
+    reward or extra output with ``np.append``, which flattens array items (Box actions)
+    and the list of items into one 1-D array. Inside this context it appends one item.
+    """
+    from ray.rllib.env.utils import infinite_lookback_buffer as ilb
+
+    saved = ilb.np
+    ilb.np = _NoFlattenNumpy()  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        ilb.np = saved
+
+
+def join_map_model(ep: Any) -> Any:
+    """A copy of RLlib's ``ep`` whose env-step maps of agents that joined in this chunk
+    start at the chunk's first env step.
+
+    RLlib 2.60 starts a joining agent's map with ``env_t`` skips, counted from the
+    episode's start; in a chunk that starts later (a cut successor) that is too many, so
+    the agent's data sits at the wrong env steps (reads by env step miss or misplace it);
+    in a chunk whose look-back reaches further back than its start, too few.
+    """
+    model = copy.deepcopy(ep)
+    for mapping in model.env_t_to_agent_t.values():
+        extra = len(mapping.data) - (mapping.lookback + model.env_t - model.env_t_started + 1)
+        if extra > 0 and all(v == "S" for v in mapping.data[:extra]):
+            mapping.data = mapping.data[extra:]
+        elif extra < 0:
+            mapping.data = ["S"] * -extra + list(mapping.data)
+    return model
+
+
+def has_misplaced_joiner(ep: Any) -> bool:
+    """Whether RLlib's ``ep`` has a map that ``join_map_model`` corrects."""
+    return any(
+        len(m.data) != m.lookback + ep.env_t - ep.env_t_started + 1
+        for m in ep.env_t_to_agent_t.values()
+    )

@@ -405,6 +405,7 @@ pub fn multi_agent_add_env_step<'py>(
         }
     }
     let lookback: usize = episode.getattr(intern!(py, "_len_lookback_buffers"))?.extract()?;
+    let env_t_started: i64 = episode.getattr(intern!(py, "env_t_started"))?.extract()?;
     let add_to = |d: &Bound<'py, PyDict>, aid: &Bound<'py, PyAny>, r: f64| -> PyResult<()> {
         let old = d.get_item(aid)?.map(|v| v.extract::<f64>()).transpose()?.unwrap_or(0.0);
         d.set_item(aid, old + r)
@@ -448,7 +449,12 @@ pub fn multi_agent_add_env_step<'py>(
                 {
                     let map = step_map_of(py, &step_maps, &aid)?;
                     let mut map = map.borrow_mut();
-                    map.map.extend(std::iter::repeat_n(None, usize::try_from(env_t).unwrap_or(0)));
+                    // One skip per env step of this chunk before this one, look-back
+                    // included. RLlib 2.60 counts from the episode's start (env_t), which
+                    // misplaces agents that join in a later chunk (see the multi-agent
+                    // deviation tests).
+                    let skips = env_t - env_t_started + i64::try_from(lookback).unwrap_or(0);
+                    map.map.extend(std::iter::repeat_n(None, usize::try_from(skips).unwrap_or(0)));
                     map.map.push(Some(0));
                     map.map.set_lookback(lookback);
                 }
