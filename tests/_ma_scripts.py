@@ -494,11 +494,16 @@ def extras_model(ep: Any, key: Any, args: tuple, kwargs: dict) -> Any:
     # as {} where an int env-step index gives its action read an item (RLlib's answer
     # where it does not crash; batched reads drop empty answers).
     indices = args[0] if args else kwargs.get("indices")
-    empty = [] if not (key is None and isinstance(indices, int) and by_env_steps) else [
-        aid
-        for aid, sa in ep.agent_episodes.items()
-        if not sa.extra_model_outputs and ep._hanging_extra_model_outputs_end.get(aid) is not None
-    ]
+    empty = (
+        []
+        if not (key is None and isinstance(indices, int) and by_env_steps)
+        else [
+            aid
+            for aid, sa in ep.agent_episodes.items()
+            if not sa.extra_model_outputs
+            and ep._hanging_extra_model_outputs_end.get(aid) is not None
+        ]
+    )
     if empty:
         for aid in empty:
             if aid in actions:

@@ -202,7 +202,7 @@ def _infos_batched(ref: Any, sub: Any) -> bool:
         return True
     if not (isinstance(ref, np.ndarray) and isinstance(sub, list) and len(ref) == len(sub)):
         return False
-    return all(same(r, s) or (np.isscalar(r) and r == s) for r, s in zip(ref, sub))
+    return all(same(r, s) or (np.isscalar(r) and r == s) for r, s in zip(ref, sub, strict=True))
 
 
 def _rllib_models(c: Call) -> Iterator[Any]:

@@ -739,8 +739,11 @@ class MultiAgentEpisode:
 
     @staticmethod
     def _require_key(eps: SingleAgentEpisode, what: str, key: str | None, agent_id: Any) -> None:
-        """RLlib reads one extra model output of every selected agent: a key the agent has
-        not stored fails (also while its only value hangs; a read of all keys shows it)."""
+        """Fails for an extra model output key the agent has not stored.
+
+        RLlib reads the key of every selected agent; a key whose only value hangs fails
+        too (a read of all keys shows it).
+        """
         if what == "extra_model_outputs" and key is not None and key not in eps._extra_keys():
             raise KeyError(f"agent {agent_id!r} has no extra model output {key!r}")
 
@@ -1341,14 +1344,19 @@ class MultiAgentEpisode:
 
 
 def _without_empty_reads(per_key: dict) -> dict:
-    """A read of all extra output keys without the keys whose read is empty ([]), as if
-    each key were read on its own (a read that finds nothing leaves the agent out)."""
+    """A read of all extra output keys without the keys whose read is empty ([]).
+
+    As if each key were read on its own: a read that finds nothing leaves the agent out.
+    """
     return {k: v for k, v in per_key.items() if not (isinstance(v, list) and v == [])}
 
 
 def _field_lookback(eps: SingleAgentEpisode, what: str, key: str | None) -> int:
-    """Look-back of an agent's field; an extra model output key the agent has not stored
-    yet (it only hangs) is an empty field without look-back, as RLlib reads it."""
+    """Look-back of an agent's field.
+
+    An extra model output key the agent has not stored yet (it only hangs) is an empty
+    field without look-back, as RLlib reads it.
+    """
     if what != "extra_model_outputs":
         return eps._lookback(what)
     return eps._lookback(what, key) if key in eps._extra_keys() else 0
