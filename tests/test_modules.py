@@ -365,7 +365,7 @@ def test_set_state_errors_leave_module_unchanged():
         m.set_state(bad)
     missing = dict(before)
     del missing["encoder.actor_encoder.net.mlp.0.weight"]
-    with pytest.raises(ValueError, match="missing keys.*actor_encoder"):
+    with pytest.raises(ValueError, match=r"missing keys.*actor_encoder"):
         m.set_state(missing)
     for k, v in m.get_state().items():
         np.testing.assert_array_equal(v, before[k])
@@ -530,7 +530,7 @@ def test_to_device_cpu_tree():
     shared = np.zeros(3, np.float32)
     to_tensor(shared)[0] = 7.0  # writable float32 arrays are shared, not copied
     assert shared[0] == 7.0
-    with pytest.raises(TypeError, match="'x/0'.*object"):
+    with pytest.raises(TypeError, match=r"'x/0'.*object"):
         to_device({"x": [np.array(["a"], dtype=object)]}, None)
 
 
