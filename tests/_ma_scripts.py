@@ -429,6 +429,13 @@ def fixed_cut_bugs(ep: Any, len_lookback_buffer: int) -> tuple[str, ...]:
     return tuple(bugs)
 
 
+def _with_agent_ids(args: tuple, kwargs: dict, agent_ids: list) -> tuple[tuple, dict]:
+    """The (args, kwargs) of a getter call (after its key) with ``agent_ids`` replaced."""
+    if len(args) > 1:
+        return (args[0], agent_ids, *args[2:]), kwargs
+    return args, {**kwargs, "agent_ids": agent_ids}
+
+
 def extras_model(ep: Any, key: Any, args: tuple, kwargs: dict) -> Any:
     """``get_extra_model_outputs`` as RLlib 2.60 means it, where RLlib crashes internally.
 
@@ -469,6 +476,12 @@ def extras_model(ep: Any, key: Any, args: tuple, kwargs: dict) -> Any:
                 sa.actions = InfiniteLookbackBuffer()
             else:
                 if key is not None:
+                    # RLlib reads agent by agent: the env-step map of this agent and of
+                    # the agents before it is read (and may fail) before the key is.
+                    so_far = [a for a in ep.agent_episodes if a in (selected or ep.agent_ids)]
+                    so_far = so_far[: so_far.index(aid) + 1]
+                    call_args, call_kwargs = _with_agent_ids(args, kwargs, so_far)
+                    ep.get_actions(*call_args, **call_kwargs)
                     raise KeyError(k)
                 del shadow.agent_episodes[aid]
                 continue
@@ -598,6 +611,16 @@ def relative_t_model(ep: Any) -> Any:
     return model
 
 
+def _is_numpy_by_stepped_agents(ep: Any) -> bool:
+    """is_numpy as fastrollout decides it: by the agents that have steps (their rewards
+    flag, as RLlib), by the observations where no agent has one."""
+    episodes = ep.agent_episodes.values()
+    flags = {sa.is_numpy for sa in episodes if len(sa) > 0} or {
+        sa.observations.finalized for sa in episodes
+    }
+    return flags == {True}
+
+
 def obs_numpy_model(ep: Any, *, batch_infos: bool = True) -> Any:
     """A copy of RLlib's ``ep`` whose ``is_numpy`` follows the agents' observations.
 
@@ -616,8 +639,7 @@ def obs_numpy_model(ep: Any, *, batch_infos: bool = True) -> Any:
 
         @property
         def is_numpy(self) -> bool:
-            flags = {sa.observations.finalized for sa in self.agent_episodes.values()}
-            return batch_infos and flags == {True}
+            return batch_infos and _is_numpy_by_stepped_agents(self)
 
     model.__class__ = ObsNumpy
     return model
@@ -637,6 +659,24 @@ class _NoFlattenNumpy:
         if data.ndim == item.ndim + 1:
             return np.concatenate([data, item[None]])
         return np.append(data, item)
+
+
+@contextlib.contextmanager
+def obs_is_numpy() -> Iterator[None]:
+    """RLlib 2.60 with ``MultiAgentEpisode.is_numpy`` decided by the observations (see
+    ``obs_numpy_model``), for calls that build new episodes (cut, slice)."""
+    from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
+
+    saved = MultiAgentEpisode.__dict__["is_numpy"]
+
+    def is_numpy(self: Any) -> bool:
+        return _is_numpy_by_stepped_agents(self)
+
+    MultiAgentEpisode.is_numpy = property(is_numpy)  # type: ignore[assignment,method-assign]
+    try:
+        yield
+    finally:
+        MultiAgentEpisode.is_numpy = saved  # type: ignore[method-assign]
 
 
 @contextlib.contextmanager

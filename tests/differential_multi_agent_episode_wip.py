@@ -66,6 +66,7 @@ from _ma_scripts import (
     has_misplaced_joiner,
     join_map_model,
     no_flatten,
+    obs_is_numpy,
     obs_numpy_model,
     relative_t_model,
 )
@@ -205,6 +206,40 @@ def _infos_batched(ref: Any, sub: Any) -> bool:
     return all(same(r, s) or (np.isscalar(r) and r == s) for r, s in zip(ref, sub, strict=True))
 
 
+def _rewards_flag_lags(ep: Any) -> bool:
+    """Some agent of RLlib's ``ep`` has numpy'd observations but an unset rewards flag."""
+    return any(
+        sa.observations.finalized and not sa.rewards.finalized
+        for sa in ep.agent_episodes.values()
+    )
+
+
+def _lacks_key(c: Call) -> bool:
+    """A keyed extras read that fastrollout answers with KeyError because a selected agent
+    has not stored that key."""
+    if not (c.method.startswith("get_extra_model_outputs") and _raised(c.sub_out, KeyError)):
+        return False
+    key = c.args[0] if c.args else c.kwargs.get("key")
+    if key is None:
+        return False
+    selected = c.args[2] if len(c.args) > 2 else c.kwargs.get("agent_ids")
+    if selected is not None and not isinstance(selected, (list, tuple, set)):
+        selected = [selected]
+    agents = [a for a in c.reference.agent_episodes if not selected or a in selected]
+    return any(key not in c.reference.agent_episodes[a].extra_model_outputs for a in agents)
+
+
+def _model_hits_known_bug(c: Call) -> bool:
+    """The extras model's action read fails where the action read itself is a known bug:
+    RLlib's slice assert, or a fill without a space on numpy'd data."""
+    model = outcome(lambda: extras_model(c.reference, c.args[0], c.args[1:], c.kwargs))
+    if _raised(model, AssertionError):
+        return any(isinstance(a, slice) for a in c.args)
+    if _raised(model, ValueError):
+        return c.kwargs.get("fill") is not None and _numpyd(c.reference)
+    return False
+
+
 def _rllib_models(c: Call) -> Iterator[Any]:
     """RLlib's episode of the call (and the pair's model) with combinations of known bugs
     corrected: joiners' maps (``join_map_model``), chunk reads (``relative_t_model``),
@@ -260,12 +295,13 @@ def _agent_step_read_with_hanging(c: Call) -> bool:
 
 def _unflattened(side: int, fn: Callable[[], Any]) -> Any:
     """``fn()`` on one side of a pair. RLlib's cut and slice read the new chunk's data with
-    the hanging value appended, which np.append flattens (np-append-flatten), so RLlib's
-    side (0, or 2: the model) runs with that append fixed (``_ma_scripts.no_flatten``) and
-    the chunk it makes is comparable."""
+    the hanging value appended, which np.append flattens (np-append-flatten), and consult
+    is_numpy, which raises for some numpy'd episodes (is-numpy-mixed), so RLlib's side (0,
+    or 2: the model) runs with both fixed (``_ma_scripts.no_flatten``, ``obs_is_numpy``)
+    and the chunk it makes is comparable."""
     if side == 1:
         return fn()
-    with no_flatten():
+    with no_flatten(), obs_is_numpy():
         return fn()
 
 
@@ -331,9 +367,9 @@ KNOWN_RLLIB_BUGS: list[KnownRLlibBug] = [
         "agents without a step in the chunk, so after to_numpy it answers False or raises "
         "RuntimeError; fastrollout reads the observations' flag, which to_numpy always sets",
         applies=lambda c: (
-            c.sub_out is True
+            not isinstance(c.sub_out, Raised)
             and (c.ref_out is False or _raised(c.ref_out, RuntimeError))
-            and all(sa.observations.finalized for sa in c.reference.agent_episodes.values())
+            and c.sub_out is obs_numpy_model(c.reference).is_numpy
         ),
     ),
     KnownRLlibBug(
@@ -355,11 +391,7 @@ KNOWN_RLLIB_BUGS: list[KnownRLlibBug] = [
             and (
                 not isinstance(c.sub_out, Raised)
                 # Or the read asks for an extra output key an agent does not have.
-                or (
-                    c.method.startswith("get_extra_model_outputs")
-                    and _raised(c.sub_out, KeyError)
-                    and _extras_model_matches(c, c.reference)
-                )
+                or _lacks_key(c)
             )
         ),
     ),
@@ -399,6 +431,15 @@ KNOWN_RLLIB_BUGS: list[KnownRLlibBug] = [
                 for e in (c.reference, relative_t_model(c.reference))
             )
         ),
+    ),
+    KnownRLlibBug(
+        name="is-numpy-rewards-flag-reads",
+        op="get_",
+        why="reads of a numpy'd RLlib episode whose agents of length 0 kept their rewards "
+        "flag unset (see is-numpy-rewards-flag) come back as lists, not batches; "
+        "fastrollout batches them as in any numpy'd episode (model: "
+        "_ma_scripts.obs_numpy_model, combined with the other corrections)",
+        applies=lambda c: _rewards_flag_lags(c.reference) and _corrected_matches(c),
     ),
     KnownRLlibBug(
         name="late-join-map",
@@ -485,16 +526,13 @@ KNOWN_RLLIB_BUGS: list[KnownRLlibBug] = [
             _raised(c.ref_out, AttributeError, TypeError)
             and (
                 any(_extras_model_matches(c, e) for e in _rllib_models(c))
-                # The model's action read trips RLlib's slice assert (see
-                # interpret-slice-assert) where fastrollout answers.
-                or (
-                    any(isinstance(a, slice) for a in c.args)
-                    and not isinstance(c.sub_out, Raised)
-                    and _raised(
-                        outcome(lambda: extras_model(c.reference, c.args[0], c.args[1:], c.kwargs)),
-                        AssertionError,
-                    )
-                )
+                # The model's action read runs into another known bug where fastrollout
+                # answers: RLlib's slice assert (interpret-slice-assert) or its fill
+                # without a space (sa-fill-without-space).
+                or (not isinstance(c.sub_out, Raised) and _model_hits_known_bug(c))
+                # A selected agent lacks the key: fastrollout raises KeyError, as RLlib's
+                # reads do where they do not crash first.
+                or _lacks_key(c)
             )
         ),
     ),

@@ -243,9 +243,13 @@ class MultiAgentEpisode:
         Raises:
             RuntimeError: If only some of them were.
         """
-        # Observations switch on every to_numpy (rewards only once an agent has a step),
-        # so they tell for agents of length 0 too (RLlib 2.60 raises for such mixes).
-        flags = {eps._is_finalized("observations") for eps in self.agent_episodes.values()}
+        # The agents that have steps tell (their is_numpy, as in RLlib); to_numpy leaves
+        # the flag of an agent without steps unset (RLlib 2.60 then raises for the mix),
+        # so such agents count only when no agent has a step, by their observations.
+        episodes = self.agent_episodes.values()
+        flags = {eps.is_numpy for eps in episodes if len(eps) > 0} or {
+            eps._is_finalized("observations") for eps in episodes
+        }
         if len(flags) > 1:
             raise RuntimeError(f"only some agent episodes of {self} are numpy'd")
         return flags.pop() if flags else False
