@@ -73,8 +73,15 @@ impl StepMap {
         ignore_last: bool,
     ) -> Result<MapRead, IndexError> {
         let total = self.steps.len() - usize::from(ignore_last && !self.steps.is_empty());
-        // RLlib keeps the look-back as set even when `ignore_last` shortens the data.
-        let geometry = Geometry { total, lookback: self.lookback.min(total) };
+        // RLlib keeps the look-back as set even when `ignore_last` shortens the data (or
+        // a cut leaves fewer entries than the look-back): int and list indices are
+        // offset by the whole look-back and then bounds-checked, as RLlib does; slices
+        // need a look-back within the data.
+        let lookback = match index {
+            Index::Int(_) | Index::List(_) => self.lookback,
+            _ => self.lookback.min(total),
+        };
+        let geometry = Geometry { total, lookback };
         let read = |p: &Pos| match p {
             Pos::At(p) => self.steps[*p],
             Pos::Fill => None,
@@ -349,5 +356,16 @@ mod tests {
         m.extend([Some(3)]);
         m.set_lookback(9);
         assert_eq!((m.lookback(), m.len(), m.is_empty()), (6, 0, true));
+    }
+
+    #[test]
+    fn step_map_int_reads_keep_a_lookback_longer_than_the_data() {
+        // Two entries under a look-back of 2 with the last ignored: one entry is left,
+        // and RLlib still offsets int indices by 2.
+        let m = StepMap::new(vec![Some(-1), Some(0)], 2);
+        assert_eq!(m.get(&Index::Int(-2), true, false, true), Ok(MapRead::One(Some(-1))));
+        assert!(m.get(&Index::Int(-1), true, false, true).is_err());
+        assert_eq!(m.get(&Index::List(vec![-2]), true, false, true), Ok(MapRead::Many(vec![Some(-1)])));
+        assert_eq!(m.get(&Index::Int(-1), true, true, true), Ok(MapRead::One(None)));
     }
 }
