@@ -612,11 +612,11 @@ def relative_t_model(ep: Any) -> Any:
 
 
 def _is_numpy_by_stepped_agents(ep: Any) -> bool:
-    """is_numpy as fastrollout decides it: by the agents that have steps (their rewards
-    flag, as RLlib), by the observations where no agent has one."""
-    episodes = ep.agent_episodes.values()
-    flags = {sa.is_numpy for sa in episodes if len(sa) > 0} or {
-        sa.observations.finalized for sa in episodes
+    """is_numpy as fastrollout decides it: each agent's rewards flag (as RLlib), or its
+    observations' flag for an agent without steps (True only if all agree)."""
+    flags = {
+        sa.is_numpy if len(sa) > 0 else sa.observations.finalized
+        for sa in ep.agent_episodes.values()
     }
     return flags == {True}
 

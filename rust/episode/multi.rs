@@ -24,7 +24,6 @@ pub struct StepMap {
 impl StepMap {
     #[must_use]
     pub fn new(steps: Vec<Option<i64>>, lookback: usize) -> StepMap {
-        let lookback = lookback.min(steps.len());
         StepMap { steps, lookback }
     }
 
@@ -38,9 +37,11 @@ impl StepMap {
         self.lookback
     }
 
-    /// Sets the look-back, capped at the entries stored.
+    /// Sets the look-back. It may exceed the entries stored, as in RLlib (a chunk sliced
+    /// or cut with more look-back than an agent has entries): int reads then still offset
+    /// by it.
     pub fn set_lookback(&mut self, lookback: usize) {
-        self.lookback = lookback.min(self.steps.len());
+        self.lookback = lookback;
     }
 
     /// Entries after the look-back.
@@ -355,7 +356,7 @@ mod tests {
         m.push(None);
         m.extend([Some(3)]);
         m.set_lookback(9);
-        assert_eq!((m.lookback(), m.len(), m.is_empty()), (6, 0, true));
+        assert_eq!((m.lookback(), m.len(), m.is_empty()), (9, 0, true));
     }
 
     #[test]

@@ -10,7 +10,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyList, PyString};
+use pyo3::types::{PyDict, PyList, PySet, PyString};
 
 use super::errors::index_error;
 use super::index::to_index;
@@ -265,29 +265,34 @@ pub fn multi_agent_add_env_step<'py>(
         is_terminated = true;
     }
 
-    // The agents this env step mentions, in a stable order: observations, actions,
-    // rewards, terminateds, truncateds, then (on `__all__`) every agent with an episode.
-    let with_data = PyDict::new(py);
-    for d in [Some(observations), Some(actions), Some(rewards), terminateds.as_ref(), truncateds.as_ref()]
-        .into_iter()
-        .flatten()
-    {
-        for key in d.keys() {
-            if !key.eq(&all)? {
-                with_data.set_item(&key, true)?;
-            }
-        }
-    }
+    // The agents this env step mentions: observations, actions, rewards, terminateds,
+    // truncateds and (on `__all__`) every agent with an episode. They are visited in the
+    // order of the Python set RLlib builds from the same dicts with the same set
+    // operations, so agents join `agent_episodes` in RLlib's order (reads that combine
+    // agents, e.g. `return_list`, depend on it).
+    let key_set = |d: &Bound<'py, PyDict>| PySet::new(py, d.keys());
+    let mut with_data = key_set(observations)?.into_any();
+    let everyone = PyDict::new(py);
     if all_terminated || all_truncated {
-        for key in agent_episodes.keys() {
-            with_data.set_item(&key, true)?;
-        }
+        everyone.update(agent_episodes.as_mapping())?;
     }
+    let empty = PyDict::new(py);
+    for d in [
+        actions,
+        rewards,
+        terminateds.as_ref().unwrap_or(&empty),
+        truncateds.as_ref().unwrap_or(&empty),
+        &everyone,
+    ] {
+        with_data = with_data.call_method1(intern!(py, "__or__"), (key_set(d)?,))?;
+    }
+    let with_data = with_data.call_method1(intern!(py, "__sub__"), (PySet::new(py, [&all])?,))?;
+    let with_data = with_data.cast_into::<PySet>()?;
 
     // Phase 1: decide and convert; nothing is stored yet.
     let new_agent_episode = episode.getattr(intern!(py, "_new_agent_episode"))?;
     let mut plans: Vec<(Bound<'py, PyAny>, Prepared<'py>, f64)> = Vec::with_capacity(with_data.len());
-    for aid in with_data.keys() {
+    for aid in with_data.iter() {
         let obs = observations.get_item(&aid)?.filter(|v| !v.is_none());
         let action = actions.get_item(&aid)?.filter(|v| !v.is_none());
         let reward_value = rewards.get_item(&aid)?.filter(|v| !v.is_none());

@@ -243,12 +243,12 @@ class MultiAgentEpisode:
         Raises:
             RuntimeError: If only some of them were.
         """
-        # The agents that have steps tell (their is_numpy, as in RLlib); to_numpy leaves
-        # the flag of an agent without steps unset (RLlib 2.60 then raises for the mix),
-        # so such agents count only when no agent has a step, by their observations.
-        episodes = self.agent_episodes.values()
-        flags = {eps.is_numpy for eps in episodes if len(eps) > 0} or {
-            eps._is_finalized("observations") for eps in episodes
+        # Each agent's is_numpy, as in RLlib, except that an agent without steps tells by
+        # its observations: to_numpy leaves its rewards flag unset (RLlib 2.60 then raises
+        # for the mix).
+        flags = {
+            eps.is_numpy if len(eps) > 0 else eps._is_finalized("observations")
+            for eps in self.agent_episodes.values()
         }
         if len(flags) > 1:
             raise RuntimeError(f"only some agent episodes of {self} are numpy'd")
