@@ -232,11 +232,17 @@ def _lacks_key(c: Call) -> bool:
 def _model_hits_known_bug(c: Call) -> bool:
     """The extras model's action read fails where the action read itself is a known bug:
     RLlib's slice assert, or a fill without a space on numpy'd data."""
-    model = outcome(lambda: extras_model(c.reference, c.args[0], c.args[1:], c.kwargs))
-    if _raised(model, AssertionError):
-        return any(isinstance(a, slice) for a in c.args)
-    if _raised(model, ValueError):
-        return c.kwargs.get("fill") is not None and _numpyd(c.reference)
+    for flatten_fixed in (False, True):
+        with no_flatten() if flatten_fixed else contextlib.nullcontext():
+            model = outcome(lambda: extras_model(c.reference, c.args[0], c.args[1:], c.kwargs))
+        if _raised(model, AssertionError) and any(isinstance(a, slice) for a in c.args):
+            return True
+        if (
+            _raised(model, ValueError)
+            and c.kwargs.get("fill") is not None
+            and _numpyd(c.reference)
+        ):
+            return True
     return False
 
 
@@ -533,6 +539,13 @@ KNOWN_RLLIB_BUGS: list[KnownRLlibBug] = [
                 # A selected agent lacks the key: fastrollout raises KeyError, as RLlib's
                 # reads do where they do not crash first.
                 or _lacks_key(c)
+                # A fill without a space next to array items cannot be batched: the
+                # ValueError of RLlib's own single-agent read (sa-fill-without-space).
+                or (
+                    _raised(c.sub_out, ValueError)
+                    and c.kwargs.get("fill") is not None
+                    and _numpyd(c.reference)
+                )
             )
         ),
     ),

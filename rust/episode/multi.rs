@@ -75,14 +75,9 @@ impl StepMap {
     ) -> Result<MapRead, IndexError> {
         let total = self.steps.len() - usize::from(ignore_last && !self.steps.is_empty());
         // RLlib keeps the look-back as set even when `ignore_last` shortens the data (or
-        // a cut leaves fewer entries than the look-back): int and list indices are
-        // offset by the whole look-back and then bounds-checked, as RLlib does; slices
-        // need a look-back within the data.
-        let lookback = match index {
-            Index::Int(_) | Index::List(_) => self.lookback,
-            _ => self.lookback.min(total),
-        };
-        let geometry = Geometry { total, lookback };
+        // a cut or slice leaves fewer entries than the look-back): indices are offset by
+        // the whole look-back and then bounds-checked against the entries there are.
+        let geometry = Geometry { total, lookback: self.lookback };
         let read = |p: &Pos| match p {
             Pos::At(p) => self.steps[*p],
             Pos::Fill => None,

@@ -971,13 +971,14 @@ class MultiAgentEpisode:
             row = {}
             for agent_id, mapped in per_agent.items():
                 eps = self.agent_episodes[agent_id]
+                entry = mapped[i]  # an agent with fewer entries fails here, as in RLlib
                 self._require_key(eps, what, key, agent_id)
                 hanging = self._hanging(what, agent_id)
                 # RLlib skips agents without extra outputs here even when an
                 # empty dict of them hangs (unlike the single-dict read).
                 if what == "extra_model_outputs" and not eps._extra_keys() and not hanging:
                     continue
-                position = self._agent_index(agent_id, eps, what, key, hanging, mapped[i])
+                position = self._agent_index(agent_id, eps, what, key, hanging, entry)
                 value = self._get_one(eps, what, key, position, fill, one_hot, hanging)
                 if value is not None:
                     row[agent_id] = value
