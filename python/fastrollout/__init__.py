@@ -5,14 +5,20 @@ The episode buffers, their cut/finalize and the metric reductions live in a Rust
 """
 
 from fastrollout._core import __version__
+from fastrollout.callbacks import Callbacks
+from fastrollout.config import RunnerConfig
+from fastrollout.env import register_env
 from fastrollout.episodes import MultiAgentEpisode, SingleAgentEpisode
 from fastrollout.errors import EpisodeStateError, MultiAgentEnvError, SpaceMismatchError
 
 __all__ = [
+    "Callbacks",
     "EpisodeStateError",
     "MultiAgentEnvError",
     "MultiAgentEpisode",
+    "RunnerConfig",
     "SingleAgentEpisode",
     "SpaceMismatchError",
     "__version__",
+    "register_env",
 ]
