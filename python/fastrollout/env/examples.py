@@ -148,7 +148,7 @@ class JoinLeaveEnv(MultiAgentEnv):
 
     Args:
         config: Optional ``{"num_agents": int >= 1 (default 3), "lifetime": int >= 1
-            (default 4), "stagger": int >= 1 (default 2)}``.
+            (default 4), "stagger": int in [1, lifetime] (default 2)}``.
     """
 
     def __init__(self, config: Mapping[str, Any] | None = None) -> None:
@@ -157,6 +157,11 @@ class JoinLeaveEnv(MultiAgentEnv):
         self.num = _int_option(config, "num_agents", 3, 1)
         self.lifetime = _int_option(config, "lifetime", 4, 1)
         self.stagger = _int_option(config, "stagger", 2, 1)
+        if self.stagger > self.lifetime:
+            # Otherwise the env has steps with no live agent to act.
+            raise ValueError(
+                f"JoinLeaveEnv: stagger ({self.stagger}) must be <= lifetime ({self.lifetime})"
+            )
         self.possible_agents = [f"agent_{i}" for i in range(self.num)]
         self.agents = []
         horizon = float(self.stagger * self.num + self.lifetime)
@@ -237,7 +242,7 @@ class JoinLeaveEnv(MultiAgentEnv):
 
 
 class HangingRewardsEnv(MultiAgentEnv):
-    """Agent ``"fast"`` acts every step, ``"slow"`` every ``period`` steps but is rewarded each step.
+    """Agent ``"fast"`` acts every step, ``"slow"`` every ``period`` steps, both rewarded each step.
 
     At env step ``t`` (1-based, counting steps) ``fast`` gets reward 1.0 and ``slow`` gets
     ``0.5 * t``, whether or not ``slow`` acted; ``slow``'s rewards hang and add up until its
