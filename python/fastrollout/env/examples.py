@@ -56,8 +56,9 @@ class TurnBasedEnv(MultiAgentEnv):
     ``[k, own previous action, opponent's previous action]`` (float32; -1 for none yet) and
     picks 0 or 1. It gets reward 1.0 if its action equals ``(k // 2) % 2`` and 0.0
     otherwise; in the same step the waiting player gets -0.25 (which hangs until that
-    player's next observation). After ``num_turns`` turns (config, default 10) both players
-    observe once more and the episode terminates.
+    player's next observation), except on turn 0, before ``player_1`` first observes (so no
+    reward ever precedes an agent's first observation). After ``num_turns`` turns (config,
+    default 10) both players observe once more and the episode terminates.
 
     Args:
         config: Optional ``{"num_turns": int >= 1}``.
@@ -125,7 +126,9 @@ class TurnBasedEnv(MultiAgentEnv):
             raise ValueError(f"TurnBasedEnv: action of {mover!r} must be 0 or 1, got {action}")
         waiting = self.PLAYERS[1 - self._turn % 2]
         reward = 1.0 if action == (self._turn // 2) % 2 else 0.0
-        rewards = {mover: reward, waiting: -0.25}
+        rewards = {mover: reward}
+        if self._turn > 0:
+            rewards[waiting] = -0.25
         self._last[mover] = action
         self._turn += 1
         if self._turn == self.num_turns:
