@@ -1,7 +1,7 @@
 //! fastrollout's native core.
 //!
 //! The crate has two layers:
-//! - the pure core (`schema`, `column`, `episode`): typed columns with look-back and the
+//! - the pure core (`schema`, `column`, `episode`, `runner`): typed columns with look-back and the
 //!   episode bookkeeping built on them. It knows nothing of Python, so `cargo test` and the
 //!   criterion benches run on it alone;
 //! - the binding layer (`py`, behind the `python` feature that maturin turns on): converts
@@ -10,6 +10,7 @@
 
 pub mod column;
 pub mod episode;
+pub mod runner;
 pub mod schema;
 
 #[cfg(feature = "python")]

@@ -7,6 +7,7 @@ mod errors;
 mod index;
 mod multi;
 mod object;
+mod runner;
 mod single;
 mod spec;
 
@@ -26,6 +27,12 @@ mod _core {
     use super::multi::multi_agent_add_env_step;
     #[pymodule_export]
     use super::multi::StepMapPy;
+    #[pymodule_export]
+    use super::runner::multi_agent_record_steps;
+    #[pymodule_export]
+    use super::runner::single_agent_record_vector_step;
+    #[pymodule_export]
+    use super::runner::ModuleBatcherPy;
     #[pymodule_export]
     use super::single::SingleAgentEpisodePy;
 
