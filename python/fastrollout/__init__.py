@@ -7,11 +7,14 @@ The episode buffers, their cut/finalize and the metric reductions live in a Rust
 from fastrollout._core import __version__
 from fastrollout.episodes import MultiAgentEpisode, SingleAgentEpisode
 from fastrollout.errors import EpisodeStateError, MultiAgentEnvError, SpaceMismatchError
+from fastrollout.runners import MultiAgentEnvRunner, SingleAgentEnvRunner
 
 __all__ = [
     "EpisodeStateError",
     "MultiAgentEnvError",
+    "MultiAgentEnvRunner",
     "MultiAgentEpisode",
+    "SingleAgentEnvRunner",
     "SingleAgentEpisode",
     "SpaceMismatchError",
     "__version__",

@@ -232,7 +232,11 @@ class ModuleBatcher:
     @property
     def module_ids(self) -> list[str]: ...
     def gather(
-        self, episodes: list[Any], observations: list[Any], skip: list[Any] | None = None
+        self,
+        episodes: list[Any],
+        observations: list[Any],
+        terminateds: list[Any] | None = None,
+        truncateds: list[Any] | None = None,
     ) -> dict[str, Any]: ...
     def index_map(self, module_id: str) -> list[tuple[int, Any]]: ...
     def scatter(
