@@ -330,6 +330,17 @@ pub fn multi_agent_record_steps<'py>(
     Ok(done)
 }
 
+/// Whether `flags[aid]` is set (a done agent).
+fn is_flagged(flags: Option<&Bound<'_, PyDict>>, aid: &Bound<'_, PyAny>) -> PyResult<bool> {
+    match flags {
+        Some(d) => match d.get_item(aid)? {
+            Some(v) => v.is_truthy(),
+            None => Ok(false),
+        },
+        None => Ok(false),
+    }
+}
+
 /// `d[aid]`, a dict, created empty if missing.
 fn agent_dict<'py>(d: &Bound<'py, PyDict>, aid: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
     if let Some(x) = d.get_item(aid)? {
@@ -399,20 +410,22 @@ impl ModuleBatcherPy {
     /// Gathers each module's inference batch.
     ///
     /// `observations[i]` is sub-env `i`'s agent -> observation dict (None: nothing to
-    /// gather there); agents listed in `skip[i]` (done agents) are left out. Each agent's
+    /// gather there); agents flagged in `terminateds[i]` or `truncateds[i]` (done agents,
+    /// which do not act) are left out. Each agent's
     /// module is read from `episodes[i]` (`module_for`, cached per episode). Returns
     /// module id -> batched observations, for the modules with at least one row.
     ///
     /// Raises `KeyError` if an agent maps to a module the batcher does not know and
     /// `SpaceMismatchError` if an observation does not fit its module's space (naming the
     /// sub-env, the agent and the module).
-    #[pyo3(signature = (episodes, observations, skip=None))]
+    #[pyo3(signature = (episodes, observations, terminateds=None, truncateds=None))]
     fn gather<'py>(
         &mut self,
         py: Python<'py>,
         episodes: &Bound<'py, PyList>,
         observations: &Bound<'py, PyList>,
-        skip: Option<&Bound<'py, PyList>>,
+        terminateds: Option<&Bound<'py, PyList>>,
+        truncateds: Option<&Bound<'py, PyList>>,
     ) -> PyResult<Bound<'py, PyDict>> {
         for (_, _, b) in &mut self.modules {
             b.clear();
@@ -433,15 +446,19 @@ impl ModuleBatcherPy {
             let obs = obs.cast_into::<PyDict>()?;
             let episode = episodes.get_item(env)?;
             let mapping = episode.getattr(intern!(py, "_agent_to_module_mapping"))?.cast_into::<PyDict>()?;
-            let skip_env = match skip {
-                Some(s) => Some(s.get_item(env)?).filter(|s| !s.is_none()),
-                None => None,
-            };
-            for (aid, o) in obs.iter() {
-                if let Some(s) = &skip_env {
-                    if s.contains(&aid)? {
-                        continue;
+            let done_flags = |l: Option<&Bound<'py, PyList>>| -> PyResult<Option<Bound<'py, PyDict>>> {
+                match l {
+                    Some(l) => {
+                        let d = l.get_item(env)?;
+                        Ok(if d.is_none() { None } else { Some(d.cast_into::<PyDict>()?) })
                     }
+                    None => Ok(None),
+                }
+            };
+            let (term, trunc) = (done_flags(terminateds)?, done_flags(truncateds)?);
+            for (aid, o) in obs.iter() {
+                if is_flagged(term.as_ref(), &aid)? || is_flagged(trunc.as_ref(), &aid)? {
+                    continue;
                 }
                 let mid = match mapping.get_item(&aid)? {
                     Some(m) => m,
