@@ -404,7 +404,7 @@ class MultiAgentEnvRunner(EnvRunner):
                 self._new_episode(i)
                 self._reset_env(i, None)
             active = [i for i in range(self.num_envs) if i not in crashed]
-            columns = (
+            columns: tuple[list[Any], ...] = (
                 obs,
                 [p[1] for p in per_env],
                 rew,
