@@ -5,6 +5,7 @@
 
 mod errors;
 mod index;
+mod metrics;
 mod multi;
 mod object;
 mod runner;
@@ -21,6 +22,10 @@ mod _core {
     use super::errors::SpaceMismatchError;
     #[pymodule_export]
     use super::index::resolve_index;
+    #[pymodule_export]
+    use super::metrics::MetricsStorePy;
+    #[pymodule_export]
+    use super::metrics::StatsSnapshotPy;
     #[pymodule_export]
     use super::multi::multi_agent_add_env_reset;
     #[pymodule_export]
