@@ -1,0 +1,78 @@
+"""``GetActions``: actions from the module's distribution inputs (or the module's own)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from fastrollout.connectors.connector_v2 import ConnectorV2
+from fastrollout.core import Columns
+
+__all__ = ["GetActions"]
+
+
+class GetActions(ConnectorV2):
+    """Samples ``Columns.ACTIONS`` per module from ``Columns.ACTION_DIST_INPUTS``.
+
+    A module batch that already has actions (the module computed them) is left as it
+    is. Otherwise, when exploring, actions are sampled from the module's exploration
+    distribution and ``Columns.ACTION_LOGP`` is added (unless the module gave it);
+    when not exploring (``explore`` false or None, as RLlib reads it), the inference
+    distribution's deterministic version is used and no log-probability is added.
+    One distribution and one sample per module batch.
+    """
+
+    def __call__(
+        self,
+        *,
+        rl_module: Any,
+        batch: dict[Any, Any],
+        episodes: Sequence[Any],
+        explore: bool | None = None,
+        shared_data: dict[str, Any] | None = None,
+        metrics: Any = None,
+        **kwargs: Any,
+    ) -> dict[Any, Any]:
+        """Adds actions (and log-probabilities when exploring) to every module batch.
+
+        Args:
+            rl_module: The MultiRLModule (for the distribution classes).
+            batch: ``{module_id: module outputs}``.
+            episodes: Unused.
+            explore: Sample stochastically (True) or greedily.
+            shared_data: Unused.
+            metrics: Unused.
+            **kwargs: Unused.
+
+        Returns:
+            The batch.
+
+        Raises:
+            KeyError: If a module batch has neither actions nor distribution inputs.
+        """
+        with torch.no_grad():
+            for module_id, out in batch.items():
+                if Columns.ACTIONS in out:
+                    continue
+                if Columns.ACTION_DIST_INPUTS not in out:
+                    raise KeyError(
+                        f"module {module_id!r} returned neither {Columns.ACTIONS!r} nor "
+                        f"{Columns.ACTION_DIST_INPUTS!r} (got {sorted(out)})"
+                    )
+                module = rl_module[module_id]
+                if explore:
+                    dist = module.get_exploration_action_dist_cls().from_logits(
+                        out[Columns.ACTION_DIST_INPUTS]
+                    )
+                    actions = dist.sample()
+                    out[Columns.ACTIONS] = actions
+                    if Columns.ACTION_LOGP not in out:
+                        out[Columns.ACTION_LOGP] = dist.logp(actions)
+                else:
+                    dist = module.get_inference_action_dist_cls().from_logits(
+                        out[Columns.ACTION_DIST_INPUTS]
+                    )
+                    out[Columns.ACTIONS] = dist.to_deterministic().sample()
+        return batch

@@ -1,0 +1,299 @@
+"""Connector pipelines: ordered lists of pieces that are themselves connectors."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from typing import Any
+
+from fastrollout.connectors.connector_v2 import ConnectorV2
+
+__all__ = ["ConnectorPipelineV2", "EnvToModulePipeline", "ModuleToEnvPipeline"]
+
+
+class ConnectorPipelineV2(ConnectorV2):
+    """Runs its pieces in order, each on the batch the previous one returned.
+
+    Pieces are found by index, by name (class name) or by class for editing
+    (``insert_before``, ``insert_after``, ``remove``, ``[...]``). The output spaces of
+    piece ``i`` are the input spaces of piece ``i + 1``; they are recomputed after every
+    edit.
+
+    Args:
+        input_observation_space: The observation space(s) of the first piece.
+        input_action_space: The action space(s) of the first piece.
+        connectors: The pieces.
+        **kwargs: Passed to ``ConnectorV2``.
+
+    Raises:
+        TypeError: If a piece is not a ConnectorV2.
+    """
+
+    def __init__(
+        self,
+        input_observation_space: Any = None,
+        input_action_space: Any = None,
+        *,
+        connectors: Sequence[ConnectorV2] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.connectors: list[ConnectorV2] = []
+        for c in connectors or ():
+            self._check(c)
+            self.connectors.append(c)
+        super().__init__(input_observation_space, input_action_space, **kwargs)
+
+    def __call__(
+        self,
+        *,
+        rl_module: Any,
+        batch: dict[Any, Any] | None = None,
+        episodes: Sequence[Any] = (),
+        explore: bool | None = None,
+        shared_data: dict[str, Any] | None = None,
+        metrics: Any = None,
+        **kwargs: Any,
+    ) -> dict[Any, Any]:
+        """Runs every piece.
+
+        Args:
+            rl_module: The MultiRLModule.
+            batch: ``{module_id: {column: value}}`` (None: an empty dict).
+            episodes: The runner's episodes.
+            explore: Whether the runner explores.
+            shared_data: Shared by the pieces of this call (a fresh dict if None).
+            metrics: The runner's MetricsLogger (or None).
+            **kwargs: Passed to every piece.
+
+        Returns:
+            The batch the last piece returned.
+        """
+        out: dict[Any, Any] = {} if batch is None else batch
+        shared = {} if shared_data is None else shared_data
+        for piece in self.connectors:
+            out = piece(
+                rl_module=rl_module,
+                batch=out,
+                episodes=episodes,
+                explore=explore,
+                shared_data=shared,
+                metrics=metrics,
+                **kwargs,
+            )
+        return out
+
+    # -- editing ----------------------------------------------------------------------
+
+    @staticmethod
+    def _check(connector: Any) -> None:
+        if not isinstance(connector, ConnectorV2):
+            raise TypeError(f"pipeline pieces must be ConnectorV2, got {type(connector).__name__}")
+
+    def _index(self, name_or_class: str | type | int) -> int:
+        if isinstance(name_or_class, int):
+            if not -len(self.connectors) <= name_or_class < len(self.connectors):
+                raise IndexError(f"no piece at index {name_or_class} ({len(self)} pieces)")
+            return name_or_class % len(self.connectors)
+        for i, c in enumerate(self.connectors):
+            if (isinstance(name_or_class, str) and c.name == name_or_class) or (
+                isinstance(name_or_class, type) and isinstance(c, name_or_class)
+            ):
+                return i
+        label = name_or_class if isinstance(name_or_class, str) else name_or_class.__name__
+        raise ValueError(f"no piece {label!r} in the pipeline {[c.name for c in self.connectors]}")
+
+    def prepend(self, connector: ConnectorV2) -> None:
+        """Puts a piece first.
+
+        Args:
+            connector: The piece.
+        """
+        self._check(connector)
+        self.connectors.insert(0, connector)
+        self._recompute_spaces()
+
+    def append(self, connector: ConnectorV2) -> None:
+        """Puts a piece last.
+
+        Args:
+            connector: The piece.
+        """
+        self._check(connector)
+        self.connectors.append(connector)
+        self._recompute_spaces()
+
+    def insert_before(self, name_or_class: str | type | int, connector: ConnectorV2) -> ConnectorV2:
+        """Inserts a piece before the first one matching ``name_or_class``.
+
+        Args:
+            name_or_class: A piece's name, class (subclasses match) or index.
+            connector: The piece to insert.
+
+        Returns:
+            The piece it was inserted before.
+
+        Raises:
+            ValueError: If no piece matches.
+        """
+        self._check(connector)
+        i = self._index(name_or_class)
+        anchor = self.connectors[i]
+        self.connectors.insert(i, connector)
+        self._recompute_spaces()
+        return anchor
+
+    def insert_after(self, name_or_class: str | type | int, connector: ConnectorV2) -> ConnectorV2:
+        """Inserts a piece after the first one matching ``name_or_class``.
+
+        Args:
+            name_or_class: A piece's name, class (subclasses match) or index.
+            connector: The piece to insert.
+
+        Returns:
+            The piece it was inserted after.
+
+        Raises:
+            ValueError: If no piece matches.
+        """
+        self._check(connector)
+        i = self._index(name_or_class)
+        anchor = self.connectors[i]
+        self.connectors.insert(i + 1, connector)
+        self._recompute_spaces()
+        return anchor
+
+    def remove(self, name_or_class: str | type | int) -> ConnectorV2:
+        """Removes the first piece matching ``name_or_class``.
+
+        Args:
+            name_or_class: A piece's name, class (subclasses match) or index.
+
+        Returns:
+            The removed piece.
+
+        Raises:
+            ValueError: If no piece matches.
+        """
+        removed = self.connectors.pop(self._index(name_or_class))
+        self._recompute_spaces()
+        return removed
+
+    def __getitem__(self, key: str | type | int) -> ConnectorV2:
+        """The first piece matching a name, class or index.
+
+        Args:
+            key: A piece's name, class (subclasses match) or index.
+
+        Returns:
+            The piece.
+
+        Raises:
+            ValueError: If no piece matches a name or class.
+            IndexError: If the index is out of range.
+        """
+        return self.connectors[self._index(key)]
+
+    def __len__(self) -> int:
+        return len(self.connectors)
+
+    def __iter__(self) -> Iterator[ConnectorV2]:
+        return iter(self.connectors)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(repr(c) for c in self.connectors)})"
+
+    # -- spaces -----------------------------------------------------------------------
+
+    def _recompute_spaces(self) -> None:
+        obs, act = self._input_observation_space, self._input_action_space
+        for piece in self.connectors:
+            piece._input_observation_space = obs
+            piece._input_action_space = act
+            piece._recompute_spaces()
+            obs = piece.observation_space if obs is not None else None
+            act = piece.action_space if act is not None else None
+        self._observation_space, self._action_space = obs, act
+
+    # -- state ------------------------------------------------------------------------
+
+    def _state_keys(self) -> list[str]:
+        """Unique state keys: the piece names, with ``_1``, ``_2``... for repeats."""
+        seen: dict[str, int] = {}
+        keys = []
+        for c in self.connectors:
+            n = seen.get(c.name, 0)
+            seen[c.name] = n + 1
+            keys.append(c.name if n == 0 else f"{c.name}_{n}")
+        return keys
+
+    def get_state(
+        self,
+        components: str | Collection[str] | None = None,
+        *,
+        not_components: str | Collection[str] | None = None,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        """The pieces' states keyed by piece name (stateless pieces left out).
+
+        Args:
+            components: Only these piece keys.
+            not_components: Leave out these piece keys.
+            **kwargs: Ignored.
+
+        Returns:
+            ``{piece key: piece state}``.
+        """
+        keep = {components} if isinstance(components, str) else components
+        drop = {not_components} if isinstance(not_components, str) else not_components
+        state = {}
+        for key, piece in zip(self._state_keys(), self.connectors, strict=True):
+            if (keep is not None and key not in keep) or (drop is not None and key in drop):
+                continue
+            piece_state = piece.get_state()
+            if piece_state:
+                state[key] = piece_state
+        return state
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Restores the pieces named in ``state``.
+
+        Args:
+            state: ``{piece key: piece state}``.
+
+        Raises:
+            KeyError: If a key names no piece (checked before anything changes).
+        """
+        pieces = dict(zip(self._state_keys(), self.connectors, strict=True))
+        unknown = [k for k in state if k not in pieces]
+        if unknown:
+            raise KeyError(f"state for unknown pipeline piece(s) {unknown}; have {list(pieces)}")
+        for key, piece_state in state.items():
+            pieces[key].set_state(piece_state)
+
+    def merge_states(self, states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """Merges pipeline states piece by piece.
+
+        Args:
+            states: States of copies of this pipeline.
+
+        Returns:
+            ``{piece key: merged piece state}``.
+        """
+        merged = {}
+        for key, piece in zip(self._state_keys(), self.connectors, strict=True):
+            parts = [s[key] for s in states if key in s]
+            if parts:
+                merged[key] = piece.merge_states(parts)
+        return merged
+
+    def reset_state(self) -> None:
+        """Resets every piece's state."""
+        for piece in self.connectors:
+            piece.reset_state()
+
+
+class EnvToModulePipeline(ConnectorPipelineV2):
+    """The pipeline from the runner's gathered observations to the module's input."""
+
+
+class ModuleToEnvPipeline(ConnectorPipelineV2):
+    """The pipeline from the module's output to the actions sent to the env."""

@@ -1,0 +1,403 @@
+"""``DefaultMLPModule``: the default actor-critic MLP, shaped like RLlib 2.60's PPO module.
+
+With the default model config it has the layers of RLlib's ``DefaultPPOTorchRLModule``
+(PPO sets ``vf_share_layers=False``): a policy MLP encoder and a separate value MLP
+encoder, hidden (256, 256) with tanh, a linear policy head with the distribution's input
+size and a linear value head. The parameter names are RLlib's too
+(``encoder.actor_encoder.net.mlp.0.weight``, ``pi.net.mlp.0.bias``, ...), so the state of
+an RLlib default PPO module loads as it is and both compute the same outputs.
+
+Observations: any Box (flattened, cast to float32), Discrete (one-hot), MultiDiscrete
+(concatenated one-hots), MultiBinary, and Dict/Tuple of those (each part encoded, then
+concatenated in the space's order). RLlib only takes 1-D Box observations here.
+Actions: Discrete (Categorical), float Box (DiagGaussian, log-stds clipped to
+``+-log_std_clip_param`` like RLlib), MultiDiscrete (MultiCategorical).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from fastrollout.core import Columns
+from fastrollout.modules.distributions import TorchDiagGaussian, get_action_dist_cls
+from fastrollout.modules.rl_module import RLModule
+
+__all__ = ["DEFAULT_MODEL_CONFIG", "DefaultMLPModule"]
+
+#: The settings this module reads, with their defaults (RLlib's DefaultModelConfig
+#: names; ``vf_share_layers`` is False as PPO sets it).
+DEFAULT_MODEL_CONFIG: dict[str, Any] = {
+    "fcnet_hiddens": [256, 256],
+    "fcnet_activation": "tanh",
+    "head_fcnet_hiddens": [],
+    "head_fcnet_activation": "relu",
+    "vf_share_layers": False,
+    "free_log_std": False,
+    "log_std_clip_param": 20.0,
+}
+
+# RLlib DefaultModelConfig keys this module does not implement, with the values that
+# mean "off": accepted only at those values, so an RLlib config dict passes through.
+_UNSUPPORTED_AT_DEFAULT: dict[str, Any] = {
+    "fcnet_kernel_initializer": None,
+    "fcnet_kernel_initializer_kwargs": None,
+    "fcnet_bias_initializer": None,
+    "fcnet_bias_initializer_kwargs": None,
+    "fcnet_use_layernorm": False,
+    "conv_filters": None,
+    "conv_activation": "relu",
+    "conv_kernel_initializer": None,
+    "conv_kernel_initializer_kwargs": None,
+    "conv_bias_initializer": None,
+    "conv_bias_initializer_kwargs": None,
+    "head_fcnet_kernel_initializer": None,
+    "head_fcnet_kernel_initializer_kwargs": None,
+    "head_fcnet_bias_initializer": None,
+    "head_fcnet_bias_initializer_kwargs": None,
+    "head_fcnet_use_layernorm": False,
+    "use_lstm": False,
+    "max_seq_len": 20,
+    "lstm_cell_size": 256,
+    "lstm_use_prev_action": False,
+    "lstm_use_prev_reward": False,
+    "lstm_kernel_initializer": None,
+    "lstm_kernel_initializer_kwargs": None,
+    "lstm_bias_initializer": None,
+    "lstm_bias_initializer_kwargs": None,
+    "fusionnet_hiddens": [256, 256],
+    "fusionnet_activation": "tanh",
+    "fusionnet_kernel_initializer": None,
+    "fusionnet_kernel_initializer_kwargs": None,
+    "fusionnet_bias_initializer": None,
+    "fusionnet_bias_initializer_kwargs": None,
+}
+
+_ACTIVATIONS: dict[str | None, Callable[[], nn.Module] | None] = {
+    None: None,
+    "linear": None,
+    "tanh": nn.Tanh,
+    "relu": nn.ReLU,
+    "relu6": nn.ReLU6,
+    "elu": nn.ELU,
+    "swish": nn.SiLU,
+    "silu": nn.SiLU,
+    "sigmoid": nn.Sigmoid,
+    "gelu": nn.GELU,
+    "leaky_relu": nn.LeakyReLU,
+}
+
+
+def _activation(name: Any, key: str) -> Callable[[], nn.Module] | None:
+    lowered = name.lower() if isinstance(name, str) else name
+    if lowered not in _ACTIVATIONS:
+        known = sorted(k for k in _ACTIVATIONS if k is not None)
+        raise ValueError(f"model_config[{key!r}] = {name!r} is not one of {known}")
+    return _ACTIVATIONS[lowered]
+
+
+def _layers(
+    in_dim: int,
+    hiddens: Sequence[int],
+    activation: Callable[[], nn.Module] | None,
+    out_dim: int | None,
+) -> nn.Sequential:
+    """Linear layers with activations; a final linear ``out_dim`` layer if given."""
+    layers: list[nn.Module] = []
+    dim = in_dim
+    for width in hiddens:
+        layers.append(nn.Linear(dim, int(width)))
+        if activation is not None:
+            layers.append(activation())
+        dim = int(width)
+    if out_dim is not None:
+        layers.append(nn.Linear(dim, out_dim))
+    return nn.Sequential(*layers)
+
+
+class _Net(nn.Module):
+    """Holds ``mlp`` (so parameter names read ``net.mlp.N``, as RLlib's)."""
+
+    def __init__(self, mlp: nn.Sequential) -> None:
+        super().__init__()
+        self.mlp = mlp
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp(x)
+
+
+class _Encoder(nn.Module):
+    def __init__(self, mlp: nn.Sequential) -> None:
+        super().__init__()
+        self.net = _Net(mlp)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class _Head(nn.Module):
+    """A linear (or MLP) head; optionally clips the log-std half of its output."""
+
+    def __init__(
+        self,
+        in_dim: int,
+        hiddens: Sequence[int],
+        activation: Callable[[], nn.Module] | None,
+        out_dim: int,
+        *,
+        clip_log_std: bool,
+        clip_param: float,
+        free_log_std: bool = False,
+    ) -> None:
+        super().__init__()
+        self.free_log_std = free_log_std
+        net_out = out_dim // 2 if free_log_std else out_dim
+        self.net = _Net(_layers(in_dim, hiddens, activation, net_out))
+        if free_log_std:
+            self.log_std = nn.Parameter(torch.zeros(net_out))
+        self.clip_log_std = clip_log_std
+        # A buffer (not a float) so that RLlib's state dicts, which have it, load as is.
+        self.log_std_clip_param_const: torch.Tensor
+        self.register_buffer("log_std_clip_param_const", torch.tensor([float(clip_param)]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.net(x)
+        if self.free_log_std:
+            log_std = self.log_std.expand_as(out)
+            if self.clip_log_std:
+                c = self.log_std_clip_param_const
+                log_std = torch.clamp(log_std, -c, c)
+            return torch.cat((out, log_std), dim=-1)
+        if self.clip_log_std:
+            mean, log_std = out.chunk(2, dim=-1)
+            c = self.log_std_clip_param_const
+            return torch.cat((mean, torch.clamp(log_std, -c, c)), dim=-1)
+        return out
+
+
+class _ActorCriticEncoder(nn.Module):
+    def __init__(self, make: Callable[[], nn.Sequential], *, shared: bool, with_critic: bool):
+        super().__init__()
+        self.shared = shared
+        if shared:
+            self.encoder = _Encoder(make())
+        else:
+            self.actor_encoder = _Encoder(make())
+            if with_critic:
+                self.critic_encoder = _Encoder(make())
+
+
+def _obs_preprocessor(space: gym.Space, path: str = "obs") -> tuple[int, Callable[[Any], Any]]:
+    """The flat size of ``space`` and a function that flattens a batch of it."""
+    if isinstance(space, gym.spaces.Box):
+        dim = int(np.prod(space.shape, dtype=np.int64))
+
+        def box(x: torch.Tensor) -> torch.Tensor:
+            if x.dim() != 2 or x.dtype != torch.float32:
+                x = x.reshape(x.shape[0], -1).float()
+            return x
+
+        return dim, box
+    if isinstance(space, gym.spaces.Discrete):
+        n, start = int(space.n), int(space.start)
+
+        def discrete(x: torch.Tensor) -> torch.Tensor:
+            idx = x.reshape(x.shape[0]).long() - start
+            return nn.functional.one_hot(idx, n).float()
+
+        return n, discrete
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        nvec = [int(n) for n in space.nvec.reshape(-1)]
+        starts = torch.as_tensor(space.start.reshape(-1).astype(np.int64))
+
+        def multi_discrete(x: torch.Tensor) -> torch.Tensor:
+            idx = x.reshape(x.shape[0], -1).long() - starts.to(x.device)
+            parts = [nn.functional.one_hot(idx[:, i], n) for i, n in enumerate(nvec)]
+            return torch.cat(parts, dim=-1).float()
+
+        return sum(nvec), multi_discrete
+    if isinstance(space, gym.spaces.MultiBinary):
+        dim = int(np.prod(space.shape, dtype=np.int64))
+        return dim, lambda x: x.reshape(x.shape[0], -1).float()
+    if isinstance(space, gym.spaces.Dict | gym.spaces.Tuple):
+        items: list[tuple[Any, gym.Space]] = (
+            list(space.spaces.items())
+            if isinstance(space, gym.spaces.Dict)
+            else list(enumerate(space.spaces))
+        )
+        names = [k for k, _ in items]
+        parts = [_obs_preprocessor(s, f"{path}[{k!r}]") for k, s in items]
+        dim = sum(d for d, _ in parts)
+
+        def nested(x: Any) -> torch.Tensor:
+            return torch.cat([fn(x[k]) for k, (_, fn) in zip(names, parts, strict=True)], dim=-1)
+
+        return dim, nested
+    raise TypeError(
+        f"DefaultMLPModule cannot encode the observation space {path} = {space}: supported "
+        "are Box, Discrete, MultiDiscrete, MultiBinary and Dict/Tuple of those"
+    )
+
+
+class DefaultMLPModule(RLModule):
+    """Actor-critic MLP, the default module (RLlib's default PPO torch module).
+
+    ``forward_inference`` and ``forward_exploration`` return
+    ``{Columns.ACTION_DIST_INPUTS}``; ``forward_train`` also returns
+    ``Columns.VF_PREDS`` and ``Columns.EMBEDDINGS`` (the value encoder's output);
+    ``compute_values(batch)`` returns the value estimates, shape ``(B,)``.
+
+    ``model_config`` keys (RLlib's names): ``fcnet_hiddens`` (default ``[256, 256]``),
+    ``fcnet_activation`` (``"tanh"``), ``head_fcnet_hiddens`` (``[]``),
+    ``head_fcnet_activation`` (``"relu"``), ``vf_share_layers`` (False),
+    ``free_log_std`` (False), ``log_std_clip_param`` (20.0). Other keys of RLlib's
+    DefaultModelConfig are accepted at their "off" value only.
+
+    Raises:
+        ValueError: For an unknown model_config key, a bad activation name, or an RLlib
+            option this module does not implement (named).
+        TypeError: For an observation or action space it cannot handle (named).
+    """
+
+    def setup(self) -> None:
+        """Builds the encoders and heads from the spaces and the model config."""
+        cfg = self._checked_config(self.model_config)
+        assert self.observation_space is not None and self.action_space is not None
+        in_dim, self._preprocess = _obs_preprocessor(self.observation_space)
+        self.action_dist_cls = get_action_dist_cls(self.action_space)
+        hiddens = [int(h) for h in cfg["fcnet_hiddens"]]
+        act = _activation(cfg["fcnet_activation"], "fcnet_activation")
+        head_hiddens = [int(h) for h in cfg["head_fcnet_hiddens"]]
+        head_act = _activation(cfg["head_fcnet_activation"], "head_fcnet_activation")
+        latent = hiddens[-1] if hiddens else in_dim
+        shared = bool(cfg["vf_share_layers"])
+        self._shared = shared
+
+        self.encoder = _ActorCriticEncoder(
+            lambda: _layers(in_dim, hiddens, act, None),
+            shared=shared,
+            with_critic=not self.inference_only,
+        )
+        gaussian = issubclass(self.action_dist_cls, TorchDiagGaussian)
+        if cfg["free_log_std"] and not gaussian:
+            raise ValueError(
+                f"model_config['free_log_std'] needs a Box action space, got {self.action_space}"
+            )
+        self.pi = _Head(
+            latent,
+            head_hiddens,
+            head_act,
+            self.action_dist_cls.required_input_dim(self.action_space),
+            clip_log_std=gaussian,
+            clip_param=float(cfg["log_std_clip_param"]),
+            free_log_std=bool(cfg["free_log_std"]),
+        )
+        if not self.inference_only:
+            self.vf = _Head(
+                latent,
+                head_hiddens,
+                head_act,
+                1,
+                clip_log_std=False,
+                clip_param=float(cfg["log_std_clip_param"]),
+            )
+
+    @staticmethod
+    def _checked_config(model_config: Mapping[str, Any]) -> dict[str, Any]:
+        unknown = sorted(
+            k
+            for k in model_config
+            if k not in DEFAULT_MODEL_CONFIG and k not in _UNSUPPORTED_AT_DEFAULT
+        )
+        if unknown:
+            raise ValueError(
+                f"unknown model_config keys for DefaultMLPModule: {unknown} (known: "
+                f"{sorted(DEFAULT_MODEL_CONFIG)})"
+            )
+        for key, off in _UNSUPPORTED_AT_DEFAULT.items():
+            if key in model_config and model_config[key] != off:
+                raise ValueError(
+                    f"model_config[{key!r}] = {model_config[key]!r} is not supported by "
+                    f"DefaultMLPModule (only {off!r})"
+                )
+        cfg = {
+            **DEFAULT_MODEL_CONFIG,
+            **{k: model_config[k] for k in DEFAULT_MODEL_CONFIG if k in model_config},
+        }
+        if cfg["fcnet_hiddens"] is None:
+            cfg["fcnet_hiddens"] = []
+        if cfg["head_fcnet_hiddens"] is None:
+            cfg["head_fcnet_hiddens"] = []
+        return cfg
+
+    def get_non_inference_attributes(self) -> list[str]:
+        """The value head, and the value encoder unless layers are shared.
+
+        Returns:
+            ``["vf"]`` or ``["vf", "encoder.critic_encoder"]``.
+        """
+        return ["vf"] if self._shared else ["vf", "encoder.critic_encoder"]
+
+    def _obs(self, batch: Mapping[str, Any]) -> torch.Tensor:
+        try:
+            obs = batch[Columns.OBS]
+        except KeyError:
+            raise KeyError(
+                f"{type(self).__name__} needs batch[{Columns.OBS!r}], got keys {sorted(batch)}"
+            ) from None
+        return self._preprocess(obs)
+
+    def _actor_latent(self, x: torch.Tensor) -> torch.Tensor:
+        enc = self.encoder
+        return enc.encoder(x) if self._shared else enc.actor_encoder(x)
+
+    def _critic_latent(self, x: torch.Tensor) -> torch.Tensor:
+        enc = self.encoder
+        return enc.encoder(x) if self._shared else enc.critic_encoder(x)
+
+    def _forward(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        x = self._obs(batch)
+        return {Columns.ACTION_DIST_INPUTS: self.pi(self._actor_latent(x))}
+
+    def _forward_train(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        x = self._obs(batch)
+        if self._shared:
+            latent = self.encoder.encoder(x)
+            actor, critic = latent, latent
+        else:
+            actor, critic = self.encoder.actor_encoder(x), self.encoder.critic_encoder(x)
+        return {
+            Columns.ACTION_DIST_INPUTS: self.pi(actor),
+            Columns.EMBEDDINGS: critic,
+            Columns.VF_PREDS: self.vf(critic).squeeze(-1),
+        }
+
+    def compute_values(
+        self, batch: dict[str, Any], embeddings: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Value estimates of the observations in ``batch``.
+
+        Args:
+            batch: Tensors keyed by column (``Columns.OBS`` is read).
+            embeddings: The value encoder's output if already computed
+                (``forward_train``'s ``Columns.EMBEDDINGS``); saves the encoder pass.
+
+        Returns:
+            Shape ``(B,)``.
+
+        Raises:
+            RuntimeError: If the module is inference-only (it has no value function).
+        """
+        if self.inference_only:
+            raise RuntimeError(
+                "compute_values() needs the value function, which an inference_only "
+                "DefaultMLPModule does not build"
+            )
+        if embeddings is None:
+            embeddings = self._critic_latent(self._obs(batch))
+        return self.vf(embeddings).squeeze(-1)
