@@ -585,3 +585,50 @@ def test_rllib_callback_classes_work() -> None:
     assert seen == [4]
     assert RunnerConfig().callbacks(None).callbacks_class is Callbacks
     assert _rllib().callbacks_class is RLlibCallback
+
+
+# ----------------------------------------------------------------------------- properties
+
+_SETTINGS = st.fixed_dictionaries(
+    {},
+    optional={
+        "num_envs_per_env_runner": st.integers(1, 64),
+        "num_env_runners": st.integers(0, 8),
+        "rollout_fragment_length": st.one_of(st.just("auto"), st.integers(1, 1000)),
+        "batch_mode": st.sampled_from(["truncate_episodes", "complete_episodes"]),
+        "explore": st.booleans(),
+        "episode_lookback_horizon": st.integers(0, 10),
+        "gym_env_vectorize_mode": st.sampled_from(["sync", "async"]),
+        "restart_failed_sub_environments": st.booleans(),
+    },
+)
+
+
+@given(
+    settings=_SETTINGS,
+    env_config=st.dictionaries(st.text(min_size=1, max_size=5), st.integers(), max_size=3),
+    policies=st.sets(st.text(min_size=1, max_size=4), min_size=1, max_size=4),
+    seed=st.one_of(st.none(), st.integers(0, 2**31)),
+)
+def test_dict_form_and_copies_round_trip(
+    settings: dict[str, Any], env_config: dict[str, int], policies: set[str], seed: int | None
+) -> None:
+    config = (
+        RunnerConfig()
+        .environment("CartPole-v1", env_config=env_config)
+        .env_runners(**settings)
+        .multi_agent(policies=policies)
+        .training(train_batch_size=4000)
+        .debugging(seed=seed)
+    )
+    config.validate()
+    as_dict = config.to_dict()
+    assert RunnerConfig.from_dict(as_dict).to_dict() == as_dict
+    frozen = config.copy(copy_frozen=True)
+    assert frozen.to_dict() == as_dict and frozen.is_frozen and not config.is_frozen
+    with pytest.raises(AttributeError, match="frozen"):
+        frozen.env_runners(explore=True)
+    assert config.copy().to_dict() == as_dict
+    assert set(config.module_ids) == policies
+    for worker_index in range(config.num_env_runners + 1):
+        assert config.get_rollout_fragment_length(worker_index) >= 1
