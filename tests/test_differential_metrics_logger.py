@@ -12,9 +12,9 @@ The reference is RLlib 2.60's MetricsLogger with one documented fix passed throu
 from __future__ import annotations
 
 import math
-from collections import deque
 import random
 import warnings
+from collections import deque
 
 import numpy as np
 import pytest

@@ -6,8 +6,8 @@ The episode buffers, their cut/finalize and the metric reductions live in a Rust
 
 from fastrollout._core import __version__
 from fastrollout.episodes import MultiAgentEpisode, SingleAgentEpisode
-from fastrollout.metrics import MetricsLogger
 from fastrollout.errors import EpisodeStateError, MultiAgentEnvError, SpaceMismatchError
+from fastrollout.metrics import MetricsLogger
 
 __all__ = [
     "EpisodeStateError",
