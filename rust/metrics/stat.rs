@@ -246,7 +246,7 @@ impl<T: Clone> Stat<T> {
                 s.push(v);
             }
             Data::Item(_) | Data::Items { .. } => {
-                return value_err(format!("reduce={:?} logs items, not numbers", self.config.reduce.name()))
+                return value_err(format!("reduce='{}' logs items, not numbers", self.config.reduce.name()))
             }
         }
         Ok(())
@@ -265,7 +265,7 @@ impl<T: Clone> Stat<T> {
                 }
                 Ok(None)
             }
-            _ => value_err(format!("reduce={:?} logs numbers, not items", self.config.reduce.name())),
+            _ => value_err(format!("reduce='{}' logs numbers, not items", self.config.reduce.name())),
         }
     }
 
@@ -456,7 +456,7 @@ impl<T: Clone> Stat<T> {
         let reduce = self.config.reduce;
         let mismatch = || {
             MetricsError::Value(format!(
-                "cannot merge a different kind of stat into reduce={:?}",
+                "cannot merge a different kind of stat into reduce='{}'",
                 reduce.name()
             ))
         };

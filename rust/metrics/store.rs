@@ -17,7 +17,7 @@ pub enum KeyPart {
 impl std::fmt::Display for KeyPart {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            KeyPart::Str(s) => write!(f, "{s:?}"),
+            KeyPart::Str(s) => write!(f, "'{}'", s.replace('\'', "\\'")),
             KeyPart::Int(i) => write!(f, "{i}"),
         }
     }

@@ -240,7 +240,7 @@ fn req<'py>(d: &Bound<'py, PyDict>, k: &str) -> PyResult<Bound<'py, PyAny>> {
 fn config_from(d: &Bound<'_, PyDict>) -> PyResult<Config> {
     let name: String = req(d, "reduce")?.extract()?;
     let reduce = Reduce::parse(&name)
-        .ok_or_else(|| PyValueError::new_err(format!("unknown reduce {name:?} in state")))?;
+        .ok_or_else(|| PyValueError::new_err(format!("unknown reduce '{name}' in state")))?;
     let window: Option<usize> = req(d, "window")?.extract()?;
     if window == Some(0) {
         return Err(PyValueError::new_err("window must be a positive int"));
@@ -336,7 +336,7 @@ impl StatsSnapshotPy {
         let v = self.peek(py, true)?;
         v.extract::<f64>().map_err(|_| {
             PyValueError::new_err(format!(
-                "a reduce={:?} result is not a single number",
+                "a reduce='{}' result is not a single number",
                 self.reduce_method()
             ))
         })
@@ -344,7 +344,7 @@ impl StatsSnapshotPy {
 
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
         Ok(format!(
-            "StatsSnapshot(reduce={:?}, value={})",
+            "StatsSnapshot(reduce='{}', value={})",
             self.reduce_method(),
             self.peek(py, true)?.repr()?
         ))
