@@ -184,15 +184,13 @@ impl Config {
                 _ => return value_err(format!("ema_coeff is not supported for reduce='{r}'")),
             }
         }
-        match (&opts.percentiles, reduce) {
-            (None, _) => {}
-            (Some(_), red) if red != Reduce::Percentiles => {
+        if let Some(p) = &opts.percentiles {
+            if reduce != Reduce::Percentiles {
                 return value_err(format!(
                     "percentiles is only supported for reduce='percentiles', not reduce='{r}'"
-                ))
+                ));
             }
-            (Some(PercentilesArg::Default), _) => {}
-            (Some(PercentilesArg::List(ps)), _) => {
+            if let PercentilesArg::List(ps) = p {
                 if let Some(p) = ps.iter().find(|p| !(0.0..=100.0).contains(*p)) {
                     return value_err(format!("percentiles must be in [0, 100], got {p}"));
                 }
@@ -213,6 +211,8 @@ impl Config {
 }
 
 #[cfg(test)]
+// The expected values are exact.
+#[allow(clippy::float_cmp)]
 mod tests {
     use super::*;
 

@@ -547,18 +547,16 @@ impl<T: Clone> Stat<T> {
         if !self.config.with_throughput {
             return None;
         }
-        match self.data {
-            Data::LifetimeSum(s) => Some(Throughput::Lifetime {
+        if let Data::LifetimeSum(s) = self.data {
+            return Some(Throughput::Lifetime {
                 since_last_reduce: (s - self.value_at_last_reduce) / (now - self.last_reduce_time),
                 since_last_restore: self
                     .is_root
                     .then(|| (s - self.value_at_last_restore) / (now - self.last_restore_time)),
-            }),
-            _ => {
-                let v = self.series_acc().result(self.config.reduce);
-                Some(Throughput::Sum(v / (now - self.last_reduce_time)))
-            }
+            });
         }
+        let v = self.series_acc().result(self.config.reduce);
+        Some(Throughput::Sum(v / (now - self.last_reduce_time)))
     }
 
     /// A new, empty aggregator with this payload's configuration.
@@ -643,6 +641,8 @@ impl<T: Clone> Stat<T> {
 }
 
 #[cfg(test)]
+// The expected values are exact (small integers and halves).
+#[allow(clippy::float_cmp)]
 mod tests {
     use super::*;
 

@@ -105,12 +105,11 @@ impl<T> Store<T> {
         let mut branch = &mut self.root;
         for (i, k) in path.iter().enumerate() {
             let last = i + 1 == path.len();
-            let pos = match branch.iter().position(|(p, _)| p == k) {
-                Some(pos) => pos,
-                None => {
-                    branch.push((k.clone(), Node::Branch(Vec::new())));
-                    branch.len() - 1
-                }
+            let pos = if let Some(pos) = branch.iter().position(|(p, _)| p == k) {
+                pos
+            } else {
+                branch.push((k.clone(), Node::Branch(Vec::new())));
+                branch.len() - 1
             };
             let node = &mut branch[pos].1;
             match node {
@@ -133,15 +132,12 @@ impl<T> Store<T> {
                             key_repr(path)
                         )));
                     }
-                    let id = match self.free.pop() {
-                        Some(id) => {
-                            self.slots[id] = Some(stat);
-                            id
-                        }
-                        None => {
-                            self.slots.push(Some(stat));
-                            self.slots.len() - 1
-                        }
+                    let id = if let Some(id) = self.free.pop() {
+                        self.slots[id] = Some(stat);
+                        id
+                    } else {
+                        self.slots.push(Some(stat));
+                        self.slots.len() - 1
                     };
                     *node = Node::Leaf(id);
                     return Ok(id);

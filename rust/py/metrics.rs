@@ -102,7 +102,7 @@ fn given<'a, 'py>(o: Option<&'a Bound<'py, PyAny>>) -> Option<&'a Bound<'py, PyA
 impl RawOptions<'_, '_> {
     fn resolve(&self) -> PyResult<Config> {
         let reduce = given(self.reduce)
-            .map(|r| r.extract::<String>())
+            .map(PyAnyMethods::extract::<String>)
             .transpose()
             .map_err(|_| PyTypeError::new_err("reduce must be a str naming the reduction method"))?;
         let window = given(self.window)
@@ -118,7 +118,7 @@ impl RawOptions<'_, '_> {
                 }
             })
             .transpose()?;
-        let ema_coeff = given(self.ema_coeff).map(|c| c.extract::<f64>()).transpose()?;
+        let ema_coeff = given(self.ema_coeff).map(PyAnyMethods::extract::<f64>).transpose()?;
         let percentiles = match given(self.percentiles) {
             None => None,
             Some(p) if p.is_instance_of::<PyBool>() => p.is_truthy()?.then_some(PercentilesArg::Default),
@@ -126,7 +126,7 @@ impl RawOptions<'_, '_> {
                 PyTypeError::new_err("percentiles must be a list of numbers in [0, 100] or True")
             })?)),
         };
-        let flag = |o: Option<&Bound<'_, PyAny>>| given(o).map(|v| v.is_truthy()).transpose();
+        let flag = |o: Option<&Bound<'_, PyAny>>| given(o).map(PyAnyMethods::is_truthy).transpose();
         Config::resolve(&Options {
             reduce,
             window,
@@ -254,11 +254,8 @@ fn config_from(d: &Bound<'_, PyDict>) -> PyResult<Config> {
     })
 }
 
-fn objs(py: Python<'_>, l: &Bound<'_, PyAny>) -> PyResult<Vec<PyObj>> {
-    l.try_iter()?.map(|o| Ok(PyObj(o?.unbind()))).collect::<PyResult<_>>().map(|v: Vec<PyObj>| {
-        let _ = py;
-        v
-    })
+fn objs(l: &Bound<'_, PyAny>) -> PyResult<Vec<PyObj>> {
+    l.try_iter()?.map(|o| Ok(PyObj(o?.unbind()))).collect()
 }
 
 fn stat_state_dict<'py>(py: Python<'py>, s: &PyStat) -> PyResult<Bound<'py, PyDict>> {
@@ -275,7 +272,7 @@ fn stat_state_dict<'py>(py: Python<'py>, s: &PyStat) -> PyResult<Bound<'py, PyDi
     Ok(d)
 }
 
-fn stat_from_state(py: Python<'_>, d: &Bound<'_, PyDict>, t: f64) -> PyResult<PyStat> {
+fn stat_from_state(d: &Bound<'_, PyDict>, t: f64) -> PyResult<PyStat> {
     let item = req(d, "item")?;
     let st = StatState {
         config: config_from(d)?,
@@ -286,7 +283,7 @@ fn stat_from_state(py: Python<'_>, d: &Bound<'_, PyDict>, t: f64) -> PyResult<Py
         count: req(d, "count")?.extract()?,
         merged: req(d, "merged")?.extract()?,
         item: (!item.is_none()).then(|| PyObj(item.unbind())),
-        items: objs(py, &req(d, "items")?)?,
+        items: objs(&req(d, "items")?)?,
     };
     Stat::from_state(st, t).map_err(metrics_error)
 }
@@ -372,7 +369,7 @@ impl StatsSnapshotPy {
 
     /// A snapshot from `get_state()`'s dict.
     #[staticmethod]
-    fn from_state(py: Python<'_>, state: &Bound<'_, PyDict>) -> PyResult<StatsSnapshotPy> {
+    fn from_state(state: &Bound<'_, PyDict>) -> PyResult<StatsSnapshotPy> {
         let config = config_from(state)?;
         let shape =
             Stat::new(config, req(state, "is_root")?.extract()?, req(state, "is_leaf")?.extract()?, 0.0);
@@ -391,7 +388,7 @@ impl StatsSnapshotPy {
                 let i = req(state, "item")?;
                 Payload::Item((!i.is_none()).then(|| PyObj(i.unbind())))
             }
-            Reduce::ItemSeries => Payload::Items(objs(py, &req(state, "items")?)?),
+            Reduce::ItemSeries => Payload::Items(objs(&req(state, "items")?)?),
         };
         Ok(StatsSnapshotPy { shape, payload })
     }
@@ -603,6 +600,7 @@ impl MetricsStorePy {
 
     /// Creates the stat under `key` if it is missing (`log_time`); returns its reduction.
     #[pyo3(signature = (key, *, reduce=None, window=None, ema_coeff=None, percentiles=None, with_throughput=None))]
+    #[allow(clippy::too_many_arguments)]
     fn _ensure(
         &self,
         py: Python<'_>,
@@ -732,29 +730,27 @@ impl MetricsStorePy {
         let mut index: HashMap<Vec<KeyPart>, usize> = HashMap::new();
         let mut groups: Vec<(Vec<KeyPart>, Vec<Bound<'_, StatsSnapshotPy>>)> = Vec::new();
         for (path, snap) in flat {
-            match index.get(&path) {
-                Some(&i) => groups[i].1.push(snap),
-                None => {
-                    index.insert(path.clone(), groups.len());
-                    groups.push((path, vec![snap]));
-                }
+            if let Some(&i) = index.get(&path) {
+                groups[i].1.push(snap);
+            } else {
+                index.insert(path.clone(), groups.len());
+                groups.push((path, vec![snap]));
             }
         }
         let mut g = self.lock(py);
         for (path, snaps) in groups {
-            let slot = match g.store.find(&path) {
-                Found::Leaf(id) => id,
-                _ => {
-                    let first = snaps[0].get();
-                    let stat = Stat::aggregator(first.shape.config().clone(), self.root, self.created);
-                    g.store.insert(&path, stat).map_err(metrics_error)?
-                }
+            let slot = if let Found::Leaf(id) = g.store.find(&path) {
+                id
+            } else {
+                let first = snaps[0].get();
+                let stat = Stat::aggregator(first.shape.config().clone(), self.root, self.created);
+                g.store.insert(&path, stat).map_err(metrics_error)?
             };
             let payloads: Vec<&Payload<PyObj>> = snaps.iter().map(|s| &s.get().payload).collect();
             let Some(stat) = g.store.get_mut(slot) else { continue };
             stat.merge(&payloads).map_err(|e| match e {
                 MetricsError::Value(m) => PyValueError::new_err(format!("key {}: {m}", key_repr(&path))),
-                other => metrics_error(other),
+                other @ MetricsError::Key(_) => metrics_error(other),
             })?;
         }
         Ok(())
@@ -809,13 +805,12 @@ impl MetricsStorePy {
                     let (last, inner) = p.split_last().expect("leaf paths are not empty");
                     for k in inner {
                         let kp = key_part_py(py, k)?;
-                        let sub = match d.get_item(&kp)? {
-                            Some(s) => s.cast_into::<PyDict>()?,
-                            None => {
-                                let s = PyDict::new(py);
-                                d.set_item(&kp, &s)?;
-                                s
-                            }
+                        let sub = if let Some(s) = d.get_item(&kp)? {
+                            s.cast_into::<PyDict>()?
+                        } else {
+                            let s = PyDict::new(py);
+                            d.set_item(&kp, &s)?;
+                            s
                         };
                         d = sub;
                     }
@@ -883,7 +878,7 @@ impl MetricsStorePy {
         for e in entries.try_iter()? {
             let e = e?;
             let (k, d): (Bound<'_, PyAny>, Bound<'_, PyDict>) = e.extract()?;
-            restored.push((key_path(&k)?, stat_from_state(py, &d, t)?));
+            restored.push((key_path(&k)?, stat_from_state(&d, t)?));
         }
         let mut store = Store::default();
         for (path, stat) in restored {
