@@ -434,7 +434,6 @@ impl MetricsStorePy {
         g: &mut Inner,
         key: &Bound<'_, PyAny>,
         opts: &RawOptions<'_, '_>,
-        t: f64,
     ) -> PyResult<usize> {
         let cache = g.cache.bind(py);
         if let Ok(Some(slot)) = cache.get_item(key) {
@@ -450,7 +449,7 @@ impl MetricsStorePy {
                 )))
             }
             _ => {
-                let stat = Stat::new(opts.resolve()?, self.root, true, t);
+                let stat = Stat::new(opts.resolve()?, self.root, true, now());
                 g.store.insert(&path, stat).map_err(metrics_error)?
             }
         };
@@ -587,7 +586,7 @@ impl MetricsStorePy {
         let mut garbage = Vec::new();
         {
             let mut g = this.lock(py);
-            let slot = this.slot(py, &mut g, key, &opts, now())?;
+            let slot = this.slot(py, &mut g, key, &opts)?;
             let Some(stat) = g.store.get_mut(slot) else {
                 return Err(PyKeyError::new_err("metric key vanished while logging"));
             };
@@ -614,7 +613,7 @@ impl MetricsStorePy {
         let opts =
             RawOptions { reduce, window, ema_coeff, percentiles, clear_on_reduce: None, with_throughput };
         let mut g = self.lock(py);
-        let slot = self.slot(py, &mut g, key, &opts, now())?;
+        let slot = self.slot(py, &mut g, key, &opts)?;
         Ok(g.store.get(slot).map_or("", |s| s.reduce_kind().name()))
     }
 
@@ -637,7 +636,7 @@ impl MetricsStorePy {
         let mut garbage = Vec::new();
         {
             let mut g = self.lock(py);
-            let slot = self.slot(py, &mut g, key, &opts, now())?;
+            let slot = self.slot(py, &mut g, key, &opts)?;
             let Some(stat) = g.store.get_mut(slot) else {
                 return Err(PyKeyError::new_err("metric key vanished while logging"));
             };

@@ -55,6 +55,9 @@ class MetricsLogger(MetricsStore):
         1.0
     """
 
+    # No instance __dict__: attribute lookups (every log_value call) skip it.
+    __slots__ = ()
+
     def __init__(self, root: bool = False) -> None:
         # The native constructor took `root`; nothing else to set up.
         super().__init__()
