@@ -416,6 +416,14 @@ def test_aggregate_errors():
         it.log_value("i", 1, reduce="item")
     with pytest.raises(ValueError, match="exactly one logger"):
         root.aggregate([it.reduce() for it in items])
+    assert "i" not in root  # a failing aggregate changes nothing
+    good, bad = MetricsLogger(), MetricsLogger()
+    good.log_value("n", 1.0, reduce="sum")
+    bad.log_value(("y", "z"), 1.0, reduce="max")
+    before = root.peek()
+    with pytest.raises(ValueError, match="already holds a metric"):
+        root.aggregate([good.reduce(), bad.reduce()])
+    assert root.peek() == before
 
 
 def test_snapshots_pickle_and_convert():

@@ -446,13 +446,48 @@ impl<T: Clone> Stat<T> {
     }
 
     /// Merges the reductions of n loggers into this aggregator (RLlib's `merge`).
-    pub fn merge(&mut self, incoming: &[&Payload<T>]) -> Result<(), MetricsError> {
+    /// Checks that `merge(incoming)` would succeed, changing nothing.
+    pub fn check_merge(&self, incoming: &[&Payload<T>]) -> Result<(), MetricsError> {
         if self.is_leaf {
             return value_err(
                 "cannot aggregate into a key that values are logged to directly; aggregation \
                  keys must be separate from direct logging keys",
             );
         }
+        Self::check_payloads(self.config.reduce, incoming)
+    }
+
+    /// Checks that `incoming` are reductions of `reduce` stats (and one item for `item`).
+    pub fn check_payloads(reduce: Reduce, incoming: &[&Payload<T>]) -> Result<(), MetricsError> {
+        let fits = |p: &Payload<T>| match p {
+            Payload::Series(_) => matches!(reduce, Reduce::Min | Reduce::Max | Reduce::Sum),
+            Payload::Mean { .. } => reduce == Reduce::Mean,
+            Payload::Ema(_) => reduce == Reduce::Ema,
+            Payload::LifetimeSum(_) => reduce == Reduce::LifetimeSum,
+            Payload::Sorted(_) => reduce == Reduce::Percentiles,
+            Payload::Item(_) => reduce == Reduce::Item,
+            Payload::Items(_) => reduce == Reduce::ItemSeries,
+        };
+        if !incoming.iter().all(|p| fits(p)) {
+            return value_err(format!(
+                "cannot merge a different kind of stat into reduce='{}'",
+                reduce.name()
+            ));
+        }
+        if reduce == Reduce::Item && incoming.len() != 1 {
+            return value_err(format!(
+                "reduce='item' keeps one item: it can take the reduction of exactly one logger, \
+                 got {}",
+                incoming.len()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Merges the reductions of n loggers into this aggregator (RLlib's `merge`); on error
+    /// (see `check_merge`) the stat is unchanged.
+    pub fn merge(&mut self, incoming: &[&Payload<T>]) -> Result<(), MetricsError> {
+        self.check_merge(incoming)?;
         let reduce = self.config.reduce;
         let mismatch = || {
             MetricsError::Value(format!(

@@ -148,6 +148,35 @@ impl<T> Store<T> {
         unreachable!("the loop returns at the last part of a non-empty path")
     }
 
+    /// Checks that `insert(path, ..)` would not fail on the tree's shape.
+    pub fn check_insert(&self, path: &[KeyPart]) -> Result<(), MetricsError> {
+        if path.is_empty() {
+            return Err(MetricsError::Value("a metric key must not be empty".into()));
+        }
+        let mut branch: &[(KeyPart, Node)] = &self.root;
+        for (i, k) in path.iter().enumerate() {
+            match child(branch, k) {
+                None => return Ok(()),
+                Some(Node::Leaf(_)) if i + 1 == path.len() => return Ok(()),
+                Some(Node::Leaf(_)) => {
+                    return Err(MetricsError::Value(format!(
+                        "cannot log under key {}: {} already holds a metric",
+                        key_repr(path),
+                        key_repr(&path[..=i])
+                    )))
+                }
+                Some(Node::Branch(b)) if i + 1 == path.len() && !b.is_empty() => {
+                    return Err(MetricsError::Value(format!(
+                        "cannot log to key {}: it holds nested metrics",
+                        key_repr(path)
+                    )))
+                }
+                Some(Node::Branch(b)) => branch = b,
+            }
+        }
+        Ok(())
+    }
+
     /// Removes the stat or group of stats at `path`; returns the removed stats.
     pub fn remove(&mut self, path: &[KeyPart]) -> Result<Vec<Stat<T>>, MetricsError> {
         let missing = || MetricsError::Key(format!("key {} not found", key_repr(path)));
@@ -229,8 +258,11 @@ mod tests {
         assert!(matches!(st.find(&k(&["g", "b"])), Found::Leaf(i) if i == b));
         assert!(matches!(st.find(&k(&["g"])), Found::Branch(br) if br.len() == 2));
         assert!(matches!(st.find(&k(&["a", "x"])), Found::Missing));
+        assert!(st.check_insert(&k(&["a", "x"])).is_err());
         assert!(st.insert(&k(&["a", "x"]), s()).is_err());
+        assert!(st.check_insert(&k(&["g"])).is_err());
         assert!(st.insert(&k(&["g"]), s()).is_err());
+        assert!(st.check_insert(&k(&["g", "new"])).is_ok() && st.check_insert(&k(&["a"])).is_ok());
         assert_eq!(st.remove(&k(&["g"])).unwrap().len(), 2);
         assert!(matches!(st.remove(&k(&["g"])), Err(MetricsError::Key(_))));
         // Freed slots are reused.

@@ -737,20 +737,34 @@ impl MetricsStorePy {
             }
         }
         let mut g = self.lock(py);
-        for (path, snaps) in groups {
-            let slot = if let Found::Leaf(id) = g.store.find(&path) {
+        let with_key = |path: &[KeyPart], e: MetricsError| match e {
+            MetricsError::Value(m) => PyValueError::new_err(format!("key {}: {m}", key_repr(path))),
+            other @ MetricsError::Key(_) => metrics_error(other),
+        };
+        // Everything is checked before anything is merged, so a failing aggregate leaves
+        // the logger as it was.
+        let payloads: Vec<Vec<&Payload<PyObj>>> =
+            groups.iter().map(|(_, snaps)| snaps.iter().map(|s| &s.get().payload).collect()).collect();
+        for ((path, snaps), incoming) in groups.iter().zip(&payloads) {
+            let checked = match g.store.find(path) {
+                Found::Leaf(id) => g.store.get(id).map_or(Ok(()), |s| s.check_merge(incoming)),
+                _ => g
+                    .store
+                    .check_insert(path)
+                    .and_then(|()| Stat::check_payloads(snaps[0].get().shape.reduce_kind(), incoming)),
+            };
+            checked.map_err(|e| with_key(path, e))?;
+        }
+        for ((path, snaps), incoming) in groups.iter().zip(&payloads) {
+            let slot = if let Found::Leaf(id) = g.store.find(path) {
                 id
             } else {
                 let first = snaps[0].get();
                 let stat = Stat::aggregator(first.shape.config().clone(), self.root, self.created);
-                g.store.insert(&path, stat).map_err(metrics_error)?
+                g.store.insert(path, stat).map_err(|e| with_key(path, e))?
             };
-            let payloads: Vec<&Payload<PyObj>> = snaps.iter().map(|s| &s.get().payload).collect();
             let Some(stat) = g.store.get_mut(slot) else { continue };
-            stat.merge(&payloads).map_err(|e| match e {
-                MetricsError::Value(m) => PyValueError::new_err(format!("key {}: {m}", key_repr(&path))),
-                other @ MetricsError::Key(_) => metrics_error(other),
-            })?;
+            stat.merge(incoming).map_err(|e| with_key(path, e))?;
         }
         Ok(())
     }
