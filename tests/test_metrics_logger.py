@@ -583,3 +583,54 @@ def test_threads_lose_no_values():
             t.join()
     assert m.peek("total") == n * per
     assert m.peek("per") == {i: per - 1.0 for i in range(n)}
+
+
+# --- torch tensors --------------------------------------------------------------------
+
+
+def test_tensors_stay_unread_until_the_next_read():
+    # As RLlib, mean/min/max/sum keep logged tensors (on their device) until a peek or
+    # reduce, which moves them to the host in one transfer: no device sync per log_value.
+    m = MetricsLogger()
+    t = torch.tensor(1.0)
+    m.log_value("x", t, reduce="mean", window=10)
+    t.fill_(5.0)  # the logged tensor has not been read yet
+    assert m.peek("x") == 5.0
+    t.fill_(7.0)  # read now: later changes no longer matter
+    assert m.peek("x") == 5.0
+
+
+def test_tensors_and_numbers_keep_their_order():
+    m = MetricsLogger()
+    for v in (torch.tensor(1.0), 2.0, torch.tensor(3, dtype=torch.int64), torch.tensor([4.0])):
+        m.log_value("w", v, reduce="mean", window=2)
+        m.log_value("s", v, reduce="sum")
+        m.log_value("e", v, reduce="ema", ema_coeff=0.5)
+    assert m.peek("w") == 3.5
+    assert m.peek("s") == 10.0
+    assert m.peek("e") == 3.125
+    m.log_value("w", torch.tensor(9.0))
+    restored = pickle.loads(pickle.dumps(m))
+    assert restored.peek("w") == 6.5
+    m.log_value("w", torch.tensor(1.0))
+    assert m.reduce(compile=True)["w"] == 5.0
+    m.log_value("w", torch.tensor(1.0))
+    m.reset()
+    assert m.peek() == {}
+    m.log_value("w", torch.tensor(2.0), window=3)
+    m.set_value("w", 1.0)
+    assert m.peek("w") == 1.0
+    m.log_value("w", torch.tensor(2.0))
+    m.delete("w")
+    assert "w" not in m
+
+
+def test_tensors_reach_throughputs_and_state():
+    root = MetricsLogger(root=True)
+    root.log_value("n", torch.tensor(4.0), reduce="sum", with_throughput=True)
+    assert root.peek("n", throughput=True) > 0
+    root.log_value("m", torch.tensor(4.0), reduce="max")
+    state = root.get_state()
+    fresh = MetricsLogger(root=True)
+    fresh.set_state(state)
+    assert fresh.peek("m") == 4.0

@@ -404,11 +404,87 @@ struct Inner {
     store: Store<PyObj>,
     /// Python key object -> slab slot of a stat, for keys seen before.
     cache: Py<PyDict>,
+    /// Torch tensors logged to mean/min/max/sum stats and not read yet, per slot, in order.
+    /// They stay where they are (a GPU tensor on its GPU, as RLlib keeps them) and reach
+    /// the host in one `stack(...).cpu()` per stat at the next read, instead of one device
+    /// sync per logged value. (RLlib's EMA, lifetime sum and percentiles check each value
+    /// for NaN when it is logged, a sync each; those convert at once here too.)
+    pending: Vec<(usize, Vec<PyObj>)>,
+}
+
+/// The values of one-element tensors, moved to the host in one transfer when they allow
+/// it (same device and dtype kind), one by one otherwise.
+fn host_values(py: Python<'_>, tensors: &[PyObj]) -> PyResult<Vec<f64>> {
+    let batched = || -> PyResult<Vec<f64>> {
+        let list = PyList::new(py, tensors.iter().map(|t| t.0.bind(py)))?;
+        py.import("torch")?
+            .call_method1("stack", (list,))?
+            .call_method1("reshape", (-1,))?
+            .call_method0("cpu")?
+            .call_method0("tolist")?
+            .extract()
+    };
+    match batched() {
+        Ok(v) if v.len() == tensors.len() => Ok(v),
+        _ => tensors.iter().map(|t| t.0.bind(py).extract::<f64>()).collect(),
+    }
 }
 
 impl Inner {
     fn forget_keys(&mut self, py: Python<'_>) {
         self.cache.bind(py).clear();
+    }
+
+    /// Pushes the pending tensors of every stat (`slot: None`) or of one.
+    fn flush(&mut self, py: Python<'_>, slot: Option<usize>) -> PyResult<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let (now_due, keep): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut self.pending).into_iter().partition(|(s, _)| slot.is_none_or(|x| x == *s));
+        self.pending = keep;
+        for (s, tensors) in now_due {
+            let values = host_values(py, &tensors)?;
+            if let Some(stat) = self.store.get_mut(s) {
+                for v in values {
+                    stat.push(v).map_err(metrics_error)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `log_value`'s push into the stat in `slot`.
+    fn push(
+        &mut self,
+        py: Python<'_>,
+        slot: usize,
+        key: &Bound<'_, PyAny>,
+        value: &Bound<'_, PyAny>,
+        garbage: &mut Vec<PyObj>,
+    ) -> PyResult<()> {
+        let Some(stat) = self.store.get(slot) else {
+            return Err(PyKeyError::new_err("metric key vanished while logging"));
+        };
+        let deferrable = stat.is_leaf()
+            && matches!(stat.reduce_kind(), Reduce::Mean | Reduce::Min | Reduce::Max | Reduce::Sum);
+        if deferrable && !value.is_exact_instance_of::<PyFloat>() && is_torch_tensor(value) {
+            if value.call_method0("numel")?.extract::<usize>()? != 1 {
+                // Raises the error that names the key and the value.
+                number(key, value)?;
+            }
+            let t = PyObj(value.call_method0("detach")?.unbind());
+            match self.pending.iter_mut().find(|(s, _)| *s == slot) {
+                Some((_, ts)) => ts.push(t),
+                None => self.pending.push((slot, vec![t])),
+            }
+            return Ok(());
+        }
+        self.flush(py, Some(slot))?;
+        match self.store.get_mut(slot) {
+            Some(stat) => push(stat, key, value, garbage),
+            None => Err(PyKeyError::new_err("metric key vanished while logging")),
+        }
     }
 }
 
@@ -487,6 +563,7 @@ impl MetricsStorePy {
         mut f: impl FnMut(&mut PyStat) -> PyResult<Bound<'py, PyAny>>,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         let mut g = self.lock(py);
+        g.flush(py, None)?;
         let path = match key {
             Some(k) if !k.is_none() => key_path(k)?,
             _ => Vec::new(),
@@ -539,7 +616,11 @@ impl MetricsStorePy {
     #[pyo3(signature = (root=false))]
     fn new(py: Python<'_>, root: bool) -> MetricsStorePy {
         MetricsStorePy {
-            inner: Mutex::new(Inner { store: Store::default(), cache: PyDict::new(py).unbind() }),
+            inner: Mutex::new(Inner {
+                store: Store::default(),
+                cache: PyDict::new(py).unbind(),
+                pending: Vec::new(),
+            }),
             root,
             created: now(),
         }
@@ -587,10 +668,7 @@ impl MetricsStorePy {
         {
             let mut g = this.lock(py);
             let slot = this.slot(py, &mut g, key, &opts)?;
-            let Some(stat) = g.store.get_mut(slot) else {
-                return Err(PyKeyError::new_err("metric key vanished while logging"));
-            };
-            push(stat, key, value, &mut garbage)?;
+            g.push(py, slot, key, value, &mut garbage)?;
         }
         // Replaced items are released after unlocking: their destructors may run Python.
         drop(garbage);
@@ -636,6 +714,7 @@ impl MetricsStorePy {
         let mut garbage = Vec::new();
         {
             let mut g = self.lock(py);
+            g.flush(py, None)?;
             let slot = self.slot(py, &mut g, key, &opts)?;
             let Some(stat) = g.store.get_mut(slot) else {
                 return Err(PyKeyError::new_err("metric key vanished while logging"));
@@ -792,6 +871,7 @@ impl MetricsStorePy {
             })
         };
         let mut g = self.lock(py);
+        g.flush(py, None)?;
         let path = match key {
             Some(k) if !k.is_none() => key_path(k)?,
             _ => Vec::new(),
@@ -844,6 +924,7 @@ impl MetricsStorePy {
         let path = key_path(key)?;
         let removed = {
             let mut g = self.lock(py);
+            g.flush(py, None)?;
             g.forget_keys(py);
             g.store.remove(&path)
         };
@@ -859,17 +940,19 @@ impl MetricsStorePy {
 
     /// Removes every stat.
     fn reset(&self, py: Python<'_>) {
+        // Dropped after unlocking: destructors may run Python.
         let removed = {
             let mut g = self.lock(py);
             g.forget_keys(py);
-            g.store.clear()
+            (g.store.clear(), std::mem::take(&mut g.pending))
         };
         drop(removed);
     }
 
     /// The state: `{"stats": [(key_tuple, stat_state_dict), ...]}`.
     fn _get_state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let g = self.lock(py);
+        let mut g = self.lock(py);
+        g.flush(py, None)?;
         let mut leaves = Vec::new();
         Store::<PyObj>::leaves(&g.store.root, &mut Vec::new(), &mut leaves);
         let list = PyList::empty(py);
@@ -900,7 +983,7 @@ impl MetricsStorePy {
         let old = {
             let mut g = self.lock(py);
             g.forget_keys(py);
-            std::mem::replace(&mut g.store, store)
+            (std::mem::replace(&mut g.store, store), std::mem::take(&mut g.pending))
         };
         drop(old);
         Ok(())

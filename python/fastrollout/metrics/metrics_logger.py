@@ -20,9 +20,11 @@ deliberate differences:
 - Options that do not belong to a reduction raise ``ValueError`` naming the option (RLlib
   raises ``TypeError`` from inside a Stats constructor for some of them), and so does
   logging to a key that ``aggregate`` fills or aggregating into a directly logged key.
-- Torch tensors are converted to numbers when logged (one device sync for a GPU tensor);
-  RLlib keeps them on the device until the next ``peek``/``reduce``. The numbers are the
-  same (more exact: RLlib reduces tensors in float32).
+- Torch tensors logged to mean/min/max/sum stay unread on their device until the next read
+  of the logger (``peek``, ``reduce``, ...), which moves each stat's tensors to the host in
+  one transfer, as RLlib keeps them; for the other reductions they are read when logged
+  (RLlib reads them then too, to check for NaN). Results are computed in float64 (RLlib
+  reduces tensors in float32).
 """
 
 from __future__ import annotations
