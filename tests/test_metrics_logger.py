@@ -551,7 +551,22 @@ def test_throughputs():
     leaf.log_value("steps", 1, reduce="sum", with_throughput=True)
     with pytest.raises(ValueError, match="root logger"):
         leaf.peek("steps", throughput=True)
-    assert leaf.compile() == {"steps": 1.0}
+    compiled = leaf.compile()  # as RLlib, compile() adds throughputs in any logger
+    assert compiled["steps"] == 1.0 and compiled["steps_throughput"] > 0
+
+
+def test_group_throughputs_are_named_like_all_throughputs():
+    # RLlib names them "<key>_throughputs" for a group key (and "<key>_throughput" for
+    # peek(throughput=True) of everything), and drops the lifetime sums' dicts.
+    rl = RLlibLogger(root=True)
+    rl.log_value(("g", "l"), 2, reduce="lifetime_sum", with_throughput=True)
+    rl.log_value(("g", "s"), 2, reduce="sum", with_throughput=True)
+    assert set(rl.peek("g", throughput=True)) == {"s_throughputs"}
+    m = MetricsLogger(root=True)
+    m.log_value(("g", "l"), 2, reduce="lifetime_sum", with_throughput=True)
+    m.log_value(("g", "s"), 2, reduce="sum", with_throughput=True)
+    assert set(m.peek("g", throughput=True)) == {"l_throughput", "s_throughput"}
+    assert m.peek("g", throughput=True).keys() == m.peek(throughput=True)["g"].keys()
 
 
 def test_tensor_mode_is_a_no_op():

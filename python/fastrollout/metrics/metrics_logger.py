@@ -17,6 +17,12 @@ deliberate differences:
 - ``set_value`` replaces what a key holds (RLlib 2.60 raises: it removed the method).
 - Reduced numbers are Python floats (RLlib returns numpy or torch scalars, or the logged
   object itself when a single value was logged); percentile values are floats too.
+- ``peek(group_key, throughput=True)`` names throughputs ``<key>_throughput`` and includes
+  lifetime sums' throughput dicts, as ``peek(throughput=True)`` does for everything (RLlib
+  uses ``_throughputs`` there and drops the lifetime sums). Peeking throughputs from a
+  non-root logger raises ``ValueError`` (RLlib: ``AssertionError``).
+- ``get_state()`` has its own format (keys as tuples, so int key parts survive); it does not
+  load RLlib's checkpoints.
 - Options that do not belong to a reduction raise ``ValueError`` naming the option (RLlib
   raises ``TypeError`` from inside a Stats constructor for some of them), and so does
   logging to a key that ``aggregate`` fills or aggregating into a directly logged key.
@@ -313,7 +319,7 @@ class MetricsLogger(MetricsStore):
         Returns:
             A nested dict of values.
         """
-        throughputs = self._throughputs(None) if self._is_root_logger else None
+        throughputs = self._throughputs(None)
         values = self.reduce(compile=True)
         if throughputs:
             _deep_update(values, throughputs)
