@@ -1,7 +1,8 @@
 """fastrollout's MetricsLogger against RLlib 2.60's, over random call sequences.
 
 Several leaf loggers (runners) log values and dicts and reduce; an intermediate logger and
-a root logger aggregate their results and reduce in turn. After every call, ``peek()`` of
+a root logger aggregate their results and reduce in turn; keys get deleted, and runners'
+loggers get replaced by copies restored from their state. After every call, ``peek()`` of
 every logger (compiled and not) and of every reduce result is compared between the two.
 
 The reference is RLlib 2.60's MetricsLogger with one documented fix passed through its own
@@ -205,9 +206,19 @@ def run_program(seed: int, steps: int = 100) -> int:
                 root.fr.aggregate([mid_pending[0][0]], key="via_mid")
                 _rl(root.rl.aggregate, [mid_pending[0][1]], key="via_mid")
                 mid_pending = []
-        else:
+        elif op < 0.97:
             fr_res, rl_res = root.fr.reduce(), _rl(root.rl.reduce)
             _check_results(fr_res, rl_res, "root reduce")
+        elif op < 0.985:
+            target = rng.choice([*leaves, root])
+            key = rng.choice(keys)
+            target.fr.delete(key, key_error=False)
+            _rl(target.rl.delete, key, key_error=False)
+        else:
+            # fastrollout's logger is swapped for a copy restored from its state.
+            restored = MetricsLogger()
+            restored.set_state(leaf.fr.get_state())
+            leaf.fr = restored
         for n, p in enumerate([*leaves, mid, root]):
             p.check(f"seed {seed} step {step} logger {n}")
             checks += 1
@@ -219,7 +230,7 @@ def run_program(seed: int, steps: int = 100) -> int:
     return checks
 
 
-@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("seed", range(16))
 def test_random_programs_match_rllib(seed):
     assert run_program(seed) > 0
 
