@@ -649,3 +649,17 @@ def test_tensors_reach_throughputs_and_state():
     fresh = MetricsLogger(root=True)
     fresh.set_state(state)
     assert fresh.peek("m") == 4.0
+
+
+def test_deepcopy_and_subclasses():
+    import copy
+
+    class MyLogger(MetricsLogger):
+        pass
+
+    m = MyLogger(root=True)
+    m.log_value("x", 2.0, reduce="sum")
+    c = copy.deepcopy(m)
+    assert type(c) is MyLogger and c._is_root_logger and c.peek("x") == 2.0
+    c.log_value("x", 1.0)
+    assert (m.peek("x"), c.peek("x")) == (2.0, 3.0)

@@ -802,7 +802,42 @@ mod tests {
         let mut s = leaf(Reduce::Sum, None);
         assert!(s.merge(&[&Payload::Series(1.0)]).is_err());
         let mut root = Stat::<i32>::aggregator(Config::new(Reduce::Sum), true, 0.0);
-        assert!(root.merge(&[&Payload::Ema(1.0)]).is_err());
+        let before = root.clone();
+        assert!(root.merge(&[&Payload::Series(1.0), &Payload::Ema(1.0)]).is_err());
+        assert_eq!(root, before, "a failed merge changes nothing");
+        for (reduce, ok) in [
+            (Reduce::Mean, Payload::Mean { mean: 1.0, count: 2.0 }),
+            (Reduce::Ema, Payload::Ema(1.0)),
+            (Reduce::LifetimeSum, Payload::LifetimeSum(1.0)),
+            (Reduce::Percentiles, Payload::Sorted(vec![1.0])),
+            (Reduce::ItemSeries, Payload::Items(vec![1])),
+        ] {
+            assert!(Stat::<i32>::check_payloads(reduce, &[&ok, &ok]).is_ok());
+            assert!(Stat::<i32>::check_payloads(reduce, &[&Payload::Series(1.0)]).is_err());
+        }
+    }
+
+    #[test]
+    fn ema_aggregator_averages_incoming_and_forgets_them_on_reduce() {
+        let mut root = Stat::<i32>::aggregator(Config::new(Reduce::Ema), true, 0.0);
+        assert!(peek_f(&mut root).is_nan());
+        root.merge(&[&Payload::Ema(1.0), &Payload::Ema(f64::NAN), &Payload::Ema(3.0)]).unwrap();
+        assert_eq!(peek_f(&mut root), 2.0);
+        assert_eq!(root.reduce(0.0), Payload::Ema(2.0));
+        assert!(peek_f(&mut root).is_nan());
+        root.merge(&[&Payload::Ema(f64::NAN)]).unwrap();
+        assert!(peek_f(&mut root).is_nan());
+    }
+
+    #[test]
+    fn latest_merged_only_before_any_merge() {
+        let mut root = Stat::<i32>::aggregator(Config::new(Reduce::Max), true, 0.0);
+        assert_eq!(root.peek(false, true).unwrap(), Peeked::Floats(vec![]));
+        let mut p = Stat::<i32>::aggregator(Config::new(Reduce::Percentiles), true, 0.0);
+        let Peeked::Percentiles(ps) = p.peek(true, true).unwrap() else { panic!() };
+        assert!(ps.iter().all(|(_, v)| v.is_none()));
+        let mut l = leaf(Reduce::Max, None);
+        assert!(l.peek(true, true).is_err());
     }
 
     #[test]

@@ -222,6 +222,20 @@ mod tests {
     }
 
     #[test]
+    fn ring_of_one_and_sorted_duplicates() {
+        let mut r = Ring::new(1);
+        assert_eq!(r.push(1), None);
+        assert_eq!(r.push(2), Some(1));
+        assert_eq!((r.len(), r.capacity()), (1, 1));
+        let mut s = SortedValues::new(Some(2));
+        for v in [1.0, 1.0, 1.0, 0.5] {
+            s.push(v);
+        }
+        assert_eq!(s.sorted(), &[0.5, 1.0]);
+        assert_eq!(s.in_order(), vec![1.0, 0.5]);
+    }
+
+    #[test]
     fn sorted_unbounded_merges_pending_runs() {
         let mut s = SortedValues::new(None);
         for v in [5.0, 1.0, 3.0] {
