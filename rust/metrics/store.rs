@@ -145,7 +145,8 @@ impl<T> Store<T> {
                 Node::Branch(b) => branch = b,
             }
         }
-        unreachable!("the loop returns at the last part of a non-empty path")
+        // The loop returns at the last part of the (non-empty) path.
+        Err(MetricsError::Value("a metric key must not be empty".into()))
     }
 
     /// Checks that `insert(path, ..)` would not fail on the tree's shape.

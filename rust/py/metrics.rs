@@ -895,7 +895,7 @@ impl MetricsStorePy {
                 for (p, id) in leaves {
                     let Some(tp) = g.store.get_mut(id).and_then(|s| s.throughput(t)) else { continue };
                     let mut d = out.clone();
-                    let (last, inner) = p.split_last().expect("leaf paths are not empty");
+                    let Some((last, inner)) = p.split_last() else { continue };
                     for k in inner {
                         let kp = key_part_py(py, k)?;
                         let sub = if let Some(s) = d.get_item(&kp)? {
