@@ -209,8 +209,7 @@ def _infos_batched(ref: Any, sub: Any) -> bool:
 def _rewards_flag_lags(ep: Any) -> bool:
     """Some agent of RLlib's ``ep`` has numpy'd observations but an unset rewards flag."""
     return any(
-        sa.observations.finalized and not sa.rewards.finalized
-        for sa in ep.agent_episodes.values()
+        sa.observations.finalized and not sa.rewards.finalized for sa in ep.agent_episodes.values()
     )
 
 
@@ -237,11 +236,7 @@ def _model_hits_known_bug(c: Call) -> bool:
             model = outcome(lambda: extras_model(c.reference, c.args[0], c.args[1:], c.kwargs))
         if _raised(model, AssertionError) and any(isinstance(a, slice) for a in c.args):
             return True
-        if (
-            _raised(model, ValueError)
-            and c.kwargs.get("fill") is not None
-            and _numpyd(c.reference)
-        ):
+        if _raised(model, ValueError) and c.kwargs.get("fill") is not None and _numpyd(c.reference):
             return True
     return False
 

@@ -248,6 +248,7 @@ class ModuleBatcher:
         actions_for_env_key: str = "actions_for_env",
         extra_constants: dict[str, Any] | None = None,
     ) -> list[tuple[dict[Any, Any], dict[Any, Any], dict[Any, dict[str, Any]]]]: ...
+
 @final
 class StatsSnapshot:
     """What one stat's reduce() returned: its configuration and reduced content."""
