@@ -153,11 +153,22 @@ def same(expected: Any, actual: Any) -> bool:
 
 def _matches_model(c: Call, model: str, issue: str) -> bool:
     """The subject answered like the pair's model (RLlib without ``issue``), read with or
-    without the chunk-action-read fix (see ``relative_t_model``)."""
+    without the chunk-action-read fix (see ``relative_t_model``); where the model's extras
+    read crashes (extras-crash), like the extras model of the model."""
     if c.model != model or issue not in c.model_bugs:
         return False
-    return same(c.model_out, c.sub_out) or (
+    if same(c.model_out, c.sub_out) or (
         c.rerun is not None and same(c.relative_model_out, c.sub_out)
+    ):
+        return True
+    return (
+        c.method.startswith("get_extra_model_outputs")
+        and _raised(c.model_out, AttributeError, TypeError)
+        and c.model_episode is not None
+        and any(
+            _extras_model_matches(c, e)
+            for e in (c.model_episode, relative_t_model(c.model_episode))
+        )
     )
 
 
