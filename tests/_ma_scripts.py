@@ -697,28 +697,16 @@ def no_flatten() -> Iterator[None]:
         ilb.np = saved
 
 
-def join_map_model(ep: Any) -> Any:
-    """A copy of RLlib's ``ep`` whose env-step maps of agents that joined in this chunk
-    start at the chunk's first env step.
+def fix_joiner_map(ep: Any, agent_id: Any) -> None:
+    """Corrects, in RLlib's ``ep``, the env-step map of ``agent_id``, which joined in the
+    step just added: one skip per env step of this chunk before it, look-back included.
 
     RLlib 2.60 starts a joining agent's map with ``env_t`` skips, counted from the
-    episode's start; in a chunk that starts later (a cut successor) that is too many, so
-    the agent's data sits at the wrong env steps (reads by env step miss or misplace it);
-    in a chunk whose look-back reaches further back than its start, too few.
+    episode's start: too many in a chunk that starts later (a cut successor), too few in
+    one whose look-back reaches further back than its start; the agent's data then sits
+    at the wrong env steps. fastrollout counts from the chunk's start.
     """
-    model = copy.deepcopy(ep)
-    for mapping in model.env_t_to_agent_t.values():
-        extra = len(mapping.data) - (mapping.lookback + model.env_t - model.env_t_started + 1)
-        if extra > 0 and all(v == "S" for v in mapping.data[:extra]):
-            mapping.data = mapping.data[extra:]
-        elif extra < 0:
-            mapping.data = ["S"] * -extra + list(mapping.data)
-    return model
-
-
-def has_misplaced_joiner(ep: Any) -> bool:
-    """Whether RLlib's ``ep`` has a map that ``join_map_model`` corrects."""
-    return any(
-        len(m.data) != m.lookback + ep.env_t - ep.env_t_started + 1
-        for m in ep.env_t_to_agent_t.values()
-    )
+    mapping = ep.env_t_to_agent_t[agent_id]
+    right = mapping.lookback + ep.env_t - ep.env_t_started + 1
+    body = [v for v in mapping.data if v != "S"]
+    mapping.data = ["S"] * (right - len(body)) + body

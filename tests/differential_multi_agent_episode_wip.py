@@ -63,8 +63,7 @@ from _ma_scripts import (
     extras_model,
     fixed_cut,
     fixed_cut_bugs,
-    has_misplaced_joiner,
-    join_map_model,
+    fix_joiner_map,
     no_flatten,
     obs_is_numpy,
     obs_numpy_model,
@@ -254,17 +253,13 @@ def _model_hits_known_bug(c: Call) -> bool:
 
 def _rllib_models(c: Call) -> Iterator[Any]:
     """RLlib's episode of the call (and the pair's model) with combinations of known bugs
-    corrected: joiners' maps (``join_map_model``), chunk reads (``relative_t_model``),
-    ``is_numpy`` (``obs_numpy_model``)."""
+    corrected: chunk reads (``relative_t_model``), ``is_numpy`` (``obs_numpy_model``)."""
     for base in (c.reference, c.model_episode):
         if base is None:
             continue
-        joins = (False, True) if has_misplaced_joiner(base) else (False,)
-        for fix_join in joins:
-            e0 = join_map_model(base) if fix_join else base
-            for e1 in (e0, relative_t_model(e0)):
-                yield e1
-                yield obs_numpy_model(e1)
+        for e in (base, relative_t_model(base)):
+            yield e
+            yield obs_numpy_model(e)
 
 
 def _corrected_matches(c: Call) -> bool:
@@ -303,6 +298,21 @@ def _agent_step_read_with_hanging(c: Call) -> bool:
     ref = c.reference
     hanging = set(ref._hanging_actions_end) | set(ref._hanging_rewards_end)
     return bool(hanging & set(ref.agent_episodes))
+
+
+def _add_env_step(ep: Any, side: int, kwargs: dict[str, Any]) -> None:
+    """``ep.add_env_step(**kwargs)``; on RLlib's side (0, or 2: the model) with the env-step
+    maps of agents that join in this step fixed (``_ma_scripts.fix_joiner_map``): RLlib
+    2.60 starts them with as many skips as env steps since the episode's start, wrong in
+    any chunk that does not start at env step 0 with look-back 0 (late-join-map, pinned by
+    test_rllib_late_joiner_in_a_successor_is_misplaced)."""
+    if side == 1:
+        ep.add_env_step(**kwargs)
+        return
+    before = set(ep.agent_episodes)
+    ep.add_env_step(**kwargs)
+    for aid in set(ep.agent_episodes) - before:
+        fix_joiner_map(ep, aid)
 
 
 def _unflattened(side: int, fn: Callable[[], Any]) -> Any:
@@ -452,16 +462,6 @@ KNOWN_RLLIB_BUGS: list[KnownRLlibBug] = [
         "fastrollout batches them as in any numpy'd episode (model: "
         "_ma_scripts.obs_numpy_model, combined with the other corrections)",
         applies=lambda c: _rewards_flag_lags(c.reference) and _corrected_matches(c),
-    ),
-    KnownRLlibBug(
-        name="late-join-map",
-        op="get_",
-        why="RLlib 2.60 starts the env-step map of an agent that joins in a cut successor "
-        "with as many skips as env steps since the episode's start, not the chunk's, so "
-        "env-step reads of that agent miss or misplace its data; fastrollout maps it from "
-        "the chunk's start (model: _ma_scripts.join_map_model, combined with the other "
-        "corrections; test_late_joiner_in_a_successor_is_read_at_its_env_steps)",
-        applies=lambda c: has_misplaced_joiner(c.reference) and _corrected_matches(c),
     ),
     KnownRLlibBug(
         name="is-numpy-empty",
@@ -1108,13 +1108,13 @@ class Run:
         self.both(
             pair,
             label,
-            lambda ep, _s: ep.add_env_step(**copy.deepcopy(kwargs)),
+            lambda ep, side: _add_env_step(ep, side, copy.deepcopy(kwargs)),
             mutating=True,
             pure_rejection=done is True,  # RLlib checks "not done" before anything else.
             call=("add_env_step", (), kwargs),
         )
         if twin is not None:
-            twin.add_env_step(**copy.deepcopy(kwargs))
+            _add_env_step(twin, 0, copy.deepcopy(kwargs))
 
     def run_steps(self, pair: Pair, n: int, twin: Any = None) -> None:
         assert pair.planner is not None
