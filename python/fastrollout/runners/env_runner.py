@@ -76,10 +76,14 @@ class EnvRunner(abc.ABC):
         return [c() if isinstance(c, type) else c for c in classes]
 
     def _callback_list(self, name: str) -> list[Any]:
+        from fastrollout.callbacks import Callbacks
+
         fns = []
         for obj in self._callback_objects:
             fn = getattr(obj, name, None)
-            if fn is not None:
+            # The base class's hooks do nothing: skipping them keeps the per-step loop
+            # over sub-envs out of the hot path when no callback needs it.
+            if fn is not None and getattr(type(obj), name, None) is not getattr(Callbacks, name):
                 fns.append(fn)
         extra = s.cfg(self.config, f"callbacks_{name}")
         if extra is not None:
@@ -311,7 +315,7 @@ class EnvRunner(abc.ABC):
         self._weights_seq_no = int(seq or 0)
 
     @property
-    def _connectors(self) -> s.DefaultConnectors:
+    def _connectors(self) -> s.Connectors:
         raise NotImplementedError
 
     def __del__(self) -> None:
