@@ -9,7 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fastrollout import MultiAgentEpisode, SingleAgentEpisode
-from fastrollout._core import ModuleBatcher, multi_agent_record_steps, single_agent_record_vector_step
+from fastrollout._core import (
+    ModuleBatcher,
+    multi_agent_record_steps,
+    single_agent_record_vector_step,
+)
 from fastrollout.errors import EpisodeStateError, SpaceMismatchError
 
 OBS = gym.spaces.Box(-10.0, 10.0, (3,), np.float32)
@@ -73,23 +77,37 @@ def test_vector_step_records_rows_like_add_env_step():
         np.testing.assert_array_equal(a.get_actions(), b.get_actions())
         np.testing.assert_array_equal(a.get_rewards(), b.get_rewards())
         for k in ("action_logp", "action_dist_inputs", "weights_seq_no"):
-            np.testing.assert_array_equal(a.get_extra_model_outputs(k), b.get_extra_model_outputs(k))
+            np.testing.assert_array_equal(
+                a.get_extra_model_outputs(k), b.get_extra_model_outputs(k)
+            )
         assert a.get_actions().dtype == b.get_actions().dtype
-        assert (a.is_truncated, a.is_terminated, len(a)) == (b.is_truncated, b.is_terminated, len(b))
+        assert (a.is_truncated, a.is_terminated, len(a)) == (
+            b.is_truncated,
+            b.is_terminated,
+            len(b),
+        )
 
 
 def test_unreset_episode_takes_its_row_as_reset():
     eps = _episodes(2)
     _reset(eps, np.zeros((2, 3), np.float32))
     single_agent_record_vector_step(
-        eps, np.ones((2, 3), np.float32), np.array([1, 2]), np.ones(2), np.array([True, False]),
+        eps,
+        np.ones((2, 3), np.float32),
+        np.array([1, 2]),
+        np.ones(2),
+        np.array([True, False]),
         np.zeros(2, bool),
     )
     eps[0] = SingleAgentEpisode(observation_space=OBS, action_space=ACT)
     # gymnasium's next-step autoreset: the done sub-env's row is its reset observation.
     started, done = single_agent_record_vector_step(
-        eps, np.full((2, 3), 2, np.float32), np.array([3, 3]), np.array([5.0, 1.0]),
-        np.zeros(2, bool), np.zeros(2, bool),
+        eps,
+        np.full((2, 3), 2, np.float32),
+        np.array([3, 3]),
+        np.array([5.0, 1.0]),
+        np.zeros(2, bool),
+        np.zeros(2, bool),
     )
     assert (started, done) == ([0], [])
     assert len(eps[0]) == 0 and eps[0].is_reset
@@ -99,18 +117,32 @@ def test_unreset_episode_takes_its_row_as_reset():
 
 def test_gymnasium_vector_infos_are_unbatched():
     eps = _episodes(3)
-    infos = {"x": np.array([1, 2, 3]), "_x": np.array([True, False, True]), "y": np.array([7, 8, 9])}
+    infos = {
+        "x": np.array([1, 2, 3]),
+        "_x": np.array([True, False, True]),
+        "y": np.array([7, 8, 9]),
+    }
     _reset(eps, np.zeros((3, 3), np.float32))
     single_agent_record_vector_step(
-        eps, np.zeros((3, 3), np.float32), np.zeros(3, np.int64), np.zeros(3), np.zeros(3, bool),
-        np.zeros(3, bool), infos,
+        eps,
+        np.zeros((3, 3), np.float32),
+        np.zeros(3, np.int64),
+        np.zeros(3),
+        np.zeros(3, bool),
+        np.zeros(3, bool),
+        infos,
     )
     assert eps[0].get_infos(-1) == {"x": 1, "y": 7}
     assert eps[1].get_infos(-1) == {"y": 8}
     # A list of infos (one per sub-env) is taken as it is.
     single_agent_record_vector_step(
-        eps, np.zeros((3, 3), np.float32), np.zeros(3, np.int64), np.zeros(3), np.zeros(3, bool),
-        np.zeros(3, bool), [{"a": 1}, {}, {"c": 3}],
+        eps,
+        np.zeros((3, 3), np.float32),
+        np.zeros(3, np.int64),
+        np.zeros(3),
+        np.zeros(3, bool),
+        np.zeros(3, bool),
+        [{"a": 1}, {}, {"c": 3}],
     )
     assert [e.get_infos(-1) for e in eps] == [{"a": 1}, {}, {"c": 3}]
 
@@ -120,8 +152,12 @@ def test_wrong_observation_shape_names_observation_and_space_and_stores_nothing(
     _reset(eps, np.zeros((2, 3), np.float32))
     with pytest.raises(SpaceMismatchError, match=r"observations.*shape \(3,\)"):
         single_agent_record_vector_step(
-            eps, np.zeros((2, 4), np.float32), np.zeros(2, np.int64), np.zeros(2),
-            np.zeros(2, bool), np.zeros(2, bool),
+            eps,
+            np.zeros((2, 4), np.float32),
+            np.zeros(2, np.int64),
+            np.zeros(2),
+            np.zeros(2, bool),
+            np.zeros(2, bool),
         )
     assert all(len(e) == 0 for e in eps)
 
@@ -134,24 +170,43 @@ def test_errors_leave_every_episode_unchanged():
     done.add_env_step(observation=np.zeros(3, np.float32), action=0, reward=0.0, terminated=True)
     with pytest.raises(EpisodeStateError, match="sub-env 2.*done"):
         single_agent_record_vector_step(
-            [*eps, done], np.zeros((3, 3), np.float32), np.zeros(3, np.int64), np.zeros(3),
-            np.zeros(3, bool), np.zeros(3, bool),
+            [*eps, done],
+            np.zeros((3, 3), np.float32),
+            np.zeros(3, np.int64),
+            np.zeros(3),
+            np.zeros(3, bool),
+            np.zeros(3, bool),
         )
     assert all(len(e) == 0 for e in eps)
     with pytest.raises(ValueError, match="terminateds: expected 2 flags"):
         single_agent_record_vector_step(
-            eps, np.zeros((2, 3), np.float32), np.zeros(2, np.int64), np.zeros(2),
-            np.zeros(3, bool), np.zeros(2, bool),
+            eps,
+            np.zeros((2, 3), np.float32),
+            np.zeros(2, np.int64),
+            np.zeros(2),
+            np.zeros(3, bool),
+            np.zeros(2, bool),
         )
     with pytest.raises(ValueError, match="infos: expected 2"):
         single_agent_record_vector_step(
-            eps, np.zeros((2, 3), np.float32), np.zeros(2, np.int64), np.zeros(2),
-            np.zeros(2, bool), np.zeros(2, bool), [{}],
+            eps,
+            np.zeros((2, 3), np.float32),
+            np.zeros(2, np.int64),
+            np.zeros(2),
+            np.zeros(2, bool),
+            np.zeros(2, bool),
+            [{}],
         )
     with pytest.raises(TypeError, match="extra_model_outputs keys must be str"):
         single_agent_record_vector_step(
-            eps, np.zeros((2, 3), np.float32), np.zeros(2, np.int64), np.zeros(2),
-            np.zeros(2, bool), np.zeros(2, bool), None, {1: np.zeros(2)},
+            eps,
+            np.zeros((2, 3), np.float32),
+            np.zeros(2, np.int64),
+            np.zeros(2),
+            np.zeros(2, bool),
+            np.zeros(2, bool),
+            None,
+            {1: np.zeros(2)},
         )
     assert all(len(e) == 0 for e in eps)
 
@@ -159,7 +214,9 @@ def test_errors_leave_every_episode_unchanged():
 def _ma_episodes(n: int) -> list[MultiAgentEpisode]:
     out = []
     for _ in range(n):
-        e = MultiAgentEpisode(agent_to_module_mapping_fn=lambda aid, ep: "even" if aid % 2 == 0 else "odd")
+        e = MultiAgentEpisode(
+            agent_to_module_mapping_fn=lambda aid, ep: "even" if aid % 2 == 0 else "odd"
+        )
         out.append(e)
     return out
 
@@ -173,7 +230,9 @@ def test_gather_stacks_per_module_with_index_map():
         {1: 4, 2: np.full(3, -1.0, np.float32)},
     ]
     out = b.gather(eps, obs)
-    np.testing.assert_array_equal(out["even"], np.array([[0.5] * 3, [2.0] * 3, [-1.0] * 3], np.float32))
+    np.testing.assert_array_equal(
+        out["even"], np.array([[0.5] * 3, [2.0] * 3, [-1.0] * 3], np.float32)
+    )
     assert out["even"].flags.c_contiguous and out["even"].dtype == np.float32
     np.testing.assert_array_equal(out["odd"], np.array([3, 4]))
     assert b.index_map("even") == [(0, 0), (0, 2), (1, 2)]
@@ -188,9 +247,11 @@ def test_gather_stacks_per_module_with_index_map():
 def test_gather_errors_name_agent_module_and_space():
     b = ModuleBatcher({"even": OBS})
     eps = _ma_episodes(1)
-    with pytest.raises(SpaceMismatchError, match=r"sub-env 0: observation of agent 0 \(module \"even\"\).*\(3,\)"):
+    with pytest.raises(
+        SpaceMismatchError, match=r"sub-env 0: observation of agent 0 \(module \"even\"\).*\(3,\)"
+    ):
         b.gather(eps, [{0: np.zeros(2, np.float32)}])
-    with pytest.raises(KeyError, match="agent 1 maps to module \"odd\""):
+    with pytest.raises(KeyError, match='agent 1 maps to module "odd"'):
         b.gather(eps, [{1: np.zeros(3, np.float32)}])
     with pytest.raises(ValueError, match="one episode per sub-env"):
         b.gather(eps, [None, None])
@@ -266,4 +327,6 @@ def test_multi_agent_record_steps_records_each_sub_env():
     assert eps[1].is_terminated and not eps[0].is_done
     assert eps[0].agent_episodes["a"].get_extra_model_outputs("logp") == [0.5]
     with pytest.raises(ValueError, match="rewards: expected 2 dicts"):
-        multi_agent_record_steps(eps, [{}, {}], [{}, {}], [{}], [None] * 2, [None] * 2, [None] * 2, [None] * 2)
+        multi_agent_record_steps(
+            eps, [{}, {}], [{}, {}], [{}], [None] * 2, [None] * 2, [None] * 2, [None] * 2
+        )

@@ -225,8 +225,10 @@ class EnvRunner(abc.ABC):
         """Loads a state from ``get_state`` (of this or another runner).
 
         Module weights are loaded only if ``state["weights_seq_no"]`` is 0 or missing
-        (a forced update) or newer than this runner's, as RLlib does; a state for a single
-        module (not keyed by module id) is loaded into ``DEFAULT_MODULE_ID``.
+        (a forced update) or newer than this runner's, as RLlib does; the runner's number
+        then becomes the newer one (unlike RLlib, an older number never replaces it). A
+        state for a single module (not keyed by module id) is loaded into
+        ``DEFAULT_MODULE_ID``.
 
         Args:
             state: The state.
@@ -241,7 +243,10 @@ class EnvRunner(abc.ABC):
                 if not all(mid in self.module for mid in weights):
                     weights = {s.default_module_id(): weights}
                 self.module.set_state(weights)
-            if seq > 0:
+            # RLlib 2.60 takes any positive number, also an older one whose weights it
+            # just refused, and then reports a version it does not hold; the number here
+            # only moves forward (pinned in tests/test_single_agent_env_runner.py).
+            if seq > self._weights_seq_no:
                 self._weights_seq_no = seq
         if s.NUM_ENV_STEPS_SAMPLED_LIFETIME in state:
             self.num_env_steps_sampled_lifetime = int(state[s.NUM_ENV_STEPS_SAMPLED_LIFETIME])

@@ -467,17 +467,15 @@ class MultiAgentEnvRunner(EnvRunner):
     ) -> None:
         m = self.metrics
         self.num_env_steps_sampled_lifetime += env_steps
-        m.log_value(s.NUM_ENV_STEPS_SAMPLED, env_steps, reduce="sum", clear_on_reduce=True)
+        m.log_value(s.NUM_ENV_STEPS_SAMPLED, env_steps, reduce="sum")
         m.log_value(s.NUM_ENV_STEPS_SAMPLED_LIFETIME, env_steps, reduce="lifetime_sum")
-        m.log_value(s.NUM_EPISODES, episodes, reduce="sum", clear_on_reduce=True)
+        m.log_value(s.NUM_EPISODES, episodes, reduce="sum")
         m.log_value(s.NUM_EPISODES_LIFETIME, episodes, reduce="lifetime_sum")
         for aid, k in agent_steps.items():
-            m.log_value(
-                (s.NUM_AGENT_STEPS_SAMPLED, str(aid)), k, reduce="sum", clear_on_reduce=True
-            )
+            m.log_value((s.NUM_AGENT_STEPS_SAMPLED, str(aid)), k, reduce="sum")
             m.log_value((s.NUM_AGENT_STEPS_SAMPLED_LIFETIME, str(aid)), k, reduce="lifetime_sum")
         for mid, k in module_steps.items():
-            m.log_value((s.NUM_MODULE_STEPS_SAMPLED, mid), k, reduce="sum", clear_on_reduce=True)
+            m.log_value((s.NUM_MODULE_STEPS_SAMPLED, mid), k, reduce="sum")
             m.log_value((s.NUM_MODULE_STEPS_SAMPLED_LIFETIME, mid), k, reduce="lifetime_sum")
 
     def get_metrics(self) -> dict[str, Any]:

@@ -79,10 +79,11 @@ class SingleAgentEnvRunner(EnvRunner):
         creator = s.make_sub_env_creator(self.config, self.worker_index, self.num_workers)
         n = int(s.cfg(self.config, "num_envs_per_env_runner", 1))
         restart = bool(s.cfg(self.config, "restart_failed_sub_environments", False))
+        attempts = int(s.cfg(self.config, "max_sub_environment_restart_attempts", 5))
         fns = []
         for i in range(n):
             make = functools.partial(creator, i)
-            fns.append(functools.partial(s.RestartingEnv, make) if restart else make)
+            fns.append(functools.partial(s.RestartingEnv, make, attempts) if restart else make)
         mode = str(s.cfg(self.config, "gym_env_vectorize_mode", "sync")).lower()
         mode = getattr(mode, "value", mode)
         if mode == "sync":
@@ -382,20 +383,10 @@ class SingleAgentEnvRunner(EnvRunner):
     def _increase_sampled_metrics(self, num_steps: int, num_episodes: int) -> None:
         m = self.metrics
         self.num_env_steps_sampled_lifetime += num_steps
-        m.log_value(s.NUM_ENV_STEPS_SAMPLED, num_steps, reduce="sum", clear_on_reduce=True)
-        m.log_value(
-            (s.NUM_AGENT_STEPS_SAMPLED, s.DEFAULT_AGENT_ID),
-            num_steps,
-            reduce="sum",
-            clear_on_reduce=True,
-        )
-        m.log_value(
-            (s.NUM_MODULE_STEPS_SAMPLED, DEFAULT_MODULE_ID),
-            num_steps,
-            reduce="sum",
-            clear_on_reduce=True,
-        )
-        m.log_value(s.NUM_EPISODES, num_episodes, reduce="sum", clear_on_reduce=True)
+        m.log_value(s.NUM_ENV_STEPS_SAMPLED, num_steps, reduce="sum")
+        m.log_value((s.NUM_AGENT_STEPS_SAMPLED, s.DEFAULT_AGENT_ID), num_steps, reduce="sum")
+        m.log_value((s.NUM_MODULE_STEPS_SAMPLED, DEFAULT_MODULE_ID), num_steps, reduce="sum")
+        m.log_value(s.NUM_EPISODES, num_episodes, reduce="sum")
         m.log_value(s.NUM_ENV_STEPS_SAMPLED_LIFETIME, num_steps, reduce="lifetime_sum")
         m.log_value(
             (s.NUM_AGENT_STEPS_SAMPLED_LIFETIME, s.DEFAULT_AGENT_ID),
