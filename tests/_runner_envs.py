@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -42,7 +42,7 @@ class SeededLengthEnv(gym.Env):
 class ActionRecordingEnv(gym.Env):
     """A continuous-action env that records the actions it receives."""
 
-    received: list[np.ndarray] = []
+    received: ClassVar[list[np.ndarray]] = []
 
     def __init__(self, config: Any = None) -> None:
         self.observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)

@@ -168,7 +168,7 @@ def test_errors_leave_every_episode_unchanged():
     done = SingleAgentEpisode(observation_space=OBS, action_space=ACT)
     done.add_env_reset(observation=np.zeros(3, np.float32))
     done.add_env_step(observation=np.zeros(3, np.float32), action=0, reward=0.0, terminated=True)
-    with pytest.raises(EpisodeStateError, match="sub-env 2.*done"):
+    with pytest.raises(EpisodeStateError, match=r"sub-env 2.*done"):
         single_agent_record_vector_step(
             [*eps, done],
             np.zeros((3, 3), np.float32),
@@ -240,7 +240,7 @@ def test_gather_stacks_per_module_with_index_map():
     # Done agents do not act; a module without rows is left out.
     out = b.gather(eps, obs, [{1: True}, {1: True, "__all__": False}], [None, {2: False}])
     assert set(out) == {"even"}
-    with pytest.raises(KeyError, match="index_map|nope"):
+    with pytest.raises(KeyError, match="nope"):
         b.index_map("nope")
 
 

@@ -8,9 +8,9 @@ from collections import defaultdict
 import numpy as np
 import pytest
 import torch
-from _runner_envs import ActionRecordingEnv, SeededLengthEnv, WrongShapeEnv
 
 import fastrollout as fr
+from _runner_envs import ActionRecordingEnv, SeededLengthEnv, WrongShapeEnv
 from fastrollout.core import DEFAULT_MODULE_ID, Columns
 from fastrollout.env.examples import CrashingEnv, EnvCrash
 from fastrollout.errors import SpaceMismatchError
