@@ -9,8 +9,8 @@ from fastrollout.callbacks import Callbacks
 from fastrollout.config import RunnerConfig
 from fastrollout.env import register_env
 from fastrollout.episodes import MultiAgentEpisode, SingleAgentEpisode
-from fastrollout.metrics import MetricsLogger
 from fastrollout.errors import EpisodeStateError, MultiAgentEnvError, SpaceMismatchError
+from fastrollout.metrics import MetricsLogger
 from fastrollout.runners import MultiAgentEnvRunner, SingleAgentEnvRunner
 
 __all__ = [
