@@ -1,8 +1,9 @@
 //! fastrollout's native core.
 //!
 //! The crate has two layers:
-//! - the pure core (`schema`, `column`, `episode`): typed columns with look-back and the
-//!   episode bookkeeping built on them. It knows nothing of Python, so `cargo test` and the
+//! - the pure core (`schema`, `column`, `episode`, `metrics`, `runner`): typed columns with
+//!   look-back, the episode bookkeeping built on them, the metric statistics, and the
+//!   runner's batched containers. It knows nothing of Python, so `cargo test` and the
 //!   criterion benches run on it alone;
 //! - the binding layer (`py`, behind the `python` feature that maturin turns on): converts
 //!   Python/numpy values to and from the core's types and maps core errors to Python
@@ -10,6 +11,8 @@
 
 pub mod column;
 pub mod episode;
+pub mod metrics;
+pub mod runner;
 pub mod schema;
 
 #[cfg(feature = "python")]

@@ -5,14 +5,25 @@ The episode buffers, their cut/finalize and the metric reductions live in a Rust
 """
 
 from fastrollout._core import __version__
+from fastrollout.callbacks import Callbacks
+from fastrollout.config import RunnerConfig
+from fastrollout.env import register_env
 from fastrollout.episodes import MultiAgentEpisode, SingleAgentEpisode
 from fastrollout.errors import EpisodeStateError, MultiAgentEnvError, SpaceMismatchError
+from fastrollout.metrics import MetricsLogger
+from fastrollout.runners import MultiAgentEnvRunner, SingleAgentEnvRunner
 
 __all__ = [
+    "Callbacks",
     "EpisodeStateError",
+    "MetricsLogger",
     "MultiAgentEnvError",
+    "MultiAgentEnvRunner",
     "MultiAgentEpisode",
+    "RunnerConfig",
+    "SingleAgentEnvRunner",
     "SingleAgentEpisode",
     "SpaceMismatchError",
     "__version__",
+    "register_env",
 ]

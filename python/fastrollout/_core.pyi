@@ -6,13 +6,16 @@ from typing_extensions import Self, disjoint_base, final
 
 __all__ = [
     "EpisodeStateError",
+    "ModuleBatcher",
     "SingleAgentEpisodeCore",
     "SpaceMismatchError",
     "StepMap",
     "__version__",
     "multi_agent_add_env_reset",
     "multi_agent_add_env_step",
+    "multi_agent_record_steps",
     "resolve_index",
+    "single_agent_record_vector_step",
 ]
 __version__: str
 
@@ -197,3 +200,49 @@ class SingleAgentEpisodeCore:
         at_indices: Any = None,
         neg_index_as_lookback: bool = False,
     ) -> None: ...
+
+# The runner's hot path (rust/py/runner.rs).
+
+def single_agent_record_vector_step(
+    episodes: list[Any],
+    observations: Any,
+    actions: Any,
+    rewards: Any,
+    terminateds: Any,
+    truncateds: Any,
+    infos: Any = None,
+    extra_model_outputs: dict[str, Any] | None = None,
+) -> tuple[list[int], list[int]]: ...
+def multi_agent_record_steps(
+    episodes: list[Any],
+    observations: list[Any],
+    actions: list[Any],
+    rewards: list[Any],
+    infos: list[Any],
+    terminateds: list[Any],
+    truncateds: list[Any],
+    extra_model_outputs: list[Any],
+) -> list[int]: ...
+
+@final
+class ModuleBatcher:
+    """Per-module inference batches gathered across sub-envs and agents, scattered back."""
+
+    def __new__(cls, observation_spaces: dict[str, Any]) -> ModuleBatcher: ...
+    @property
+    def module_ids(self) -> list[str]: ...
+    def gather(
+        self,
+        episodes: list[Any],
+        observations: list[Any],
+        terminateds: list[Any] | None = None,
+        truncateds: list[Any] | None = None,
+    ) -> dict[str, Any]: ...
+    def index_map(self, module_id: str) -> list[tuple[int, Any]]: ...
+    def scatter(
+        self,
+        outputs: dict[str, dict[str, Any]],
+        actions_key: str = "actions",
+        actions_for_env_key: str = "actions_for_env",
+        extra_constants: dict[str, Any] | None = None,
+    ) -> list[tuple[dict[Any, Any], dict[Any, Any], dict[Any, dict[str, Any]]]]: ...

@@ -5,8 +5,10 @@
 
 mod errors;
 mod index;
+mod metrics;
 mod multi;
 mod object;
+mod runner;
 mod single;
 mod spec;
 
@@ -21,11 +23,21 @@ mod _core {
     #[pymodule_export]
     use super::index::resolve_index;
     #[pymodule_export]
+    use super::metrics::MetricsStorePy;
+    #[pymodule_export]
+    use super::metrics::StatsSnapshotPy;
+    #[pymodule_export]
     use super::multi::multi_agent_add_env_reset;
     #[pymodule_export]
     use super::multi::multi_agent_add_env_step;
     #[pymodule_export]
     use super::multi::StepMapPy;
+    #[pymodule_export]
+    use super::runner::multi_agent_record_steps;
+    #[pymodule_export]
+    use super::runner::single_agent_record_vector_step;
+    #[pymodule_export]
+    use super::runner::ModuleBatcherPy;
     #[pymodule_export]
     use super::single::SingleAgentEpisodePy;
 

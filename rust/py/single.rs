@@ -136,6 +136,26 @@ fn prepare<'py>(
     }
 }
 
+/// A value for one field of a step: a Python object, or a row of a batch already laid out
+/// by the field's spec (see `SingleAgentEpisodePy::row_spec`), stored without conversion.
+pub enum Input<'py> {
+    Object(Bound<'py, PyAny>),
+    Row(Vec<LeafBytes<'py>>),
+}
+
+/// [`prepare`] for an [`Input`]: a row goes in as it is (the core checks its size).
+fn prepare_input<'py>(
+    value: Input<'py>,
+    field: &Field<PyObj>,
+    spec: Option<&Spec>,
+    name: FieldName<'_>,
+) -> PyResult<(Item<PyObj, LeafBytes<'py>>, Option<Spec>)> {
+    match value {
+        Input::Object(v) => prepare(&v, field, spec, name),
+        Input::Row(leaves) => Ok((Item::Bytes(leaves), None)),
+    }
+}
+
 /// The rows of a batch: an array's first axis, or the rows of a dict/tuple of batches
 /// put back together as dicts/tuples.
 fn split_rows<'py>(data: &Bound<'py, PyAny>) -> PyResult<Vec<Bound<'py, PyAny>>> {
@@ -719,7 +739,7 @@ impl SingleAgentEpisodePy {
 
     /// Whether the chunk holds at least one observation.
     #[getter]
-    fn is_reset(&self) -> bool {
+    pub fn is_reset(&self) -> bool {
         self.core.is_reset()
     }
 
@@ -1268,41 +1288,8 @@ impl SingleAgentEpisodePy {
         infos: Option<&Bound<'py, PyAny>>,
         extra_model_outputs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<PreparedStep<'py>> {
-        if self.core.is_done() {
-            return Err(episode_error(&EpisodeError::Done { what: "add_env_step" }));
-        }
-        if !self.core.is_reset() {
-            return Err(episode_error(&EpisodeError::NotReset));
-        }
-        if !is_number(reward)? {
-            return Err(PyTypeError::new_err(format!(
-                "reward must be a real number (a Python or numpy scalar), got {} of type {}",
-                reward.repr()?,
-                reward.get_type().name()?
-            )));
-        }
-        let mut specs = Vec::new();
-        let mut keep = |slot: SpecSlot, s: Option<Spec>| {
-            if let Some(s) = s {
-                specs.push((slot, s));
-            }
-        };
-        let (observation, s) = prepare(
-            observation,
-            &self.core.observations,
-            self.specs.observations.as_ref(),
-            FieldName::Observations,
-        )?;
-        keep(SpecSlot::Observations, s);
-        let (action, s) =
-            prepare(action, &self.core.actions, self.specs.actions.as_ref(), FieldName::Actions)?;
-        keep(SpecSlot::Actions, s);
-        let (reward, s) =
-            prepare(reward, &self.core.rewards, self.specs.rewards.as_ref(), FieldName::Rewards)?;
-        keep(SpecSlot::Rewards, s);
         let mut extras = Vec::new();
         if let Some(d) = extra_model_outputs {
-            let untyped = Field::untyped();
             for (k, v) in d.iter() {
                 let k = k.cast_into::<PyString>().map_err(|e| {
                     PyTypeError::new_err(format!(
@@ -1310,15 +1297,89 @@ impl SingleAgentEpisodePy {
                         e.into_inner().repr().map(|r| r.to_string()).unwrap_or_default()
                     ))
                 })?;
-                let key = k.to_str()?;
-                let name = FieldName::Extra(key);
-                let field = self.core.extra(key).unwrap_or(&untyped);
-                let (item, s) = prepare(&v, field, self.specs.get(name), name)?;
-                if s.is_some() {
-                    keep(SpecSlot::Extra(key.to_string()), s);
-                }
-                extras.push((k, item));
+                extras.push((k, Input::Object(v)));
             }
+        }
+        self.prepare_step_inputs(
+            py,
+            Input::Object(observation.clone()),
+            Input::Object(action.clone()),
+            Input::Object(reward.clone()),
+            infos,
+            extras,
+        )
+    }
+
+    /// The spec of `name` if the field stores typed items laid out by it, so that a row
+    /// of a batch converted with this spec can be stored as it is ([`Input::Row`]).
+    pub fn row_spec(&self, name: FieldName<'_>) -> Option<&Spec> {
+        let field = match name {
+            FieldName::Extra(k) => self.core.extra(k)?,
+            _ => self.field(name).ok()?,
+        };
+        match (&field.storage, self.specs.get(name)) {
+            (Storage::Typed { column, .. }, Some(spec)) if column.schema().leaves == spec.leaves => {
+                Some(spec)
+            }
+            _ => None,
+        }
+    }
+
+    /// [`Self::prepare_step`] for values that may be rows of batches (a vector env's step).
+    pub fn prepare_step_inputs<'py>(
+        &self,
+        py: Python<'py>,
+        observation: Input<'py>,
+        action: Input<'py>,
+        reward: Input<'py>,
+        infos: Option<&Bound<'py, PyAny>>,
+        extra_model_outputs: Vec<(Bound<'py, PyString>, Input<'py>)>,
+    ) -> PyResult<PreparedStep<'py>> {
+        if self.core.is_done() {
+            return Err(episode_error(&EpisodeError::Done { what: "add_env_step" }));
+        }
+        if !self.core.is_reset() {
+            return Err(episode_error(&EpisodeError::NotReset));
+        }
+        if let Input::Object(reward) = &reward {
+            if !is_number(reward)? {
+                return Err(PyTypeError::new_err(format!(
+                    "reward must be a real number (a Python or numpy scalar), got {} of type {}",
+                    reward.repr()?,
+                    reward.get_type().name()?
+                )));
+            }
+        }
+        let mut specs = Vec::new();
+        let mut keep = |slot: SpecSlot, s: Option<Spec>| {
+            if let Some(s) = s {
+                specs.push((slot, s));
+            }
+        };
+        let (observation, s) = prepare_input(
+            observation,
+            &self.core.observations,
+            self.specs.observations.as_ref(),
+            FieldName::Observations,
+        )?;
+        keep(SpecSlot::Observations, s);
+        let (action, s) =
+            prepare_input(action, &self.core.actions, self.specs.actions.as_ref(), FieldName::Actions)?;
+        keep(SpecSlot::Actions, s);
+        let (reward, s) =
+            prepare_input(reward, &self.core.rewards, self.specs.rewards.as_ref(), FieldName::Rewards)?;
+        keep(SpecSlot::Rewards, s);
+        let mut extras = Vec::with_capacity(extra_model_outputs.len());
+        let untyped = Field::untyped();
+        for (k, v) in extra_model_outputs {
+            let key = k.to_str()?;
+            let name = FieldName::Extra(key);
+            let field = self.core.extra(key).unwrap_or(&untyped);
+            let (item, s) = prepare_input(v, field, self.specs.get(name), name)?;
+            if s.is_some() {
+                keep(SpecSlot::Extra(key.to_string()), s);
+            }
+            extras.push((k, item));
         }
         Ok(PreparedStep { observation, action, reward, info: infos_or_empty(py, infos), extras, specs })
     }

@@ -1,0 +1,1096 @@
+"""``RunnerConfig``: the settings of env runners, built like RLlib 2.60's ``AlgorithmConfig``.
+
+The builder methods (``environment``, ``env_runners``, ``multi_agent``, ``rl_module``,
+``callbacks``, ``debugging``, ``resources``, ``reporting``, ``fault_tolerance``,
+``training``, ``learners``) take RLlib's argument names and defaults for everything that
+matters to sampling, so RLlib code that builds a config keeps working with
+``RunnerConfig`` in place of ``PPOConfig`` for these calls. Each setter checks its
+arguments at once; :meth:`RunnerConfig.validate` checks the whole config (also values
+assigned directly to attributes). After :meth:`RunnerConfig.freeze`, setting anything
+raises.
+
+>>> config = (
+...     RunnerConfig()
+...     .environment("CartPole-v1")
+...     .env_runners(num_envs_per_env_runner=4, rollout_fragment_length=64)
+...     .debugging(seed=0)
+... )
+>>> config.validate()
+>>> config.num_envs_per_env_runner, config.is_multi_agent
+(4, False)
+"""
+
+from __future__ import annotations
+
+import copy
+import numbers
+from collections.abc import Callable, Collection, Mapping
+from typing import Any
+
+import gymnasium as gym
+
+from fastrollout.callbacks import Callbacks
+from fastrollout.core import DEFAULT_MODULE_ID
+
+__all__ = ["NotProvided", "RunnerConfig"]
+
+
+class _NotProvided:
+    """Marks an argument that was not passed (None is a meaningful value for several)."""
+
+    _instance: _NotProvided | None = None
+
+    def __new__(cls) -> _NotProvided:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "NotProvided"
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _NotProvided:
+        return self
+
+    def __reduce__(self) -> str:
+        return "NotProvided"
+
+
+NotProvided: Any = _NotProvided()
+
+BATCH_MODES = ("truncate_episodes", "complete_episodes")
+COUNT_STEPS_BY = ("env_steps", "agent_steps")
+CALLBACK_HOOKS = (
+    "on_environment_created",
+    "on_episode_created",
+    "on_episode_start",
+    "on_episode_step",
+    "on_episode_end",
+    "on_sample_end",
+)
+
+
+def default_policy_mapping_fn(agent_id: Any, episode: Any = None, **kwargs: Any) -> str:
+    """Maps every agent to the default module (RLlib's default mapping).
+
+    Args:
+        agent_id: The agent.
+        episode: The episode (unused).
+        **kwargs: Unused.
+
+    Returns:
+        ``"default_policy"``.
+    """
+    return DEFAULT_MODULE_ID
+
+
+def _vectorize_modes() -> set[Any]:
+    modes: set[Any] = set()
+    for mode in gym.VectorizeMode:
+        modes.update((mode, mode.value))
+    return modes
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+class _CheckedMapping:
+    """The configured ``policy_mapping_fn``, raising a clear error for an unknown module id."""
+
+    def __init__(self, fn: Callable[..., Any], module_ids: Collection[str]) -> None:
+        self.fn = fn
+        self.module_ids = frozenset(module_ids)
+
+    def __call__(self, agent_id: Any, episode: Any = None, **kwargs: Any) -> str:
+        module_id = self.fn(agent_id, episode, **kwargs)
+        if module_id not in self.module_ids:
+            raise ValueError(
+                f"policy_mapping_fn mapped agent {agent_id!r} to module {module_id!r}, which "
+                f"is not a configured module (modules: {sorted(self.module_ids)}); add it to "
+                ".multi_agent(policies=...)"
+            )
+        return module_id  # type: ignore[no-any-return]
+
+
+class RunnerConfig:
+    """Builder for the settings of ``SingleAgentEnvRunner`` and ``MultiAgentEnvRunner``.
+
+    Attributes have RLlib's names (``env``, ``env_config``, ``num_envs_per_env_runner``,
+    ``rollout_fragment_length``, ``batch_mode``, ``policies``, ``policy_mapping_fn``,
+    ``callbacks_on_episode_start``, ...). Set them through the builder methods, which
+    return ``self`` for chaining.
+    """
+
+    def __init__(self) -> None:
+        # environment()
+        self.env: Any = None
+        self.env_config: dict[str, Any] = {}
+        self.observation_space: gym.Space[Any] | None = None
+        self.action_space: gym.Space[Any] | None = None
+        self.normalize_actions = True
+        self.clip_actions = False
+        self.disable_env_checking = False
+        # env_runners()
+        self.env_runner_cls: type | None = None
+        self.num_env_runners = 0
+        self.num_envs_per_env_runner = 1
+        self.gym_env_vectorize_mode: Any = "sync"
+        self.num_cpus_per_env_runner: float = 1
+        self.num_gpus_per_env_runner: float = 0
+        self.sample_timeout_s: float | None = 60.0
+        self.rollout_fragment_length: int | str = 200
+        self.batch_mode = "truncate_episodes"
+        self.explore = True
+        self.episode_lookback_horizon = 1
+        self.episodes_to_numpy = True
+        self._env_to_module_connector: Callable[..., Any] | None = None
+        self._module_to_env_connector: Callable[..., Any] | None = None
+        self.add_default_connectors_to_env_to_module_pipeline = True
+        self.add_default_connectors_to_module_to_env_pipeline = True
+        # fault_tolerance()
+        self.restart_failed_sub_environments = False
+        self.max_sub_environment_restart_attempts = 5
+        # multi_agent()
+        self.policies: dict[str, Any] = {DEFAULT_MODULE_ID: None}
+        self._policies_set = False
+        self.policy_mapping_fn: Callable[..., Any] = default_policy_mapping_fn
+        self.policies_to_train: Collection[str] | Callable[..., bool] | None = None
+        self.count_steps_by = "env_steps"
+        # rl_module()
+        self._rl_module_spec: Any = None
+        self._model_config: dict[str, Any] = {}
+        # training() / learners(): only for rollout_fragment_length="auto".
+        self.train_batch_size: int | None = None
+        self._train_batch_size_per_learner: int | None = None
+        self.num_learners = 0
+        # callbacks()
+        self.callbacks_class: Any = Callbacks
+        self.callbacks_on_environment_created: Any = None
+        self.callbacks_on_episode_created: Any = None
+        self.callbacks_on_episode_start: Any = None
+        self.callbacks_on_episode_step: Any = None
+        self.callbacks_on_episode_end: Any = None
+        self.callbacks_on_sample_end: Any = None
+        # debugging(), resources(), reporting()
+        self.seed: int | None = None
+        self.log_level = "WARN"
+        self.device: Any = "auto"
+        self.metrics_num_episodes_for_smoothing = 100
+        self._is_frozen = False
+
+    # ---------------------------------------------------------------- frozen state
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        if getattr(self, "_is_frozen", False) and key != "_is_frozen":
+            raise AttributeError(
+                f"cannot set {key!r}: this RunnerConfig is frozen (use .copy(copy_frozen=False)"
+                " for an editable copy)"
+            )
+        super().__setattr__(key, value)
+
+    def freeze(self) -> None:
+        """Makes the config read-only: every later setter or attribute assignment raises.
+
+        Runners freeze the config they are given so that it cannot change under them.
+        Like RLlib's, freezing does not make nested dicts (``env_config``) immutable.
+        """
+        self._is_frozen = True
+
+    @property
+    def is_frozen(self) -> bool:
+        """Whether :meth:`freeze` was called."""
+        return self._is_frozen
+
+    def copy(self, copy_frozen: bool | None = None) -> RunnerConfig:
+        """Returns a deep copy, frozen or not.
+
+        Args:
+            copy_frozen: True for a frozen copy, False for an editable one, None to keep
+                this config's state.
+
+        Returns:
+            The copy.
+        """
+        cp = copy.deepcopy(self)
+        if copy_frozen is not None:
+            object.__setattr__(cp, "_is_frozen", bool(copy_frozen))
+        return cp
+
+    # ---------------------------------------------------------------- builders
+
+    def environment(
+        self,
+        env: Any = NotProvided,
+        *,
+        env_config: dict[str, Any] | None = NotProvided,
+        observation_space: gym.Space[Any] | None = NotProvided,
+        action_space: gym.Space[Any] | None = NotProvided,
+        normalize_actions: bool = NotProvided,
+        clip_actions: bool = NotProvided,
+        disable_env_checking: bool = NotProvided,
+    ) -> RunnerConfig:
+        """Sets the environment.
+
+        Args:
+            env: A gymnasium id, a name given to ``fastrollout.register_env``, a
+                ``gymnasium.Env`` or ``MultiAgentEnv`` class (called with the
+                ``EnvContext``), a creator callable taking the ``EnvContext``, or a
+                ``"module.Class"`` path.
+            env_config: Config dict passed to the env (as ``EnvContext``); merged
+                recursively into the current one, as RLlib does.
+            observation_space: The modules' observation space, if not the env's.
+            action_space: The modules' action space, if not the env's.
+            normalize_actions: Whether modules act in a normalized Box space that the
+                module-to-env connector unsquashes to the env's bounds.
+            clip_actions: Whether the module-to-env connector clips actions to the env's
+                Box bounds.
+            disable_env_checking: Skip the env check at creation
+                (``fastrollout.env.check_env``).
+
+        Returns:
+            self.
+
+        Raises:
+            TypeError: ``env`` or ``env_config`` of the wrong type, or a flag that is not
+                a bool.
+        """
+        if env is not NotProvided:
+            _check_env_spec(env)
+            self.env = env
+        if env_config is not NotProvided:
+            if env_config is not None and not isinstance(env_config, Mapping):
+                raise TypeError(f"env_config must be a dict, got {type(env_config).__name__}")
+            merged = copy.deepcopy(self.env_config)
+            _deep_update(merged, dict(env_config or {}))
+            self.env_config = merged
+        if observation_space is not NotProvided:
+            _check_space(observation_space, "observation_space")
+            self.observation_space = observation_space
+        if action_space is not NotProvided:
+            _check_space(action_space, "action_space")
+            self.action_space = action_space
+        for name, value in (
+            ("normalize_actions", normalize_actions),
+            ("clip_actions", clip_actions),
+            ("disable_env_checking", disable_env_checking),
+        ):
+            if value is not NotProvided:
+                _check_bool(value, name)
+                setattr(self, name, value)
+        return self
+
+    def env_runners(
+        self,
+        *,
+        env_runner_cls: type | None = NotProvided,
+        num_env_runners: int = NotProvided,
+        num_envs_per_env_runner: int = NotProvided,
+        gym_env_vectorize_mode: Any = NotProvided,
+        num_cpus_per_env_runner: float = NotProvided,
+        num_gpus_per_env_runner: float = NotProvided,
+        sample_timeout_s: float | None = NotProvided,
+        env_to_module_connector: Callable[..., Any] | None = NotProvided,
+        module_to_env_connector: Callable[..., Any] | None = NotProvided,
+        add_default_connectors_to_env_to_module_pipeline: bool = NotProvided,
+        add_default_connectors_to_module_to_env_pipeline: bool = NotProvided,
+        episode_lookback_horizon: int = NotProvided,
+        rollout_fragment_length: int | str = NotProvided,
+        batch_mode: str = NotProvided,
+        explore: bool = NotProvided,
+        episodes_to_numpy: bool = NotProvided,
+        restart_failed_sub_environments: bool = NotProvided,
+        max_sub_environment_restart_attempts: int = NotProvided,
+    ) -> RunnerConfig:
+        """Sets how runners sample.
+
+        Args:
+            env_runner_cls: The runner class to use (default: chosen by
+                ``is_multi_agent``).
+            num_env_runners: Number of remote runners (Ray actors); 0 samples in the
+                local runner only.
+            num_envs_per_env_runner: Sub-envs stepped together by one runner (batched
+                forward passes).
+            gym_env_vectorize_mode: ``"sync"`` or ``"async"`` (sub-processes) for
+                single-agent vector envs; a ``gymnasium.VectorizeMode`` also works.
+            num_cpus_per_env_runner: CPUs reserved per remote runner.
+            num_gpus_per_env_runner: GPUs reserved per remote runner.
+            sample_timeout_s: Timeout for ``sample()`` on remote runners.
+            env_to_module_connector: Callable ``(env, spaces, device)`` -> connector or
+                list of connectors, prepended to the default env-to-module pipeline.
+            module_to_env_connector: Callable ``(env, spaces)`` -> connector or list of
+                connectors, prepended to the default module-to-env pipeline.
+            add_default_connectors_to_env_to_module_pipeline: Whether the default
+                env-to-module pieces are added after the user's.
+            add_default_connectors_to_module_to_env_pipeline: Whether the default
+                module-to-env pieces are added after the user's.
+            episode_lookback_horizon: Steps of look-back kept when an ongoing episode is
+                cut into a chunk.
+            rollout_fragment_length: Env steps per sub-env per ``sample()`` call
+                (truncate_episodes), or ``"auto"`` to derive it from the train batch size.
+            batch_mode: ``"truncate_episodes"`` or ``"complete_episodes"``.
+            explore: Whether ``sample(explore=None)`` explores.
+            episodes_to_numpy: Whether returned episodes are numpy'ized.
+            restart_failed_sub_environments: Whether a sub-env whose ``reset``/``step``
+                raises is recreated (and its episode dropped) instead of failing the
+                runner. RLlib 2.60 sets this in ``fault_tolerance()``; both work here.
+            max_sub_environment_restart_attempts: How many times in a row a runner tries
+                to recreate and reset a failed sub-env before giving up (fastrollout's
+                own setting; RLlib retries without bound).
+
+        Returns:
+            self.
+
+        Raises:
+            ValueError: A value out of range (the message names the argument).
+            TypeError: A value of the wrong type.
+        """
+        if env_runner_cls is not NotProvided:
+            if env_runner_cls is not None and not isinstance(env_runner_cls, type):
+                raise TypeError(f"env_runner_cls must be a class, got {env_runner_cls!r}")
+            self.env_runner_cls = env_runner_cls
+        if num_env_runners is not NotProvided:
+            _check_int(num_env_runners, "num_env_runners", 0)
+            self.num_env_runners = num_env_runners
+        if num_envs_per_env_runner is not NotProvided:
+            _check_int(num_envs_per_env_runner, "num_envs_per_env_runner", 1)
+            self.num_envs_per_env_runner = num_envs_per_env_runner
+        if gym_env_vectorize_mode is not NotProvided:
+            _check_vectorize_mode(gym_env_vectorize_mode)
+            self.gym_env_vectorize_mode = gym_env_vectorize_mode
+        if num_cpus_per_env_runner is not NotProvided:
+            _check_number(num_cpus_per_env_runner, "num_cpus_per_env_runner", 0)
+            self.num_cpus_per_env_runner = num_cpus_per_env_runner
+        if num_gpus_per_env_runner is not NotProvided:
+            _check_number(num_gpus_per_env_runner, "num_gpus_per_env_runner", 0)
+            self.num_gpus_per_env_runner = num_gpus_per_env_runner
+        if sample_timeout_s is not NotProvided:
+            if sample_timeout_s is not None:
+                _check_number(sample_timeout_s, "sample_timeout_s", 0)
+            self.sample_timeout_s = sample_timeout_s
+        if env_to_module_connector is not NotProvided:
+            _check_optional_callable(env_to_module_connector, "env_to_module_connector")
+            self._env_to_module_connector = env_to_module_connector
+        if module_to_env_connector is not NotProvided:
+            _check_optional_callable(module_to_env_connector, "module_to_env_connector")
+            self._module_to_env_connector = module_to_env_connector
+        for name, value in (
+            (
+                "add_default_connectors_to_env_to_module_pipeline",
+                add_default_connectors_to_env_to_module_pipeline,
+            ),
+            (
+                "add_default_connectors_to_module_to_env_pipeline",
+                add_default_connectors_to_module_to_env_pipeline,
+            ),
+            ("explore", explore),
+            ("episodes_to_numpy", episodes_to_numpy),
+        ):
+            if value is not NotProvided:
+                _check_bool(value, name)
+                setattr(self, name, value)
+        if episode_lookback_horizon is not NotProvided:
+            _check_int(episode_lookback_horizon, "episode_lookback_horizon", 0)
+            self.episode_lookback_horizon = episode_lookback_horizon
+        if rollout_fragment_length is not NotProvided:
+            _check_rollout_fragment_length(rollout_fragment_length)
+            self.rollout_fragment_length = rollout_fragment_length
+        if batch_mode is not NotProvided:
+            _check_choice(batch_mode, "batch_mode", BATCH_MODES)
+            self.batch_mode = batch_mode
+        self._set_restarts(restart_failed_sub_environments, max_sub_environment_restart_attempts)
+        return self
+
+    def fault_tolerance(
+        self,
+        *,
+        restart_failed_sub_environments: bool = NotProvided,
+        max_sub_environment_restart_attempts: int = NotProvided,
+    ) -> RunnerConfig:
+        """Sets how runners handle failing sub-envs (RLlib 2.60's home of these settings).
+
+        Args:
+            restart_failed_sub_environments: See :meth:`env_runners`.
+            max_sub_environment_restart_attempts: See :meth:`env_runners`.
+
+        Returns:
+            self.
+
+        Raises:
+            ValueError: A value out of range.
+            TypeError: A value of the wrong type.
+        """
+        self._set_restarts(restart_failed_sub_environments, max_sub_environment_restart_attempts)
+        return self
+
+    def _set_restarts(self, restart: Any, attempts: Any) -> None:
+        if restart is not NotProvided:
+            _check_bool(restart, "restart_failed_sub_environments")
+            self.restart_failed_sub_environments = restart
+        if attempts is not NotProvided:
+            _check_int(attempts, "max_sub_environment_restart_attempts", 1)
+            self.max_sub_environment_restart_attempts = attempts
+
+    def multi_agent(
+        self,
+        *,
+        policies: Collection[str] | Mapping[str, Any] = NotProvided,
+        policy_mapping_fn: Callable[..., str] = NotProvided,
+        policies_to_train: Collection[str] | Callable[..., bool] | None = NotProvided,
+        count_steps_by: str = NotProvided,
+    ) -> RunnerConfig:
+        """Sets the modules of a multi-agent setup and which agent each one steers.
+
+        Args:
+            policies: The module ids: a collection of ids, or a dict id -> module spec
+                (an ``RLModuleSpec``, or None to infer it; RLlib's ``PolicySpec`` is
+                accepted and treated as None).
+            policy_mapping_fn: ``fn(agent_id, episode, **kwargs) -> module_id``, called
+                once per agent per episode.
+            policies_to_train: Ids of the modules a trainer updates (a subset of
+                ``policies``), a callable ``(module_id, batch) -> bool``, or None for all.
+            count_steps_by: ``"env_steps"`` or ``"agent_steps"``: what
+                ``rollout_fragment_length`` counts.
+
+        Returns:
+            self.
+
+        Raises:
+            ValueError: Empty ``policies``, or a bad ``count_steps_by``.
+            TypeError: Ids that are not str, or arguments of the wrong type.
+        """
+        if policies is not NotProvided:
+            self.policies = _normalize_policies(policies)
+            self._policies_set = True
+        if policy_mapping_fn is not NotProvided:
+            if not callable(policy_mapping_fn):
+                raise TypeError(
+                    "policy_mapping_fn must be callable (agent_id, episode, **kwargs) -> "
+                    f"module_id, got {type(policy_mapping_fn).__name__}"
+                )
+            self.policy_mapping_fn = policy_mapping_fn
+        if policies_to_train is not NotProvided:
+            self.policies_to_train = _check_policies_to_train(policies_to_train)
+        if count_steps_by is not NotProvided:
+            _check_choice(count_steps_by, "count_steps_by", COUNT_STEPS_BY)
+            self.count_steps_by = count_steps_by
+        return self
+
+    def rl_module(
+        self,
+        *,
+        rl_module_spec: Any = NotProvided,
+        model_config: Mapping[str, Any] | None = NotProvided,
+    ) -> RunnerConfig:
+        """Sets the module(s) the runner builds.
+
+        Args:
+            rl_module_spec: An ``RLModuleSpec``, a ``MultiRLModuleSpec`` (its module ids
+                must match ``policies`` when those are set), or an ``RLModule`` class
+                (shorthand for ``RLModuleSpec(module_class=cls)``); None for the default
+                module.
+            model_config: Dict passed to each module as ``model_config`` (e.g.
+                ``{"fcnet_hiddens": [64, 64]}``), unless its spec has its own.
+
+        Returns:
+            self.
+
+        Raises:
+            TypeError: ``model_config`` is not a dict.
+        """
+        if rl_module_spec is not NotProvided:
+            self._rl_module_spec = rl_module_spec
+        if model_config is not NotProvided:
+            if model_config is not None and not isinstance(model_config, Mapping):
+                raise TypeError(f"model_config must be a dict, got {type(model_config).__name__}")
+            self._model_config = dict(model_config or {})
+        return self
+
+    def training(
+        self,
+        *,
+        train_batch_size: int | None = NotProvided,
+        train_batch_size_per_learner: int | None = NotProvided,
+    ) -> RunnerConfig:
+        """Sets the train batch size, which ``rollout_fragment_length="auto"`` derives from.
+
+        Args:
+            train_batch_size: Env steps per training iteration across all learners.
+            train_batch_size_per_learner: Env steps per learner (takes precedence).
+
+        Returns:
+            self.
+
+        Raises:
+            ValueError: A size < 1.
+        """
+        if train_batch_size is not NotProvided:
+            if train_batch_size is not None:
+                _check_int(train_batch_size, "train_batch_size", 1)
+            self.train_batch_size = train_batch_size
+        if train_batch_size_per_learner is not NotProvided:
+            if train_batch_size_per_learner is not None:
+                _check_int(train_batch_size_per_learner, "train_batch_size_per_learner", 1)
+            self._train_batch_size_per_learner = train_batch_size_per_learner
+        return self
+
+    def learners(self, *, num_learners: int = NotProvided) -> RunnerConfig:
+        """Sets the number of learners (only used by the ``"auto"`` fragment length rule).
+
+        Args:
+            num_learners: Number of learner workers (0: one local learner).
+
+        Returns:
+            self.
+        """
+        if num_learners is not NotProvided:
+            _check_int(num_learners, "num_learners", 0)
+            self.num_learners = num_learners
+        return self
+
+    def callbacks(
+        self,
+        callbacks_class: Any = NotProvided,
+        *,
+        on_environment_created: Any = NotProvided,
+        on_episode_created: Any = NotProvided,
+        on_episode_start: Any = NotProvided,
+        on_episode_step: Any = NotProvided,
+        on_episode_end: Any = NotProvided,
+        on_sample_end: Any = NotProvided,
+    ) -> RunnerConfig:
+        """Sets the callbacks: a class (or list of classes) and/or plain callables per hook.
+
+        Runners call, for each hook, the methods of the class instances first, then the
+        callables, each in the order given (``fastrollout.callbacks.make_callback``).
+
+        Args:
+            callbacks_class: A ``fastrollout.Callbacks`` (or RLlib ``RLlibCallback``)
+                subclass or a list of them; None resets to the no-op base class.
+            on_environment_created: A callable or list of callables (keyword arguments
+                ``env_runner``, ``metrics_logger``, ``env``, ``env_context``).
+            on_episode_created: Likewise (``episode``, ``env_runner``, ``metrics_logger``,
+                ``env``, ``rl_module``, ``env_index``).
+            on_episode_start: Likewise.
+            on_episode_step: Likewise.
+            on_episode_end: Likewise (also ``prev_episode_chunks``).
+            on_sample_end: Likewise (``env_runner``, ``metrics_logger``, ``samples``).
+
+        Returns:
+            self.
+
+        Raises:
+            TypeError: A class or callable that is not callable.
+        """
+        if callbacks_class is not NotProvided:
+            if callbacks_class is None:
+                callbacks_class = Callbacks
+            for cls in _as_list(callbacks_class):
+                if not callable(cls):
+                    raise TypeError(
+                        f"callbacks_class must be a class or a list of classes, got {cls!r}"
+                    )
+            self.callbacks_class = callbacks_class
+        for hook, value in (
+            ("on_environment_created", on_environment_created),
+            ("on_episode_created", on_episode_created),
+            ("on_episode_start", on_episode_start),
+            ("on_episode_step", on_episode_step),
+            ("on_episode_end", on_episode_end),
+            ("on_sample_end", on_sample_end),
+        ):
+            if value is not NotProvided:
+                _check_callables(value, hook)
+                setattr(self, f"callbacks_{hook}", value)
+        return self
+
+    def debugging(
+        self, *, seed: int | None = NotProvided, log_level: str = NotProvided
+    ) -> RunnerConfig:
+        """Sets the seed (and log level).
+
+        Args:
+            seed: Base seed: runner ``i`` seeds its sub-env ``j`` and its module from it,
+                so identical configs sample identically. None: not seeded.
+            log_level: ``"DEBUG"``, ``"INFO"``, ``"WARN"`` or ``"ERROR"``.
+
+        Returns:
+            self.
+
+        Raises:
+            TypeError: A seed that is not an int.
+            ValueError: An unknown log level.
+        """
+        if seed is not NotProvided:
+            if seed is not None:
+                _check_int(seed, "seed", 0)
+            self.seed = seed
+        if log_level is not NotProvided:
+            _check_choice(log_level, "log_level", ("DEBUG", "INFO", "WARN", "ERROR"))
+            self.log_level = log_level
+        return self
+
+    def resources(self, *, device: Any = NotProvided) -> RunnerConfig:
+        """Sets where modules run (fastrollout's setting; RLlib derives it from GPU counts).
+
+        Args:
+            device: ``"auto"`` (a GPU when there is one), ``"cpu"``, ``"cuda"``,
+                ``"cuda:N"`` or a ``torch.device``.
+
+        Returns:
+            self.
+
+        Raises:
+            ValueError: Another device string.
+        """
+        if device is not NotProvided:
+            _check_device(device)
+            self.device = device
+        return self
+
+    def reporting(self, *, metrics_num_episodes_for_smoothing: int = NotProvided) -> RunnerConfig:
+        """Sets how metrics are reported.
+
+        Args:
+            metrics_num_episodes_for_smoothing: Episodes in the window over which
+                episode return/length/duration means, mins and maxes are computed.
+
+        Returns:
+            self.
+        """
+        if metrics_num_episodes_for_smoothing is not NotProvided:
+            _check_int(metrics_num_episodes_for_smoothing, "metrics_num_episodes_for_smoothing", 1)
+            self.metrics_num_episodes_for_smoothing = metrics_num_episodes_for_smoothing
+        return self
+
+    # ---------------------------------------------------------------- derived values
+
+    @property
+    def is_multi_agent(self) -> bool:
+        """Whether the config describes a multi-agent setup.
+
+        True when more than one module is configured or the only one is not
+        ``"default_policy"`` (RLlib's rule), counting the ids of a ``MultiRLModuleSpec``.
+        """
+        ids = self.module_ids
+        return len(ids) > 1 or DEFAULT_MODULE_ID not in ids
+
+    @property
+    def module_ids(self) -> list[str]:
+        """The configured module ids: ``policies``, else a ``MultiRLModuleSpec``'s ids."""
+        multi = _multi_spec_ids(self._rl_module_spec)
+        if not self._policies_set and multi is not None:
+            return list(multi)
+        return list(self.policies)
+
+    @property
+    def agent_to_module_mapping_fn(self) -> Callable[..., str]:
+        """``policy_mapping_fn``, checked: an id that is not a configured module raises.
+
+        Runners hand this to their multi-agent episodes, so a mapping to an unknown
+        module fails at once with a message naming the agent and the module.
+        """
+        return _CheckedMapping(self.policy_mapping_fn, self.module_ids)
+
+    @property
+    def env_to_module_connector(self) -> Callable[..., Any] | None:
+        """The user's env-to-module connector factory (None when not set)."""
+        return self._env_to_module_connector
+
+    @property
+    def module_to_env_connector(self) -> Callable[..., Any] | None:
+        """The user's module-to-env connector factory (None when not set)."""
+        return self._module_to_env_connector
+
+    @property
+    def rl_module_spec(self) -> Any:
+        """The spec (or module class) given to :meth:`rl_module`, or None."""
+        return self._rl_module_spec
+
+    @property
+    def model_config(self) -> dict[str, Any]:
+        """The model config dict given to :meth:`rl_module` (empty by default)."""
+        return self._model_config
+
+    @property
+    def train_batch_size_per_learner(self) -> int:
+        """The train batch size per learner: explicit, or ``train_batch_size / learners``.
+
+        Raises:
+            ValueError: Neither batch size is set.
+        """
+        if self._train_batch_size_per_learner is not None:
+            return self._train_batch_size_per_learner
+        if self.train_batch_size is None:
+            raise ValueError(
+                "rollout_fragment_length='auto' needs a train batch size: set "
+                ".training(train_batch_size=...) or .training(train_batch_size_per_learner=...)"
+            )
+        return self.train_batch_size // (self.num_learners or 1)
+
+    @property
+    def total_train_batch_size(self) -> int:
+        """``train_batch_size_per_learner`` times the number of learners (at least 1)."""
+        return self.train_batch_size_per_learner * (self.num_learners or 1)
+
+    def get_rollout_fragment_length(self, worker_index: int = 0) -> int:
+        """Returns the env steps per sub-env that runner ``worker_index`` samples per call.
+
+        With ``"auto"``, the total train batch size is split over
+        ``num_envs_per_env_runner * max(num_env_runners, 1)`` sub-envs; when it does not
+        divide evenly, the first runners take one step more per sub-env so that the
+        fragments add up to at least the batch size (RLlib's rule; values below 1 become 1).
+
+        Args:
+            worker_index: The runner's index (0 local, 1..n remote).
+
+        Returns:
+            The fragment length.
+
+        Raises:
+            ValueError: ``"auto"`` without a train batch size.
+        """
+        if self.rollout_fragment_length != "auto":
+            return int(self.rollout_fragment_length)
+        num_sub_envs = self.num_envs_per_env_runner * (self.num_env_runners or 1)
+        total = self.total_train_batch_size
+        base, remainder = divmod(total, num_sub_envs)
+        if remainder and (worker_index - 1) * self.num_envs_per_env_runner < remainder:
+            return base + 1
+        return base or 1
+
+    def build_callbacks(self) -> list[Any]:
+        """Instantiates ``callbacks_class`` (each class of a list).
+
+        Returns:
+            The callbacks objects, in order.
+        """
+        return [cls() for cls in _as_list(self.callbacks_class)]
+
+    def callbacks_functions(self, hook: str) -> list[Callable[..., Any]]:
+        """Returns the plain callables registered for one hook.
+
+        Args:
+            hook: E.g. ``"on_episode_start"``.
+
+        Returns:
+            The callables, in order (empty when none).
+
+        Raises:
+            ValueError: An unknown hook name.
+        """
+        if hook not in CALLBACK_HOOKS:
+            raise ValueError(f"unknown callback hook {hook!r}; hooks are {list(CALLBACK_HOOKS)}")
+        return _as_list(getattr(self, f"callbacks_{hook}"))
+
+    def make_env_creator(self, worker_index: int = 0) -> Any:
+        """Returns the creator of runner ``worker_index``'s envs (see ``fastrollout.env``).
+
+        Args:
+            worker_index: The runner's index (0 local, 1..n remote).
+
+        Returns:
+            A ``fastrollout.env.EnvCreator``: ``creator(vector_index)`` returns a new env,
+            checked unless ``disable_env_checking``.
+
+        Raises:
+            ValueError: No env set, or an unknown env name.
+            TypeError: An env spec of the wrong type.
+        """
+        from fastrollout.env.registry import make_env_creator
+
+        return make_env_creator(
+            self.env,
+            self.env_config,
+            worker_index=worker_index,
+            num_workers=self.num_env_runners,
+            disable_env_checking=self.disable_env_checking,
+        )
+
+    # ---------------------------------------------------------------- validation
+
+    def validate(self) -> None:
+        """Checks the whole config, including values assigned directly to attributes.
+
+        Raises:
+            ValueError: A value out of range or inconsistent with another (the message
+                names the setting and, where it applies, the module id).
+            TypeError: A value of the wrong type.
+        """
+        if self.env is not None:
+            _check_env_spec(self.env)
+        if not isinstance(self.env_config, Mapping):
+            raise TypeError(f"env_config must be a dict, got {type(self.env_config).__name__}")
+        _check_space(self.observation_space, "observation_space")
+        _check_space(self.action_space, "action_space")
+        for name in (
+            "normalize_actions",
+            "clip_actions",
+            "disable_env_checking",
+            "explore",
+            "episodes_to_numpy",
+            "add_default_connectors_to_env_to_module_pipeline",
+            "add_default_connectors_to_module_to_env_pipeline",
+            "restart_failed_sub_environments",
+        ):
+            _check_bool(getattr(self, name), name)
+        _check_int(self.num_env_runners, "num_env_runners", 0)
+        _check_int(self.num_envs_per_env_runner, "num_envs_per_env_runner", 1)
+        _check_vectorize_mode(self.gym_env_vectorize_mode)
+        _check_int(self.episode_lookback_horizon, "episode_lookback_horizon", 0)
+        _check_int(
+            self.max_sub_environment_restart_attempts, "max_sub_environment_restart_attempts", 1
+        )
+        _check_rollout_fragment_length(self.rollout_fragment_length)
+        if self.rollout_fragment_length == "auto":
+            self.get_rollout_fragment_length()  # raises when no train batch size is set
+        _check_choice(self.batch_mode, "batch_mode", BATCH_MODES)
+        _check_choice(self.count_steps_by, "count_steps_by", COUNT_STEPS_BY)
+        _check_optional_callable(self._env_to_module_connector, "env_to_module_connector")
+        _check_optional_callable(self._module_to_env_connector, "module_to_env_connector")
+        self._validate_modules()
+        for cls in _as_list(self.callbacks_class):
+            if not callable(cls):
+                raise TypeError(
+                    f"callbacks_class must be a class or a list of classes, got {cls!r}"
+                )
+        for hook in CALLBACK_HOOKS:
+            _check_callables(getattr(self, f"callbacks_{hook}"), hook)
+        if self.seed is not None:
+            _check_int(self.seed, "seed", 0)
+        _check_device(self.device)
+        _check_int(self.metrics_num_episodes_for_smoothing, "metrics_num_episodes_for_smoothing", 1)
+
+    def _validate_modules(self) -> None:
+        policies = _normalize_policies(self.policies)
+        if not callable(self.policy_mapping_fn):
+            raise TypeError("policy_mapping_fn must be callable")
+        multi = _multi_spec_ids(self._rl_module_spec)
+        if multi is not None and self._policies_set and set(multi) != set(policies):
+            raise ValueError(
+                "the MultiRLModuleSpec's module ids "
+                f"{sorted(multi)} differ from .multi_agent(policies=...) {sorted(policies)}: "
+                f"missing specs for {sorted(set(policies) - set(multi))}, specs without a "
+                f"policy: {sorted(set(multi) - set(policies))}"
+            )
+        _check_policies_to_train(self.policies_to_train)
+        if isinstance(self.policies_to_train, Collection) and not isinstance(
+            self.policies_to_train, str
+        ):
+            unknown = [m for m in self.policies_to_train if m not in self.module_ids]
+            if unknown:
+                raise ValueError(
+                    f"policies_to_train names modules {unknown} that are not configured "
+                    f"(modules: {self.module_ids})"
+                )
+
+    # ---------------------------------------------------------------- dict form
+
+    def to_dict(self) -> dict[str, Any]:
+        """Returns the settings as a dict keyed by RLlib's names (values not copied).
+
+        Returns:
+            ``{"env": ..., "env_config": ..., "num_envs_per_env_runner": ..., ...}``;
+            :meth:`from_dict` rebuilds an equal config.
+        """
+        out = {}
+        for key, value in self.__dict__.items():
+            if key in ("_is_frozen", "_policies_set"):
+                continue
+            out[key.lstrip("_")] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, config_dict: Mapping[str, Any]) -> RunnerConfig:
+        """Builds a config from :meth:`to_dict`'s form (all keys optional).
+
+        Args:
+            config_dict: Settings keyed by name.
+
+        Returns:
+            A new, validated, unfrozen config.
+
+        Raises:
+            ValueError: An unknown key (named) or an invalid value.
+        """
+        config = cls()
+        config.update_from_dict(config_dict)
+        return config
+
+    def update_from_dict(self, config_dict: Mapping[str, Any]) -> RunnerConfig:
+        """Sets the settings named in a dict (as :meth:`to_dict` names them), then validates.
+
+        Args:
+            config_dict: Settings keyed by name.
+
+        Returns:
+            self.
+
+        Raises:
+            ValueError: An unknown key (named) or an invalid value.
+        """
+        known = {key.lstrip("_"): key for key in self.__dict__ if key != "_is_frozen"}
+        known.pop("policies_set", None)
+        unknown = [k for k in config_dict if k not in known]
+        if unknown:
+            raise ValueError(f"unknown RunnerConfig settings {unknown}")
+        for key, value in config_dict.items():
+            if key == "policies":
+                self.multi_agent(policies=value)
+            elif key == "env_config":
+                setattr(self, known[key], dict(value or {}))
+            else:
+                setattr(self, known[key], value)
+        self.validate()
+        return self
+
+    def __repr__(self) -> str:
+        return (
+            f"RunnerConfig(env={self.env!r}, num_envs_per_env_runner="
+            f"{self.num_envs_per_env_runner}, batch_mode={self.batch_mode!r}, "
+            f"modules={self.module_ids}{', frozen' if self._is_frozen else ''})"
+        )
+
+
+# -------------------------------------------------------------------- checks
+
+
+def _as_list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    if isinstance(value, list | tuple):
+        return list(value)
+    return [value]
+
+
+def _deep_update(original: dict[str, Any], new: Mapping[str, Any]) -> None:
+    for key, value in new.items():
+        if isinstance(value, Mapping) and isinstance(original.get(key), dict):
+            _deep_update(original[key], value)
+        else:
+            original[key] = copy.deepcopy(value)
+
+
+def _check_env_spec(env: Any) -> None:
+    if env is None or isinstance(env, str) or callable(env):
+        return
+    if isinstance(env, gym.Env):
+        raise TypeError(
+            f"env must be a name, a class or a creator, not an env instance "
+            f"({type(env).__name__}); pass its class or a lambda ctx: ... instead"
+        )
+    raise TypeError(
+        "env must be a gymnasium id or registered name (str), an env class or a creator "
+        f"callable, got {type(env).__name__}"
+    )
+
+
+def _check_space(space: Any, name: str) -> None:
+    if space is not None and not isinstance(space, gym.spaces.Space):
+        raise TypeError(f"{name} must be a gymnasium space, got {type(space).__name__}")
+
+
+def _check_bool(value: Any, name: str) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
+
+
+def _check_int(value: Any, name: str, minimum: int) -> None:
+    if not _is_int(value):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+def _check_number(value: Any, name: str, minimum: float) -> None:
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise TypeError(f"{name} must be a number, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+def _check_choice(value: Any, name: str, choices: Collection[str]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
+
+
+def _check_rollout_fragment_length(value: Any) -> None:
+    if value == "auto":
+        return
+    if not _is_int(value) or value < 1:
+        raise ValueError(f"rollout_fragment_length must be 'auto' or an int >= 1, got {value!r}")
+
+
+def _check_vectorize_mode(value: Any) -> None:
+    allowed = _vectorize_modes()
+    try:
+        ok = value in allowed
+    except TypeError:  # unhashable
+        ok = False
+    if not ok:
+        names = sorted(m for m in allowed if isinstance(m, str))
+        raise ValueError(f"gym_env_vectorize_mode must be one of {names}, got {value!r}")
+
+
+def _check_optional_callable(value: Any, name: str) -> None:
+    if value is not None and not callable(value):
+        raise TypeError(f"{name} must be callable or None, got {type(value).__name__}")
+
+
+def _check_callables(value: Any, hook: str) -> None:
+    for fn in _as_list(value):
+        if not callable(fn):
+            raise TypeError(
+                f"callbacks({hook}=...) must be a callable or a list of callables, "
+                f"got {type(fn).__name__}"
+            )
+
+
+def _check_device(device: Any) -> None:
+    if type(device).__name__ == "device" and type(device).__module__ == "torch":
+        return
+    if isinstance(device, str):
+        if device in ("auto", "cpu", "cuda"):
+            return
+        prefix, _, index = device.partition(":")
+        if prefix == "cuda" and index.isdigit():
+            return
+    raise ValueError(
+        f"device must be 'auto', 'cpu', 'cuda', 'cuda:N' or a torch.device, got {device!r}"
+    )
+
+
+def _normalize_policies(policies: Any) -> dict[str, Any]:
+    if isinstance(policies, str) or not isinstance(policies, Collection):
+        raise TypeError(
+            "policies must be a collection of module ids or a dict module id -> spec, got "
+            f"{policies!r}"
+        )
+    items = dict(policies) if isinstance(policies, Mapping) else dict.fromkeys(policies)
+    if not items:
+        raise ValueError("policies must name at least one module")
+    for module_id, spec in items.items():
+        if not isinstance(module_id, str):
+            raise TypeError(f"module ids in policies must be str, got {module_id!r}")
+        if type(spec).__name__ == "PolicySpec":
+            # RLlib's old-stack per-policy spec: its spaces/classes do not apply to modules.
+            items[module_id] = None
+    return items
+
+
+def _check_policies_to_train(value: Any) -> Any:
+    if value is None or callable(value):
+        return value
+    if isinstance(value, str) or not isinstance(value, Collection):
+        raise TypeError(
+            "policies_to_train must be a list/set/tuple of module ids, a callable "
+            f"(module_id, batch) -> bool, or None; got {value!r}"
+        )
+    return value
+
+
+def _multi_spec_ids(spec: Any) -> list[str] | None:
+    """The module ids of a ``MultiRLModuleSpec`` (duck-typed), else None."""
+    specs = getattr(spec, "rl_module_specs", None)
+    if isinstance(specs, Mapping):
+        return list(specs)
+    return None

@@ -1,0 +1,6 @@
+"""Metrics: RLlib 2.60's ``MetricsLogger`` with the statistics in the Rust core."""
+
+from fastrollout._core import StatsSnapshot
+from fastrollout.metrics.metrics_logger import MetricsLogger
+
+__all__ = ["MetricsLogger", "StatsSnapshot"]

@@ -1,0 +1,518 @@
+"""``MultiAgentEnvRunner``: samples N copies of a multi-agent env.
+
+One batched forward pass per module runs across all sub-envs and agents.
+
+Semantics follow RLlib 2.60's ``MultiAgentEnvRunner``. Per env step: one native call
+gathers each module's observations (the agents that act, across sub-envs) into one
+contiguous array with the index map back; one forward per module; one native call
+scatters the outputs back into per-sub-env action dicts; the sub-envs step; one native
+call records the step into all sub-envs' episodes. A done sub-env is reset at once (the
+next step starts its new episode; no wasted step).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import Counter, defaultdict
+from typing import Any
+
+import torch
+
+from fastrollout._core import ModuleBatcher, multi_agent_record_steps
+from fastrollout.core import DEFAULT_MODULE_ID, Columns
+from fastrollout.episodes import MultiAgentEpisode
+from fastrollout.runners import _support as s
+from fastrollout.runners.env_runner import EnvRunner
+
+__all__ = ["MultiAgentEnvRunner"]
+
+
+def _default_mapping(agent_id: Any, episode: Any, **kwargs: Any) -> str:
+    return DEFAULT_MODULE_ID
+
+
+class MultiAgentEnvRunner(EnvRunner):
+    """Samples ``num_envs_per_env_runner`` copies of a ``MultiAgentEnv``.
+
+    Args:
+        config: The runner config (``fastrollout.RunnerConfig``), with ``policies`` and
+            ``policy_mapping_fn`` for the agent -> module mapping.
+        worker_index: The runner's index (0: the local runner).
+        num_workers: The number of remote runners.
+        **kwargs: Ignored.
+
+    Raises:
+        ValueError: If the config names no env, or a module has no agent to take its
+            spaces from and no spaces of its own.
+    """
+
+    def __init__(
+        self, *, config: Any, worker_index: int = 0, num_workers: int | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(
+            config=config, worker_index=worker_index, num_workers=num_workers, **kwargs
+        )
+        self.num_envs = 0
+        self._creator: Any = None
+        self._needs_initial_reset = True
+        self._episodes: list[MultiAgentEpisode] = []
+        self._obs: list[Any] = []
+        self._terminateds: list[Any] = []
+        self._truncateds: list[Any] = []
+        self._done_episodes_for_metrics: list[MultiAgentEpisode] = []
+        self._ongoing_episodes_for_metrics: defaultdict[str, list[MultiAgentEpisode]] = defaultdict(
+            list
+        )
+        self._shared_data: dict[str, Any] = {}
+        self._time_after_sampling: float | None = None
+        self._conn: s.Connectors | None = None
+        self._batcher: ModuleBatcher | None = None
+        # The config's checked mapping names the agent and module when a mapping goes to
+        # a module that is not configured.
+        self._mapping_fn = s.cfg(
+            config,
+            "agent_to_module_mapping_fn",
+            s.cfg(config, "policy_mapping_fn", _default_mapping),
+        )
+        self.make_env()
+        self.make_module()
+
+    @property
+    def _connectors(self) -> s.Connectors:
+        assert self._conn is not None
+        return self._conn
+
+    # -- env and module ----------------------------------------------------------
+
+    def make_env(self) -> None:
+        """Creates the sub-envs (closing existing ones) and schedules a reset.
+
+        Raises:
+            ValueError: If the config names no env.
+        """
+        if self.env is not None:
+            for env in self.env:
+                with contextlib.suppress(Exception):
+                    env.close()
+        self._creator = s.make_sub_env_creator(self.config, self.worker_index, self.num_workers)
+        n = int(s.cfg(self.config, "num_envs_per_env_runner", 1))
+        self.env = [self._creator(i) for i in range(n)]
+        self.num_envs = n
+        self._needs_initial_reset = True
+        for i, env in enumerate(self.env):
+            self._callback(
+                "on_environment_created",
+                env_runner=self,
+                metrics_logger=self.metrics,
+                env=env.unwrapped,
+                env_context=self._creator.env_context(i)
+                if hasattr(self._creator, "env_context")
+                else None,
+            )
+
+    def _module_ids(self) -> list[str]:
+        ids = s.cfg(self.config, "module_ids")
+        if ids is not None:
+            return [str(m) for m in ids]
+        policies = s.cfg(self.config, "policies")
+        if policies is None:
+            return [DEFAULT_MODULE_ID]
+        return [str(p) for p in policies]
+
+    def get_spaces(self) -> dict[str, Any]:
+        """The spaces of the env and of each module (from the first agent mapped to it).
+
+        Returns:
+            ``{"__env__": (obs space, action space), module_id: (obs space, action space)}``.
+
+        Raises:
+            ValueError: If a module gets no agent and has no spaces in its spec.
+        """
+        env = self.env[0].unwrapped
+        probe = MultiAgentEpisode(agent_to_module_mapping_fn=self._mapping_fn)
+        agent_of: dict[str, Any] = {}
+        for aid in env.possible_agents:
+            agent_of.setdefault(str(probe.module_for(aid)), aid)
+        policies = s.cfg(self.config, "policies")
+        out: dict[str, Any] = {
+            "__env__": (getattr(env, "observation_space", None), getattr(env, "action_space", None))
+        }
+        for mid in self._module_ids():
+            spec = policies.get(mid) if isinstance(policies, dict) else None
+            own = (getattr(spec, "observation_space", None), getattr(spec, "action_space", None))
+            if own[0] is not None and own[1] is not None:
+                out[mid] = own
+            elif mid in agent_of:
+                aid = agent_of[mid]
+                out[mid] = (env.get_observation_space(aid), env.get_action_space(aid))
+            else:
+                raise ValueError(
+                    f"module {mid!r}: no agent of the env maps to it (policy_mapping_fn over "
+                    f"{list(env.possible_agents)}) and its spec names no spaces"
+                )
+        return out
+
+    def make_module(self) -> None:
+        """Builds the MultiRLModule, the batcher and the connectors."""
+        super().make_module()
+        spaces = self.get_spaces()
+        modules = {k: v for k, v in spaces.items() if not k.startswith("__")}
+        self._batcher = ModuleBatcher({mid: sp[0] for mid, sp in modules.items()})
+        self._conn = s.Connectors(
+            config=self.config,
+            env=self.env,
+            spaces=spaces,
+            observation_spaces={mid: sp[0] for mid, sp in modules.items()},
+            action_spaces={mid: sp[1] for mid, sp in modules.items()},
+            device=self._device,
+        )
+
+    # -- sampling ------------------------------------------------------------------
+
+    def sample(
+        self,
+        *,
+        num_timesteps: int | None = None,
+        num_episodes: int | None = None,
+        explore: bool | None = None,
+        random_actions: bool = False,
+        force_reset: bool = False,
+    ) -> list[MultiAgentEpisode]:
+        """Samples ``num_timesteps`` env steps or ``num_episodes`` done episodes.
+
+        Same rules as :meth:`SingleAgentEnvRunner.sample`; timesteps count env steps
+        (summed over sub-envs).
+
+        Args:
+            num_timesteps: Env steps to sample.
+            num_episodes: Done episodes to return.
+            explore: Sample actions or act greedily; default ``config.explore``.
+            random_actions: Sample each acting agent's action from its action space.
+            force_reset: Reset all sub-envs first (always so with ``num_episodes``).
+
+        Returns:
+            The episodes (numpy'ized).
+
+        Raises:
+            ValueError: If both counts are given or one is negative.
+        """
+        if num_timesteps is not None and num_episodes is not None:
+            raise ValueError("give num_timesteps or num_episodes, not both")
+        for name, v in (("num_timesteps", num_timesteps), ("num_episodes", num_episodes)):
+            if v is not None and v < 0:
+                raise ValueError(f"{name} must be >= 0, got {v}")
+        if self._time_after_sampling is not None:
+            self.metrics.log_value(
+                s.TIME_BETWEEN_SAMPLING, time.perf_counter() - self._time_after_sampling
+            )
+        self.metrics.log_value(s.WEIGHTS_SEQ_NO, self._weights_seq_no, window=1)
+        with self.metrics.log_time(s.SAMPLE_TIMER):
+            if explore is None:
+                explore = bool(s.cfg(self.config, "explore", True))
+            if num_timesteps is None and num_episodes is None:
+                if s.cfg(self.config, "batch_mode", "truncate_episodes") == "truncate_episodes":
+                    fragment = s.cfg(self.config, "rollout_fragment_length", 200)
+                    num_timesteps = (200 if fragment == "auto" else int(fragment)) * self.num_envs
+                else:
+                    num_episodes = self.num_envs
+            samples = self._sample(
+                num_timesteps=num_timesteps,
+                num_episodes=num_episodes,
+                explore=explore,
+                random_actions=random_actions,
+                force_reset=force_reset,
+            )
+            self._callback(
+                "on_sample_end", env_runner=self, metrics_logger=self.metrics, samples=samples
+            )
+        self._time_after_sampling = time.perf_counter()
+        return samples
+
+    def _new_episode(self, i: int) -> None:
+        env = self.env[i].unwrapped
+        agents = list(env.possible_agents)
+        self._episodes[i] = MultiAgentEpisode(
+            observation_space={aid: env.get_observation_space(aid) for aid in agents},
+            action_space={aid: env.get_action_space(aid) for aid in agents},
+            agent_to_module_mapping_fn=self._mapping_fn,
+        )
+        self._episode_callback("on_episode_created", i)
+
+    def _episode_callback(self, which: str, i: int) -> None:
+        if not self._callback_fns[which]:
+            return
+        kwargs = {
+            "episode": self._episodes[i],
+            "env_runner": self,
+            "metrics_logger": self.metrics,
+            "env": self.env[i].unwrapped,
+            "rl_module": self.module,
+            "env_index": i,
+        }
+        if which == "on_episode_end":
+            kwargs["prev_episode_chunks"] = self._ongoing_episodes_for_metrics[
+                self._episodes[i].id_
+            ]
+        self._callback(which, **kwargs)
+
+    def _reset_env(self, i: int, seed: int | None) -> None:
+        """Resets sub-env ``i`` into its (new) episode, recreating it if that fails."""
+        restart = bool(s.cfg(self.config, "restart_failed_sub_environments", False))
+        attempts = 0
+        while True:
+            try:
+                with self.metrics.log_time(s.ENV_RESET_TIMER):
+                    obs, infos = self.env[i].reset(seed=seed)
+                break
+            except Exception:
+                attempts += 1
+                if not restart or attempts > self._max_restarts:
+                    raise
+                self._recreate(i)
+        self._episodes[i].add_env_reset(observations=obs, infos=infos)
+        self._obs[i] = obs
+        self._terminateds[i] = None
+        self._truncateds[i] = None
+        self._episode_callback("on_episode_start", i)
+
+    @property
+    def _max_restarts(self) -> int:
+        return int(s.cfg(self.config, "max_sub_environment_restart_attempts", 5))
+
+    def _recreate(self, i: int) -> None:
+        with contextlib.suppress(Exception):
+            self.env[i].close()
+        self.env[i] = self._creator(i)
+        self.metrics.log_value(s.NUM_ENV_RESTARTS_LIFETIME, 1, reduce="lifetime_sum")
+
+    def _reset_envs(self) -> None:
+        n = self.num_envs
+        self._episodes = [None] * n  # type: ignore[list-item]
+        self._obs = [None] * n
+        self._terminateds = [None] * n
+        self._truncateds = [None] * n
+        for i in range(n):
+            self._new_episode(i)
+        self._ongoing_episodes_for_metrics.clear()
+        for i in range(n):
+            seed = None
+            if self._needs_initial_reset and self._seed is not None:
+                seed = self._seed * max(n, 1) + i
+            self._reset_env(i, seed)
+        self._needs_initial_reset = False
+
+    def _compute_actions(self, explore: bool, ts: int) -> list[Any]:
+        assert self.module is not None and self._batcher is not None
+        conn = self._connectors
+        with self.metrics.log_time(s.ENV_TO_MODULE_CONNECTOR):
+            gathered = self._batcher.gather(
+                self._episodes, self._obs, self._terminateds, self._truncateds
+            )
+            shared = self._shared_data
+            shared["agent_rows"] = {mid: self._batcher.index_map(mid) for mid in gathered}
+            batch = conn.env_to_module(
+                batch={mid: {Columns.OBS: obs} for mid, obs in gathered.items()},
+                rl_module=self.module,
+                episodes=self._episodes,
+                explore=explore,
+                shared_data=shared,
+                metrics=self.metrics,
+            )
+        if not batch:
+            return [({}, {}, {}) for _ in range(self.num_envs)]
+        with self.metrics.log_time(s.RLMODULE_INFERENCE_TIMER), torch.no_grad():
+            if explore:
+                runners = int(s.cfg(self.config, "num_env_runners", 0)) or 1
+                t = (self.num_env_steps_sampled_lifetime // runners + ts) * runners
+                out = self.module.forward_exploration(batch, t=t)
+            else:
+                out = self.module.forward_inference(batch)
+        with self.metrics.log_time(s.MODULE_TO_ENV_CONNECTOR):
+            to_env = conn.module_to_env(
+                batch=out,
+                rl_module=self.module,
+                episodes=self._episodes,
+                explore=explore,
+                shared_data=shared,
+                metrics=self.metrics,
+            )
+            return self._batcher.scatter(
+                to_env, extra_constants={s.WEIGHTS_SEQ_NO: self._weights_seq_no}
+            )
+
+    def _random_actions(self) -> list[Any]:
+        out = []
+        for i, env in enumerate(self.env):
+            obs, term, trunc = (
+                self._obs[i] or {},
+                self._terminateds[i] or {},
+                self._truncateds[i] or {},
+            )
+            acts = {
+                aid: env.unwrapped.get_action_space(aid).sample()
+                for aid in obs
+                if not term.get(aid, False) and not trunc.get(aid, False)
+            }
+            out.append(
+                (acts, acts, {aid: {s.WEIGHTS_SEQ_NO: self._weights_seq_no} for aid in acts})
+            )
+        return out
+
+    def _step_envs(self, per_env: list[Any]) -> tuple[list[Any], ...]:
+        n = self.num_envs
+        obs, rew, term, trunc, infos = [None] * n, [None] * n, [None] * n, [None] * n, [None] * n
+        crashed = []
+        restart = bool(s.cfg(self.config, "restart_failed_sub_environments", False))
+        with self.metrics.log_time(s.ENV_STEP_TIMER):
+            for i, env in enumerate(self.env):
+                try:
+                    obs[i], rew[i], term[i], trunc[i], infos[i] = env.step(per_env[i][0])
+                except Exception:
+                    self.metrics.log_value(
+                        s.NUM_ENV_STEP_FAILURES_LIFETIME, 1, reduce="lifetime_sum"
+                    )
+                    if not restart:
+                        raise
+                    crashed.append(i)
+        return obs, rew, term, trunc, infos, crashed
+
+    def _sample(
+        self,
+        *,
+        num_timesteps: int | None,
+        num_episodes: int | None,
+        explore: bool,
+        random_actions: bool,
+        force_reset: bool,
+    ) -> list[MultiAgentEpisode]:
+        done_out: list[MultiAgentEpisode] = []
+        env_ts = 0
+        eps = 0
+        agent_steps: Counter[Any] = Counter()
+        module_steps: Counter[Any] = Counter()
+        if force_reset or num_episodes is not None or self._needs_initial_reset:
+            self._reset_envs()
+        if num_episodes is not None:
+            self._needs_initial_reset = True
+        step_callbacks = self._has_callbacks("on_episode_step")
+        while (
+            (env_ts < num_timesteps) if num_timesteps is not None else (eps < (num_episodes or 0))
+        ):
+            per_env = (
+                self._random_actions() if random_actions else self._compute_actions(explore, env_ts)
+            )
+            obs, rew, term, trunc, infos, crashed = self._step_envs(per_env)
+            for i in crashed:
+                # Only the crashed sub-env is recreated and only its episode is dropped
+                # (RLlib drops every ongoing episode and resets all sub-envs).
+                self._ongoing_episodes_for_metrics.pop(self._episodes[i].id_, None)
+                self._recreate(i)
+                self._new_episode(i)
+                self._reset_env(i, None)
+            active = [i for i in range(self.num_envs) if i not in crashed]
+            columns: tuple[list[Any], ...] = (
+                obs,
+                [p[1] for p in per_env],
+                rew,
+                infos,
+                term,
+                trunc,
+                [p[2] for p in per_env],
+            )
+            if crashed:
+                columns = tuple([c[i] for i in active] for c in columns)
+            done_local = multi_agent_record_steps([self._episodes[i] for i in active], *columns)
+            done = [active[j] for j in done_local]
+            for i in active:
+                self._obs[i], self._terminateds[i], self._truncateds[i] = obs[i], term[i], trunc[i]
+                agent_steps.update(obs[i].keys())
+                mapping = self._episodes[i]._agent_to_module_mapping
+                module_steps.update(map(mapping.get, obs[i]))
+                env_ts += 1
+                if step_callbacks:
+                    self._episode_callback("on_episode_step", i)
+            for i in done:
+                eps += 1
+                self._episode_callback("on_episode_end", i)
+                e = self._episodes[i]
+                for aid in [a for a, ae in e.agent_episodes.items() if len(ae) == 0]:
+                    del e.agent_episodes[aid]
+                done_out.append(e.to_numpy())
+                self._new_episode(i)
+                if num_episodes is not None and eps >= num_episodes:
+                    break
+                self._reset_env(i, None)
+        self._done_episodes_for_metrics.extend(done_out)
+        ongoing_out: list[MultiAgentEpisode] = []
+        if num_timesteps is not None:
+            horizon = int(s.cfg(self.config, "episode_lookback_horizon", 1))
+            continuations = [e.cut(len_lookback_buffer=horizon) for e in self._episodes]
+            for e in self._episodes:
+                if e.env_t == e.env_t_started:
+                    continue
+                e.validate()
+                self._ongoing_episodes_for_metrics[e.id_].append(e)
+                for aid in [a for a, ae in e.agent_episodes.items() if len(ae) == 0]:
+                    del e.agent_episodes[aid]
+                ongoing_out.append(e.to_numpy())
+            self._episodes = continuations
+        self._increase_sampled_metrics(env_ts, len(done_out), agent_steps, module_steps)
+        return done_out + ongoing_out
+
+    # -- metrics -------------------------------------------------------------------
+
+    def _increase_sampled_metrics(
+        self, env_steps: int, episodes: int, agent_steps: Counter[Any], module_steps: Counter[Any]
+    ) -> None:
+        m = self.metrics
+        self.num_env_steps_sampled_lifetime += env_steps
+        m.log_value(s.NUM_ENV_STEPS_SAMPLED, env_steps, reduce="sum")
+        m.log_value(s.NUM_ENV_STEPS_SAMPLED_LIFETIME, env_steps, reduce="lifetime_sum")
+        m.log_value(s.NUM_EPISODES, episodes, reduce="sum")
+        m.log_value(s.NUM_EPISODES_LIFETIME, episodes, reduce="lifetime_sum")
+        for aid, k in agent_steps.items():
+            m.log_value((s.NUM_AGENT_STEPS_SAMPLED, str(aid)), k, reduce="sum")
+            m.log_value((s.NUM_AGENT_STEPS_SAMPLED_LIFETIME, str(aid)), k, reduce="lifetime_sum")
+        for mid, k in module_steps.items():
+            m.log_value((s.NUM_MODULE_STEPS_SAMPLED, mid), k, reduce="sum")
+            m.log_value((s.NUM_MODULE_STEPS_SAMPLED_LIFETIME, mid), k, reduce="lifetime_sum")
+
+    def get_metrics(self) -> dict[str, Any]:
+        """The metrics since the last call, reduced (RLlib's keys).
+
+        Includes per-agent and per-module returns.
+
+        Returns:
+            The reduced metrics dict.
+        """
+        win = s.smoothing_window(self.config)
+        m = self.metrics
+        for e in self._done_episodes_for_metrics:
+            chunks = [*self._ongoing_episodes_for_metrics.pop(e.id_, []), e]
+            length = sum(len(c) for c in chunks)
+            ret = sum(float(c.get_return()) for c in chunks)
+            sec = sum(c.get_duration_s() for c in chunks)
+            agents: dict[str, float] = defaultdict(float)
+            modules: dict[str, float] = defaultdict(float)
+            steps: dict[str, int] = defaultdict(int)
+            for c in chunks:
+                for aid, ae in c.agent_episodes.items():
+                    r = float(ae.get_return())
+                    agents[str(aid)] += r
+                    steps[str(aid)] += len(ae)
+                    modules[str(ae.module_id)] += r
+            for aid, r in agents.items():
+                m.log_value((s.EPISODE_AGENT_RETURN_MEAN, aid), r, window=win)
+                m.log_value((s.EPISODE_AGENT_STEPS, aid), steps[aid], window=win)
+            for mid, r in modules.items():
+                m.log_value((s.EPISODE_MODULE_RETURN_MEAN, mid), r, window=win)
+            m.log_value(s.EPISODE_LEN_MEAN, length, window=win)
+            m.log_value(s.EPISODE_RETURN_MEAN, ret, window=win)
+            m.log_value(s.EPISODE_DURATION_SEC_MEAN, sec, window=win)
+            m.log_value(s.EPISODE_LEN_MIN, length, reduce="min", window=win)
+            m.log_value(s.EPISODE_RETURN_MIN, ret, reduce="min", window=win)
+            m.log_value(s.EPISODE_LEN_MAX, length, reduce="max", window=win)
+            m.log_value(s.EPISODE_RETURN_MAX, ret, reduce="max", window=win)
+        self._done_episodes_for_metrics.clear()
+        return m.reduce()

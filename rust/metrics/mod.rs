@@ -1,0 +1,43 @@
+//! Metric statistics with RLlib 2.60's reductions, and the keyed store that holds them.
+//!
+//! - [`config`]: how `log_value`'s options resolve to one reduction (and which are errors);
+//! - [`window`]: the ring buffer behind windowed stats and the sorted window behind
+//!   percentiles;
+//! - [`stat`]: one statistic: push, peek, reduce (what a logger sends up), merge (what an
+//!   aggregating logger does with the reductions of n loggers), throughput and state;
+//! - [`store`]: nested keys (tuples of strings/ints) mapped to stats.
+//!
+//! Item values (`reduce="item"` / `"item_series"`) are a type parameter, so the core stays
+//! free of Python: the binding instantiates it with Python objects, tests with integers.
+
+pub mod config;
+pub mod stat;
+pub mod store;
+pub mod window;
+
+pub use config::{Config, Options, PercentilesArg, Reduce, WindowArg, DEFAULT_PERCENTILES};
+pub use stat::{Payload, Peeked, Stat, StatState, Throughput};
+pub use store::{KeyPart, Node, Store};
+
+/// An error from the metrics core. The variant says which Python exception it becomes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MetricsError {
+    /// Bad options or values (Python `ValueError`).
+    Value(String),
+    /// A key that is not there (Python `KeyError`).
+    Key(String),
+}
+
+impl std::fmt::Display for MetricsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MetricsError::Value(m) | MetricsError::Key(m) => f.write_str(m),
+        }
+    }
+}
+
+impl std::error::Error for MetricsError {}
+
+pub(crate) fn value_err<T>(msg: impl Into<String>) -> Result<T, MetricsError> {
+    Err(MetricsError::Value(msg.into()))
+}

@@ -1,0 +1,803 @@
+//! One statistic: RLlib 2.60's Stats classes' numbers, with O(1) pushes.
+//!
+//! A stat is a *leaf* when values are logged to it directly, and an *aggregator* when it
+//! was created by merging the reductions of other loggers (`MetricsLogger.aggregate`).
+//! A stat in a root logger is *root*; only root lifetime sums keep their value on reduce.
+//!
+//! Where RLlib 2.60 is wrong this core does the right thing (pinned in the Python tests):
+//! merged means are weighted by the number of values behind each incoming mean (RLlib
+//! averages the means, so a runner with one episode counts as much as one with a hundred).
+
+use std::collections::VecDeque;
+
+use super::config::{Config, Reduce};
+use super::window::{percentile, Ring, SortedValues};
+use super::{value_err, MetricsError};
+
+/// Running reduction over the non-NaN values seen (NaN results when there were none).
+///
+/// For min/max/sum `value` is the running min/max/sum; for mean it is the weighted sum and
+/// `count` the total weight.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Acc {
+    pub value: f64,
+    pub count: f64,
+}
+
+impl Acc {
+    const EMPTY: Acc = Acc { value: 0.0, count: 0.0 };
+
+    fn add(&mut self, reduce: Reduce, v: f64, weight: f64) {
+        if v.is_nan() || weight <= 0.0 {
+            return;
+        }
+        if self.count == 0.0 {
+            self.value = if reduce == Reduce::Mean { v * weight } else { v };
+        } else {
+            self.value = match reduce {
+                Reduce::Min => self.value.min(v),
+                Reduce::Max => self.value.max(v),
+                Reduce::Mean => self.value + v * weight,
+                _ => self.value + v,
+            };
+        }
+        self.count += weight;
+    }
+
+    fn result(&self, reduce: Reduce) -> f64 {
+        if self.count == 0.0 {
+            f64::NAN
+        } else if reduce == Reduce::Mean {
+            self.value / self.count
+        } else {
+            self.value
+        }
+    }
+}
+
+/// Reduction of a window of values as numpy's nan-functions do it (NaN if all are NaN).
+fn reduce_window<'a>(reduce: Reduce, values: impl Iterator<Item = &'a f64>) -> Acc {
+    let mut acc = Acc::EMPTY;
+    for v in values {
+        acc.add(reduce, *v, 1.0);
+    }
+    acc
+}
+
+/// What a stat's `reduce()` hands to an aggregating logger (RLlib: the reduced Stats clone).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Payload<T> {
+    /// min / max / sum: the reduced value (NaN: none).
+    Series(f64),
+    /// mean: the mean and the number of values behind it (its weight when merged).
+    Mean {
+        mean: f64,
+        count: f64,
+    },
+    Ema(f64),
+    LifetimeSum(f64),
+    /// percentiles: the values, ascending.
+    Sorted(Vec<f64>),
+    Item(Option<T>),
+    Items(Vec<T>),
+}
+
+/// A peeked value, borrowing item values from the stat.
+#[derive(Debug, PartialEq)]
+pub enum Peeked<'a, T> {
+    Float(f64),
+    Floats(Vec<f64>),
+    /// (percentile, value) pairs; `None` values when there is no data.
+    Percentiles(Vec<(f64, Option<f64>)>),
+    Item(Option<&'a T>),
+    /// `[item]` (peek with `compile=False`).
+    ItemList(Option<&'a T>),
+    Items(Vec<&'a T>),
+}
+
+/// Throughput of a stat tracking one (see `Stat::throughput`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Throughput {
+    /// `reduce="sum"`: the sum since the last reduce per second.
+    Sum(f64),
+    /// `reduce="lifetime_sum"`: growth per second since the last reduce and (root only)
+    /// since the last restore.
+    Lifetime { since_last_reduce: f64, since_last_restore: Option<f64> },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Data<T> {
+    /// min/max/sum/mean of a leaf without window, and of every aggregator.
+    Acc(Acc),
+    /// min/max/sum/mean of a leaf with a window.
+    Window(Ring<f64>),
+    /// `merged`: at aggregators, the incoming EMAs since the last reduce (their count, and
+    /// the sum and count of the non-NaN ones).
+    Ema {
+        value: f64,
+        merged: Option<(f64, Acc)>,
+    },
+    LifetimeSum(f64),
+    Percentiles(SortedValues),
+    Item(Option<T>),
+    Items {
+        items: VecDeque<T>,
+        window: Option<usize>,
+    },
+}
+
+/// A stat's content, for checkpoints (`get_state` / `set_state`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StatState<T> {
+    pub config: Config,
+    pub is_root: bool,
+    pub is_leaf: bool,
+    /// Windowed values (oldest first), or percentile values.
+    pub values: Vec<f64>,
+    /// Running value: min/max/sum/mean accumulator, EMA, lifetime sum.
+    pub value: f64,
+    /// Weight behind `value` (min/max/sum/mean accumulators).
+    pub count: f64,
+    /// Aggregating EMA: (incoming count, non-NaN sum, non-NaN count).
+    pub merged: Option<(f64, f64, f64)>,
+    pub item: Option<T>,
+    pub items: Vec<T>,
+}
+
+/// One statistic.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stat<T> {
+    config: Config,
+    is_root: bool,
+    is_leaf: bool,
+    data: Data<T>,
+    /// Aggregators: what the most recent merge brought in (`peek(latest_merged_only=True)`).
+    latest: Option<Payload<T>>,
+    last_reduce_time: f64,
+    last_restore_time: f64,
+    value_at_last_reduce: f64,
+    value_at_last_restore: f64,
+}
+
+impl<T: Clone> Stat<T> {
+    /// A new stat; `now` (seconds, monotonic) starts its throughput clock.
+    #[must_use]
+    pub fn new(config: Config, is_root: bool, is_leaf: bool, now: f64) -> Stat<T> {
+        let data = Self::empty_data(&config, is_leaf);
+        Stat {
+            config,
+            is_root,
+            is_leaf,
+            data,
+            latest: None,
+            last_reduce_time: now,
+            last_restore_time: now,
+            value_at_last_reduce: 0.0,
+            value_at_last_restore: 0.0,
+        }
+    }
+
+    fn empty_data(config: &Config, is_leaf: bool) -> Data<T> {
+        // Windows apply at leaves only: an aggregator keeps everything merged since its
+        // last reduce (RLlib's behaviour).
+        let window = if is_leaf { config.window } else { None };
+        match config.reduce {
+            Reduce::Mean | Reduce::Min | Reduce::Max | Reduce::Sum => match window {
+                Some(w) => Data::Window(Ring::new(w)),
+                None => Data::Acc(Acc::EMPTY),
+            },
+            Reduce::Ema => {
+                Data::Ema { value: f64::NAN, merged: if is_leaf { None } else { Some((0.0, Acc::EMPTY)) } }
+            }
+            Reduce::LifetimeSum => Data::LifetimeSum(0.0),
+            Reduce::Percentiles => Data::Percentiles(SortedValues::new(window)),
+            Reduce::Item => Data::Item(None),
+            Reduce::ItemSeries => Data::Items { items: VecDeque::new(), window },
+        }
+    }
+
+    #[must_use]
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    #[must_use]
+    pub fn reduce_kind(&self) -> Reduce {
+        self.config.reduce
+    }
+
+    #[must_use]
+    pub fn is_leaf(&self) -> bool {
+        self.is_leaf
+    }
+
+    #[must_use]
+    pub fn is_root(&self) -> bool {
+        self.is_root
+    }
+
+    /// Logs a number. NaN is skipped by EMA and lifetime sums and rejected by percentiles,
+    /// as in RLlib; the other reductions keep it in their window and ignore it when reducing.
+    pub fn push(&mut self, v: f64) -> Result<(), MetricsError> {
+        let reduce = self.config.reduce;
+        match &mut self.data {
+            Data::Acc(acc) => acc.add(reduce, v, 1.0),
+            Data::Window(ring) => {
+                ring.push(v);
+            }
+            Data::Ema { value, .. } => {
+                if !v.is_nan() {
+                    *value = if value.is_nan() {
+                        v
+                    } else {
+                        self.config.ema_coeff * v + (1.0 - self.config.ema_coeff) * *value
+                    };
+                }
+            }
+            Data::LifetimeSum(s) => {
+                if !v.is_nan() {
+                    *s += v;
+                }
+            }
+            Data::Percentiles(s) => {
+                if v.is_nan() {
+                    return value_err("NaN values are not allowed in percentiles");
+                }
+                s.push(v);
+            }
+            Data::Item(_) | Data::Items { .. } => {
+                return value_err(format!("reduce={:?} logs items, not numbers", self.config.reduce.name()))
+            }
+        }
+        Ok(())
+    }
+
+    /// Logs an item (`reduce="item"` / `"item_series"`); returns the item it replaced.
+    pub fn push_item(&mut self, item: T) -> Result<Option<T>, MetricsError> {
+        match &mut self.data {
+            Data::Item(slot) => Ok(slot.replace(item)),
+            Data::Items { items, window } => {
+                items.push_back(item);
+                if let Some(w) = window {
+                    if items.len() > *w {
+                        return Ok(items.pop_front());
+                    }
+                }
+                Ok(None)
+            }
+            _ => value_err(format!("reduce={:?} logs numbers, not items", self.config.reduce.name())),
+        }
+    }
+
+    /// Replaces what the stat holds by one value (the older `set_value`).
+    pub fn set_number(&mut self, v: f64) -> Result<(), MetricsError> {
+        self.data = Self::empty_data(&self.config, self.is_leaf);
+        self.push(v)
+    }
+
+    fn series_acc(&self) -> Acc {
+        match &self.data {
+            Data::Acc(acc) => *acc,
+            Data::Window(ring) => reduce_window(self.config.reduce, ring.iter()),
+            _ => Acc::EMPTY,
+        }
+    }
+
+    fn ema_value(&self) -> f64 {
+        match &self.data {
+            Data::Ema { value, merged: Some((n, acc)) } if *n > 0.0 => {
+                let _ = value;
+                acc.result(Reduce::Mean)
+            }
+            Data::Ema { value, .. } => *value,
+            _ => f64::NAN,
+        }
+    }
+
+    fn percentiles_of(&self, sorted: &[f64]) -> Vec<(f64, Option<f64>)> {
+        self.config.percentiles.iter().map(|p| (*p, percentile(sorted, *p))).collect()
+    }
+
+    /// The current reduced value (RLlib's `peek`); does not change the stat except for
+    /// sorting pending percentile values in.
+    pub fn peek(&mut self, compile: bool, latest_merged_only: bool) -> Result<Peeked<'_, T>, MetricsError> {
+        if latest_merged_only && self.config.reduce != Reduce::Item {
+            if self.is_leaf {
+                return value_err(
+                    "latest_merged_only can only be used on aggregated stats (keys filled by \
+                     aggregate()), not on values logged directly",
+                );
+            }
+            return Ok(match &self.latest {
+                Some(p) => self.peek_payload(p, compile),
+                None => self.never_merged(compile),
+            });
+        }
+        let one = |v: f64| if compile { Peeked::Float(v) } else { Peeked::Floats(vec![v]) };
+        let scalar = match &self.data {
+            Data::Acc(_) | Data::Window(_) => Some(self.series_acc().result(self.config.reduce)),
+            Data::Ema { .. } => Some(self.ema_value()),
+            _ => None,
+        };
+        if let Some(v) = scalar {
+            return Ok(one(v));
+        }
+        Ok(match &mut self.data {
+            Data::LifetimeSum(s) => {
+                if compile {
+                    Peeked::Float(*s)
+                } else {
+                    Peeked::Floats(vec![*s])
+                }
+            }
+            Data::Percentiles(sv) => {
+                let sorted = sv.sorted();
+                if compile {
+                    Peeked::Percentiles(
+                        self.config.percentiles.iter().map(|p| (*p, percentile(sorted, *p))).collect(),
+                    )
+                } else {
+                    Peeked::Floats(sorted.to_vec())
+                }
+            }
+            Data::Item(item) => {
+                if compile {
+                    Peeked::Item(item.as_ref())
+                } else {
+                    Peeked::ItemList(item.as_ref())
+                }
+            }
+            Data::Items { items, .. } => {
+                if compile && items.is_empty() {
+                    Peeked::Float(f64::NAN)
+                } else {
+                    Peeked::Items(items.iter().collect())
+                }
+            }
+            // Handled above.
+            Data::Acc(_) | Data::Window(_) | Data::Ema { .. } => one(f64::NAN),
+        })
+    }
+
+    /// RLlib's peek of a stat that has not been merged into yet, with latest_merged_only.
+    fn never_merged(&self, compile: bool) -> Peeked<'_, T> {
+        match self.config.reduce {
+            Reduce::LifetimeSum if compile => Peeked::Float(0.0),
+            Reduce::LifetimeSum => Peeked::Floats(vec![0.0]),
+            Reduce::Ema if !compile => Peeked::Floats(vec![f64::NAN]),
+            Reduce::Percentiles if compile => Peeked::Percentiles(self.percentiles_of(&[])),
+            _ if compile => Peeked::Float(f64::NAN),
+            _ => Peeked::Floats(Vec::new()),
+        }
+    }
+
+    /// The peek of a reduced payload (RLlib: `peek` on the Stats clone that reduce returned).
+    pub fn peek_payload<'a>(&self, payload: &'a Payload<T>, compile: bool) -> Peeked<'a, T> {
+        let one = |v: f64| if compile { Peeked::Float(v) } else { Peeked::Floats(vec![v]) };
+        match payload {
+            Payload::Series(v) | Payload::Ema(v) | Payload::LifetimeSum(v) => one(*v),
+            Payload::Mean { mean, .. } => one(*mean),
+            Payload::Sorted(vs) => {
+                if compile {
+                    Peeked::Percentiles(self.percentiles_of(vs))
+                } else {
+                    Peeked::Floats(vs.clone())
+                }
+            }
+            Payload::Item(item) => {
+                if compile {
+                    Peeked::Item(item.as_ref())
+                } else {
+                    Peeked::ItemList(item.as_ref())
+                }
+            }
+            Payload::Items(items) => {
+                if compile && items.is_empty() {
+                    Peeked::Float(f64::NAN)
+                } else {
+                    Peeked::Items(items.iter().collect())
+                }
+            }
+        }
+    }
+
+    /// Reduces: returns what to send up and starts a new reduce cycle (RLlib's `reduce`).
+    ///
+    /// Series, percentiles and item series are emptied; an EMA keeps its value at leaves
+    /// and forgets the merged EMAs at aggregators; a lifetime sum restarts from zero except
+    /// at the root.
+    pub fn reduce(&mut self, now: f64) -> Payload<T> {
+        let reduce = self.config.reduce;
+        let payload = match &mut self.data {
+            Data::Acc(_) | Data::Window(_) => {
+                let acc = self.series_acc();
+                self.data = Self::empty_data(&self.config, self.is_leaf);
+                if reduce == Reduce::Mean {
+                    Payload::Mean { mean: acc.result(reduce), count: acc.count }
+                } else {
+                    Payload::Series(acc.result(reduce))
+                }
+            }
+            Data::Ema { .. } => {
+                let v = self.ema_value();
+                if let Data::Ema { merged: Some(m), .. } = &mut self.data {
+                    *m = (0.0, Acc::EMPTY);
+                }
+                Payload::Ema(v)
+            }
+            Data::LifetimeSum(s) => {
+                let v = *s;
+                if self.is_root {
+                    self.value_at_last_reduce = v;
+                } else {
+                    *s = 0.0;
+                    self.value_at_last_reduce = 0.0;
+                }
+                Payload::LifetimeSum(v)
+            }
+            Data::Percentiles(sv) => Payload::Sorted(sv.take_sorted()),
+            Data::Item(item) => Payload::Item(item.take()),
+            Data::Items { items, .. } => Payload::Items(std::mem::take(items).into()),
+        };
+        if self.config.with_throughput {
+            self.last_reduce_time = now;
+        }
+        payload
+    }
+
+    /// Merges the reductions of n loggers into this aggregator (RLlib's `merge`).
+    pub fn merge(&mut self, incoming: &[&Payload<T>]) -> Result<(), MetricsError> {
+        if self.is_leaf {
+            return value_err(
+                "cannot aggregate into a key that values are logged to directly; aggregation \
+                 keys must be separate from direct logging keys",
+            );
+        }
+        let reduce = self.config.reduce;
+        let mismatch = || {
+            MetricsError::Value(format!(
+                "cannot merge a different kind of stat into reduce={:?}",
+                reduce.name()
+            ))
+        };
+        match &mut self.data {
+            Data::Acc(acc) => {
+                let mut latest = Acc::EMPTY;
+                for p in incoming {
+                    let (v, w) = match (reduce, p) {
+                        (Reduce::Mean, Payload::Mean { mean, count }) => (*mean, *count),
+                        (Reduce::Min | Reduce::Max | Reduce::Sum, Payload::Series(v)) => (*v, 1.0),
+                        _ => return Err(mismatch()),
+                    };
+                    acc.add(reduce, v, w);
+                    latest.add(reduce, v, w);
+                }
+                self.latest = Some(if reduce == Reduce::Mean {
+                    Payload::Mean { mean: latest.result(reduce), count: latest.count }
+                } else {
+                    Payload::Series(latest.result(reduce))
+                });
+            }
+            Data::Ema { merged, .. } => {
+                let (n, acc) = merged.get_or_insert((0.0, Acc::EMPTY));
+                let mut latest = Acc::EMPTY;
+                for p in incoming {
+                    let Payload::Ema(v) = p else { return Err(mismatch()) };
+                    acc.add(Reduce::Mean, *v, 1.0);
+                    latest.add(Reduce::Mean, *v, 1.0);
+                }
+                *n += incoming.len() as f64;
+                self.latest = Some(Payload::Ema(latest.result(Reduce::Mean)));
+            }
+            Data::LifetimeSum(s) => {
+                let mut sum = 0.0;
+                for p in incoming {
+                    let Payload::LifetimeSum(v) = p else { return Err(mismatch()) };
+                    sum += v;
+                }
+                *s += sum;
+                self.latest = Some(Payload::LifetimeSum(sum));
+            }
+            Data::Percentiles(sv) => {
+                let mut merged = SortedValues::new(None);
+                for p in incoming {
+                    let Payload::Sorted(vs) = p else { return Err(mismatch()) };
+                    merged.extend_sorted(vs);
+                }
+                let run = merged.take_sorted();
+                sv.extend_sorted(&run);
+                self.latest = Some(Payload::Sorted(run));
+            }
+            Data::Item(slot) => {
+                let [Payload::Item(item)] = incoming else {
+                    if incoming.iter().all(|p| matches!(p, Payload::Item(_))) {
+                        return value_err(format!(
+                            "reduce='item' keeps one item: it can take the reduction of exactly \
+                             one logger, got {}",
+                            incoming.len()
+                        ));
+                    }
+                    return Err(mismatch());
+                };
+                slot.clone_from(item);
+            }
+            Data::Items { items, .. } => {
+                let mut latest = Vec::new();
+                for p in incoming {
+                    let Payload::Items(its) = p else { return Err(mismatch()) };
+                    latest.extend(its.iter().cloned());
+                }
+                items.extend(latest.iter().cloned());
+                self.latest = Some(Payload::Items(latest));
+            }
+            Data::Window(_) => return Err(mismatch()),
+        }
+        Ok(())
+    }
+
+    /// Sets the start of the throughput clock (aggregators: the logger's creation time).
+    pub fn set_reference_time(&mut self, t: f64) {
+        self.last_reduce_time = t;
+        self.last_restore_time = t;
+    }
+
+    /// The throughput, or `None` when the stat does not track one.
+    #[must_use]
+    pub fn throughput(&mut self, now: f64) -> Option<Throughput> {
+        if !self.config.with_throughput {
+            return None;
+        }
+        match self.data {
+            Data::LifetimeSum(s) => Some(Throughput::Lifetime {
+                since_last_reduce: (s - self.value_at_last_reduce) / (now - self.last_reduce_time),
+                since_last_restore: self
+                    .is_root
+                    .then(|| (s - self.value_at_last_restore) / (now - self.last_restore_time)),
+            }),
+            _ => {
+                let v = self.series_acc().result(self.config.reduce);
+                Some(Throughput::Sum(v / (now - self.last_reduce_time)))
+            }
+        }
+    }
+
+    /// A new, empty aggregator with this payload's configuration.
+    #[must_use]
+    pub fn aggregator(config: Config, is_root: bool, reference_time: f64) -> Stat<T> {
+        let mut s = Stat::new(config, is_root, false, reference_time);
+        s.set_reference_time(reference_time);
+        s
+    }
+
+    /// The stat's content for a checkpoint.
+    #[must_use]
+    pub fn to_state(&self) -> StatState<T> {
+        let mut st = StatState {
+            config: self.config.clone(),
+            is_root: self.is_root,
+            is_leaf: self.is_leaf,
+            values: Vec::new(),
+            value: f64::NAN,
+            count: 0.0,
+            merged: None,
+            item: None,
+            items: Vec::new(),
+        };
+        match &self.data {
+            Data::Acc(acc) => (st.value, st.count) = (acc.value, acc.count),
+            Data::Window(ring) => st.values = ring.iter().copied().collect(),
+            Data::Ema { value, merged } => {
+                st.value = *value;
+                st.merged = merged.map(|(n, a)| (n, a.value, a.count));
+            }
+            Data::LifetimeSum(s) => st.value = *s,
+            Data::Percentiles(sv) => st.values = sv.clone().in_order(),
+            Data::Item(item) => st.item.clone_from(item),
+            Data::Items { items, .. } => st.items = items.iter().cloned().collect(),
+        }
+        st
+    }
+
+    /// A stat restored from a checkpoint; `now` restarts its throughput clocks.
+    pub fn from_state(st: StatState<T>, now: f64) -> Result<Stat<T>, MetricsError> {
+        let mut s = Stat::new(st.config, st.is_root, st.is_leaf, now);
+        match &mut s.data {
+            Data::Acc(acc) => *acc = Acc { value: st.value, count: st.count },
+            Data::Window(ring) => {
+                for v in st.values {
+                    ring.push(v);
+                }
+            }
+            Data::Ema { value, merged } => {
+                *value = st.value;
+                if !s.is_leaf {
+                    let (n, sum, count) = st.merged.unwrap_or((0.0, 0.0, 0.0));
+                    *merged = Some((n, Acc { value: sum, count }));
+                }
+            }
+            Data::LifetimeSum(sum) => {
+                *sum = st.value;
+                s.value_at_last_reduce = st.value;
+                s.value_at_last_restore = st.value;
+            }
+            Data::Percentiles(sv) => {
+                for v in st.values {
+                    if v.is_nan() {
+                        return value_err("NaN values are not allowed in percentiles");
+                    }
+                    sv.push(v);
+                }
+            }
+            Data::Item(item) => *item = st.item,
+            Data::Items { items, window } => {
+                items.extend(st.items);
+                if let Some(w) = window {
+                    while items.len() > *w {
+                        items.pop_front();
+                    }
+                }
+            }
+        }
+        Ok(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn leaf(reduce: Reduce, window: Option<usize>) -> Stat<i32> {
+        Stat::new(Config { window, ..Config::new(reduce) }, false, true, 0.0)
+    }
+
+    fn peek_f(s: &mut Stat<i32>) -> f64 {
+        match s.peek(true, false).unwrap() {
+            Peeked::Float(v) => v,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn window_reductions_ignore_nan_and_evict() {
+        for (reduce, want) in
+            [(Reduce::Mean, 3.5), (Reduce::Min, 3.0), (Reduce::Max, 4.0), (Reduce::Sum, 7.0)]
+        {
+            let mut s = leaf(reduce, Some(3));
+            for v in [100.0, 3.0, f64::NAN, 4.0] {
+                s.push(v).unwrap();
+            }
+            assert_eq!(peek_f(&mut s), want, "{reduce:?}");
+            s.reduce(0.0);
+            assert!(peek_f(&mut s).is_nan());
+        }
+    }
+
+    #[test]
+    fn unwindowed_mean_is_the_mean_of_all_values() {
+        let mut s = leaf(Reduce::Mean, None);
+        for v in [1.0, 2.0, 3.0, 6.0] {
+            s.push(v).unwrap();
+        }
+        assert_eq!(peek_f(&mut s), 3.0);
+        assert_eq!(s.reduce(0.0), Payload::Mean { mean: 3.0, count: 4.0 });
+    }
+
+    #[test]
+    fn ema_skips_nan_and_survives_reduce() {
+        let mut s = leaf(Reduce::Ema, None);
+        assert!(peek_f(&mut s).is_nan());
+        s.push(f64::NAN).unwrap();
+        s.push(10.0).unwrap();
+        s.push(20.0).unwrap();
+        assert!((peek_f(&mut s) - 10.1).abs() < 1e-12);
+        assert_eq!(s.reduce(0.0), Payload::Ema(peek_f(&mut s)));
+        assert!((peek_f(&mut s) - 10.1).abs() < 1e-12);
+    }
+
+    #[test]
+    fn merged_means_are_weighted_by_count() {
+        let mut a = leaf(Reduce::Mean, Some(10));
+        for v in [1.0, 2.0, 3.0, 4.0, 5.0] {
+            a.push(v).unwrap();
+        }
+        let mut b = leaf(Reduce::Mean, Some(10));
+        b.push(15.0).unwrap();
+        let (pa, pb) = (a.reduce(0.0), b.reduce(0.0));
+        let mut root = Stat::<i32>::aggregator(a.config().clone(), true, 0.0);
+        root.merge(&[&pa, &pb]).unwrap();
+        assert_eq!(peek_f(&mut root), 5.0);
+        assert_eq!(root.reduce(0.0), Payload::Mean { mean: 5.0, count: 6.0 });
+    }
+
+    #[test]
+    fn lifetime_sum_resets_only_below_root() {
+        let mut s = leaf(Reduce::LifetimeSum, None);
+        s.push(2.0).unwrap();
+        assert_eq!(s.reduce(0.0), Payload::LifetimeSum(2.0));
+        assert_eq!(peek_f(&mut s), 0.0);
+        let mut root = Stat::<i32>::aggregator(s.config().clone(), true, 0.0);
+        root.merge(&[&Payload::LifetimeSum(2.0), &Payload::LifetimeSum(3.0)]).unwrap();
+        root.reduce(0.0);
+        root.merge(&[&Payload::LifetimeSum(1.0)]).unwrap();
+        assert_eq!(peek_f(&mut root), 6.0);
+        assert_eq!(root.peek(true, true).unwrap(), Peeked::Float(1.0), "latest merged only");
+    }
+
+    #[test]
+    fn percentiles_reject_nan_and_merge_sorted() {
+        let mut s = leaf(Reduce::Percentiles, Some(4));
+        assert!(s.push(f64::NAN).is_err());
+        for v in [5.0, 1.0, 4.0, 2.0, 3.0] {
+            s.push(v).unwrap();
+        }
+        let Peeked::Percentiles(ps) = s.peek(true, false).unwrap() else { panic!() };
+        assert_eq!(ps[0], (0.0, Some(1.0)));
+        assert_eq!(ps[6], (100.0, Some(4.0)));
+        let p = s.reduce(0.0);
+        assert_eq!(p, Payload::Sorted(vec![1.0, 2.0, 3.0, 4.0]));
+        let mut root = Stat::<i32>::aggregator(s.config().clone(), true, 0.0);
+        root.merge(&[&p, &Payload::Sorted(vec![0.0, 9.0])]).unwrap();
+        let Peeked::Floats(all) = root.peek(false, false).unwrap() else { panic!() };
+        assert_eq!(all, vec![0.0, 1.0, 2.0, 3.0, 4.0, 9.0]);
+    }
+
+    #[test]
+    fn items_and_series_of_items() {
+        let mut s = leaf(Reduce::Item, None);
+        assert_eq!(s.push_item(1).unwrap(), None);
+        assert_eq!(s.push_item(2).unwrap(), Some(1));
+        assert!(s.push(1.0).is_err());
+        assert_eq!(s.reduce(0.0), Payload::Item(Some(2)));
+        let mut s = leaf(Reduce::ItemSeries, Some(2));
+        for i in 0..3 {
+            s.push_item(i).unwrap();
+        }
+        assert_eq!(s.peek(true, false).unwrap(), Peeked::Items(vec![&1, &2]));
+        let mut root = Stat::<i32>::aggregator(s.config().clone(), true, 0.0);
+        let p = s.reduce(0.0);
+        root.merge(&[&p, &p]).unwrap();
+        assert_eq!(root.peek(true, false).unwrap(), Peeked::Items(vec![&1, &2, &1, &2]));
+        let mut it = Stat::<i32>::aggregator(Config::new(Reduce::Item), true, 0.0);
+        let one = Payload::Item(Some(1));
+        assert!(it.merge(&[&one, &one]).is_err());
+    }
+
+    #[test]
+    fn merge_rejects_leaves_and_other_kinds() {
+        let mut s = leaf(Reduce::Sum, None);
+        assert!(s.merge(&[&Payload::Series(1.0)]).is_err());
+        let mut root = Stat::<i32>::aggregator(Config::new(Reduce::Sum), true, 0.0);
+        assert!(root.merge(&[&Payload::Ema(1.0)]).is_err());
+    }
+
+    #[test]
+    fn throughput_of_sums() {
+        let cfg = Config { with_throughput: true, ..Config::new(Reduce::Sum) };
+        let mut s = Stat::<i32>::new(cfg, false, true, 10.0);
+        s.push(30.0).unwrap();
+        assert_eq!(s.throughput(13.0), Some(Throughput::Sum(10.0)));
+        s.reduce(13.0);
+        s.push(5.0).unwrap();
+        assert_eq!(s.throughput(18.0), Some(Throughput::Sum(1.0)));
+        let cfg = Config { with_throughput: true, ..Config::new(Reduce::LifetimeSum) };
+        let mut root = Stat::<i32>::aggregator(cfg, true, 0.0);
+        root.merge(&[&Payload::LifetimeSum(10.0)]).unwrap();
+        assert_eq!(
+            root.throughput(2.0),
+            Some(Throughput::Lifetime { since_last_reduce: 5.0, since_last_restore: Some(5.0) })
+        );
+        assert_eq!(leaf(Reduce::Mean, None).throughput(1.0), None);
+    }
+
+    #[test]
+    fn state_round_trip() {
+        let mut s = leaf(Reduce::Mean, Some(3));
+        for v in [1.0, 2.0, 3.0, 4.0] {
+            s.push(v).unwrap();
+        }
+        let mut r = Stat::from_state(s.to_state(), 0.0).unwrap();
+        assert_eq!(peek_f(&mut r), 3.0);
+        r.push(8.0).unwrap();
+        assert_eq!(peek_f(&mut r), 5.0);
+    }
+}

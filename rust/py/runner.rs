@@ -1,0 +1,611 @@
+//! The runner's hot path: one call records a vector-env step into all sub-envs' episodes,
+//! one call gathers each module's inference batch, one call scatters module outputs back.
+//!
+//! The byte bookkeeping (rows of a batch, per-module gather with its index map) is the
+//! pure core's (`crate::runner`); this layer converts numpy/Python values to and from it.
+
+use pyo3::exceptions::{PyKeyError, PyTypeError, PyValueError};
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+
+use numpy::PyUntypedArray;
+
+use super::multi::multi_agent_add_env_step;
+use super::single::{Input, SingleAgentEpisodePy};
+use super::spec::{self, LeafBytes, Spec};
+use crate::episode::FieldName;
+use crate::runner::{scatter_plan, ModuleBatch, Rows};
+
+/// A batched array viewed as rows through the spec of the episodes' field that stores it.
+struct BatchRows<'py> {
+    /// The leaves of the spec the batch was converted with (episodes whose field has
+    /// another layout get the row as a Python object instead).
+    leaves: Vec<crate::schema::Leaf>,
+    views: Vec<LeafBytes<'py>>,
+    schema: crate::schema::Schema,
+}
+
+impl BatchRows<'_> {
+    fn row(&self, n: usize, i: usize) -> PyResult<Vec<LeafBytes<'static>>> {
+        let slices: Vec<&[u8]> = self.views.iter().map(AsRef::as_ref).collect();
+        let rows = Rows::new(&self.schema, &slices, n).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let row = rows.row(i).ok_or_else(|| PyValueError::new_err(format!("no row {i} in the batch")))?;
+        // One small copy per leaf: the column then copies it once more into its buffer.
+        Ok(row.into_iter().map(|b| LeafBytes::Owned(b.to_vec())).collect())
+    }
+}
+
+/// One batched field of a vector step: converted to rows lazily, with the spec of the
+/// first episode that stores the field typed.
+struct BatchField<'py> {
+    value: Bound<'py, PyAny>,
+    name: &'static str,
+    key: Option<String>,
+    rows: Option<Option<BatchRows<'py>>>,
+    n: usize,
+}
+
+impl<'py> BatchField<'py> {
+    fn new(value: Bound<'py, PyAny>, name: &'static str, key: Option<String>, n: usize) -> Self {
+        BatchField { value, name, key, rows: None, n }
+    }
+
+    fn field_name(&self) -> FieldName<'_> {
+        match self.name {
+            "observation" => FieldName::Observations,
+            "action" => FieldName::Actions,
+            "reward" => FieldName::Rewards,
+            _ => FieldName::Extra(self.key.as_deref().unwrap_or("")),
+        }
+    }
+
+    fn label(&self) -> String {
+        match &self.key {
+            Some(k) => format!("extra model output {k:?}"),
+            None => format!("{}s", self.name),
+        }
+    }
+
+    /// Row `i` of the batch for `episode`: bytes laid out for its field where it stores
+    /// typed items of the batch's layout, else the row as a Python object.
+    fn input(&mut self, episode: &SingleAgentEpisodePy, i: usize) -> PyResult<Input<'py>> {
+        // A non-array value (a constant such as the weights' sequence number) goes to
+        // every episode as it is.
+        if self.value.cast::<PyUntypedArray>().is_err() && self.name == "extra" {
+            return Ok(Input::Object(self.value.clone()));
+        }
+        let name = self.field_name();
+        let spec = episode.row_spec(name);
+        if self.rows.is_none() {
+            self.rows = Some(match spec {
+                Some(s) => Some(self.convert(s)?),
+                None => None,
+            });
+        }
+        if let (Some(Some(rows)), Some(s)) = (&self.rows, spec) {
+            if rows.leaves == s.leaves {
+                return Ok(Input::Row(rows.row(self.n, i)?));
+            }
+        }
+        Ok(Input::Object(self.value.get_item(i)?))
+    }
+
+    fn convert(&self, s: &Spec) -> PyResult<BatchRows<'py>> {
+        let label = self.label();
+        let views = spec::to_leaf_views(s, &self.value, Some(Some(self.n)), &|| label.clone())?;
+        Ok(BatchRows { leaves: s.leaves.clone(), views, schema: s.schema() })
+    }
+}
+
+/// Reads a length-`n` sequence of flags (a numpy bool array or any sequence).
+fn flags(value: &Bound<'_, PyAny>, n: usize, what: &str) -> PyResult<Vec<bool>> {
+    let out = value.try_iter()?.map(|v| v.and_then(|v| v.is_truthy())).collect::<PyResult<Vec<bool>>>()?;
+    if out.len() != n {
+        return Err(PyValueError::new_err(format!(
+            "{what}: expected {n} flags (one per sub-env), got {}",
+            out.len()
+        )));
+    }
+    Ok(out)
+}
+
+/// The infos of each sub-env: from a list (one per sub-env), or unbatched from
+/// gymnasium's vector format (a dict of arrays, `_key` masks saying which sub-envs have
+/// the key). `None` where a sub-env has no infos.
+fn unbatch_infos<'py>(
+    py: Python<'py>,
+    infos: Option<&Bound<'py, PyAny>>,
+    n: usize,
+) -> PyResult<Vec<Option<Bound<'py, PyAny>>>> {
+    let mut out: Vec<Option<Bound<'py, PyAny>>> = vec![None; n];
+    let Some(infos) = infos.filter(|i| !i.is_none()) else { return Ok(out) };
+    if let Ok(d) = infos.cast::<PyDict>() {
+        let mut dicts: Vec<Option<Bound<'py, PyDict>>> = vec![None; n];
+        for (k, v) in d.iter() {
+            let Ok(key) = k.cast::<PyString>() else { continue };
+            let key_str = key.to_str()?;
+            if key_str.starts_with('_') && d.contains(&key_str[1..])? {
+                continue;
+            }
+            let mask = d.get_item(format!("_{key_str}"))?;
+            for (i, slot) in dicts.iter_mut().enumerate() {
+                let present = match &mask {
+                    Some(m) => m.get_item(i)?.is_truthy()?,
+                    None => true,
+                };
+                if present {
+                    slot.get_or_insert_with(|| PyDict::new(py)).set_item(&k, v.get_item(i)?)?;
+                }
+            }
+        }
+        for (o, d) in out.iter_mut().zip(dicts) {
+            *o = d.map(Bound::into_any);
+        }
+        return Ok(out);
+    }
+    let list: Vec<Bound<'py, PyAny>> = infos.try_iter()?.collect::<PyResult<_>>()?;
+    if list.len() != n {
+        return Err(PyValueError::new_err(format!(
+            "infos: expected {n} info dicts (one per sub-env), got {}",
+            list.len()
+        )));
+    }
+    for (o, v) in out.iter_mut().zip(list) {
+        *o = Some(v);
+    }
+    Ok(out)
+}
+
+/// Prefixes `err`'s message with the sub-env it concerns (same exception type).
+fn for_env(py: Python<'_>, env: usize, err: PyErr) -> PyErr {
+    let message = format!("sub-env {env}: {}", err.value(py));
+    match err.get_type(py).call1((message,)) {
+        Ok(value) => PyErr::from_value(value),
+        Err(_) => err,
+    }
+}
+
+enum Prepared<'py> {
+    Reset(super::single::PreparedReset<'py>),
+    Step(super::single::PreparedStep<'py>),
+}
+
+/// Records one vector-env step into the N sub-envs' `SingleAgentEpisode`s in one call.
+///
+/// Row `i` of every batch belongs to `episodes[i]`. An episode that was not reset yet
+/// (a new episode after gymnasium's next-step autoreset) gets row `i`'s observation and
+/// infos as its reset; the others get a step. Everything is converted and checked first;
+/// only then is anything stored, so an error leaves every episode as it was.
+///
+/// Returns `(started, done)`: the sub-env indices whose episode was reset now, and those
+/// whose episode is done after this step.
+#[pyfunction]
+#[pyo3(signature = (episodes, observations, actions, rewards, terminateds, truncateds, infos=None, extra_model_outputs=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn single_agent_record_vector_step<'py>(
+    py: Python<'py>,
+    episodes: &Bound<'py, PyList>,
+    observations: &Bound<'py, PyAny>,
+    actions: &Bound<'py, PyAny>,
+    rewards: &Bound<'py, PyAny>,
+    terminateds: &Bound<'py, PyAny>,
+    truncateds: &Bound<'py, PyAny>,
+    infos: Option<&Bound<'py, PyAny>>,
+    extra_model_outputs: Option<&Bound<'py, PyDict>>,
+) -> PyResult<(Vec<usize>, Vec<usize>)> {
+    let n = episodes.len();
+    let terminateds = flags(terminateds, n, "terminateds")?;
+    let truncateds = flags(truncateds, n, "truncateds")?;
+    let infos = unbatch_infos(py, infos, n)?;
+    let mut obs = BatchField::new(observations.clone(), "observation", None, n);
+    let mut act = BatchField::new(actions.clone(), "action", None, n);
+    let mut rew = BatchField::new(rewards.clone(), "reward", None, n);
+    let mut extras = Vec::new();
+    if let Some(d) = extra_model_outputs {
+        for (k, v) in d.iter() {
+            let k = k
+                .cast_into::<PyString>()
+                .map_err(|_| PyTypeError::new_err("extra_model_outputs keys must be str"))?;
+            let key = k.to_str()?.to_string();
+            extras.push((k, BatchField::new(v, "extra", Some(key), n)));
+        }
+    }
+    let mut prepared = Vec::with_capacity(n);
+    for (i, ep) in episodes.iter().enumerate() {
+        let ep = ep.cast_into::<SingleAgentEpisodePy>()?;
+        let e = ep.borrow();
+        let p = if e.is_reset() {
+            let o = obs.input(&e, i).map_err(|err| for_env(py, i, err))?;
+            let a = act.input(&e, i).map_err(|err| for_env(py, i, err))?;
+            let r = rew.input(&e, i).map_err(|err| for_env(py, i, err))?;
+            let mut x = Vec::with_capacity(extras.len());
+            for (k, f) in &mut extras {
+                x.push((k.clone(), f.input(&e, i).map_err(|err| for_env(py, i, err))?));
+            }
+            Prepared::Step(
+                e.prepare_step_inputs(py, o, a, r, infos[i].as_ref(), x)
+                    .map_err(|err| for_env(py, i, err))?,
+            )
+        } else {
+            let o = observations.get_item(i)?;
+            Prepared::Reset(e.prepare_reset(&o).map_err(|err| for_env(py, i, err))?)
+        };
+        drop(e);
+        prepared.push((ep, p));
+    }
+    let mut started = Vec::new();
+    let mut done = Vec::new();
+    for (i, ((ep, p), info)) in prepared.into_iter().zip(&infos).enumerate() {
+        let mut e = ep.borrow_mut();
+        match p {
+            Prepared::Reset(r) => {
+                e.apply_reset(py, r, info.as_ref())?;
+                started.push(i);
+            }
+            Prepared::Step(s) => {
+                e.apply_step(py, s, terminateds[i], truncateds[i])?;
+                if e.done() {
+                    done.push(i);
+                }
+            }
+        }
+    }
+    Ok((started, done))
+}
+
+/// Records one env step of each of N `MultiAgentEpisode`s (a vectorized multi-agent
+/// runner's sub-envs) in one call.
+///
+/// Each argument is a list with one per-agent dict (or None) per sub-env, as the sub-env
+/// returned it (the runner's scatter gives actions and extra model outputs in this form).
+/// Returns the indices of the sub-envs whose episode is done (`__all__`) after the step.
+#[pyfunction]
+#[pyo3(signature = (episodes, observations, actions, rewards, infos, terminateds, truncateds, extra_model_outputs))]
+#[allow(clippy::too_many_arguments)]
+pub fn multi_agent_record_steps<'py>(
+    py: Python<'py>,
+    episodes: &Bound<'py, PyList>,
+    observations: &Bound<'py, PyList>,
+    actions: &Bound<'py, PyList>,
+    rewards: &Bound<'py, PyList>,
+    infos: &Bound<'py, PyList>,
+    terminateds: &Bound<'py, PyList>,
+    truncateds: &Bound<'py, PyList>,
+    extra_model_outputs: &Bound<'py, PyList>,
+) -> PyResult<Vec<usize>> {
+    let n = episodes.len();
+    for (what, l) in [
+        ("observations", observations),
+        ("actions", actions),
+        ("rewards", rewards),
+        ("infos", infos),
+        ("terminateds", terminateds),
+        ("truncateds", truncateds),
+        ("extra_model_outputs", extra_model_outputs),
+    ] {
+        if l.len() != n {
+            return Err(PyValueError::new_err(format!(
+                "{what}: expected {n} dicts (one per sub-env), got {}",
+                l.len()
+            )));
+        }
+    }
+    let now = py.import(intern!(py, "time"))?.getattr(intern!(py, "perf_counter"))?.call0()?;
+    let mut done = Vec::new();
+    for (i, ep) in episodes.iter().enumerate() {
+        let get = |l: &Bound<'py, PyList>| -> PyResult<Option<Bound<'py, PyAny>>> {
+            let v = l.get_item(i)?;
+            Ok(if v.is_none() { None } else { Some(v) })
+        };
+        let empty = PyDict::new(py);
+        let dict = |l: &Bound<'py, PyList>| -> PyResult<Bound<'py, PyDict>> {
+            match get(l)? {
+                Some(v) => Ok(v.cast_into::<PyDict>()?),
+                None => Ok(empty.clone()),
+            }
+        };
+        multi_agent_add_env_step(
+            py,
+            &ep,
+            &dict(observations)?,
+            &dict(actions)?,
+            &dict(rewards)?,
+            get(infos)?.as_ref(),
+            get(terminateds)?.as_ref(),
+            get(truncateds)?.as_ref(),
+            get(extra_model_outputs)?.as_ref(),
+        )
+        .map_err(|err| for_env(py, i, err))?;
+        ep.setattr(intern!(py, "_last_step_time"), &now)?;
+        if ep.getattr(intern!(py, "_start_time"))?.is_none() {
+            ep.setattr(intern!(py, "_start_time"), &now)?;
+        }
+        if ep.getattr(intern!(py, "is_terminated"))?.is_truthy()?
+            || ep.getattr(intern!(py, "is_truncated"))?.is_truthy()?
+        {
+            done.push(i);
+        }
+    }
+    Ok(done)
+}
+
+/// Whether `flags[aid]` is set (a done agent).
+fn is_flagged(flags: Option<&Bound<'_, PyDict>>, aid: &Bound<'_, PyAny>) -> PyResult<bool> {
+    match flags {
+        Some(d) => match d.get_item(aid)? {
+            Some(v) => v.is_truthy(),
+            None => Ok(false),
+        },
+        None => Ok(false),
+    }
+}
+
+/// `d[aid]`, a dict, created empty if missing.
+fn agent_dict<'py>(d: &Bound<'py, PyDict>, aid: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
+    if let Some(x) = d.get_item(aid)? {
+        return Ok(x.cast_into::<PyDict>()?);
+    }
+    let x = PyDict::new(d.py());
+    d.set_item(aid, &x)?;
+    Ok(x)
+}
+
+/// Per-module inference batches for a (vectorized) multi-agent runner.
+///
+/// `gather` stacks, per module, the observations of the agents that act now across all
+/// sub-envs into one contiguous numpy array per observation leaf (nested as the module's
+/// observation space), remembering where each row came from; `scatter` splits the
+/// module outputs back into per-sub-env, per-agent dicts. The buffers are reused across
+/// steps.
+#[pyclass(name = "ModuleBatcher", module = "fastrollout._core")]
+pub struct ModuleBatcherPy {
+    /// Module id, its observation spec, its batch under construction.
+    modules: Vec<(String, Spec, ModuleBatch)>,
+    /// Per sub-env of the last gather: the agent id of each agent slot.
+    agents: Vec<Vec<Py<PyAny>>>,
+}
+
+impl ModuleBatcherPy {
+    fn module_index(&self, mid: &str) -> Option<usize> {
+        self.modules.iter().position(|(m, _, _)| m == mid)
+    }
+}
+
+#[pymethods]
+impl ModuleBatcherPy {
+    /// Builds the batcher from each module's observation space.
+    ///
+    /// Raises `TypeError` if a module id is not a str and `ValueError` if an
+    /// observation space has no fixed layout (a Text or Graph space cannot be batched).
+    #[new]
+    fn new(observation_spaces: &Bound<'_, PyDict>) -> PyResult<Self> {
+        let mut modules = Vec::with_capacity(observation_spaces.len());
+        for (mid, space) in observation_spaces.iter() {
+            let mid: String = mid.extract().map_err(|_| {
+                PyTypeError::new_err(format!(
+                    "module ids must be str, got {}",
+                    mid.repr().map(|r| r.to_string()).unwrap_or_default()
+                ))
+            })?;
+            let Some(spec) = spec::from_space(&space)? else {
+                return Err(PyValueError::new_err(format!(
+                    "module {mid:?}: its observation space {} has no fixed layout, so its \
+                     observations cannot be batched",
+                    space.repr()?
+                )));
+            };
+            let batch = ModuleBatch::new(spec.schema());
+            modules.push((mid, spec, batch));
+        }
+        Ok(ModuleBatcherPy { modules, agents: Vec::new() })
+    }
+
+    /// The module ids, in the order given.
+    #[getter]
+    fn module_ids(&self) -> Vec<String> {
+        self.modules.iter().map(|(m, _, _)| m.clone()).collect()
+    }
+
+    /// Gathers each module's inference batch.
+    ///
+    /// `observations[i]` is sub-env `i`'s agent -> observation dict (None: nothing to
+    /// gather there); agents flagged in `terminateds[i]` or `truncateds[i]` (done agents,
+    /// which do not act) are left out. Each agent's
+    /// module is read from `episodes[i]` (`module_for`, cached per episode). Returns
+    /// module id -> batched observations, for the modules with at least one row.
+    ///
+    /// Raises `KeyError` if an agent maps to a module the batcher does not know and
+    /// `SpaceMismatchError` if an observation does not fit its module's space (naming the
+    /// sub-env, the agent and the module).
+    #[pyo3(signature = (episodes, observations, terminateds=None, truncateds=None))]
+    fn gather<'py>(
+        &mut self,
+        py: Python<'py>,
+        episodes: &Bound<'py, PyList>,
+        observations: &Bound<'py, PyList>,
+        terminateds: Option<&Bound<'py, PyList>>,
+        truncateds: Option<&Bound<'py, PyList>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        for (_, _, b) in &mut self.modules {
+            b.clear();
+        }
+        let n = observations.len();
+        if episodes.len() != n {
+            return Err(PyValueError::new_err(format!(
+                "expected one episode per sub-env: {} episodes, {n} observation dicts",
+                episodes.len()
+            )));
+        }
+        self.agents.clear();
+        self.agents.resize_with(n, Vec::new);
+        for (env, obs) in observations.iter().enumerate() {
+            if obs.is_none() {
+                continue;
+            }
+            let obs = obs.cast_into::<PyDict>()?;
+            let episode = episodes.get_item(env)?;
+            let mapping = episode.getattr(intern!(py, "_agent_to_module_mapping"))?.cast_into::<PyDict>()?;
+            let done_flags = |l: Option<&Bound<'py, PyList>>| -> PyResult<Option<Bound<'py, PyDict>>> {
+                match l {
+                    Some(l) => {
+                        let d = l.get_item(env)?;
+                        Ok(if d.is_none() { None } else { Some(d.cast_into::<PyDict>()?) })
+                    }
+                    None => Ok(None),
+                }
+            };
+            let (term, trunc) = (done_flags(terminateds)?, done_flags(truncateds)?);
+            for (aid, o) in obs.iter() {
+                if is_flagged(term.as_ref(), &aid)? || is_flagged(trunc.as_ref(), &aid)? {
+                    continue;
+                }
+                let mid = match mapping.get_item(&aid)? {
+                    Some(m) => m,
+                    None => episode.call_method1(intern!(py, "module_for"), (&aid,))?,
+                };
+                let mid = mid.cast_into::<PyString>()?;
+                let mid = mid.to_str()?;
+                let Some(m) = self.module_index(mid) else {
+                    return Err(PyKeyError::new_err(format!(
+                        "sub-env {env}: agent {} maps to module {mid:?}, which is not one of the \
+                         runner's modules {:?}",
+                        aid.repr()?,
+                        self.module_ids()
+                    )));
+                };
+                let (_, spec, batch) = &mut self.modules[m];
+                let label = || {
+                    format!(
+                        "sub-env {env}: observation of agent {} (module {mid:?})",
+                        aid.repr().map(|r| r.to_string()).unwrap_or_default()
+                    )
+                };
+                let leaves = spec::to_leaf_views(spec, &o, None, &label)?;
+                let slot = self.agents[env].len();
+                batch
+                    .push(env, slot, &leaves)
+                    .map_err(|e| PyValueError::new_err(format!("{}: {e}", label())))?;
+                self.agents[env].push(aid.unbind());
+            }
+        }
+        let out = PyDict::new(py);
+        for (mid, spec, batch) in &self.modules {
+            if batch.is_empty() {
+                continue;
+            }
+            let mut values = Vec::with_capacity(spec.leaves.len());
+            for (i, leaf) in spec.leaves.iter().enumerate() {
+                let mut shape = Vec::with_capacity(leaf.shape.len() + 1);
+                shape.push(batch.len());
+                shape.extend_from_slice(&leaf.shape);
+                values.push(Some(spec::new_array(py, spec.descrs[i].bind(py), &shape, batch.leaf(i))?));
+            }
+            out.set_item(mid, spec::nest(py, &spec.tree, &mut values)?)?;
+        }
+        Ok(out)
+    }
+
+    /// Where each row of module `module_id`'s last batch came from: `(sub-env index,
+    /// agent id)` per row.
+    ///
+    /// Raises `KeyError` for an unknown module id.
+    fn index_map(&self, py: Python<'_>, module_id: &str) -> PyResult<Vec<(usize, Py<PyAny>)>> {
+        let m = self.module_index(module_id).ok_or_else(|| PyKeyError::new_err(module_id.to_string()))?;
+        self.modules[m]
+            .2
+            .index()
+            .iter()
+            .map(|&(env, slot)| {
+                let aid = self
+                    .agents
+                    .get(env)
+                    .and_then(|a| a.get(slot))
+                    .ok_or_else(|| PyValueError::new_err("the batcher's index map is out of date"))?;
+                Ok((env, aid.clone_ref(py)))
+            })
+            .collect()
+    }
+
+    /// Splits module outputs back per sub-env and agent.
+    ///
+    /// `outputs` maps module id -> column -> batched value (one row per row of the last
+    /// gather). Returns one `(actions_for_env, actions, extra_model_outputs)` tuple per
+    /// sub-env: agent -> action for the env (the `actions_for_env_key` column, else the
+    /// action), agent -> action as the module chose it, and agent -> {column: value} for
+    /// every other column (plus `extra_constants`, the same for all agents).
+    ///
+    /// Raises `KeyError` if a module's outputs lack `actions_key` or name an unknown
+    /// module, and `ValueError` if a column's length is not the batch's.
+    #[pyo3(signature = (outputs, actions_key="actions", actions_for_env_key="actions_for_env", extra_constants=None))]
+    fn scatter<'py>(
+        &self,
+        py: Python<'py>,
+        outputs: &Bound<'py, PyDict>,
+        actions_key: &str,
+        actions_for_env_key: &str,
+        extra_constants: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Vec<Bound<'py, PyTuple>>> {
+        let n = self.agents.len();
+        let env_actions: Vec<Bound<'py, PyDict>> = (0..n).map(|_| PyDict::new(py)).collect();
+        let actions: Vec<Bound<'py, PyDict>> = (0..n).map(|_| PyDict::new(py)).collect();
+        let extras: Vec<Bound<'py, PyDict>> = (0..n).map(|_| PyDict::new(py)).collect();
+        for (mid, cols) in outputs.iter() {
+            let mid = mid.cast_into::<PyString>()?;
+            let mid = mid.to_str()?;
+            let m = self
+                .module_index(mid)
+                .ok_or_else(|| PyKeyError::new_err(format!("outputs for unknown module {mid:?}")))?;
+            let batch = &self.modules[m].2;
+            let cols = cols.cast_into::<PyDict>()?;
+            if cols.get_item(actions_key)?.is_none() {
+                return Err(PyKeyError::new_err(format!(
+                    "module {mid:?}'s outputs have no {actions_key:?} column"
+                )));
+            }
+            let plan = scatter_plan(batch.index(), n);
+            for (col, value) in cols.iter() {
+                let name = col.cast::<PyString>()?.to_str()?.to_string();
+                let len = value.len()?;
+                if len != batch.len() {
+                    return Err(PyValueError::new_err(format!(
+                        "module {mid:?}: output {name:?} has {len} rows, the batch has {}",
+                        batch.len()
+                    )));
+                }
+                for (env, rows) in plan.iter().enumerate() {
+                    for &(row, slot) in rows {
+                        let aid = self.agents[env][slot].bind(py);
+                        let v = value.get_item(row)?;
+                        if name == actions_key {
+                            actions[env].set_item(aid, &v)?;
+                            if !env_actions[env].contains(aid)? {
+                                env_actions[env].set_item(aid, &v)?;
+                            }
+                        } else if name == actions_for_env_key {
+                            env_actions[env].set_item(aid, &v)?;
+                        } else {
+                            let d = agent_dict(&extras[env], aid)?;
+                            d.set_item(&col, v)?;
+                        }
+                    }
+                }
+            }
+            if let Some(c) = extra_constants {
+                for (env, rows) in plan.iter().enumerate() {
+                    for &(_, slot) in rows {
+                        let aid = self.agents[env][slot].bind(py);
+                        let d = agent_dict(&extras[env], aid)?;
+                        d.update(c.as_mapping())?;
+                    }
+                }
+            }
+        }
+        env_actions
+            .into_iter()
+            .zip(actions)
+            .zip(extras)
+            .map(|((e, a), x)| PyTuple::new(py, [e.into_any(), a.into_any(), x.into_any()]))
+            .collect()
+    }
+}
