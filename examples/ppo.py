@@ -130,6 +130,10 @@ def train(
     per_iteration = args.num_envs * args.rollout_fragment_length
     try:
         while steps < args.timesteps:
+            if args.anneal_lr:
+                # Linear decay to 0 over the step budget: late updates make small steps,
+                # which keeps a solved policy from drifting off again.
+                learner.set_lr(args.lr * (1.0 - steps / args.timesteps))
             episodes = runner.sample(num_timesteps=min(per_iteration, args.timesteps - steps))
             stats = learner.update(episodes)
             seq_no += 1
@@ -177,8 +181,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--multi-agent", type=int, default=None, metavar="N", help="N agents")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    p.add_argument("--hiddens", type=_hiddens, default=(64, 64), help="e.g. 256,256")
+    p.add_argument(
+        "--hiddens", type=_hiddens, default=(256, 256), help="MLP sizes (default 256,256)"
+    )
     p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument(
+        "--anneal-lr",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="decay the learning rate linearly to 0 over --timesteps (default on)",
+    )
     p.add_argument("--gamma", type=float, default=0.99)
     p.add_argument("--lambda", dest="lambda_", type=float, default=0.95)
     p.add_argument("--clip-param", type=float, default=0.2)
@@ -186,7 +198,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--entropy-coeff", type=float, default=0.0)
     p.add_argument("--num-epochs", type=int, default=10)
     p.add_argument("--minibatch-size", type=int, default=256)
-    p.add_argument("--grad-clip", type=float, default=0.5)
+    p.add_argument(
+        "--grad-clip",
+        type=float,
+        default=None,
+        help="bound of the gradients' global norm (default none, as RLlib's PPO)",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--stop-return", type=float, default=None, help="stop at this mean return")
     return p.parse_args(argv)

@@ -65,7 +65,10 @@ class PPOConfig:
         lr: Adam's learning rate.
         num_epochs: Passes over the train batch per update.
         minibatch_size: Samples per gradient step.
-        grad_clip: Bound of the gradients' global norm (None: no clipping).
+        grad_clip: Bound of the gradients' global norm (None, the default as in RLlib: no
+            clipping). The norm covers policy and value parameters together, so while
+            the value loss is large its gradients dominate it and a bound shrinks the
+            policy's steps too.
         normalize_advantages: Scale each module's advantages to mean 0, std 1.
         seed: Seeds the minibatch shuffling (None: torch's global generator).
 
@@ -82,7 +85,7 @@ class PPOConfig:
     lr: float = 3e-4
     num_epochs: int = 10
     minibatch_size: int = 256
-    grad_clip: float | None = 0.5
+    grad_clip: float | None = None
     normalize_advantages: bool = True
     seed: int | None = None
 
@@ -465,6 +468,21 @@ class PPOLearner:
             )
             results[module_id] = stats
         return results
+
+    def set_lr(self, lr: float) -> None:
+        """Sets every optimizer's learning rate (for schedules).
+
+        Args:
+            lr: The learning rate.
+
+        Raises:
+            ValueError: If ``lr`` is negative.
+        """
+        if not lr >= 0:
+            raise ValueError(f"learning rate must be >= 0, got {lr}")
+        for optimizer in self.optimizers.values():
+            for group in optimizer.param_groups:
+                group["lr"] = lr
 
     def get_weights(self, *, inference_only: bool = True) -> dict[str, dict[str, np.ndarray]]:
         """The modules' weights, for a runner's ``set_weights``.
