@@ -3,6 +3,8 @@
     python examples/ppo.py --env CartPole-v1 --timesteps 200000 --seed 0
     python examples/ppo.py --env CartPole-v1 --multi-agent 2 --timesteps 200000
 
+(With ``--multi-agent N`` the mean return is the episode's, summed over the agents.)
+
 Each iteration samples ``num_envs * rollout_fragment_length`` env steps with a
 ``SingleAgentEnvRunner`` (or a ``MultiAgentEnvRunner`` over N copies of the env sharing
 one module) in ``truncate_episodes`` mode with one step of look-back, computes GAE per
@@ -204,7 +206,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=None,
         help="bound of the gradients' global norm (default none, as RLlib's PPO)",
     )
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads (default 1: faster for these small matrices, and several "
+        "threads on a busy machine slow everything down; 0: torch's default)",
+    )
     p.add_argument("--stop-return", type=float, default=None, help="stop at this mean return")
     return p.parse_args(argv)
 

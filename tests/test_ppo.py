@@ -670,7 +670,7 @@ def test_ppo_learns_cartpole_within_a_step_budget():
     args = example.parse_args(
         ["--env", "CartPole-v1", "--timesteps", "50000", "--seed", "0", "--num-envs", "8"]
     )
-    args.threads = 1 if torch.get_num_threads() > 1 else None
+    assert args.threads == 1  # the example's default
     threads = torch.get_num_threads()
     try:
         history = example.train(args, log=None)
@@ -679,3 +679,35 @@ def test_ppo_learns_cartpole_within_a_step_budget():
     assert history[-1]["env_steps"] >= 50_000
     assert history[-1]["return_mean"] >= 150, [round(h["return_mean"]) for h in history]
     assert history[0]["return_mean"] < 50  # it did learn: it started near random play
+
+
+def test_learner_set_lr_and_full_weights():
+    module = default_module()
+    learner = PPOLearner({"p": module}, PPOConfig(lr=1e-3))
+    assert learner.optimizers["p"].param_groups[0]["lr"] == 1e-3
+    learner.set_lr(0.0)
+    assert learner.optimizers["p"].param_groups[0]["lr"] == 0.0
+    with pytest.raises(ValueError, match=r"learning rate must be >= 0, got -1"):
+        learner.set_lr(-1.0)
+    # At lr 0 an update changes no weight.
+    before = learner.get_weights(inference_only=False)["p"]
+    assert any(key.startswith("vf.") for key in before)
+    assert not any(key.startswith("vf.") for key in learner.get_weights()["p"])
+    episode = SingleAgentEpisode(observation_space=module.observation_space, action_space=ACT_SPACE)
+    episode.add_env_reset(np.zeros(4, np.float32))
+    for t in range(8):
+        episode.add_env_step(
+            np.full(4, t / 10, np.float32),
+            t % 2,
+            1.0,
+            extra_model_outputs={Columns.ACTION_LOGP: np.float32(-0.7)},
+        )
+    # The chunk names no module: it goes to DEFAULT_MODULE_ID, which this learner lacks.
+    with pytest.raises(KeyError, match=r"module 'default_policy'"):
+        learner.update([episode.to_numpy()])
+    learner = PPOLearner({DEFAULT_MODULE_ID: module}, PPOConfig(minibatch_size=4))
+    learner.set_lr(0.0)
+    stats = learner.update([episode])[DEFAULT_MODULE_ID]
+    assert stats["num_module_steps_trained"] == 8 and stats["num_gradient_steps"] == 20
+    for key, value in learner.get_weights(inference_only=False)[DEFAULT_MODULE_ID].items():
+        np.testing.assert_array_equal(value, before[key], err_msg=key)
