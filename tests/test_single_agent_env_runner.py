@@ -156,8 +156,8 @@ def test_metrics_count_chunks_returned_earlier():
     assert m["episode_len_max"] == max(lengths) and m["episode_len_min"] == min(lengths)
     assert m["episode_return_mean"] == pytest.approx(np.mean(returns))
     assert m["episode_return_max"] == max(returns)
-    assert m["agent_episode_returns_mean"]["default_agent"] == pytest.approx(np.mean(returns))
-    assert m["module_episode_returns_mean"][DEFAULT_MODULE_ID] == pytest.approx(np.mean(returns))
+    assert m["agent_episode_return_mean"]["default_agent"] == pytest.approx(np.mean(returns))
+    assert m["module_episode_return_mean"][DEFAULT_MODULE_ID] == pytest.approx(np.mean(returns))
     for timer in (
         "env_step_timer",
         "rlmodule_inference_timer",
