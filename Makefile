@@ -52,6 +52,7 @@ format: install
 
 bench-rust:
 	cargo bench --bench core
+	cargo bench --bench runner
 
 bench-python: build
 	$(PY) -m pytest benches -q --benchmark-only --benchmark-group-by=group --benchmark-columns=min,median,mean,ops
