@@ -422,3 +422,13 @@ def test_async_vector_env_gives_the_same_episodes_as_sync():
             np.testing.assert_array_equal(x.get_observations(), y.get_observations())
     finally:
         asyn.stop()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_device_samples_and_records_numpy():
+    r = fr.SingleAgentEnvRunner(config=config().resources(device="cuda"))
+    assert next(r.module[DEFAULT_MODULE_ID].parameters()).device.type == "cuda"
+    eps = r.sample(num_timesteps=20)
+    for e in eps:
+        assert isinstance(e.get_actions(), np.ndarray)
+        assert isinstance(e.get_extra_model_outputs(Columns.ACTION_LOGP), np.ndarray)
