@@ -298,6 +298,8 @@ def test_custom_module_phases_modes_and_grad():
     assert m(x)[Columns.ACTION_DIST_INPUTS].shape == (2, 3)
     assert m.unwrapped() is m and not m.is_stateful() and m.get_initial_state() == {}
     assert m.device == torch.device("cpu")
+    m.to(torch.device("meta"))  # the remembered tensor follows the module
+    assert m.device == torch.device("meta")
 
 
 def test_module_without_forward_says_what_to_implement():

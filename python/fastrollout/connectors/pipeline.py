@@ -16,7 +16,8 @@ class ConnectorPipelineV2(ConnectorV2):
     Pieces are found by index, by name (class name) or by class for editing
     (``insert_before``, ``insert_after``, ``remove``, ``[...]``). The output spaces of
     piece ``i`` are the input spaces of piece ``i + 1``; they are recomputed after every
-    edit.
+    edit, and an edit after which a piece cannot take its input space is undone (the
+    error is raised, the pipeline is as before).
 
     Args:
         input_observation_space: The observation space(s) of the first piece.
@@ -101,6 +102,17 @@ class ConnectorPipelineV2(ConnectorV2):
         label = name_or_class if isinstance(name_or_class, str) else name_or_class.__name__
         raise ValueError(f"no piece {label!r} in the pipeline {[c.name for c in self.connectors]}")
 
+    def _apply(self, new_connectors: list[ConnectorV2]) -> None:
+        """Swaps in an edited piece list; restores the old one if the spaces do not fit."""
+        old = self.connectors
+        self.connectors = new_connectors
+        try:
+            self._recompute_spaces()
+        except Exception:
+            self.connectors = old
+            self._recompute_spaces()
+            raise
+
     def prepend(self, connector: ConnectorV2) -> None:
         """Puts a piece first.
 
@@ -108,8 +120,7 @@ class ConnectorPipelineV2(ConnectorV2):
             connector: The piece.
         """
         self._check(connector)
-        self.connectors.insert(0, connector)
-        self._recompute_spaces()
+        self._apply([connector, *self.connectors])
 
     def append(self, connector: ConnectorV2) -> None:
         """Puts a piece last.
@@ -118,8 +129,7 @@ class ConnectorPipelineV2(ConnectorV2):
             connector: The piece.
         """
         self._check(connector)
-        self.connectors.append(connector)
-        self._recompute_spaces()
+        self._apply([*self.connectors, connector])
 
     def insert_before(self, name_or_class: str | type | int, connector: ConnectorV2) -> ConnectorV2:
         """Inserts a piece before the first one matching ``name_or_class``.
@@ -137,8 +147,7 @@ class ConnectorPipelineV2(ConnectorV2):
         self._check(connector)
         i = self._index(name_or_class)
         anchor = self.connectors[i]
-        self.connectors.insert(i, connector)
-        self._recompute_spaces()
+        self._apply([*self.connectors[:i], connector, *self.connectors[i:]])
         return anchor
 
     def insert_after(self, name_or_class: str | type | int, connector: ConnectorV2) -> ConnectorV2:
@@ -157,8 +166,7 @@ class ConnectorPipelineV2(ConnectorV2):
         self._check(connector)
         i = self._index(name_or_class)
         anchor = self.connectors[i]
-        self.connectors.insert(i + 1, connector)
-        self._recompute_spaces()
+        self._apply([*self.connectors[: i + 1], connector, *self.connectors[i + 1 :]])
         return anchor
 
     def remove(self, name_or_class: str | type | int) -> ConnectorV2:
@@ -173,8 +181,9 @@ class ConnectorPipelineV2(ConnectorV2):
         Raises:
             ValueError: If no piece matches.
         """
-        removed = self.connectors.pop(self._index(name_or_class))
-        self._recompute_spaces()
+        i = self._index(name_or_class)
+        removed = self.connectors[i]
+        self._apply([*self.connectors[:i], *self.connectors[i + 1 :]])
         return removed
 
     def __getitem__(self, key: str | type | int) -> ConnectorV2:

@@ -272,11 +272,22 @@ class RLModule(nn.Module):
     @property
     def device(self) -> torch.device:
         """The device of the module's first parameter or buffer (CPU if it has none)."""
-        for param in self.parameters():
-            return param.device
-        for buffer in self.buffers():
-            return buffer.device
-        return torch.device("cpu")
+        # Walking the module tree costs ~10 us, and connectors ask every step; the first
+        # tensor is remembered instead, and forgotten by ``_apply`` (what ``.to()``,
+        # ``.cuda()``, ``.cpu()`` run), which may replace it.
+        ref = self.__dict__.get("_device_ref")
+        if ref is None:
+            ref = next(iter(self.parameters()), None)
+            if ref is None:
+                ref = next(iter(self.buffers()), None)
+            if ref is None:
+                return torch.device("cpu")
+            self.__dict__["_device_ref"] = ref
+        return ref.device
+
+    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        self.__dict__.pop("_device_ref", None)
+        return super()._apply(fn, *args, **kwargs)
 
     def get_state(
         self,
