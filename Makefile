@@ -61,6 +61,8 @@ bench: bench-rust bench-python
 
 demo: build
 	$(PY) examples/demo.py
+	$(PY) -m fastrollout sample --env CartPole-v1 --num-envs 8 --timesteps 100000 --seed 0
+	$(PY) -m fastrollout sample --env CartPole-v1 --multi-agent 4 --num-envs 4 --timesteps 50000 --seed 0
 
 clean:
 	rm -rf target $(VENV) .pytest_cache .hypothesis .benchmarks
