@@ -51,8 +51,7 @@ format: install
 	$(PY) -m ruff check --fix python tests benches examples
 
 bench-rust:
-	cargo bench --bench core
-	cargo bench --bench runner
+	cargo bench --benches
 
 bench-python: build
 	$(PY) -m pytest benches -q --benchmark-only --benchmark-group-by=group --benchmark-columns=min,median,mean,ops
