@@ -432,3 +432,12 @@ def test_cuda_device_samples_and_records_numpy():
     for e in eps:
         assert isinstance(e.get_actions(), np.ndarray)
         assert isinstance(e.get_extra_model_outputs(Columns.ACTION_LOGP), np.ndarray)
+
+
+def test_episodes_to_numpy_false_returns_list_episodes():
+    c = config()
+    c.episodes_to_numpy = False
+    r = fr.SingleAgentEnvRunner(config=c)
+    eps = r.sample(num_timesteps=6)
+    assert eps and not any(e.is_numpy for e in eps)
+    assert isinstance(eps[0].get_actions(), list)
