@@ -51,7 +51,7 @@ format: install
 	$(PY) -m ruff check --fix python tests benches examples
 
 bench-rust:
-	cargo bench --bench core
+	cargo bench --benches
 
 bench-python: build
 	$(PY) -m pytest benches -q --benchmark-only --benchmark-group-by=group --benchmark-columns=min,median,mean,ops
@@ -60,6 +60,8 @@ bench: bench-rust bench-python
 
 demo: build
 	$(PY) examples/demo.py
+	$(PY) -m fastrollout sample --env CartPole-v1 --num-envs 8 --timesteps 100000 --seed 0
+	$(PY) -m fastrollout sample --env CartPole-v1 --multi-agent 4 --num-envs 4 --timesteps 50000 --seed 0
 
 clean:
 	rm -rf target $(VENV) .pytest_cache .hypothesis .benchmarks

@@ -11,7 +11,7 @@ import numpy as np
 class SeededLengthEnv(gym.Env):
     """Episode lengths drawn from the reset seed's RNG; actions are ignored.
 
-    Observation ``[t, episode number]``; reward ``0.5 * (t + 1)``; terminated after a
+    Observation ``[t, episode length]``; reward ``0.5 * (t + 1)``; terminated after a
     length in [3, 12] drawn at reset. Runs the same under any policy, so runners seeded
     alike produce the same episodes.
     """
@@ -31,7 +31,7 @@ class SeededLengthEnv(gym.Env):
         return self._obs(), {"len": self._len}
 
     def _obs(self) -> np.ndarray:
-        return np.array([self._t, self._n], np.float32)
+        return np.array([self._t, self._len], np.float32)
 
     def step(self, action: Any) -> Any:
         self._t += 1
@@ -77,3 +77,38 @@ class WrongShapeEnv(gym.Env):
         self._t += 1
         obs = np.zeros(5 if self._t >= 3 else 4, np.float32)
         return obs, 1.0, False, False, {}
+
+
+class LongEnv(gym.Env):
+    """Episodes of 1000 steps; counts the steps all instances took (``LongEnv.steps``)."""
+
+    steps = 0
+
+    def __init__(self, config: Any = None) -> None:
+        self.observation_space = gym.spaces.Box(0.0, 1000.0, (1,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self._t = 0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> Any:
+        super().reset(seed=seed)
+        self._t = 0
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action: Any) -> Any:
+        self._t += 1
+        LongEnv.steps += 1
+        return np.array([self._t], np.float32), 1.0, False, self._t >= 1000, {}
+
+
+def crash_first_sub_env_once(ctx: Any) -> Any:
+    """LongEnv; sub-env 0 of the first vector crashes on its 5th sampling step."""
+    from fastrollout.env.examples import CrashingEnv
+
+    first = ctx.vector_index == 0 and not _created[0]
+    if ctx.vector_index == 0:
+        _created[0] = True
+    # The env check at creation takes one step, so call 6 is the 5th sampling step.
+    return CrashingEnv(LongEnv(), crash_on_step={6} if first else ())
+
+
+_created = [False]

@@ -375,6 +375,9 @@ def test_register_env_and_creator_gets_env_context() -> None:
     assert [c.vector_index for c in seen] == [0, 4]
     assert all(c.worker_index == 2 and c.num_workers == 3 for c in seen)
     assert fastrollout.register_env is register_env
+    assert get_registered_env("never_registered") is None
+    register_env("test_env_registered", TurnBasedEnv)  # registering again replaces
+    assert get_registered_env("test_env_registered") is TurnBasedEnv
 
 
 def test_registered_name_shadows_gym_id() -> None:

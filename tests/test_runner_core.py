@@ -330,3 +330,68 @@ def test_multi_agent_record_steps_records_each_sub_env():
         multi_agent_record_steps(
             eps, [{}, {}], [{}, {}], [{}], [None] * 2, [None] * 2, [None] * 2, [None] * 2
         )
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    n=st.integers(1, 4),
+    steps=st.lists(
+        st.lists(st.tuples(st.booleans(), st.booleans()), min_size=4, max_size=4), max_size=12
+    ),
+    seed=st.integers(0, 2**16),
+)
+def test_vector_record_equals_per_episode_add_env_step(n, steps, seed):
+    """Any step sequence with dones and next-step resets: same episodes either way."""
+    rng = np.random.default_rng(seed)
+    native, reference = _episodes(n), _episodes(n)
+    done_native: list = []
+    done_reference: list = []
+    obs = rng.normal(size=(n, 3)).astype(np.float32)
+    _reset(native, obs)
+    for i, e in enumerate(reference):
+        e.add_env_reset(observation=obs[i], infos={})
+    for flags in steps:
+        term = np.array([f[0] and f[1] for f in flags[:n]])
+        trunc = np.array([f[1] and not f[0] for f in flags[:n]])
+        obs = rng.normal(size=(n, 3)).astype(np.float32)
+        act = rng.integers(0, 4, n)
+        rew = rng.normal(size=n)
+        logp = rng.normal(size=n).astype(np.float32)
+        _, done = single_agent_record_vector_step(
+            native, obs, act, rew, term, trunc, None, {"action_logp": logp}
+        )
+        for i in done:
+            done_native.append(native[i])
+            native[i] = SingleAgentEpisode(observation_space=OBS, action_space=ACT)
+        for i, e in enumerate(reference):
+            if not e.is_reset:
+                e.add_env_reset(observation=obs[i], infos={})
+                continue
+            e.add_env_step(
+                observation=obs[i],
+                action=act[i],
+                reward=rew[i],
+                infos={},
+                terminated=bool(term[i]),
+                truncated=bool(trunc[i]),
+                extra_model_outputs={"action_logp": logp[i]},
+            )
+            if e.is_done:
+                done_reference.append(e)
+                reference[i] = SingleAgentEpisode(observation_space=OBS, action_space=ACT)
+    assert len(done_native) == len(done_reference)
+    for a, b in zip(done_native + native, done_reference + reference, strict=True):
+        assert (len(a), a.is_terminated, a.is_truncated, a.is_reset) == (
+            len(b),
+            b.is_terminated,
+            b.is_truncated,
+            b.is_reset,
+        )
+        if a.is_reset:
+            np.testing.assert_array_equal(a.get_observations(), b.get_observations())
+        if len(a):
+            np.testing.assert_array_equal(a.get_actions(), b.get_actions())
+            np.testing.assert_array_equal(a.get_rewards(), b.get_rewards())
+            np.testing.assert_array_equal(
+                a.get_extra_model_outputs("action_logp"), b.get_extra_model_outputs("action_logp")
+            )

@@ -156,8 +156,8 @@ def test_metrics_count_chunks_returned_earlier():
     assert m["episode_len_max"] == max(lengths) and m["episode_len_min"] == min(lengths)
     assert m["episode_return_mean"] == pytest.approx(np.mean(returns))
     assert m["episode_return_max"] == max(returns)
-    assert m["agent_episode_returns_mean"]["default_agent"] == pytest.approx(np.mean(returns))
-    assert m["module_episode_returns_mean"][DEFAULT_MODULE_ID] == pytest.approx(np.mean(returns))
+    assert m["agent_episode_return_mean"]["default_agent"] == pytest.approx(np.mean(returns))
+    assert m["module_episode_return_mean"][DEFAULT_MODULE_ID] == pytest.approx(np.mean(returns))
     for timer in (
         "env_step_timer",
         "rlmodule_inference_timer",
@@ -422,3 +422,22 @@ def test_async_vector_env_gives_the_same_episodes_as_sync():
             np.testing.assert_array_equal(x.get_observations(), y.get_observations())
     finally:
         asyn.stop()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_device_samples_and_records_numpy():
+    r = fr.SingleAgentEnvRunner(config=config().resources(device="cuda"))
+    assert next(r.module[DEFAULT_MODULE_ID].parameters()).device.type == "cuda"
+    eps = r.sample(num_timesteps=20)
+    for e in eps:
+        assert isinstance(e.get_actions(), np.ndarray)
+        assert isinstance(e.get_extra_model_outputs(Columns.ACTION_LOGP), np.ndarray)
+
+
+def test_episodes_to_numpy_false_returns_list_episodes():
+    c = config()
+    c.episodes_to_numpy = False
+    r = fr.SingleAgentEnvRunner(config=c)
+    eps = r.sample(num_timesteps=6)
+    assert eps and not any(e.is_numpy for e in eps)
+    assert isinstance(eps[0].get_actions(), list)

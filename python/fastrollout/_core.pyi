@@ -6,9 +6,11 @@ from typing_extensions import Self, disjoint_base, final
 
 __all__ = [
     "EpisodeStateError",
+    "MetricsStore",
     "ModuleBatcher",
     "SingleAgentEpisodeCore",
     "SpaceMismatchError",
+    "StatsSnapshot",
     "StepMap",
     "__version__",
     "multi_agent_add_env_reset",
@@ -246,3 +248,73 @@ class ModuleBatcher:
         actions_for_env_key: str = "actions_for_env",
         extra_constants: dict[str, Any] | None = None,
     ) -> list[tuple[dict[Any, Any], dict[Any, Any], dict[Any, dict[str, Any]]]]: ...
+
+@final
+class StatsSnapshot:
+    """What one stat's reduce() returned: its configuration and reduced content."""
+
+    def peek(self, compile: bool = True) -> Any: ...
+    @property
+    def reduce_method(self) -> str: ...
+    @property
+    def count(self) -> float | None: ...
+    def __float__(self) -> float: ...
+    def get_state(self) -> dict[str, Any]: ...
+    @staticmethod
+    def from_state(state: dict[str, Any]) -> StatsSnapshot: ...
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]: ...
+
+@disjoint_base
+class MetricsStore:
+    """The native store behind fastrollout.MetricsLogger (which subclasses it)."""
+
+    def __new__(cls, root: bool = False) -> Self: ...
+    @property
+    def _is_root_logger(self) -> bool: ...
+    def log_value(
+        self,
+        key: Any,
+        value: Any,
+        *,
+        reduce: str | None = None,
+        window: float | None = None,
+        ema_coeff: float | None = None,
+        percentiles: list[float] | bool | None = None,
+        clear_on_reduce: bool | None = None,
+        with_throughput: bool | None = None,
+        throughput_ema_coeff: float | None = None,
+        reduce_per_index_on_aggregate: bool | None = None,
+    ) -> None: ...
+    def set_value(
+        self,
+        key: Any,
+        value: Any,
+        *,
+        reduce: str | None = None,
+        window: float | None = None,
+        ema_coeff: float | None = None,
+        percentiles: list[float] | bool | None = None,
+        with_throughput: bool | None = None,
+    ) -> None: ...
+    def __contains__(self, key: Any, /) -> bool: ...
+    def reset(self) -> None: ...
+    # Internal helpers of the Python subclass.
+    def _ensure(
+        self,
+        key: Any,
+        *,
+        reduce: str | None = None,
+        window: float | None = None,
+        ema_coeff: float | None = None,
+        percentiles: list[float] | bool | None = None,
+        with_throughput: bool | None = None,
+    ) -> str: ...
+    def _peek(
+        self, key: Any = None, compile: bool = True, latest_merged_only: bool = False
+    ) -> Any: ...
+    def _reduce(self, compile: bool = False) -> dict[Any, Any]: ...
+    def _aggregate(self, stats_dicts: Any, key: Any = None) -> None: ...
+    def _throughputs(self, key: Any = None) -> Any: ...
+    def _delete(self, key: Any, key_error: bool = True) -> None: ...
+    def _get_state(self) -> dict[str, Any]: ...
+    def _set_state(self, state: Any) -> None: ...

@@ -139,7 +139,7 @@ impl Config {
             Some(name) => Reduce::parse(name).ok_or_else(|| {
                 let names: Vec<&str> = Reduce::ALL.iter().map(|r| r.name()).collect();
                 MetricsError::Value(format!(
-                    "invalid reduce method {name:?}: expected one of {}",
+                    "invalid reduce method '{name}': expected one of {}",
                     names.join(", ")
                 ))
             })?,
@@ -156,7 +156,7 @@ impl Config {
                     Reduce::Ema => "window is not supported for reduce='ema'; use reduce='mean' \
                                     with a window instead"
                         .to_string(),
-                    _ => format!("window is not supported for reduce={r:?}"),
+                    _ => format!("window is not supported for reduce='{r}'"),
                 });
             }
             cfg.window = match w {
@@ -181,18 +181,16 @@ impl Config {
                         "ema_coeff is not supported for reduce='mean'; use reduce='ema' instead",
                     )
                 }
-                _ => return value_err(format!("ema_coeff is not supported for reduce={r:?}")),
+                _ => return value_err(format!("ema_coeff is not supported for reduce='{r}'")),
             }
         }
-        match (&opts.percentiles, reduce) {
-            (None, _) => {}
-            (Some(_), red) if red != Reduce::Percentiles => {
+        if let Some(p) = &opts.percentiles {
+            if reduce != Reduce::Percentiles {
                 return value_err(format!(
-                    "percentiles is only supported for reduce='percentiles', not reduce={r:?}"
-                ))
+                    "percentiles is only supported for reduce='percentiles', not reduce='{r}'"
+                ));
             }
-            (Some(PercentilesArg::Default), _) => {}
-            (Some(PercentilesArg::List(ps)), _) => {
+            if let PercentilesArg::List(ps) = p {
                 if let Some(p) = ps.iter().find(|p| !(0.0..=100.0).contains(*p)) {
                     return value_err(format!("percentiles must be in [0, 100], got {p}"));
                 }
@@ -203,7 +201,7 @@ impl Config {
             if !matches!(reduce, Reduce::Sum | Reduce::LifetimeSum) {
                 return value_err(format!(
                     "with_throughput=True is only supported for reduce='sum' or \
-                     reduce='lifetime_sum', not reduce={r:?}"
+                     reduce='lifetime_sum', not reduce='{r}'"
                 ));
             }
             cfg.with_throughput = true;
@@ -213,6 +211,8 @@ impl Config {
 }
 
 #[cfg(test)]
+// The expected values are exact.
+#[allow(clippy::float_cmp)]
 mod tests {
     use super::*;
 

@@ -246,7 +246,7 @@ impl<T: Clone> Stat<T> {
                 s.push(v);
             }
             Data::Item(_) | Data::Items { .. } => {
-                return value_err(format!("reduce={:?} logs items, not numbers", self.config.reduce.name()))
+                return value_err(format!("reduce='{}' logs items, not numbers", self.config.reduce.name()))
             }
         }
         Ok(())
@@ -265,7 +265,7 @@ impl<T: Clone> Stat<T> {
                 }
                 Ok(None)
             }
-            _ => value_err(format!("reduce={:?} logs numbers, not items", self.config.reduce.name())),
+            _ => value_err(format!("reduce='{}' logs numbers, not items", self.config.reduce.name())),
         }
     }
 
@@ -446,17 +446,52 @@ impl<T: Clone> Stat<T> {
     }
 
     /// Merges the reductions of n loggers into this aggregator (RLlib's `merge`).
-    pub fn merge(&mut self, incoming: &[&Payload<T>]) -> Result<(), MetricsError> {
+    /// Checks that `merge(incoming)` would succeed, changing nothing.
+    pub fn check_merge(&self, incoming: &[&Payload<T>]) -> Result<(), MetricsError> {
         if self.is_leaf {
             return value_err(
                 "cannot aggregate into a key that values are logged to directly; aggregation \
                  keys must be separate from direct logging keys",
             );
         }
+        Self::check_payloads(self.config.reduce, incoming)
+    }
+
+    /// Checks that `incoming` are reductions of `reduce` stats (and one item for `item`).
+    pub fn check_payloads(reduce: Reduce, incoming: &[&Payload<T>]) -> Result<(), MetricsError> {
+        let fits = |p: &Payload<T>| match p {
+            Payload::Series(_) => matches!(reduce, Reduce::Min | Reduce::Max | Reduce::Sum),
+            Payload::Mean { .. } => reduce == Reduce::Mean,
+            Payload::Ema(_) => reduce == Reduce::Ema,
+            Payload::LifetimeSum(_) => reduce == Reduce::LifetimeSum,
+            Payload::Sorted(_) => reduce == Reduce::Percentiles,
+            Payload::Item(_) => reduce == Reduce::Item,
+            Payload::Items(_) => reduce == Reduce::ItemSeries,
+        };
+        if !incoming.iter().all(|p| fits(p)) {
+            return value_err(format!(
+                "cannot merge a different kind of stat into reduce='{}'",
+                reduce.name()
+            ));
+        }
+        if reduce == Reduce::Item && incoming.len() != 1 {
+            return value_err(format!(
+                "reduce='item' keeps one item: it can take the reduction of exactly one logger, \
+                 got {}",
+                incoming.len()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Merges the reductions of n loggers into this aggregator (RLlib's `merge`); on error
+    /// (see `check_merge`) the stat is unchanged.
+    pub fn merge(&mut self, incoming: &[&Payload<T>]) -> Result<(), MetricsError> {
+        self.check_merge(incoming)?;
         let reduce = self.config.reduce;
         let mismatch = || {
             MetricsError::Value(format!(
-                "cannot merge a different kind of stat into reduce={:?}",
+                "cannot merge a different kind of stat into reduce='{}'",
                 reduce.name()
             ))
         };
@@ -547,18 +582,16 @@ impl<T: Clone> Stat<T> {
         if !self.config.with_throughput {
             return None;
         }
-        match self.data {
-            Data::LifetimeSum(s) => Some(Throughput::Lifetime {
+        if let Data::LifetimeSum(s) = self.data {
+            return Some(Throughput::Lifetime {
                 since_last_reduce: (s - self.value_at_last_reduce) / (now - self.last_reduce_time),
                 since_last_restore: self
                     .is_root
                     .then(|| (s - self.value_at_last_restore) / (now - self.last_restore_time)),
-            }),
-            _ => {
-                let v = self.series_acc().result(self.config.reduce);
-                Some(Throughput::Sum(v / (now - self.last_reduce_time)))
-            }
+            });
         }
+        let v = self.series_acc().result(self.config.reduce);
+        Some(Throughput::Sum(v / (now - self.last_reduce_time)))
     }
 
     /// A new, empty aggregator with this payload's configuration.
@@ -643,6 +676,8 @@ impl<T: Clone> Stat<T> {
 }
 
 #[cfg(test)]
+// The expected values are exact (small integers and halves).
+#[allow(clippy::float_cmp)]
 mod tests {
     use super::*;
 
@@ -767,7 +802,42 @@ mod tests {
         let mut s = leaf(Reduce::Sum, None);
         assert!(s.merge(&[&Payload::Series(1.0)]).is_err());
         let mut root = Stat::<i32>::aggregator(Config::new(Reduce::Sum), true, 0.0);
-        assert!(root.merge(&[&Payload::Ema(1.0)]).is_err());
+        let before = root.clone();
+        assert!(root.merge(&[&Payload::Series(1.0), &Payload::Ema(1.0)]).is_err());
+        assert_eq!(root, before, "a failed merge changes nothing");
+        for (reduce, ok) in [
+            (Reduce::Mean, Payload::Mean { mean: 1.0, count: 2.0 }),
+            (Reduce::Ema, Payload::Ema(1.0)),
+            (Reduce::LifetimeSum, Payload::LifetimeSum(1.0)),
+            (Reduce::Percentiles, Payload::Sorted(vec![1.0])),
+            (Reduce::ItemSeries, Payload::Items(vec![1])),
+        ] {
+            assert!(Stat::<i32>::check_payloads(reduce, &[&ok, &ok]).is_ok());
+            assert!(Stat::<i32>::check_payloads(reduce, &[&Payload::Series(1.0)]).is_err());
+        }
+    }
+
+    #[test]
+    fn ema_aggregator_averages_incoming_and_forgets_them_on_reduce() {
+        let mut root = Stat::<i32>::aggregator(Config::new(Reduce::Ema), true, 0.0);
+        assert!(peek_f(&mut root).is_nan());
+        root.merge(&[&Payload::Ema(1.0), &Payload::Ema(f64::NAN), &Payload::Ema(3.0)]).unwrap();
+        assert_eq!(peek_f(&mut root), 2.0);
+        assert_eq!(root.reduce(0.0), Payload::Ema(2.0));
+        assert!(peek_f(&mut root).is_nan());
+        root.merge(&[&Payload::Ema(f64::NAN)]).unwrap();
+        assert!(peek_f(&mut root).is_nan());
+    }
+
+    #[test]
+    fn latest_merged_only_before_any_merge() {
+        let mut root = Stat::<i32>::aggregator(Config::new(Reduce::Max), true, 0.0);
+        assert_eq!(root.peek(false, true).unwrap(), Peeked::Floats(vec![]));
+        let mut p = Stat::<i32>::aggregator(Config::new(Reduce::Percentiles), true, 0.0);
+        let Peeked::Percentiles(ps) = p.peek(true, true).unwrap() else { panic!() };
+        assert!(ps.iter().all(|(_, v)| v.is_none()));
+        let mut l = leaf(Reduce::Max, None);
+        assert!(l.peek(true, true).is_err());
     }
 
     #[test]

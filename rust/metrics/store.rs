@@ -17,7 +17,7 @@ pub enum KeyPart {
 impl std::fmt::Display for KeyPart {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            KeyPart::Str(s) => write!(f, "{s:?}"),
+            KeyPart::Str(s) => write!(f, "'{}'", s.replace('\'', "\\'")),
             KeyPart::Int(i) => write!(f, "{i}"),
         }
     }
@@ -105,12 +105,11 @@ impl<T> Store<T> {
         let mut branch = &mut self.root;
         for (i, k) in path.iter().enumerate() {
             let last = i + 1 == path.len();
-            let pos = match branch.iter().position(|(p, _)| p == k) {
-                Some(pos) => pos,
-                None => {
-                    branch.push((k.clone(), Node::Branch(Vec::new())));
-                    branch.len() - 1
-                }
+            let pos = if let Some(pos) = branch.iter().position(|(p, _)| p == k) {
+                pos
+            } else {
+                branch.push((k.clone(), Node::Branch(Vec::new())));
+                branch.len() - 1
             };
             let node = &mut branch[pos].1;
             match node {
@@ -133,15 +132,12 @@ impl<T> Store<T> {
                             key_repr(path)
                         )));
                     }
-                    let id = match self.free.pop() {
-                        Some(id) => {
-                            self.slots[id] = Some(stat);
-                            id
-                        }
-                        None => {
-                            self.slots.push(Some(stat));
-                            self.slots.len() - 1
-                        }
+                    let id = if let Some(id) = self.free.pop() {
+                        self.slots[id] = Some(stat);
+                        id
+                    } else {
+                        self.slots.push(Some(stat));
+                        self.slots.len() - 1
                     };
                     *node = Node::Leaf(id);
                     return Ok(id);
@@ -149,7 +145,37 @@ impl<T> Store<T> {
                 Node::Branch(b) => branch = b,
             }
         }
-        unreachable!("the loop returns at the last part of a non-empty path")
+        // The loop returns at the last part of the (non-empty) path.
+        Err(MetricsError::Value("a metric key must not be empty".into()))
+    }
+
+    /// Checks that `insert(path, ..)` would not fail on the tree's shape.
+    pub fn check_insert(&self, path: &[KeyPart]) -> Result<(), MetricsError> {
+        if path.is_empty() {
+            return Err(MetricsError::Value("a metric key must not be empty".into()));
+        }
+        let mut branch: &[(KeyPart, Node)] = &self.root;
+        for (i, k) in path.iter().enumerate() {
+            match child(branch, k) {
+                None => return Ok(()),
+                Some(Node::Leaf(_)) if i + 1 == path.len() => return Ok(()),
+                Some(Node::Leaf(_)) => {
+                    return Err(MetricsError::Value(format!(
+                        "cannot log under key {}: {} already holds a metric",
+                        key_repr(path),
+                        key_repr(&path[..=i])
+                    )))
+                }
+                Some(Node::Branch(b)) if i + 1 == path.len() && !b.is_empty() => {
+                    return Err(MetricsError::Value(format!(
+                        "cannot log to key {}: it holds nested metrics",
+                        key_repr(path)
+                    )))
+                }
+                Some(Node::Branch(b)) => branch = b,
+            }
+        }
+        Ok(())
     }
 
     /// Removes the stat or group of stats at `path`; returns the removed stats.
@@ -233,8 +259,11 @@ mod tests {
         assert!(matches!(st.find(&k(&["g", "b"])), Found::Leaf(i) if i == b));
         assert!(matches!(st.find(&k(&["g"])), Found::Branch(br) if br.len() == 2));
         assert!(matches!(st.find(&k(&["a", "x"])), Found::Missing));
+        assert!(st.check_insert(&k(&["a", "x"])).is_err());
         assert!(st.insert(&k(&["a", "x"]), s()).is_err());
+        assert!(st.check_insert(&k(&["g"])).is_err());
         assert!(st.insert(&k(&["g"]), s()).is_err());
+        assert!(st.check_insert(&k(&["g", "new"])).is_ok() && st.check_insert(&k(&["a"])).is_ok());
         assert_eq!(st.remove(&k(&["g"])).unwrap().len(), 2);
         assert!(matches!(st.remove(&k(&["g"])), Err(MetricsError::Key(_))));
         // Freed slots are reused.

@@ -177,7 +177,10 @@ pub fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
     let index = p / 100.0 * (n - 1) as f64;
     let lower = index.floor();
     let lo = (lower as usize).min(n - 1);
-    if index == lower {
+    // Exactly on a rank (RLlib's `index.is_integer()`): that value, no interpolation.
+    #[allow(clippy::float_cmp)]
+    let on_rank = index == lower;
+    if on_rank {
         return Some(sorted[lo]);
     }
     let weight = index - lower;
@@ -186,6 +189,8 @@ pub fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
 }
 
 #[cfg(test)]
+// The expected values are exact.
+#[allow(clippy::float_cmp)]
 mod tests {
     use super::*;
 
@@ -214,6 +219,20 @@ mod tests {
         assert_eq!(s.in_order(), vec![3.0, 2.0, 2.0]);
         assert_eq!(s.take_sorted(), vec![2.0, 2.0, 3.0]);
         assert!(s.is_empty());
+    }
+
+    #[test]
+    fn ring_of_one_and_sorted_duplicates() {
+        let mut r = Ring::new(1);
+        assert_eq!(r.push(1), None);
+        assert_eq!(r.push(2), Some(1));
+        assert_eq!((r.len(), r.capacity()), (1, 1));
+        let mut s = SortedValues::new(Some(2));
+        for v in [1.0, 1.0, 1.0, 0.5] {
+            s.push(v);
+        }
+        assert_eq!(s.sorted(), &[0.5, 1.0]);
+        assert_eq!(s.in_order(), vec![1.0, 0.5]);
     }
 
     #[test]

@@ -102,7 +102,7 @@ fn given<'a, 'py>(o: Option<&'a Bound<'py, PyAny>>) -> Option<&'a Bound<'py, PyA
 impl RawOptions<'_, '_> {
     fn resolve(&self) -> PyResult<Config> {
         let reduce = given(self.reduce)
-            .map(|r| r.extract::<String>())
+            .map(PyAnyMethods::extract::<String>)
             .transpose()
             .map_err(|_| PyTypeError::new_err("reduce must be a str naming the reduction method"))?;
         let window = given(self.window)
@@ -118,7 +118,7 @@ impl RawOptions<'_, '_> {
                 }
             })
             .transpose()?;
-        let ema_coeff = given(self.ema_coeff).map(|c| c.extract::<f64>()).transpose()?;
+        let ema_coeff = given(self.ema_coeff).map(PyAnyMethods::extract::<f64>).transpose()?;
         let percentiles = match given(self.percentiles) {
             None => None,
             Some(p) if p.is_instance_of::<PyBool>() => p.is_truthy()?.then_some(PercentilesArg::Default),
@@ -126,7 +126,7 @@ impl RawOptions<'_, '_> {
                 PyTypeError::new_err("percentiles must be a list of numbers in [0, 100] or True")
             })?)),
         };
-        let flag = |o: Option<&Bound<'_, PyAny>>| given(o).map(|v| v.is_truthy()).transpose();
+        let flag = |o: Option<&Bound<'_, PyAny>>| given(o).map(PyAnyMethods::is_truthy).transpose();
         Config::resolve(&Options {
             reduce,
             window,
@@ -240,7 +240,7 @@ fn req<'py>(d: &Bound<'py, PyDict>, k: &str) -> PyResult<Bound<'py, PyAny>> {
 fn config_from(d: &Bound<'_, PyDict>) -> PyResult<Config> {
     let name: String = req(d, "reduce")?.extract()?;
     let reduce = Reduce::parse(&name)
-        .ok_or_else(|| PyValueError::new_err(format!("unknown reduce {name:?} in state")))?;
+        .ok_or_else(|| PyValueError::new_err(format!("unknown reduce '{name}' in state")))?;
     let window: Option<usize> = req(d, "window")?.extract()?;
     if window == Some(0) {
         return Err(PyValueError::new_err("window must be a positive int"));
@@ -254,11 +254,8 @@ fn config_from(d: &Bound<'_, PyDict>) -> PyResult<Config> {
     })
 }
 
-fn objs(py: Python<'_>, l: &Bound<'_, PyAny>) -> PyResult<Vec<PyObj>> {
-    l.try_iter()?.map(|o| Ok(PyObj(o?.unbind()))).collect::<PyResult<_>>().map(|v: Vec<PyObj>| {
-        let _ = py;
-        v
-    })
+fn objs(l: &Bound<'_, PyAny>) -> PyResult<Vec<PyObj>> {
+    l.try_iter()?.map(|o| Ok(PyObj(o?.unbind()))).collect()
 }
 
 fn stat_state_dict<'py>(py: Python<'py>, s: &PyStat) -> PyResult<Bound<'py, PyDict>> {
@@ -275,7 +272,7 @@ fn stat_state_dict<'py>(py: Python<'py>, s: &PyStat) -> PyResult<Bound<'py, PyDi
     Ok(d)
 }
 
-fn stat_from_state(py: Python<'_>, d: &Bound<'_, PyDict>, t: f64) -> PyResult<PyStat> {
+fn stat_from_state(d: &Bound<'_, PyDict>, t: f64) -> PyResult<PyStat> {
     let item = req(d, "item")?;
     let st = StatState {
         config: config_from(d)?,
@@ -286,7 +283,7 @@ fn stat_from_state(py: Python<'_>, d: &Bound<'_, PyDict>, t: f64) -> PyResult<Py
         count: req(d, "count")?.extract()?,
         merged: req(d, "merged")?.extract()?,
         item: (!item.is_none()).then(|| PyObj(item.unbind())),
-        items: objs(py, &req(d, "items")?)?,
+        items: objs(&req(d, "items")?)?,
     };
     Stat::from_state(st, t).map_err(metrics_error)
 }
@@ -336,7 +333,7 @@ impl StatsSnapshotPy {
         let v = self.peek(py, true)?;
         v.extract::<f64>().map_err(|_| {
             PyValueError::new_err(format!(
-                "a reduce={:?} result is not a single number",
+                "a reduce='{}' result is not a single number",
                 self.reduce_method()
             ))
         })
@@ -344,7 +341,7 @@ impl StatsSnapshotPy {
 
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
         Ok(format!(
-            "StatsSnapshot(reduce={:?}, value={})",
+            "StatsSnapshot(reduce='{}', value={})",
             self.reduce_method(),
             self.peek(py, true)?.repr()?
         ))
@@ -372,7 +369,7 @@ impl StatsSnapshotPy {
 
     /// A snapshot from `get_state()`'s dict.
     #[staticmethod]
-    fn from_state(py: Python<'_>, state: &Bound<'_, PyDict>) -> PyResult<StatsSnapshotPy> {
+    fn from_state(state: &Bound<'_, PyDict>) -> PyResult<StatsSnapshotPy> {
         let config = config_from(state)?;
         let shape =
             Stat::new(config, req(state, "is_root")?.extract()?, req(state, "is_leaf")?.extract()?, 0.0);
@@ -391,7 +388,7 @@ impl StatsSnapshotPy {
                 let i = req(state, "item")?;
                 Payload::Item((!i.is_none()).then(|| PyObj(i.unbind())))
             }
-            Reduce::ItemSeries => Payload::Items(objs(py, &req(state, "items")?)?),
+            Reduce::ItemSeries => Payload::Items(objs(&req(state, "items")?)?),
         };
         Ok(StatsSnapshotPy { shape, payload })
     }
@@ -407,11 +404,87 @@ struct Inner {
     store: Store<PyObj>,
     /// Python key object -> slab slot of a stat, for keys seen before.
     cache: Py<PyDict>,
+    /// Torch tensors logged to mean/min/max/sum stats and not read yet, per slot, in order.
+    /// They stay where they are (a GPU tensor on its GPU, as RLlib keeps them) and reach
+    /// the host in one `stack(...).cpu()` per stat at the next read, instead of one device
+    /// sync per logged value. (RLlib's EMA, lifetime sum and percentiles check each value
+    /// for NaN when it is logged, a sync each; those convert at once here too.)
+    pending: Vec<(usize, Vec<PyObj>)>,
+}
+
+/// The values of one-element tensors, moved to the host in one transfer when they allow
+/// it (same device and dtype kind), one by one otherwise.
+fn host_values(py: Python<'_>, tensors: &[PyObj]) -> PyResult<Vec<f64>> {
+    let batched = || -> PyResult<Vec<f64>> {
+        let list = PyList::new(py, tensors.iter().map(|t| t.0.bind(py)))?;
+        py.import("torch")?
+            .call_method1("stack", (list,))?
+            .call_method1("reshape", (-1,))?
+            .call_method0("cpu")?
+            .call_method0("tolist")?
+            .extract()
+    };
+    match batched() {
+        Ok(v) if v.len() == tensors.len() => Ok(v),
+        _ => tensors.iter().map(|t| t.0.bind(py).extract::<f64>()).collect(),
+    }
 }
 
 impl Inner {
     fn forget_keys(&mut self, py: Python<'_>) {
         self.cache.bind(py).clear();
+    }
+
+    /// Pushes the pending tensors of every stat (`slot: None`) or of one.
+    fn flush(&mut self, py: Python<'_>, slot: Option<usize>) -> PyResult<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let (now_due, keep): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut self.pending).into_iter().partition(|(s, _)| slot.is_none_or(|x| x == *s));
+        self.pending = keep;
+        for (s, tensors) in now_due {
+            let values = host_values(py, &tensors)?;
+            if let Some(stat) = self.store.get_mut(s) {
+                for v in values {
+                    stat.push(v).map_err(metrics_error)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `log_value`'s push into the stat in `slot`.
+    fn push(
+        &mut self,
+        py: Python<'_>,
+        slot: usize,
+        key: &Bound<'_, PyAny>,
+        value: &Bound<'_, PyAny>,
+        garbage: &mut Vec<PyObj>,
+    ) -> PyResult<()> {
+        let Some(stat) = self.store.get(slot) else {
+            return Err(PyKeyError::new_err("metric key vanished while logging"));
+        };
+        let deferrable = stat.is_leaf()
+            && matches!(stat.reduce_kind(), Reduce::Mean | Reduce::Min | Reduce::Max | Reduce::Sum);
+        if deferrable && !value.is_exact_instance_of::<PyFloat>() && is_torch_tensor(value) {
+            if value.call_method0("numel")?.extract::<usize>()? != 1 {
+                // Raises the error that names the key and the value.
+                number(key, value)?;
+            }
+            let t = PyObj(value.call_method0("detach")?.unbind());
+            match self.pending.iter_mut().find(|(s, _)| *s == slot) {
+                Some((_, ts)) => ts.push(t),
+                None => self.pending.push((slot, vec![t])),
+            }
+            return Ok(());
+        }
+        self.flush(py, Some(slot))?;
+        match self.store.get_mut(slot) {
+            Some(stat) => push(stat, key, value, garbage),
+            None => Err(PyKeyError::new_err("metric key vanished while logging")),
+        }
     }
 }
 
@@ -437,7 +510,6 @@ impl MetricsStorePy {
         g: &mut Inner,
         key: &Bound<'_, PyAny>,
         opts: &RawOptions<'_, '_>,
-        t: f64,
     ) -> PyResult<usize> {
         let cache = g.cache.bind(py);
         if let Ok(Some(slot)) = cache.get_item(key) {
@@ -453,7 +525,7 @@ impl MetricsStorePy {
                 )))
             }
             _ => {
-                let stat = Stat::new(opts.resolve()?, self.root, true, t);
+                let stat = Stat::new(opts.resolve()?, self.root, true, now());
                 g.store.insert(&path, stat).map_err(metrics_error)?
             }
         };
@@ -491,6 +563,7 @@ impl MetricsStorePy {
         mut f: impl FnMut(&mut PyStat) -> PyResult<Bound<'py, PyAny>>,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         let mut g = self.lock(py);
+        g.flush(py, None)?;
         let path = match key {
             Some(k) if !k.is_none() => key_path(k)?,
             _ => Vec::new(),
@@ -543,7 +616,11 @@ impl MetricsStorePy {
     #[pyo3(signature = (root=false))]
     fn new(py: Python<'_>, root: bool) -> MetricsStorePy {
         MetricsStorePy {
-            inner: Mutex::new(Inner { store: Store::default(), cache: PyDict::new(py).unbind() }),
+            inner: Mutex::new(Inner {
+                store: Store::default(),
+                cache: PyDict::new(py).unbind(),
+                pending: Vec::new(),
+            }),
             root,
             created: now(),
         }
@@ -590,11 +667,8 @@ impl MetricsStorePy {
         let mut garbage = Vec::new();
         {
             let mut g = this.lock(py);
-            let slot = this.slot(py, &mut g, key, &opts, now())?;
-            let Some(stat) = g.store.get_mut(slot) else {
-                return Err(PyKeyError::new_err("metric key vanished while logging"));
-            };
-            push(stat, key, value, &mut garbage)?;
+            let slot = this.slot(py, &mut g, key, &opts)?;
+            g.push(py, slot, key, value, &mut garbage)?;
         }
         // Replaced items are released after unlocking: their destructors may run Python.
         drop(garbage);
@@ -603,6 +677,7 @@ impl MetricsStorePy {
 
     /// Creates the stat under `key` if it is missing (`log_time`); returns its reduction.
     #[pyo3(signature = (key, *, reduce=None, window=None, ema_coeff=None, percentiles=None, with_throughput=None))]
+    #[allow(clippy::too_many_arguments)]
     fn _ensure(
         &self,
         py: Python<'_>,
@@ -616,7 +691,7 @@ impl MetricsStorePy {
         let opts =
             RawOptions { reduce, window, ema_coeff, percentiles, clear_on_reduce: None, with_throughput };
         let mut g = self.lock(py);
-        let slot = self.slot(py, &mut g, key, &opts, now())?;
+        let slot = self.slot(py, &mut g, key, &opts)?;
         Ok(g.store.get(slot).map_or("", |s| s.reduce_kind().name()))
     }
 
@@ -639,7 +714,8 @@ impl MetricsStorePy {
         let mut garbage = Vec::new();
         {
             let mut g = self.lock(py);
-            let slot = self.slot(py, &mut g, key, &opts, now())?;
+            g.flush(py, None)?;
+            let slot = self.slot(py, &mut g, key, &opts)?;
             let Some(stat) = g.store.get_mut(slot) else {
                 return Err(PyKeyError::new_err("metric key vanished while logging"));
             };
@@ -732,30 +808,42 @@ impl MetricsStorePy {
         let mut index: HashMap<Vec<KeyPart>, usize> = HashMap::new();
         let mut groups: Vec<(Vec<KeyPart>, Vec<Bound<'_, StatsSnapshotPy>>)> = Vec::new();
         for (path, snap) in flat {
-            match index.get(&path) {
-                Some(&i) => groups[i].1.push(snap),
-                None => {
-                    index.insert(path.clone(), groups.len());
-                    groups.push((path, vec![snap]));
-                }
+            if let Some(&i) = index.get(&path) {
+                groups[i].1.push(snap);
+            } else {
+                index.insert(path.clone(), groups.len());
+                groups.push((path, vec![snap]));
             }
         }
         let mut g = self.lock(py);
-        for (path, snaps) in groups {
-            let slot = match g.store.find(&path) {
-                Found::Leaf(id) => id,
-                _ => {
-                    let first = snaps[0].get();
-                    let stat = Stat::aggregator(first.shape.config().clone(), self.root, self.created);
-                    g.store.insert(&path, stat).map_err(metrics_error)?
-                }
+        let with_key = |path: &[KeyPart], e: MetricsError| match e {
+            MetricsError::Value(m) => PyValueError::new_err(format!("key {}: {m}", key_repr(path))),
+            other @ MetricsError::Key(_) => metrics_error(other),
+        };
+        // Everything is checked before anything is merged, so a failing aggregate leaves
+        // the logger as it was.
+        let payloads: Vec<Vec<&Payload<PyObj>>> =
+            groups.iter().map(|(_, snaps)| snaps.iter().map(|s| &s.get().payload).collect()).collect();
+        for ((path, snaps), incoming) in groups.iter().zip(&payloads) {
+            let checked = match g.store.find(path) {
+                Found::Leaf(id) => g.store.get(id).map_or(Ok(()), |s| s.check_merge(incoming)),
+                _ => g
+                    .store
+                    .check_insert(path)
+                    .and_then(|()| Stat::check_payloads(snaps[0].get().shape.reduce_kind(), incoming)),
             };
-            let payloads: Vec<&Payload<PyObj>> = snaps.iter().map(|s| &s.get().payload).collect();
+            checked.map_err(|e| with_key(path, e))?;
+        }
+        for ((path, snaps), incoming) in groups.iter().zip(&payloads) {
+            let slot = if let Found::Leaf(id) = g.store.find(path) {
+                id
+            } else {
+                let first = snaps[0].get();
+                let stat = Stat::aggregator(first.shape.config().clone(), self.root, self.created);
+                g.store.insert(path, stat).map_err(|e| with_key(path, e))?
+            };
             let Some(stat) = g.store.get_mut(slot) else { continue };
-            stat.merge(&payloads).map_err(|e| match e {
-                MetricsError::Value(m) => PyValueError::new_err(format!("key {}: {m}", key_repr(&path))),
-                other => metrics_error(other),
-            })?;
+            stat.merge(incoming).map_err(|e| with_key(path, e))?;
         }
         Ok(())
     }
@@ -783,6 +871,7 @@ impl MetricsStorePy {
             })
         };
         let mut g = self.lock(py);
+        g.flush(py, None)?;
         let path = match key {
             Some(k) if !k.is_none() => key_path(k)?,
             _ => Vec::new(),
@@ -806,16 +895,15 @@ impl MetricsStorePy {
                 for (p, id) in leaves {
                     let Some(tp) = g.store.get_mut(id).and_then(|s| s.throughput(t)) else { continue };
                     let mut d = out.clone();
-                    let (last, inner) = p.split_last().expect("leaf paths are not empty");
+                    let Some((last, inner)) = p.split_last() else { continue };
                     for k in inner {
                         let kp = key_part_py(py, k)?;
-                        let sub = match d.get_item(&kp)? {
-                            Some(s) => s.cast_into::<PyDict>()?,
-                            None => {
-                                let s = PyDict::new(py);
-                                d.set_item(&kp, &s)?;
-                                s
-                            }
+                        let sub = if let Some(s) = d.get_item(&kp)? {
+                            s.cast_into::<PyDict>()?
+                        } else {
+                            let s = PyDict::new(py);
+                            d.set_item(&kp, &s)?;
+                            s
                         };
                         d = sub;
                     }
@@ -836,6 +924,7 @@ impl MetricsStorePy {
         let path = key_path(key)?;
         let removed = {
             let mut g = self.lock(py);
+            g.flush(py, None)?;
             g.forget_keys(py);
             g.store.remove(&path)
         };
@@ -851,17 +940,19 @@ impl MetricsStorePy {
 
     /// Removes every stat.
     fn reset(&self, py: Python<'_>) {
+        // Dropped after unlocking: destructors may run Python.
         let removed = {
             let mut g = self.lock(py);
             g.forget_keys(py);
-            g.store.clear()
+            (g.store.clear(), std::mem::take(&mut g.pending))
         };
         drop(removed);
     }
 
     /// The state: `{"stats": [(key_tuple, stat_state_dict), ...]}`.
     fn _get_state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let g = self.lock(py);
+        let mut g = self.lock(py);
+        g.flush(py, None)?;
         let mut leaves = Vec::new();
         Store::<PyObj>::leaves(&g.store.root, &mut Vec::new(), &mut leaves);
         let list = PyList::empty(py);
@@ -883,7 +974,7 @@ impl MetricsStorePy {
         for e in entries.try_iter()? {
             let e = e?;
             let (k, d): (Bound<'_, PyAny>, Bound<'_, PyDict>) = e.extract()?;
-            restored.push((key_path(&k)?, stat_from_state(py, &d, t)?));
+            restored.push((key_path(&k)?, stat_from_state(&d, t)?));
         }
         let mut store = Store::default();
         for (path, stat) in restored {
@@ -892,7 +983,7 @@ impl MetricsStorePy {
         let old = {
             let mut g = self.lock(py);
             g.forget_keys(py);
-            std::mem::replace(&mut g.store, store)
+            (std::mem::replace(&mut g.store, store), std::mem::take(&mut g.pending))
         };
         drop(old);
         Ok(())

@@ -136,8 +136,8 @@ class PettingZooEnv(_PettingZooBase):
         mover = self.env.agent_selection
         if set(action_dict) != {mover}:
             raise ValueError(
-                f"PettingZooEnv: it is agent {mover!r}'s turn; step() needs an action for it "
-                f"alone, got actions for {list(action_dict)}"
+                f"PettingZooEnv: it is the turn of agent {mover!r}; step() needs an action for "
+                f"it alone, got actions for {list(action_dict)}"
             )
         self.env.step(action_dict[mover])
         obs: MultiAgentDict = {}

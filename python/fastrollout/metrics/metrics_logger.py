@@ -17,12 +17,20 @@ deliberate differences:
 - ``set_value`` replaces what a key holds (RLlib 2.60 raises: it removed the method).
 - Reduced numbers are Python floats (RLlib returns numpy or torch scalars, or the logged
   object itself when a single value was logged); percentile values are floats too.
+- ``peek(group_key, throughput=True)`` names throughputs ``<key>_throughput`` and includes
+  lifetime sums' throughput dicts, as ``peek(throughput=True)`` does for everything (RLlib
+  uses ``_throughputs`` there and drops the lifetime sums). Peeking throughputs from a
+  non-root logger raises ``ValueError`` (RLlib: ``AssertionError``).
+- ``get_state()`` has its own format (keys as tuples, so int key parts survive); it does not
+  load RLlib's checkpoints.
 - Options that do not belong to a reduction raise ``ValueError`` naming the option (RLlib
   raises ``TypeError`` from inside a Stats constructor for some of them), and so does
   logging to a key that ``aggregate`` fills or aggregating into a directly logged key.
-- Torch tensors are converted to numbers when logged (one device sync for a GPU tensor);
-  RLlib keeps them on the device until the next ``peek``/``reduce``. The numbers are the
-  same (more exact: RLlib reduces tensors in float32).
+- Torch tensors logged to mean/min/max/sum stay unread on their device until the next read
+  of the logger (``peek``, ``reduce``, ...), which moves each stat's tensors to the host in
+  one transfer, as RLlib keeps them; for the other reductions they are read when logged
+  (RLlib reads them then too, to check for NaN). Results are computed in float64 (RLlib
+  reduces tensors in float32).
 """
 
 from __future__ import annotations
@@ -54,6 +62,9 @@ class MetricsLogger(MetricsStore):
         >>> logger.peek("loss")
         1.0
     """
+
+    # No instance __dict__: attribute lookups (every log_value call) skip it.
+    __slots__ = ()
 
     def __init__(self, root: bool = False) -> None:
         # The native constructor took `root`; nothing else to set up.
@@ -308,7 +319,7 @@ class MetricsLogger(MetricsStore):
         Returns:
             A nested dict of values.
         """
-        throughputs = self._throughputs(None) if self._is_root_logger else None
+        throughputs = self._throughputs(None)
         values = self.reduce(compile=True)
         if throughputs:
             _deep_update(values, throughputs)

@@ -47,6 +47,10 @@ EPISODE_RETURN_MAX = "episode_return_max"
 EPISODE_DURATION_SEC_MEAN = "episode_duration_sec_mean"
 EPISODE_AGENT_RETURN_MEAN = "agent_episode_returns_mean"
 EPISODE_MODULE_RETURN_MEAN = "module_episode_returns_mean"
+# RLlib 2.60's single-agent runner spells these two without the "s" (literal strings
+# there, not the constants above, which its multi-agent runner uses).
+SA_AGENT_RETURN_MEAN = "agent_episode_return_mean"
+SA_MODULE_RETURN_MEAN = "module_episode_return_mean"
 EPISODE_AGENT_STEPS = "agent_steps"
 WEIGHTS_SEQ_NO = "weights_seq_no"
 SAMPLE_TIMER = "sample"

@@ -386,6 +386,7 @@ class MultiAgentEnvRunner(EnvRunner):
         random_actions: bool,
         force_reset: bool,
     ) -> list[MultiAgentEpisode]:
+        to_numpy = bool(s.cfg(self.config, "episodes_to_numpy", True))
         done_out: list[MultiAgentEpisode] = []
         env_ts = 0
         eps = 0
@@ -438,7 +439,7 @@ class MultiAgentEnvRunner(EnvRunner):
                 e = self._episodes[i]
                 for aid in [a for a, ae in e.agent_episodes.items() if len(ae) == 0]:
                     del e.agent_episodes[aid]
-                done_out.append(e.to_numpy())
+                done_out.append(e.to_numpy() if to_numpy else e)
                 self._new_episode(i)
                 if num_episodes is not None and eps >= num_episodes:
                     break
@@ -455,7 +456,7 @@ class MultiAgentEnvRunner(EnvRunner):
                 self._ongoing_episodes_for_metrics[e.id_].append(e)
                 for aid in [a for a, ae in e.agent_episodes.items() if len(ae) == 0]:
                     del e.agent_episodes[aid]
-                ongoing_out.append(e.to_numpy())
+                ongoing_out.append(e.to_numpy() if to_numpy else e)
             self._episodes = continuations
         self._increase_sampled_metrics(env_ts, len(done_out), agent_steps, module_steps)
         return done_out + ongoing_out

@@ -308,6 +308,7 @@ class SingleAgentEnvRunner(EnvRunner):
         random_actions: bool,
         force_reset: bool,
     ) -> list[SingleAgentEpisode]:
+        to_numpy = bool(s.cfg(self.config, "episodes_to_numpy", True))
         done_out: list[SingleAgentEpisode] = []
         ts = 0
         eps = 0
@@ -359,7 +360,8 @@ class SingleAgentEnvRunner(EnvRunner):
             for i in done:
                 eps += 1
                 self._episode_callback("on_episode_end", i)
-                done_out.append(self._episodes[i].to_numpy())
+                e = self._episodes[i]
+                done_out.append(e.to_numpy() if to_numpy else e)
                 self._new_episode(i)
                 if num_episodes is not None and eps >= num_episodes:
                     break
@@ -373,7 +375,7 @@ class SingleAgentEnvRunner(EnvRunner):
                     continue
                 e.validate()
                 self._ongoing_episodes_for_metrics[e.id_].append(e)
-                ongoing_out.append(e.to_numpy())
+                ongoing_out.append(e.to_numpy() if to_numpy else e)
             self._episodes = continuations
         self._increase_sampled_metrics(ts, len(done_out))
         return done_out + ongoing_out
@@ -420,8 +422,8 @@ class SingleAgentEnvRunner(EnvRunner):
             m.log_value(s.EPISODE_LEN_MEAN, length, window=win)
             m.log_value(s.EPISODE_RETURN_MEAN, ret, window=win)
             m.log_value(s.EPISODE_DURATION_SEC_MEAN, sec, window=win)
-            m.log_value((s.EPISODE_AGENT_RETURN_MEAN, s.DEFAULT_AGENT_ID), ret, window=win)
-            m.log_value((s.EPISODE_MODULE_RETURN_MEAN, DEFAULT_MODULE_ID), ret, window=win)
+            m.log_value((s.SA_AGENT_RETURN_MEAN, s.DEFAULT_AGENT_ID), ret, window=win)
+            m.log_value((s.SA_MODULE_RETURN_MEAN, DEFAULT_MODULE_ID), ret, window=win)
             m.log_value(s.EPISODE_LEN_MIN, length, reduce="min", window=win)
             m.log_value(s.EPISODE_RETURN_MIN, ret, reduce="min", window=win)
             m.log_value(s.EPISODE_LEN_MAX, length, reduce="max", window=win)

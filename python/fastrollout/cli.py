@@ -1,0 +1,292 @@
+"""``python -m fastrollout sample``: sample an env with a default policy and show the metrics.
+
+Example::
+
+    python -m fastrollout sample --env CartPole-v1 --num-envs 8 --timesteps 100000
+    python -m fastrollout sample --env CartPole-v1 --multi-agent 4 --device cpu --seed 0
+
+A progress bar (tqdm) shows env steps per second and the running mean episode return; a
+table of the runner's metrics follows (RLlib's metric names).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, TextIO
+
+__all__ = ["build_parser", "config_from_args", "flatten_metrics", "main", "render_table"]
+
+EPISODE_RETURN_MEAN = "episode_return_mean"
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {value}")
+    return value
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int seed, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a seed >= 0, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Returns the argument parser of ``python -m fastrollout``.
+
+    Returns:
+        The parser (sub-command ``sample``).
+    """
+    parser = argparse.ArgumentParser(
+        prog="python -m fastrollout",
+        description="Fast RL experience collection with RLlib's API.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    sample = commands.add_parser(
+        "sample",
+        help="sample an env with the default policy and print the metrics",
+        description="Sample an env with the default (untrained) policy and print the metrics.",
+    )
+    sample.add_argument("--env", default="CartPole-v1", help="gymnasium id or registered name")
+    sample.add_argument(
+        "--num-envs", type=_positive_int, default=8, help="sub-envs stepped together (default 8)"
+    )
+    sample.add_argument(
+        "--timesteps", type=_positive_int, default=100_000, help="env steps to sample"
+    )
+    sample.add_argument(
+        "--multi-agent",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="N copies of the env as agents 0..N-1 (make_multi_agent), one shared module",
+    )
+    sample.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
+    sample.add_argument("--seed", type=_seed, default=None, help="seed of envs and module")
+    sample.add_argument(
+        "--rollout-fragment-length",
+        type=_positive_int,
+        default=64,
+        help="env steps per sub-env per sample() call (default 64)",
+    )
+    sample.add_argument(
+        "--vectorize-mode",
+        choices=["sync", "async"],
+        default="sync",
+        help="single-agent vector env: in-process or sub-processes (default sync)",
+    )
+    sample.add_argument("--no-explore", action="store_true", help="greedy actions")
+    sample.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> Any:
+    """Builds the ``RunnerConfig`` for ``sample`` arguments.
+
+    Args:
+        args: Parsed arguments of the ``sample`` command.
+
+    Returns:
+        A validated ``RunnerConfig``.
+
+    Raises:
+        ValueError: An invalid combination (e.g. a bad device), from ``validate()``.
+    """
+    from fastrollout.config import RunnerConfig
+    from fastrollout.env import make_multi_agent
+
+    config = RunnerConfig()
+    if args.multi_agent is not None:
+        config.environment(make_multi_agent(args.env), env_config={"num_agents": args.multi_agent})
+    else:
+        config.environment(args.env)
+    config.env_runners(
+        num_envs_per_env_runner=args.num_envs,
+        rollout_fragment_length=args.rollout_fragment_length,
+        gym_env_vectorize_mode=args.vectorize_mode,
+        explore=not args.no_explore,
+    )
+    config.resources(device=args.device)
+    config.debugging(seed=args.seed)
+    config.validate()
+    return config
+
+
+def flatten_metrics(metrics: Mapping[Any, Any], prefix: str = "") -> dict[str, Any]:
+    """Flattens nested metric dicts into ``"outer/inner"`` keys, with plain values.
+
+    Leaves with a ``peek()`` method (the snapshots a ``MetricsLogger.reduce()`` returns)
+    are replaced by their reduced value.
+
+    Args:
+        metrics: Possibly nested dict of metric values.
+        prefix: Key prefix (used in recursion).
+
+    Returns:
+        A flat dict, keys in the nested dict's order.
+    """
+    flat: dict[str, Any] = {}
+    for key, value in metrics.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten_metrics(value, f"{name}/"))
+        else:
+            peek = getattr(value, "peek", None)
+            flat[name] = peek() if callable(peek) else value
+    return flat
+
+
+def _format_value(value: Any) -> str:
+    if hasattr(value, "item") and getattr(value, "shape", None) == ():
+        value = value.item()
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if math.isnan(value) or math.isinf(value):
+            return str(value)
+        if value != 0 and (abs(value) >= 1e6 or abs(value) < 1e-3):
+            return f"{value:.3e}"
+        return f"{value:,.3f}"
+    text = str(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def render_table(metrics: Mapping[Any, Any], title: str | None = None) -> str:
+    """Renders metrics as a two-column text table, sorted by name.
+
+    Args:
+        metrics: Possibly nested dict of metric values.
+        title: Optional heading line.
+
+    Returns:
+        The table (no trailing newline).
+
+    >>> print(render_table({"a": 1, "b": {"c": 2.5}}))
+    metric  value
+    ------  -----
+    a           1
+    b/c     2.500
+    """
+    rows = sorted((name, _format_value(v)) for name, v in flatten_metrics(metrics).items())
+    name_width = max([len("metric"), *(len(n) for n, _ in rows)])
+    value_width = max([len("value"), *(len(v) for _, v in rows)])
+    lines = [title] if title else []
+    lines.append(f"{'metric':<{name_width}}  {'value':>{value_width}}".rstrip())
+    lines.append(f"{'-' * name_width}  {'-' * value_width}")
+    lines.extend(f"{n:<{name_width}}  {v:>{value_width}}" for n, v in rows)
+    return "\n".join(lines)
+
+
+def _merge_latest(latest: dict[str, Any], new: Mapping[str, Any]) -> None:
+    """Updates ``latest`` with ``new``, except where ``new`` is NaN and a number is known."""
+    for key, value in new.items():
+        if isinstance(value, float) and math.isnan(value) and key in latest:
+            continue
+        latest[key] = value
+
+
+def _env_steps(episodes: Sequence[Any]) -> int:
+    # len() of single- and multi-agent episodes counts env steps.
+    return sum(len(e) for e in episodes)
+
+
+def run_sample(args: argparse.Namespace, out: TextIO | None = None) -> dict[str, Any]:
+    """Runs the ``sample`` command: samples ``args.timesteps`` env steps, then prints metrics.
+
+    Args:
+        args: Parsed ``sample`` arguments.
+        out: Where the table goes (default stdout); the progress bar goes to stderr.
+
+    Returns:
+        The runner's metrics, flattened (the latest non-NaN value of each), plus
+        ``"cli"`` totals and timing.
+    """
+    from tqdm import tqdm
+
+    from fastrollout.runners import MultiAgentEnvRunner, SingleAgentEnvRunner
+
+    out = out or sys.stdout
+    config = config_from_args(args)
+    runner_cls = MultiAgentEnvRunner if args.multi_agent is not None else SingleAgentEnvRunner
+    runner = runner_cls(config=config)
+    per_call = args.rollout_fragment_length * args.num_envs
+    sampled = 0
+    episodes_done = 0
+    # The runner's metrics are per sample() call; episode statistics are NaN for a call
+    # that finished no episode, so the table keeps the latest number seen for each key.
+    latest: dict[str, Any] = {}
+    running_return = float("nan")
+    start = time.perf_counter()
+    try:
+        with tqdm(
+            total=args.timesteps,
+            unit="step",
+            unit_scale=True,
+            disable=args.no_progress,
+            dynamic_ncols=True,
+            file=sys.stderr,
+        ) as bar:
+            while sampled < args.timesteps:
+                episodes = runner.sample(num_timesteps=min(per_call, args.timesteps - sampled))
+                steps = _env_steps(episodes)
+                if steps == 0:
+                    raise RuntimeError("the runner returned no env steps; stopping")
+                sampled += steps
+                episodes_done += sum(1 for e in episodes if e.is_done)
+                _merge_latest(latest, flatten_metrics(runner.get_metrics()))
+                value = latest.get(EPISODE_RETURN_MEAN)
+                if value is not None:
+                    running_return = float(value)
+                bar.set_postfix(ret=f"{running_return:.1f}", refresh=False)
+                bar.update(steps)
+        elapsed = time.perf_counter() - start
+    finally:
+        runner.stop()
+    metrics: dict[str, Any] = dict(latest)
+    metrics["cli"] = {
+        "env_steps": sampled,
+        "episodes_done": episodes_done,
+        "wall_time_s": elapsed,
+        "env_steps_per_s": sampled / elapsed if elapsed > 0 else float("nan"),
+    }
+    title = (
+        f"fastrollout sample: {args.env}"
+        + (f" x{args.multi_agent} agents" if args.multi_agent else "")
+        + f", {args.num_envs} sub-envs, {sampled:,} env steps"
+    )
+    print(render_table(metrics, title=title), file=out)
+    return metrics
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m fastrollout``.
+
+    Args:
+        argv: Arguments (default ``sys.argv[1:]``).
+
+    Returns:
+        The exit status (0 on success, 2 on a configuration error).
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "sample":
+        try:
+            config_from_args(args)
+        except (ValueError, TypeError) as e:
+            parser.error(str(e))
+        run_sample(args)
+    return 0
