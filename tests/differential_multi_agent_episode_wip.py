@@ -160,6 +160,16 @@ def _matches_model(c: Call, model: str, issue: str) -> bool:
         c.rerun is not None and same(c.relative_model_out, c.sub_out)
     ):
         return True
+    if c.method.startswith("get_infos") and (
+        _infos_dicts_batched(c.model_out, c.sub_out)
+        # RLlib batches the infos there (numpy-infos-fill), or fails to.
+        or (
+            c.rerun is not None
+            and c.model_episode is not None
+            and same(c.rerun(obs_numpy_model(c.model_episode, batch_infos=False)), c.sub_out)
+        )
+    ):
+        return True
     return (
         c.method.startswith("get_extra_model_outputs")
         and _raised(c.model_out, AttributeError, TypeError)
@@ -205,6 +215,16 @@ def _numpyd(ep: Any) -> bool:
     """Whether RLlib's ``ep`` went through to_numpy (without its is_numpy, which raises
     for some such episodes: see is-numpy-mixed)."""
     return any(sa.observations.finalized for sa in ep.agent_episodes.values())
+
+
+def _infos_dicts_batched(ref: Any, sub: Any) -> bool:
+    """Per agent, ``ref``'s infos read is ``sub``'s or ``sub``'s batched."""
+    return (
+        isinstance(ref, dict)
+        and isinstance(sub, dict)
+        and ref.keys() == sub.keys()
+        and all(_infos_batched(ref[k], sub[k]) for k in ref)
+    )
 
 
 def _infos_batched(ref: Any, sub: Any) -> bool:
@@ -545,6 +565,12 @@ KNOWN_RLLIB_BUGS: list[KnownRLlibBug] = [
                 # A selected agent lacks the key: fastrollout raises KeyError, as RLlib's
                 # reads do where they do not crash first.
                 or _lacks_key(c)
+                # The episode's agents are numpy'd only in part: is_numpy refuses, as
+                # RLlib's own does for this episode.
+                or (
+                    _raised(c.sub_out, RuntimeError)
+                    and _raised(outcome(lambda: c.reference.is_numpy), RuntimeError)
+                )
                 # A fill without a space next to array items cannot be batched: the
                 # ValueError of RLlib's own single-agent read (sa-fill-without-space).
                 or (
@@ -756,13 +782,16 @@ def _agent_episode(ep: Any, aid: Any, extra_keys: tuple[str, ...]) -> dict[str, 
         "rewards": outcome(sa.get_rewards),
         "infos": outcome(sa.get_infos),
         "return": outcome(lambda: _num(sa.get_return())),
-        "lookback observations": outcome(
-            lambda: sa.get_observations(slice(-3, 0), neg_index_as_lookback=True, fill=-9)
-        ),
-        "lookback actions": outcome(
-            lambda: sa.get_actions(slice(-3, 0), neg_index_as_lookback=True, fill=-9)
-        ),
     }
+    # Look-back reads with fill; a numpy'd agent without a space cannot batch the fill
+    # with array items in RLlib (sa-fill-without-space, compared by the getters).
+    for what, space in (("observations", sa.observation_space), ("actions", sa.action_space)):
+        if space is not None or not sa.is_numpy:
+            out[f"lookback {what}"] = outcome(
+                lambda w=what: getattr(sa, f"get_{w}")(
+                    slice(-3, 0), neg_index_as_lookback=True, fill=-9
+                )
+            )
     for key in extra_keys:
         # Keys the agent does not have are left out: after RLlib's from_state they read as
         # empty data (see sa-extras-defaultdict); the getters compare such reads.
