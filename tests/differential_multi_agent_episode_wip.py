@@ -484,6 +484,21 @@ KNOWN_RLLIB_BUGS: list[KnownRLlibBug] = [
         applies=lambda c: _rewards_flag_lags(c.reference) and _corrected_matches(c),
     ),
     KnownRLlibBug(
+        name="module-for-pinned",
+        op="module_for",
+        why="RLlib's episode can lose a module pinned with agent_module_ids (its "
+        "agent-to-module dict then maps the agent with agent_to_module_mapping_fn while "
+        "the agent's own episode keeps the pinned module id); fastrollout keeps the pin",
+        applies=lambda c: (
+            isinstance(c.sub_out, str)
+            and any(
+                sa.module_id == c.sub_out
+                and sa.agent_id == c.label[len("module_for(") : -1].strip("'")
+                for sa in c.reference.agent_episodes.values()
+            )
+        ),
+    ),
+    KnownRLlibBug(
         name="is-numpy-empty",
         op="is_numpy",
         why="RLlib's is_numpy raises StopIteration for an episode without agent episodes; "
@@ -785,8 +800,13 @@ def _agent_episode(ep: Any, aid: Any, extra_keys: tuple[str, ...]) -> dict[str, 
     }
     # Look-back reads with fill; a numpy'd agent without a space cannot batch the fill
     # with array items in RLlib (sa-fill-without-space, compared by the getters).
+    numpyd = (
+        sa._is_finalized("observations")
+        if hasattr(sa, "_is_finalized")
+        else sa.observations.finalized
+    )
     for what, space in (("observations", sa.observation_space), ("actions", sa.action_space)):
-        if space is not None or not sa.is_numpy:
+        if space is not None or not numpyd:
             out[f"lookback {what}"] = outcome(
                 lambda w=what: getattr(sa, f"get_{w}")(
                     slice(-3, 0), neg_index_as_lookback=True, fill=-9
