@@ -634,11 +634,11 @@ def relative_t_model(ep: Any) -> Any:
 
 
 def _is_numpy_by_stepped_agents(ep: Any) -> bool:
-    """is_numpy as fastrollout decides it: each agent's rewards flag (as RLlib), or its
-    observations' flag for an agent without steps (True only if all agree)."""
-    flags = {
-        sa.is_numpy if len(sa) > 0 else sa.observations.finalized
-        for sa in ep.agent_episodes.values()
+    """is_numpy as fastrollout decides it: the agents' rewards flags (as RLlib), without
+    agents that have no steps but numpy'd observations (True only if all agree)."""
+    episodes = ep.agent_episodes.values()
+    flags = {sa.is_numpy for sa in episodes if len(sa) > 0 or not sa.observations.finalized} or {
+        sa.observations.finalized for sa in episodes
     }
     return flags == {True}
 

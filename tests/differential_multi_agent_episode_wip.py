@@ -492,9 +492,8 @@ KNOWN_RLLIB_BUGS: list[KnownRLlibBug] = [
         applies=lambda c: (
             isinstance(c.sub_out, str)
             and any(
-                sa.module_id == c.sub_out
-                and sa.agent_id == c.label[len("module_for(") : -1].strip("'")
-                for sa in c.reference.agent_episodes.values()
+                sa.module_id == c.sub_out and repr(aid) == c.label[len("module_for(") : -1]
+                for aid, sa in c.reference.agent_episodes.items()
             )
         ),
     ),

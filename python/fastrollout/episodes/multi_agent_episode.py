@@ -243,13 +243,16 @@ class MultiAgentEpisode:
         Raises:
             RuntimeError: If only some of them were.
         """
-        # Each agent's is_numpy, as in RLlib, except that an agent without steps tells by
-        # its observations: to_numpy leaves its rewards flag unset (RLlib 2.60 then raises
-        # for the mix).
+        # Each agent's is_numpy, as in RLlib, except for an agent without steps whose
+        # observations were numpy'd: to_numpy leaves its rewards flag unset (RLlib 2.60
+        # then raises for the mix), so it has no say; if no agent has one, the
+        # observations tell.
+        episodes = self.agent_episodes.values()
         flags = {
-            eps.is_numpy if len(eps) > 0 else eps._is_finalized("observations")
-            for eps in self.agent_episodes.values()
-        }
+            eps.is_numpy
+            for eps in episodes
+            if len(eps) > 0 or not eps._is_finalized("observations")
+        } or {eps._is_finalized("observations") for eps in episodes}
         if len(flags) > 1:
             raise RuntimeError(f"only some agent episodes of {self} are numpy'd")
         return flags.pop() if flags else False
