@@ -58,7 +58,7 @@ def test_same_seed_same_episodes_and_metric_keys():
     root.aggregate([mine])
     compiled = root.compile()
     rllib = theirs.get_metrics()
-    assert set(compiled) == set(rllib) - RLLIB_ONLY_KEYS - {"env_to_module_connector"}
+    assert set(compiled) == set(rllib) - RLLIB_ONLY_KEYS
     for key in ("num_env_steps_sampled", "num_episodes", "episode_len_mean", "episode_return_max"):
         assert compiled[key] == pytest.approx(rllib[key].peek()), key
 

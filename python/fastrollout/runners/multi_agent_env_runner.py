@@ -341,6 +341,30 @@ class MultiAgentEnvRunner(EnvRunner):
                 to_env, extra_constants={s.WEIGHTS_SEQ_NO: self._weights_seq_no}
             )
 
+    def _env_to_module_done(
+        self, episodes: list[Any], observations: list[Any], explore: bool
+    ) -> None:
+        """Runs env-to-module on the last observations of episodes that just ended.
+
+        As RLlib does (its output is thrown away): connectors that rewrite episodes, such
+        as the observation filter, then treat the terminal observations like all others.
+        """
+        assert self.module is not None and self._batcher is not None
+        gathered = self._batcher.gather(episodes, observations)
+        if not gathered:
+            return
+        shared: dict[str, Any] = {
+            "agent_rows": {mid: self._batcher.index_map(mid) for mid in gathered}
+        }
+        self._connectors.env_to_module(
+            batch={mid: {Columns.OBS: o} for mid, o in gathered.items()},
+            rl_module=self.module,
+            episodes=episodes,
+            explore=explore,
+            shared_data=shared,
+            metrics=None,
+        )
+
     def _random_actions(self) -> list[Any]:
         out = []
         for i, env in enumerate(self.env):
@@ -433,6 +457,10 @@ class MultiAgentEnvRunner(EnvRunner):
                 env_ts += 1
                 if step_callbacks:
                     self._episode_callback("on_episode_step", i)
+            if done and not random_actions:
+                self._env_to_module_done(
+                    [self._episodes[i] for i in done], [obs[i] for i in done], explore
+                )
             for i in done:
                 eps += 1
                 self._episode_callback("on_episode_end", i)
