@@ -296,9 +296,10 @@ class MultiAgentEnvRunner(EnvRunner):
             self._new_episode(i)
         self._ongoing_episodes_for_metrics.clear()
         for i in range(n):
+            # Sub-env i gets seed + i, as a gymnasium vector env (and RLlib) seeds them.
             seed = None
             if self._needs_initial_reset and self._seed is not None:
-                seed = self._seed * max(n, 1) + i
+                seed = self._seed + i
             self._reset_env(i, seed)
         self._needs_initial_reset = False
 
