@@ -157,3 +157,26 @@ def rllib_turn_env_class() -> type:
             return {nxt: self._obs()}, rewards, {"__all__": False}, {"__all__": False}, {}
 
     return SeededTurnsEnv
+
+
+class DictObsEnv(gym.Env):
+    """Dict observations (a Box and a Discrete); episodes of 5 steps."""
+
+    def __init__(self, config: Any = None) -> None:
+        self.observation_space = gym.spaces.Dict(
+            {"pos": gym.spaces.Box(-1.0, 1.0, (2,), np.float32), "mode": gym.spaces.Discrete(3)}
+        )
+        self.action_space = gym.spaces.Discrete(2)
+        self._t = 0
+
+    def _obs(self) -> dict:
+        return {"mode": self._t % 3, "pos": np.full(2, self._t / 10, np.float32)}
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> Any:
+        super().reset(seed=seed)
+        self._t = 0
+        return self._obs(), {}
+
+    def step(self, action: Any) -> Any:
+        self._t += 1
+        return self._obs(), 1.0, self._t >= 5, False, {}

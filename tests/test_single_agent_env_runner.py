@@ -470,3 +470,16 @@ def test_connector_states_travel_with_the_runner_state():
     (na, ma), (nb, mb) = moments(a), moments(b)
     assert na == nb > 0
     np.testing.assert_allclose(ma, mb)
+
+
+def test_dict_observations_are_recorded_per_key():
+    from _runner_envs import DictObsEnv
+
+    r = fr.SingleAgentEnvRunner(config=config(DictObsEnv, n=3))
+    eps = r.sample(num_episodes=4)
+    assert len(eps) == 4
+    for e in eps:
+        obs = e.get_observations()
+        assert set(obs) == {"mode", "pos"}
+        np.testing.assert_array_equal(obs["mode"], np.arange(6) % 3)
+        np.testing.assert_allclose(obs["pos"][:, 0], np.arange(6) / 10, rtol=1e-6)

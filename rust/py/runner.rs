@@ -97,7 +97,7 @@ impl<'py> BatchField<'py> {
                 return Ok(Input::Row(rows.row(i)?));
             }
         }
-        Ok(Input::Object(self.value.get_item(i)?))
+        Ok(Input::Object(row_object(&self.value, i)?))
     }
 
     fn convert(&self, s: &Spec) -> PyResult<BatchRows<'py>> {
@@ -109,6 +109,24 @@ impl<'py> BatchField<'py> {
         let widths = schema.leaves.iter().map(crate::schema::Leaf::item_bytes).collect();
         Ok(BatchRows { leaves: s.leaves.clone(), views, widths })
     }
+}
+
+/// Row `i` of a batch as a Python value: `value[i]`, or for the dicts/tuples of batches
+/// that vector envs return for Dict/Tuple spaces, the same structure of rows.
+fn row_object<'py>(value: &Bound<'py, PyAny>, i: usize) -> PyResult<Bound<'py, PyAny>> {
+    let py = value.py();
+    if let Ok(d) = value.cast::<PyDict>() {
+        let out = PyDict::new(py);
+        for (k, v) in d.iter() {
+            out.set_item(k, row_object(&v, i)?)?;
+        }
+        return Ok(out.into_any());
+    }
+    if let Ok(t) = value.cast::<PyTuple>() {
+        let items = t.iter().map(|v| row_object(&v, i)).collect::<PyResult<Vec<_>>>()?;
+        return Ok(PyTuple::new(py, items)?.into_any());
+    }
+    value.get_item(i)
 }
 
 /// Reads a length-`n` sequence of flags (a numpy bool array or any sequence).
@@ -241,7 +259,7 @@ pub fn single_agent_record_vector_step<'py>(
                     .map_err(|err| for_env(py, i, err))?,
             )
         } else {
-            let o = observations.get_item(i)?;
+            let o = row_object(observations, i)?;
             Prepared::Reset(e.prepare_reset(&o).map_err(|err| for_env(py, i, err))?)
         };
         drop(e);
