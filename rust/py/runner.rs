@@ -9,7 +9,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 
-use numpy::PyUntypedArray;
+use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 
 use super::multi::multi_agent_add_env_step;
 use super::single::{Input, SingleAgentEpisodePy};
@@ -131,6 +131,18 @@ fn row_object<'py>(value: &Bound<'py, PyAny>, i: usize) -> PyResult<Bound<'py, P
 
 /// Reads a length-`n` sequence of flags (a numpy bool array or any sequence).
 fn flags(value: &Bound<'_, PyAny>, n: usize, what: &str) -> PyResult<Vec<bool>> {
+    // Fast path: a contiguous numpy bool array (what vector envs return) is read as bytes,
+    // without creating a numpy scalar per sub-env.
+    if let Ok(a) = value.cast::<PyUntypedArray>() {
+        let py = value.py();
+        if a.ndim() == 1 && a.dtype().is_equiv_to(&numpy::dtype::<bool>(py)) {
+            let view = LeafBytes::Array(a.clone());
+            let b = view.as_ref();
+            if b.len() == n {
+                return Ok(b.iter().map(|&x| x != 0).collect());
+            }
+        }
+    }
     let out = value.try_iter()?.map(|v| v.and_then(|v| v.is_truthy())).collect::<PyResult<Vec<bool>>>()?;
     if out.len() != n {
         return Err(PyValueError::new_err(format!(
