@@ -25,13 +25,16 @@ RLlib itself, on patched inputs).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from ray.rllib.env.utils.infinite_lookback_buffer import InfiniteLookbackBuffer
 
 from _helpers import assert_same_outcome, episode_getters, outcome
 
@@ -426,6 +429,13 @@ def fixed_cut_bugs(ep: Any, len_lookback_buffer: int) -> tuple[str, ...]:
     return tuple(bugs)
 
 
+def _with_agent_ids(args: tuple, kwargs: dict, agent_ids: list) -> tuple[tuple, dict]:
+    """The (args, kwargs) of a getter call (after its key) with ``agent_ids`` replaced."""
+    if len(args) > 1:
+        return (args[0], agent_ids, *args[2:]), kwargs
+    return args, {**kwargs, "agent_ids": agent_ids}
+
+
 def extras_model(ep: Any, key: Any, args: tuple, kwargs: dict) -> Any:
     """``get_extra_model_outputs`` as RLlib 2.60 means it, where RLlib crashes internally.
 
@@ -437,37 +447,102 @@ def extras_model(ep: Any, key: Any, args: tuple, kwargs: dict) -> Any:
     """
     keys = [key]
     if key is None:
-        keys = sorted({k for sa in ep.agent_episodes.values() for k in sa.extra_model_outputs})
+        # The env-step map is read for every selected agent, with or without extra
+        # outputs: an index outside it fails as the action read does.
+        by_env_steps = (args[2] if len(args) > 2 else kwargs.get("env_steps", True)) is not False
+        actions: Any = {}
+        failure: Exception | None = None
+        if by_env_steps:
+            try:
+                actions = ep.get_actions(*args, **kwargs)
+            except IndexError:
+                raise
+            except Exception as e:  # an action-only failure (e.g. batching the fill)
+                actions, failure = None, e
+        keys = sorted(
+            {k for sa in ep.agent_episodes.values() for k in sa.extra_model_outputs}
+            | {k for h in ep._hanging_extra_model_outputs_end.values() if h for k in h}
+        )
+    selected = args[1] if len(args) > 1 else kwargs.get("agent_ids")
+    if selected is not None and not isinstance(selected, (list, tuple, set)):
+        selected = [selected]
+    selected = selected or None  # RLlib reads an empty selection as all agents
     per_key = {}
     for k in keys:
         shadow = copy.deepcopy(ep)
         shadow.action_space = {}
         for aid, sa in list(shadow.agent_episodes.items()):
-            if k not in sa.extra_model_outputs:
+            if selected is not None and aid not in selected:
+                continue
+            hanging = shadow._hanging_extra_model_outputs_end.get(aid)
+            if k in sa.extra_model_outputs:
+                sa.actions = sa.extra_model_outputs[k]
+            elif key is None and isinstance(hanging, dict) and k in hanging:
+                # Only hanging so far: read as an empty buffer with the hanging value
+                # after it (RLlib's own reading of all keys where it does not crash; a
+                # read of this one key fails with KeyError).
+                sa.actions = InfiniteLookbackBuffer()
+            else:
                 if key is not None:
+                    # RLlib reads agent by agent: the env-step map of this agent and of
+                    # the agents before it is read (and may fail) before the key is.
+                    so_far = [a for a in ep.agent_episodes if a in (selected or ep.agent_ids)]
+                    so_far = so_far[: so_far.index(aid) + 1]
+                    call_args, call_kwargs = _with_agent_ids(args, kwargs, so_far)
+                    ep.get_actions(*call_args, **call_kwargs)
                     raise KeyError(k)
                 del shadow.agent_episodes[aid]
                 continue
-            sa.actions = sa.extra_model_outputs[k]
             sa.actions.space = None
-            hanging = shadow._hanging_extra_model_outputs_end.get(aid)
             if aid in shadow._hanging_actions_end:
                 shadow._hanging_actions_end[aid] = None if hanging is None else hanging[k]
+        if key is None and kwargs.get("return_list"):
+            # Agent by agent: RLlib counts the rows by the first selected agent's map
+            # (which the shadow may have lost), and fails for an agent with fewer.
+            per_key[k] = {}
+            for aid in shadow.agent_episodes:
+                if selected is None or aid in selected:
+                    call_args, call_kwargs = _with_agent_ids(args, kwargs, [aid])
+                    per_key[k][aid] = shadow.get_actions(*call_args, **call_kwargs)
+            continue
         per_key[k] = shadow.get_actions(*args, **kwargs) if shadow.agent_episodes else None
     if key is not None:
         return per_key[key]
     if kwargs.get("return_list"):
-        # One dict per env step, as many as the action read has.
-        steps: list[dict] = [{} for _ in ep.get_actions(*args, **kwargs)]
-        for k, rows in per_key.items():
-            for i, row in enumerate(rows or []):
-                for aid, value in row.items():
-                    steps[i].setdefault(aid, {})[k] = value
+        # One dict per env step, as many as the action read of all agents has.
+        if actions is None:
+            raise failure  # type: ignore[misc]
+        steps: list[dict] = [{} for _ in actions]
+        for k, per_agent in per_key.items():
+            for aid, rows in per_agent.items():
+                if len(rows) < len(steps):
+                    raise IndexError(f"agent {aid!r} has fewer env steps than the first")
+                for i, row in enumerate(rows[: len(steps)]):
+                    if aid in row:
+                        steps[i].setdefault(aid, {})[k] = row[aid]
         return steps
     out: dict[Any, dict] = {}
     for k, values in per_key.items():
         for aid, value in (values or {}).items():
             out.setdefault(aid, {})[k] = value
+    # An agent without extra model outputs but with a hanging (empty) dict of them reads
+    # as {} where an int env-step index gives its action read an item (RLlib's answer
+    # where it does not crash; batched reads drop empty answers).
+    indices = args[0] if args else kwargs.get("indices")
+    empty = (
+        []
+        if not (key is None and isinstance(indices, int) and by_env_steps)
+        else [
+            aid
+            for aid, sa in ep.agent_episodes.items()
+            if not sa.extra_model_outputs
+            and ep._hanging_extra_model_outputs_end.get(aid) is not None
+        ]
+    )
+    if empty and actions is not None:
+        for aid in empty:
+            if aid in actions:
+                out.setdefault(aid, {})
     return out
 
 
@@ -556,3 +631,104 @@ def relative_t_model(ep: Any) -> Any:
         mapping.data = [v if v == "S" else v - offset for v in mapping.data]
         model.agent_t_started[aid] = lookback
     return model
+
+
+def _is_numpy_by_stepped_agents(ep: Any) -> bool:
+    """is_numpy as fastrollout decides it: each agent's rewards flag (as RLlib), or its
+    observations' flag for an agent without steps (True only if all agree)."""
+    flags = {
+        sa.is_numpy if len(sa) > 0 else sa.observations.finalized
+        for sa in ep.agent_episodes.values()
+    }
+    return flags == {True}
+
+
+def obs_numpy_model(ep: Any, *, batch_infos: bool = True) -> Any:
+    """A copy of RLlib's ``ep`` whose ``is_numpy`` follows the agents' observations.
+
+    RLlib 2.60's ``SingleAgentEpisode.is_numpy`` is its rewards buffer's flag, which an
+    agent episode without steps keeps False through ``to_numpy`` and ``cut``; the
+    multi-agent ``is_numpy`` then raises RuntimeError ("only some ... converted") for an
+    episode that was numpy'd as a whole, and so do the reads that consult it. On this copy
+    those reads give RLlib's own answer for a numpy'd episode. With ``batch_infos=False``
+    the copy claims not to be numpy'd, for info reads: fastrollout keeps infos lists of
+    dicts where RLlib tries to batch them (see the numpy-infos-fill entry).
+    """
+    model = copy.deepcopy(ep)
+
+    class ObsNumpy(type(model)):  # type: ignore[misc]
+        __slots__ = ()  # same layout as RLlib's class, so __class__ can be swapped
+
+        @property
+        def is_numpy(self) -> bool:
+            return batch_infos and _is_numpy_by_stepped_agents(self)
+
+    model.__class__ = ObsNumpy
+    return model
+
+
+class _NoFlattenNumpy:
+    """numpy, but ``append`` adds one item instead of flattening (see ``no_flatten``)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(np, name)
+
+    @staticmethod
+    def append(data: Any, value: Any) -> Any:
+        if isinstance(data, list):
+            return [*data, value]
+        data, item = np.asarray(data), np.asarray(value)
+        if data.ndim == item.ndim + 1:
+            return np.concatenate([data, item[None]])
+        return np.append(data, item)
+
+
+@contextlib.contextmanager
+def obs_is_numpy() -> Iterator[None]:
+    """RLlib 2.60 with ``MultiAgentEpisode.is_numpy`` decided by the observations (see
+    ``obs_numpy_model``), for calls that build new episodes (cut, slice)."""
+    from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
+
+    saved = MultiAgentEpisode.__dict__["is_numpy"]
+
+    def is_numpy(self: Any) -> bool:
+        return _is_numpy_by_stepped_agents(self)
+
+    MultiAgentEpisode.is_numpy = property(is_numpy)  # type: ignore[assignment,method-assign]
+    try:
+        yield
+    finally:
+        MultiAgentEpisode.is_numpy = saved  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def no_flatten() -> Iterator[None]:
+    """RLlib 2.60 with its look-back buffer's hanging-value append fixed.
+
+    ``InfiniteLookbackBuffer.get(_add_last_ts_value=...)`` appends the hanging action,
+    reward or extra output with ``np.append``, which flattens array items (Box actions)
+    and the list of items into one 1-D array. Inside this context it appends one item.
+    """
+    from ray.rllib.env.utils import infinite_lookback_buffer as ilb
+
+    saved = ilb.np
+    ilb.np = _NoFlattenNumpy()  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        ilb.np = saved
+
+
+def fix_joiner_map(ep: Any, agent_id: Any) -> None:
+    """Corrects, in RLlib's ``ep``, the env-step map of ``agent_id``, which joined in the
+    step just added: one skip per env step of this chunk before it, look-back included.
+
+    RLlib 2.60 starts a joining agent's map with ``env_t`` skips, counted from the
+    episode's start: too many in a chunk that starts later (a cut successor), too few in
+    one whose look-back reaches further back than its start; the agent's data then sits
+    at the wrong env steps. fastrollout counts from the chunk's start.
+    """
+    mapping = ep.env_t_to_agent_t[agent_id]
+    right = mapping.lookback + ep.env_t - ep.env_t_started + 1
+    body = [v for v in mapping.data if v != "S"]
+    mapping.data = ["S"] * (right - len(body)) + body

@@ -397,3 +397,77 @@ def test_agent_step_reads_append_the_hanging_value_as_an_item() -> None:
     ep = hanging_episode(MAEpisode)
     assert ep.get_actions(slice(0, None), env_steps=False) == {"a0": [100, 101], "a1": [110]}
     assert ep.get_rewards(slice(-1, None), env_steps=False)["a0"] == [2.0]
+
+
+# --------------------------------------------------------------------------------------
+# An agent that joins in a cut successor.
+# --------------------------------------------------------------------------------------
+
+
+def late_joiner_successor(cls: Any, lookback: int) -> Any:
+    """a0 steps 3 times; the successor (look-back `lookback`) sees a1 join at env step 4
+    (observation 100) and observe again at env step 5 (101)."""
+    ep = cls(id_="join")
+    ep.add_env_reset(observations={"a0": 0})
+    for t in (1, 2, 3):
+        ep.add_env_step({"a0": t}, {"a0": 0}, {"a0": 1.0})
+    successor = ep.cut(lookback)
+    successor.add_env_step({"a0": 4, "a1": 100}, {"a0": 0}, {"a0": 1.0})
+    successor.add_env_step({"a0": 5, "a1": 101}, {"a0": 0, "a1": 0}, {"a0": 1.0, "a1": 1.0})
+    return successor
+
+
+def test_rllib_late_joiner_in_a_successor_is_misplaced() -> None:
+    successor = late_joiner_successor(RLlibMAEpisode, 0)
+    # RLlib starts a1's map with env_t (4) skips, counted from the episode's start: a1 is
+    # read one env step late (index 1 is env step 4, where it joined).
+    assert successor.get_observations(1) == {"a0": 4}
+    assert successor.get_observations(slice(0, 3), return_list=True, fill=-1) == [
+        {"a0": 3, "a1": -1},
+        {"a0": 4, "a1": -1},
+        {"a0": 5, "a1": -1},
+    ]
+    # With a look-back of 4 (more than the chunk's start, 3) the map is too short: a1 is
+    # read one env step early.
+    successor = late_joiner_successor(RLlibMAEpisode, 4)
+    assert successor.get_observations(1) == {"a0": 4, "a1": 101}
+
+
+@fastrollout_only
+@pytest.mark.parametrize("lookback", [0, 1, 3, 4])
+def test_late_joiner_in_a_successor_is_read_at_its_env_steps(lookback: int) -> None:
+    successor = late_joiner_successor(MAEpisode, lookback)
+    assert successor.get_observations(1) == {"a0": 4, "a1": 100}
+    assert successor.get_observations(-1) == {"a0": 5, "a1": 101}
+    assert successor.get_observations(slice(0, 3), return_list=True, fill=-1) == [
+        {"a0": 3, "a1": -1},
+        {"a0": 4, "a1": 100},
+        {"a0": 5, "a1": 101},
+    ]
+    assert successor.get_actions(-1) == {"a0": 0, "a1": 0}
+    # Every agent's map covers the chunk's env steps and its look-back, nothing more.
+    for mapping in successor.env_t_to_agent_t.values():
+        assert len(mapping.data) == mapping.lookback + len(successor) + 1
+
+
+def test_concat_episode_with_two_agents_new_in_the_second_chunk() -> None:
+    """Both joiners' maps are built from the first chunk's length as it was before the
+    concat (the maps are extended one by one while concatenating)."""
+    ep = MAEpisode(id_="two-new")
+    ep.add_env_reset(observations={"a0": 0})
+    ep.add_env_step({"a0": 1}, {"a0": 0}, {"a0": 1.0})
+    uncut = copy.deepcopy(ep)
+    successor = ep.cut()
+    for e in (uncut, successor):
+        e.add_env_step({"a0": 2, "a1": 20, "a2": 30}, {"a0": 0}, {"a0": 1.0})
+        e.add_env_step(
+            {"a0": 3, "a1": 21, "a2": 31},
+            {"a0": 0, "a1": 1, "a2": 2},
+            {"a0": 1.0, "a1": 2.0, "a2": 3.0},
+        )
+    ep.concat_episode(successor)
+    for mapping in ep.env_t_to_agent_t.values():
+        assert len(mapping.data) == len(ep) + 1
+    for indices in (None, 2, -1, slice(1, 4)):
+        assert ep.get_observations(indices, fill=-1) == uncut.get_observations(indices, fill=-1)
+        assert ep.get_actions(indices, fill=-1) == uncut.get_actions(indices, fill=-1)

@@ -87,7 +87,7 @@ impl Geometry {
     /// Items in the chunk (not counting look-back).
     #[must_use]
     pub fn len(self) -> usize {
-        self.total - self.lookback
+        self.total.saturating_sub(self.lookback)
     }
 
     #[must_use]

@@ -24,7 +24,6 @@ pub struct StepMap {
 impl StepMap {
     #[must_use]
     pub fn new(steps: Vec<Option<i64>>, lookback: usize) -> StepMap {
-        let lookback = lookback.min(steps.len());
         StepMap { steps, lookback }
     }
 
@@ -38,9 +37,11 @@ impl StepMap {
         self.lookback
     }
 
-    /// Sets the look-back, capped at the entries stored.
+    /// Sets the look-back. It may exceed the entries stored, as in RLlib (a chunk sliced
+    /// or cut with more look-back than an agent has entries): int reads then still offset
+    /// by it.
     pub fn set_lookback(&mut self, lookback: usize) {
-        self.lookback = lookback.min(self.steps.len());
+        self.lookback = lookback;
     }
 
     /// Entries after the look-back.
@@ -73,8 +74,10 @@ impl StepMap {
         ignore_last: bool,
     ) -> Result<MapRead, IndexError> {
         let total = self.steps.len() - usize::from(ignore_last && !self.steps.is_empty());
-        // RLlib keeps the look-back as set even when `ignore_last` shortens the data.
-        let geometry = Geometry { total, lookback: self.lookback.min(total) };
+        // RLlib keeps the look-back as set even when `ignore_last` shortens the data (or
+        // a cut or slice leaves fewer entries than the look-back): indices are offset by
+        // the whole look-back and then bounds-checked against the entries there are.
+        let geometry = Geometry { total, lookback: self.lookback };
         let read = |p: &Pos| match p {
             Pos::At(p) => self.steps[*p],
             Pos::Fill => None,
@@ -348,6 +351,17 @@ mod tests {
         m.push(None);
         m.extend([Some(3)]);
         m.set_lookback(9);
-        assert_eq!((m.lookback(), m.len(), m.is_empty()), (6, 0, true));
+        assert_eq!((m.lookback(), m.len(), m.is_empty()), (9, 0, true));
+    }
+
+    #[test]
+    fn step_map_int_reads_keep_a_lookback_longer_than_the_data() {
+        // Two entries under a look-back of 2 with the last ignored: one entry is left,
+        // and RLlib still offsets int indices by 2.
+        let m = StepMap::new(vec![Some(-1), Some(0)], 2);
+        assert_eq!(m.get(&Index::Int(-2), true, false, true), Ok(MapRead::One(Some(-1))));
+        assert!(m.get(&Index::Int(-1), true, false, true).is_err());
+        assert_eq!(m.get(&Index::List(vec![-2]), true, false, true), Ok(MapRead::Many(vec![Some(-1)])));
+        assert_eq!(m.get(&Index::Int(-1), true, true, true), Ok(MapRead::One(None)));
     }
 }

@@ -10,7 +10,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyList, PyString};
+use pyo3::types::{PyDict, PyList, PySet, PyString};
 
 use super::errors::index_error;
 use super::index::to_index;
@@ -265,29 +265,53 @@ pub fn multi_agent_add_env_step<'py>(
         is_terminated = true;
     }
 
-    // The agents this env step mentions, in a stable order: observations, actions,
-    // rewards, terminateds, truncateds, then (on `__all__`) every agent with an episode.
-    let with_data = PyDict::new(py);
-    for d in [Some(observations), Some(actions), Some(rewards), terminateds.as_ref(), truncateds.as_ref()]
-        .into_iter()
-        .flatten()
-    {
+    // The agents this env step mentions: observations, actions, rewards, terminateds,
+    // truncateds and (on `__all__`) every agent with an episode, first in dict order.
+    let empty = PyDict::new(py);
+    let everyone = PyDict::new(py);
+    if all_terminated || all_truncated {
+        everyone.update(agent_episodes.as_mapping())?;
+    }
+    let sources = [
+        observations,
+        actions,
+        rewards,
+        terminateds.as_ref().unwrap_or(&empty),
+        truncateds.as_ref().unwrap_or(&empty),
+        &everyone,
+    ];
+    let mentioned = PyList::empty(py);
+    let seen = PyDict::new(py);
+    let mut joins = false;
+    for d in sources {
         for key in d.keys() {
-            if !key.eq(&all)? {
-                with_data.set_item(&key, true)?;
+            if !key.eq(&all)? && !seen.contains(&key)? {
+                joins |= !agent_episodes.contains(&key)?;
+                seen.set_item(&key, true)?;
+                mentioned.append(&key)?;
             }
         }
     }
-    if all_terminated || all_truncated {
-        for key in agent_episodes.keys() {
-            with_data.set_item(&key, true)?;
+    // Agents that join take their place in `agent_episodes` in the order RLlib visits
+    // them: that of the Python set it builds from the same dicts with the same set
+    // operations (reads that combine agents, e.g. `return_list`, depend on the order).
+    // Only then is that set built (about 1 µs); otherwise the order changes nothing.
+    let with_data: Bound<'py, PyAny> = if joins {
+        let key_set = |d: &Bound<'py, PyDict>| PySet::new(py, d.keys());
+        let mut set = key_set(sources[0])?.into_any();
+        for d in &sources[1..] {
+            set = set.call_method1(intern!(py, "__or__"), (key_set(d)?,))?;
         }
-    }
+        set.call_method1(intern!(py, "__sub__"), (PySet::new(py, [&all])?,))?
+    } else {
+        mentioned.into_any()
+    };
 
     // Phase 1: decide and convert; nothing is stored yet.
     let new_agent_episode = episode.getattr(intern!(py, "_new_agent_episode"))?;
-    let mut plans: Vec<(Bound<'py, PyAny>, Prepared<'py>, f64)> = Vec::with_capacity(with_data.len());
-    for aid in with_data.keys() {
+    let mut plans: Vec<(Bound<'py, PyAny>, Prepared<'py>, f64)> = Vec::with_capacity(seen.len());
+    for aid in with_data.try_iter()? {
+        let aid = aid?;
         let obs = observations.get_item(&aid)?.filter(|v| !v.is_none());
         let action = actions.get_item(&aid)?.filter(|v| !v.is_none());
         let reward_value = rewards.get_item(&aid)?.filter(|v| !v.is_none());
@@ -405,6 +429,7 @@ pub fn multi_agent_add_env_step<'py>(
         }
     }
     let lookback: usize = episode.getattr(intern!(py, "_len_lookback_buffers"))?.extract()?;
+    let env_t_started: i64 = episode.getattr(intern!(py, "env_t_started"))?.extract()?;
     let add_to = |d: &Bound<'py, PyDict>, aid: &Bound<'py, PyAny>, r: f64| -> PyResult<()> {
         let old = d.get_item(aid)?.map(|v| v.extract::<f64>()).transpose()?.unwrap_or(0.0);
         d.set_item(aid, old + r)
@@ -448,7 +473,12 @@ pub fn multi_agent_add_env_step<'py>(
                 {
                     let map = step_map_of(py, &step_maps, &aid)?;
                     let mut map = map.borrow_mut();
-                    map.map.extend(std::iter::repeat_n(None, usize::try_from(env_t).unwrap_or(0)));
+                    // One skip per env step of this chunk before this one, look-back
+                    // included. RLlib 2.60 counts from the episode's start (env_t), which
+                    // misplaces agents that join in a later chunk (see the multi-agent
+                    // deviation tests).
+                    let skips = env_t - env_t_started + i64::try_from(lookback).unwrap_or(0);
+                    map.map.extend(std::iter::repeat_n(None, usize::try_from(skips).unwrap_or(0)));
                     map.map.push(Some(0));
                     map.map.set_lookback(lookback);
                 }

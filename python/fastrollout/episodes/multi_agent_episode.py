@@ -243,9 +243,13 @@ class MultiAgentEpisode:
         Raises:
             RuntimeError: If only some of them were.
         """
-        # Observations switch on every to_numpy (rewards only once an agent has a step),
-        # so they tell for agents of length 0 too (RLlib 2.60 raises for such mixes).
-        flags = {eps._is_finalized("observations") for eps in self.agent_episodes.values()}
+        # Each agent's is_numpy, as in RLlib, except that an agent without steps tells by
+        # its observations: to_numpy leaves its rewards flag unset (RLlib 2.60 then raises
+        # for the mix).
+        flags = {
+            eps.is_numpy if len(eps) > 0 else eps._is_finalized("observations")
+            for eps in self.agent_episodes.values()
+        }
         if len(flags) > 1:
             raise RuntimeError(f"only some agent episodes of {self} are numpy'd")
         return flags.pop() if flags else False
@@ -331,7 +335,11 @@ class MultiAgentEpisode:
         # the maps of agents that are done, or absent from `other`, behind, and re-appends
         # `other`'s look-back entries: ray issue 45542).
         new_steps = len(other)
+        # Length and look-back of our maps as they are before this concat (each map is
+        # extended in the loop below, so they are read now).
         reference = next(iter(self.env_t_to_agent_t.values()), None)
+        steps_before = len(reference.data) - 1 if reference is not None else 0
+        lookback_before = reference.lookback if reference is not None else 0
         for agent_id in self.agent_ids | other.agent_ids:
             sa_episode = self.agent_episodes.get(agent_id)
             theirs = other.env_t_to_agent_t.get(agent_id)
@@ -345,9 +353,9 @@ class MultiAgentEpisode:
                 if agent_id in self.env_t_to_agent_t:
                     self.env_t_to_agent_t[agent_id].extend(tail[1:])
                 else:
-                    before = len(reference.data) - 1 if reference is not None else 0
-                    lookback = reference.lookback if reference is not None else 0
-                    self.env_t_to_agent_t[agent_id] = StepMap([SKIP] * before + tail, lookback)
+                    self.env_t_to_agent_t[agent_id] = StepMap(
+                        [SKIP] * steps_before + tail, lookback_before
+                    )
                 self._copy_hanging(agent_id, other)
             elif sa_episode.is_done or agent_id not in other.agent_episodes:
                 self.env_t_to_agent_t[agent_id].extend([SKIP] * new_steps)
@@ -735,7 +743,11 @@ class MultiAgentEpisode:
 
     @staticmethod
     def _require_key(eps: SingleAgentEpisode, what: str, key: str | None, agent_id: Any) -> None:
-        """RLlib reads one extra model output of every selected agent: a missing key fails."""
+        """Fails for an extra model output key the agent has not stored.
+
+        RLlib reads the key of every selected agent; a key whose only value hangs fails
+        too (a read of all keys shows it).
+        """
         if what == "extra_model_outputs" and key is not None and key not in eps._extra_keys():
             raise KeyError(f"agent {agent_id!r} has no extra model output {key!r}")
 
@@ -804,6 +816,10 @@ class MultiAgentEpisode:
                 )
             if value is None or (isinstance(value, list) and value == []):
                 continue
+            if what == "extra_model_outputs" and key is None:
+                value = _without_empty_reads(value)
+                if not value:
+                    continue  # nothing to report for this agent
             out[agent_id] = value
         return out
 
@@ -816,7 +832,7 @@ class MultiAgentEpisode:
             if not keys:
                 return -1
             k = keys[0]
-            n = eps._lookback(what, k) + eps._field_len(what, k)
+            n = _field_lookback(eps, what, k) + _field_len(eps, what, k)
         else:
             n = eps._lookback(what) + eps._field_len(what)
         return n + (hanging is not None)
@@ -845,7 +861,7 @@ class MultiAgentEpisode:
                     eps,
                     what,
                     k,
-                    position - eps._lookback(what, k) if eps._extra_keys() else position,
+                    position - _field_lookback(eps, what, k),
                     True,
                     fill,
                     one_hot,
@@ -855,9 +871,7 @@ class MultiAgentEpisode:
             }
         if what == "extra_model_outputs" and isinstance(hanging, dict):
             hanging = hanging.get(key)
-        lookback = (
-            eps._lookback(what, key) if what == "extra_model_outputs" else eps._lookback(what)
-        )
+        lookback = _field_lookback(eps, what, key)
         return self._read(eps, what, key, position - lookback, True, fill, one_hot, hanging)
 
     def _fill_value(self, eps, what, key, fill, one_hot, hanging) -> Any:
@@ -875,16 +889,18 @@ class MultiAgentEpisode:
             if agent_id not in wanted:
                 continue
             hanging = self._hanging(what, agent_id)
+            # The env-step map is read first: an index outside it fails even for an agent
+            # that has nothing to report (as in RLlib).
+            mapped = self.env_t_to_agent_t[agent_id].get(
+                indices, neg_index_as_lookback=neg, fill=fill is not None, ignore_last=ignore_last
+            )
             if (
                 what == "extra_model_outputs"
                 and key is None
                 and not eps._extra_keys()
-                and not hanging
+                and hanging is None
             ):
                 continue
-            mapped = self.env_t_to_agent_t[agent_id].get(
-                indices, neg_index_as_lookback=neg, fill=fill is not None, ignore_last=ignore_last
-            )
             self._require_key(eps, what, key, agent_id)
             if isinstance(mapped, list):
                 positions = [
@@ -902,16 +918,20 @@ class MultiAgentEpisode:
 
     def _get_many(self, eps, what, key, positions, fill, one_hot, hanging) -> Any:
         if what == "extra_model_outputs" and key is None:
+            filled = fill is not None and SKIP in positions
+            if not filled and all(p == SKIP for p in positions):
+                # Nothing to read: the agent is left out, as for any other field.
+                return []
             # All keys: {key: that key's read}, like a read per key.
-            return {
-                k: self._get_many(eps, what, k, positions, fill, one_hot, hanging)
-                for k in self._extra_keys(eps, hanging)
-            }
+            return _without_empty_reads(
+                {
+                    k: self._get_many(eps, what, k, positions, fill, one_hot, hanging)
+                    for k in self._extra_keys(eps, hanging)
+                }
+            )
         if what == "extra_model_outputs" and isinstance(hanging, dict):
             hanging = hanging.get(key)
-        lookback = (
-            eps._lookback(what, key) if what == "extra_model_outputs" else eps._lookback(what)
-        )
+        lookback = _field_lookback(eps, what, key)
         if SKIP in positions and fill is not None:
             fill_value = eps._get_ext(
                 what, key, 1_000_000_000_000, False, fill, one_hot, None, False
@@ -951,11 +971,14 @@ class MultiAgentEpisode:
             row = {}
             for agent_id, mapped in per_agent.items():
                 eps = self.agent_episodes[agent_id]
+                entry = mapped[i]  # an agent with fewer entries fails here, as in RLlib
                 self._require_key(eps, what, key, agent_id)
                 hanging = self._hanging(what, agent_id)
+                # RLlib skips agents without extra outputs here even when an
+                # empty dict of them hangs (unlike the single-dict read).
                 if what == "extra_model_outputs" and not eps._extra_keys() and not hanging:
                     continue
-                position = self._agent_index(agent_id, eps, what, key, hanging, mapped[i])
+                position = self._agent_index(agent_id, eps, what, key, hanging, entry)
                 value = self._get_one(eps, what, key, position, fill, one_hot, hanging)
                 if value is not None:
                     row[agent_id] = value
@@ -1323,6 +1346,32 @@ class MultiAgentEpisode:
                 t_started=self.agent_t_started[agent_id],
                 len_lookback_buffer=max(lookback_per_agent[agent_id], 0),
             )
+
+
+def _without_empty_reads(per_key: dict) -> dict:
+    """A read of all extra output keys without the keys whose read is empty ([]).
+
+    As if each key were read on its own: a read that finds nothing leaves the agent out.
+    """
+    return {k: v for k, v in per_key.items() if not (isinstance(v, list) and v == [])}
+
+
+def _field_lookback(eps: SingleAgentEpisode, what: str, key: str | None) -> int:
+    """Look-back of an agent's field.
+
+    An extra model output key the agent has not stored yet (it only hangs) is an empty
+    field without look-back, as RLlib reads it.
+    """
+    if what != "extra_model_outputs":
+        return eps._lookback(what)
+    return eps._lookback(what, key) if key in eps._extra_keys() else 0
+
+
+def _field_len(eps: SingleAgentEpisode, what: str, key: str | None) -> int:
+    """Length of an agent's field (0 for an extra model output key not stored yet)."""
+    if what != "extra_model_outputs":
+        return eps._field_len(what)
+    return eps._field_len(what, key) if key in eps._extra_keys() else 0
 
 
 def _batch(values: list) -> Any:
