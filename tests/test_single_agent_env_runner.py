@@ -483,3 +483,19 @@ def test_dict_observations_are_recorded_per_key():
         assert set(obs) == {"mode", "pos"}
         np.testing.assert_array_equal(obs["mode"], np.arange(6) % 3)
         np.testing.assert_allclose(obs["pos"][:, 0], np.arange(6) / 10, rtol=1e-6)
+
+
+def test_restarts_work_in_async_sub_processes():
+    c = config(crashing_cartpole, n=2, rollout_fragment_length=60, gym_env_vectorize_mode="async")
+    r = fr.SingleAgentEnvRunner(config=c.fault_tolerance(restart_failed_sub_environments=True))
+    try:
+        seen: dict[str, set] = defaultdict(set)
+        for _ in range(3):
+            for e in r.sample():
+                for info in e.get_infos():
+                    if "env_instance" in info:
+                        seen[e.id_].add(info["env_instance"])
+        assert seen and all(len(v) == 1 for v in seen.values())
+        assert compiled(r)["num_env_restarts_lifetime"] > 0
+    finally:
+        r.stop()
