@@ -296,9 +296,10 @@ class MultiAgentEnvRunner(EnvRunner):
             self._new_episode(i)
         self._ongoing_episodes_for_metrics.clear()
         for i in range(n):
+            # Sub-env i gets seed + i, as a gymnasium vector env (and RLlib) seeds them.
             seed = None
             if self._needs_initial_reset and self._seed is not None:
-                seed = self._seed * max(n, 1) + i
+                seed = self._seed + i
             self._reset_env(i, seed)
         self._needs_initial_reset = False
 
@@ -340,6 +341,30 @@ class MultiAgentEnvRunner(EnvRunner):
             return self._batcher.scatter(
                 to_env, extra_constants={s.WEIGHTS_SEQ_NO: self._weights_seq_no}
             )
+
+    def _env_to_module_done(
+        self, episodes: list[Any], observations: list[Any], explore: bool
+    ) -> None:
+        """Runs env-to-module on the last observations of episodes that just ended.
+
+        As RLlib does (its output is thrown away): connectors that rewrite episodes, such
+        as the observation filter, then treat the terminal observations like all others.
+        """
+        assert self.module is not None and self._batcher is not None
+        gathered = self._batcher.gather(episodes, observations)
+        if not gathered:
+            return
+        shared: dict[str, Any] = {
+            "agent_rows": {mid: self._batcher.index_map(mid) for mid in gathered}
+        }
+        self._connectors.env_to_module(
+            batch={mid: {Columns.OBS: o} for mid, o in gathered.items()},
+            rl_module=self.module,
+            episodes=episodes,
+            explore=explore,
+            shared_data=shared,
+            metrics=None,
+        )
 
     def _random_actions(self) -> list[Any]:
         out = []
@@ -433,6 +458,10 @@ class MultiAgentEnvRunner(EnvRunner):
                 env_ts += 1
                 if step_callbacks:
                     self._episode_callback("on_episode_step", i)
+            if done and not random_actions:
+                self._env_to_module_done(
+                    [self._episodes[i] for i in done], [obs[i] for i in done], explore
+                )
             for i in done:
                 eps += 1
                 self._episode_callback("on_episode_end", i)
