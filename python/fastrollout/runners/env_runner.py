@@ -157,6 +157,10 @@ class EnvRunner(abc.ABC):
     def _build_module(self, spaces: dict[str, tuple[Any, Any]]) -> MultiRLModule:
         module = self._module_spec(spaces).build()
         module.to(self._device)
+        # A runner only samples: eval mode once here, so that forward passes need not
+        # switch modes per call.
+        for sub in module.values():
+            sub.eval()
         return module
 
     def make_module(self) -> None:
