@@ -23,16 +23,25 @@ struct BatchRows<'py> {
     /// another layout get the row as a Python object instead).
     leaves: Vec<crate::schema::Leaf>,
     views: Vec<LeafBytes<'py>>,
-    schema: crate::schema::Schema,
+    /// Bytes of one row per leaf (the views' sizes were checked against `n` rows).
+    widths: Vec<usize>,
 }
 
 impl BatchRows<'_> {
-    fn row(&self, n: usize, i: usize) -> PyResult<Vec<LeafBytes<'static>>> {
-        let slices: Vec<&[u8]> = self.views.iter().map(AsRef::as_ref).collect();
-        let rows = Rows::new(&self.schema, &slices, n).map_err(|e| PyValueError::new_err(e.to_string()))?;
-        let row = rows.row(i).ok_or_else(|| PyValueError::new_err(format!("no row {i} in the batch")))?;
-        // One small copy per leaf: the column then copies it once more into its buffer.
-        Ok(row.into_iter().map(|b| LeafBytes::Owned(b.to_vec())).collect())
+    fn row(&self, i: usize) -> PyResult<Vec<LeafBytes<'static>>> {
+        self.views
+            .iter()
+            .zip(&self.widths)
+            .map(|(v, &w)| {
+                // Checked again: the views read the arrays' live layout.
+                let b = v.as_ref().get(i * w..(i + 1) * w).ok_or_else(|| {
+                    PyValueError::new_err(format!("no row {i} in the batch (was it resized?)"))
+                })?;
+                // One small copy per leaf: the column then copies it once more into its
+                // buffer (both are a few bytes for vector observations).
+                Ok(LeafBytes::Owned(b.to_vec()))
+            })
+            .collect()
     }
 }
 
@@ -85,7 +94,7 @@ impl<'py> BatchField<'py> {
         }
         if let (Some(Some(rows)), Some(s)) = (&self.rows, spec) {
             if rows.leaves == s.leaves {
-                return Ok(Input::Row(rows.row(self.n, i)?));
+                return Ok(Input::Row(rows.row(i)?));
             }
         }
         Ok(Input::Object(self.value.get_item(i)?))
@@ -94,7 +103,11 @@ impl<'py> BatchField<'py> {
     fn convert(&self, s: &Spec) -> PyResult<BatchRows<'py>> {
         let label = self.label();
         let views = spec::to_leaf_views(s, &self.value, Some(Some(self.n)), &|| label.clone())?;
-        Ok(BatchRows { leaves: s.leaves.clone(), views, schema: s.schema() })
+        let schema = s.schema();
+        let slices: Vec<&[u8]> = views.iter().map(AsRef::as_ref).collect();
+        Rows::new(&schema, &slices, self.n).map_err(|e| PyValueError::new_err(format!("{label}: {e}")))?;
+        let widths = schema.leaves.iter().map(crate::schema::Leaf::item_bytes).collect();
+        Ok(BatchRows { leaves: s.leaves.clone(), views, widths })
     }
 }
 

@@ -76,10 +76,14 @@ class EnvRunner(abc.ABC):
         return [c() if isinstance(c, type) else c for c in classes]
 
     def _callback_list(self, name: str) -> list[Any]:
+        from fastrollout.callbacks import Callbacks
+
         fns = []
         for obj in self._callback_objects:
             fn = getattr(obj, name, None)
-            if fn is not None:
+            # The base class's hooks do nothing: skipping them keeps the per-step loop
+            # over sub-envs out of the hot path when no callback needs it.
+            if fn is not None and getattr(type(obj), name, None) is not getattr(Callbacks, name):
                 fns.append(fn)
         extra = s.cfg(self.config, f"callbacks_{name}")
         if extra is not None:
@@ -221,8 +225,10 @@ class EnvRunner(abc.ABC):
         """Loads a state from ``get_state`` (of this or another runner).
 
         Module weights are loaded only if ``state["weights_seq_no"]`` is 0 or missing
-        (a forced update) or newer than this runner's, as RLlib does; a state for a single
-        module (not keyed by module id) is loaded into ``DEFAULT_MODULE_ID``.
+        (a forced update) or newer than this runner's, as RLlib does; the runner's number
+        then becomes the newer one (unlike RLlib, an older number never replaces it). A
+        state for a single module (not keyed by module id) is loaded into
+        ``DEFAULT_MODULE_ID``.
 
         Args:
             state: The state.
@@ -237,7 +243,10 @@ class EnvRunner(abc.ABC):
                 if not all(mid in self.module for mid in weights):
                     weights = {s.default_module_id(): weights}
                 self.module.set_state(weights)
-            if seq > 0:
+            # RLlib 2.60 takes any positive number, also an older one whose weights it
+            # just refused, and then reports a version it does not hold; the number here
+            # only moves forward (pinned in tests/test_single_agent_env_runner.py).
+            if seq > self._weights_seq_no:
                 self._weights_seq_no = seq
         if s.NUM_ENV_STEPS_SAMPLED_LIFETIME in state:
             self.num_env_steps_sampled_lifetime = int(state[s.NUM_ENV_STEPS_SAMPLED_LIFETIME])
@@ -311,7 +320,7 @@ class EnvRunner(abc.ABC):
         self._weights_seq_no = int(seq or 0)
 
     @property
-    def _connectors(self) -> s.DefaultConnectors:
+    def _connectors(self) -> s.Connectors:
         raise NotImplementedError
 
     def __del__(self) -> None:

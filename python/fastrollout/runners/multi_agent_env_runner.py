@@ -66,14 +66,20 @@ class MultiAgentEnvRunner(EnvRunner):
         )
         self._shared_data: dict[str, Any] = {}
         self._time_after_sampling: float | None = None
-        self._conn: s.DefaultConnectors | None = None
+        self._conn: s.Connectors | None = None
         self._batcher: ModuleBatcher | None = None
-        self._mapping_fn = s.cfg(config, "policy_mapping_fn", _default_mapping)
+        # The config's checked mapping names the agent and module when a mapping goes to
+        # a module that is not configured.
+        self._mapping_fn = s.cfg(
+            config,
+            "agent_to_module_mapping_fn",
+            s.cfg(config, "policy_mapping_fn", _default_mapping),
+        )
         self.make_env()
         self.make_module()
 
     @property
-    def _connectors(self) -> s.DefaultConnectors:
+    def _connectors(self) -> s.Connectors:
         assert self._conn is not None
         return self._conn
 
@@ -106,6 +112,9 @@ class MultiAgentEnvRunner(EnvRunner):
             )
 
     def _module_ids(self) -> list[str]:
+        ids = s.cfg(self.config, "module_ids")
+        if ids is not None:
+            return [str(m) for m in ids]
         policies = s.cfg(self.config, "policies")
         if policies is None:
             return [DEFAULT_MODULE_ID]
@@ -150,17 +159,13 @@ class MultiAgentEnvRunner(EnvRunner):
         spaces = self.get_spaces()
         modules = {k: v for k, v in spaces.items() if not k.startswith("__")}
         self._batcher = ModuleBatcher({mid: sp[0] for mid, sp in modules.items()})
-        self._conn = s.DefaultConnectors(
-            env_to_module=s.user_connectors(
-                s.cfg(self.config, "env_to_module_connector"), self.env, spaces, self._device
-            ),
-            module_to_env=s.user_connectors(
-                s.cfg(self.config, "module_to_env_connector"), self.env, spaces, self._device
-            ),
-            device=self._device,
+        self._conn = s.Connectors(
+            config=self.config,
+            env=self.env,
+            spaces=spaces,
+            observation_spaces={mid: sp[0] for mid, sp in modules.items()},
             action_spaces={mid: sp[1] for mid, sp in modules.items()},
-            normalize_actions=bool(s.cfg(self.config, "normalize_actions", True)),
-            clip_actions=bool(s.cfg(self.config, "clip_actions", False)),
+            device=self._device,
         )
 
     # -- sampling ------------------------------------------------------------------
@@ -273,7 +278,7 @@ class MultiAgentEnvRunner(EnvRunner):
 
     @property
     def _max_restarts(self) -> int:
-        return int(s.cfg(self.config, "max_sub_env_restarts", 10))
+        return int(s.cfg(self.config, "max_sub_environment_restart_attempts", 5))
 
     def _recreate(self, i: int) -> None:
         with contextlib.suppress(Exception):
@@ -304,12 +309,14 @@ class MultiAgentEnvRunner(EnvRunner):
             gathered = self._batcher.gather(
                 self._episodes, self._obs, self._terminateds, self._truncateds
             )
-            batch = conn.run_env_to_module(
-                {mid: {Columns.OBS: obs} for mid, obs in gathered.items()},
+            shared = self._shared_data
+            shared["agent_rows"] = {mid: self._batcher.index_map(mid) for mid in gathered}
+            batch = conn.env_to_module(
+                batch={mid: {Columns.OBS: obs} for mid, obs in gathered.items()},
                 rl_module=self.module,
                 episodes=self._episodes,
                 explore=explore,
-                shared_data=self._shared_data,
+                shared_data=shared,
                 metrics=self.metrics,
             )
         if not batch:
@@ -322,12 +329,12 @@ class MultiAgentEnvRunner(EnvRunner):
             else:
                 out = self.module.forward_inference(batch)
         with self.metrics.log_time(s.MODULE_TO_ENV_CONNECTOR):
-            to_env = conn.run_module_to_env(
-                out,
+            to_env = conn.module_to_env(
+                batch=out,
                 rl_module=self.module,
                 episodes=self._episodes,
                 explore=explore,
-                shared_data=self._shared_data,
+                shared_data=shared,
                 metrics=self.metrics,
             )
             return self._batcher.scatter(
@@ -460,17 +467,15 @@ class MultiAgentEnvRunner(EnvRunner):
     ) -> None:
         m = self.metrics
         self.num_env_steps_sampled_lifetime += env_steps
-        m.log_value(s.NUM_ENV_STEPS_SAMPLED, env_steps, reduce="sum", clear_on_reduce=True)
+        m.log_value(s.NUM_ENV_STEPS_SAMPLED, env_steps, reduce="sum")
         m.log_value(s.NUM_ENV_STEPS_SAMPLED_LIFETIME, env_steps, reduce="lifetime_sum")
-        m.log_value(s.NUM_EPISODES, episodes, reduce="sum", clear_on_reduce=True)
+        m.log_value(s.NUM_EPISODES, episodes, reduce="sum")
         m.log_value(s.NUM_EPISODES_LIFETIME, episodes, reduce="lifetime_sum")
         for aid, k in agent_steps.items():
-            m.log_value(
-                (s.NUM_AGENT_STEPS_SAMPLED, str(aid)), k, reduce="sum", clear_on_reduce=True
-            )
+            m.log_value((s.NUM_AGENT_STEPS_SAMPLED, str(aid)), k, reduce="sum")
             m.log_value((s.NUM_AGENT_STEPS_SAMPLED_LIFETIME, str(aid)), k, reduce="lifetime_sum")
         for mid, k in module_steps.items():
-            m.log_value((s.NUM_MODULE_STEPS_SAMPLED, mid), k, reduce="sum", clear_on_reduce=True)
+            m.log_value((s.NUM_MODULE_STEPS_SAMPLED, mid), k, reduce="sum")
             m.log_value((s.NUM_MODULE_STEPS_SAMPLED_LIFETIME, mid), k, reduce="lifetime_sum")
 
     def get_metrics(self) -> dict[str, Any]:

@@ -56,12 +56,12 @@ class SingleAgentEnvRunner(EnvRunner):
         )
         self._shared_data: dict[str, Any] = {}
         self._time_after_sampling: float | None = None
-        self._conn: s.DefaultConnectors | None = None
+        self._conn: s.Connectors | None = None
         self.make_env()
         self.make_module()
 
     @property
-    def _connectors(self) -> s.DefaultConnectors:
+    def _connectors(self) -> s.Connectors:
         assert self._conn is not None
         return self._conn
 
@@ -79,10 +79,11 @@ class SingleAgentEnvRunner(EnvRunner):
         creator = s.make_sub_env_creator(self.config, self.worker_index, self.num_workers)
         n = int(s.cfg(self.config, "num_envs_per_env_runner", 1))
         restart = bool(s.cfg(self.config, "restart_failed_sub_environments", False))
+        attempts = int(s.cfg(self.config, "max_sub_environment_restart_attempts", 5))
         fns = []
         for i in range(n):
             make = functools.partial(creator, i)
-            fns.append(functools.partial(s.RestartingEnv, make) if restart else make)
+            fns.append(functools.partial(s.RestartingEnv, make, attempts) if restart else make)
         mode = str(s.cfg(self.config, "gym_env_vectorize_mode", "sync")).lower()
         mode = getattr(mode, "value", mode)
         if mode == "sync":
@@ -118,18 +119,17 @@ class SingleAgentEnvRunner(EnvRunner):
         """Builds the module and the connectors around it."""
         super().make_module()
         spaces = self.get_spaces()
-        self._conn = s.DefaultConnectors(
-            env_to_module=s.user_connectors(
-                s.cfg(self.config, "env_to_module_connector"), self.env, spaces, self._device
-            ),
-            module_to_env=s.user_connectors(
-                s.cfg(self.config, "module_to_env_connector"), self.env, spaces, self._device
-            ),
+        single = (self.env.single_observation_space, self.env.single_action_space)
+        self._conn = s.Connectors(
+            config=self.config,
+            env=self.env,
+            spaces=spaces,
+            observation_spaces={DEFAULT_MODULE_ID: single[0]},
+            action_spaces={DEFAULT_MODULE_ID: single[1]},
             device=self._device,
-            action_spaces={DEFAULT_MODULE_ID: self.env.single_action_space},
-            normalize_actions=bool(s.cfg(self.config, "normalize_actions", True)),
-            clip_actions=bool(s.cfg(self.config, "clip_actions", False)),
         )
+        # Row i of the module batch is sub-env i (no agent ids in a single-agent runner).
+        self._agent_rows = {DEFAULT_MODULE_ID: [(i, None) for i in range(self.num_envs)]}
 
     # -- sampling ------------------------------------------------------------------
 
@@ -268,13 +268,15 @@ class SingleAgentEnvRunner(EnvRunner):
     def _compute_actions(self, explore: bool, ts: int) -> tuple[Any, Any, dict[str, Any]]:
         assert self.module is not None
         conn = self._connectors
+        shared = self._shared_data
+        shared["agent_rows"] = self._agent_rows
         with self.metrics.log_time(s.ENV_TO_MODULE_CONNECTOR):
-            batch = conn.run_env_to_module(
-                {DEFAULT_MODULE_ID: {Columns.OBS: self._obs}},
+            batch = conn.env_to_module(
+                batch={DEFAULT_MODULE_ID: {Columns.OBS: self._obs}},
                 rl_module=self.module,
                 episodes=self._episodes,
                 explore=explore,
-                shared_data=self._shared_data,
+                shared_data=shared,
                 metrics=self.metrics,
             )
         with self.metrics.log_time(s.RLMODULE_INFERENCE_TIMER), torch.no_grad():
@@ -285,12 +287,12 @@ class SingleAgentEnvRunner(EnvRunner):
             else:
                 out = self.module.forward_inference(batch)
         with self.metrics.log_time(s.MODULE_TO_ENV_CONNECTOR):
-            to_env = conn.run_module_to_env(
-                out,
+            to_env = conn.module_to_env(
+                batch=out,
                 rl_module=self.module,
                 episodes=self._episodes,
                 explore=explore,
-                shared_data=self._shared_data,
+                shared_data=shared,
                 metrics=self.metrics,
             )[DEFAULT_MODULE_ID]
         actions = to_env.pop(Columns.ACTIONS)
@@ -381,20 +383,10 @@ class SingleAgentEnvRunner(EnvRunner):
     def _increase_sampled_metrics(self, num_steps: int, num_episodes: int) -> None:
         m = self.metrics
         self.num_env_steps_sampled_lifetime += num_steps
-        m.log_value(s.NUM_ENV_STEPS_SAMPLED, num_steps, reduce="sum", clear_on_reduce=True)
-        m.log_value(
-            (s.NUM_AGENT_STEPS_SAMPLED, s.DEFAULT_AGENT_ID),
-            num_steps,
-            reduce="sum",
-            clear_on_reduce=True,
-        )
-        m.log_value(
-            (s.NUM_MODULE_STEPS_SAMPLED, DEFAULT_MODULE_ID),
-            num_steps,
-            reduce="sum",
-            clear_on_reduce=True,
-        )
-        m.log_value(s.NUM_EPISODES, num_episodes, reduce="sum", clear_on_reduce=True)
+        m.log_value(s.NUM_ENV_STEPS_SAMPLED, num_steps, reduce="sum")
+        m.log_value((s.NUM_AGENT_STEPS_SAMPLED, s.DEFAULT_AGENT_ID), num_steps, reduce="sum")
+        m.log_value((s.NUM_MODULE_STEPS_SAMPLED, DEFAULT_MODULE_ID), num_steps, reduce="sum")
+        m.log_value(s.NUM_EPISODES, num_episodes, reduce="sum")
         m.log_value(s.NUM_ENV_STEPS_SAMPLED_LIFETIME, num_steps, reduce="lifetime_sum")
         m.log_value(
             (s.NUM_AGENT_STEPS_SAMPLED_LIFETIME, s.DEFAULT_AGENT_ID),
@@ -428,8 +420,8 @@ class SingleAgentEnvRunner(EnvRunner):
             m.log_value(s.EPISODE_LEN_MEAN, length, window=win)
             m.log_value(s.EPISODE_RETURN_MEAN, ret, window=win)
             m.log_value(s.EPISODE_DURATION_SEC_MEAN, sec, window=win)
-            m.log_value((s.EPISODE_AGENT_RETURN_MEAN, s.DEFAULT_AGENT_ID), ret, window=win)
-            m.log_value((s.EPISODE_MODULE_RETURN_MEAN, DEFAULT_MODULE_ID), ret, window=win)
+            m.log_value((s.SA_AGENT_RETURN_MEAN, s.DEFAULT_AGENT_ID), ret, window=win)
+            m.log_value((s.SA_MODULE_RETURN_MEAN, DEFAULT_MODULE_ID), ret, window=win)
             m.log_value(s.EPISODE_LEN_MIN, length, reduce="min", window=win)
             m.log_value(s.EPISODE_RETURN_MIN, ret, reduce="min", window=win)
             m.log_value(s.EPISODE_LEN_MAX, length, reduce="max", window=win)

@@ -1,0 +1,108 @@
+//! Criterion benches of the runner's batched containers (pure core): splitting a vector
+//! step's batch into rows and recording them into N episodes, and gathering per-module
+//! inference batches across sub-envs and agents with the scatter plan back. Run with
+//! `cargo bench --bench runner`.
+
+use std::hint::black_box;
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use fastrollout::column::Column;
+use fastrollout::episode::{Field, FieldName, Item, SingleAgentCore, Step};
+use fastrollout::runner::{scatter_plan, ModuleBatch, Rows};
+use fastrollout::schema::{DType, Leaf, Schema};
+
+const OBS: usize = 4;
+
+fn obs_schema() -> Schema {
+    Schema::new(vec![Leaf::new(DType::F32, vec![OBS])])
+}
+
+fn scalar(dtype: DType) -> Schema {
+    Schema::new(vec![Leaf::new(dtype, vec![])])
+}
+
+fn no_object(_: FieldName<'_>, _: bool, _: &Column, _: usize) {}
+
+fn episode() -> SingleAgentCore<()> {
+    let mut e = SingleAgentCore::<()> {
+        observations: Field::typed(obs_schema(), false),
+        actions: Field::typed(scalar(DType::I64), false),
+        rewards: Field::typed(scalar(DType::F64), false),
+        extra_model_outputs: vec![("action_logp".into(), Field::typed(scalar(DType::F32), false))],
+        ..SingleAgentCore::default()
+    };
+    e.add_reset(Item::Bytes(vec![vec![0u8; OBS * 4]]), (), no_object).expect("reset");
+    e
+}
+
+/// One vector step of `n` CartPole-like sub-envs: rows of the batches into n episodes.
+fn bench_record_vector_step(c: &mut Criterion) {
+    let mut g = c.benchmark_group("record_vector_step");
+    for n in [1usize, 8, 64] {
+        let obs = vec![1u8; n * OBS * 4];
+        let act = vec![0u8; n * 8];
+        let rew = vec![0u8; n * 8];
+        let logp = vec![0u8; n * 4];
+        let (so, sa, sr, sl) = (obs_schema(), scalar(DType::I64), scalar(DType::F64), scalar(DType::F32));
+        g.throughput(Throughput::Elements(n as u64));
+        g.bench_function(format!("{n}_sub_envs"), |b| {
+            let mut eps: Vec<_> = (0..n).map(|_| episode()).collect();
+            b.iter(|| {
+                if eps[0].len() >= 4096 {
+                    eps = (0..n).map(|_| episode()).collect();
+                }
+                let rows = [
+                    Rows::new(&so, &[&obs], n).expect("obs"),
+                    Rows::new(&sa, &[&act], n).expect("act"),
+                    Rows::new(&sr, &[&rew], n).expect("rew"),
+                    Rows::new(&sl, &[&logp], n).expect("logp"),
+                ];
+                for (i, e) in eps.iter_mut().enumerate() {
+                    let r = |k: usize| Item::Bytes(rows[k].row(i).expect("row"));
+                    let step = Step {
+                        observation: r(0),
+                        action: r(1),
+                        reward: r(2),
+                        info: (),
+                        extra_model_outputs: vec![("action_logp", r(3))],
+                        terminated: false,
+                        truncated: false,
+                    };
+                    e.add_step(step, no_object).expect("step");
+                }
+                black_box(&eps);
+            });
+        });
+    }
+    g.finish();
+}
+
+/// Gather of `envs` x `agents` observations into two modules, and the scatter plan back.
+fn bench_gather_scatter(c: &mut Criterion) {
+    let mut g = c.benchmark_group("gather_scatter");
+    for (envs, agents) in [(1usize, 2usize), (8, 2), (8, 8), (64, 8)] {
+        let item = vec![vec![3u8; OBS * 4]];
+        g.throughput(Throughput::Elements((envs * agents) as u64));
+        g.bench_function(format!("{envs}_envs_x_{agents}_agents"), |b| {
+            let mut batches = [ModuleBatch::new(obs_schema()), ModuleBatch::new(obs_schema())];
+            b.iter(|| {
+                for mb in &mut batches {
+                    mb.clear();
+                }
+                for env in 0..envs {
+                    for agent in 0..agents {
+                        batches[agent % 2].push(env, agent, &item).expect("push");
+                    }
+                }
+                for mb in &batches {
+                    black_box(scatter_plan(mb.index(), envs));
+                    black_box(mb.leaf(0));
+                }
+            });
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench_record_vector_step, bench_gather_scatter);
+criterion_main!(benches);

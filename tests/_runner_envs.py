@@ -1,0 +1,114 @@
+"""Small envs for the runner tests (module-level so async sub-processes can import them)."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import gymnasium as gym
+import numpy as np
+
+
+class SeededLengthEnv(gym.Env):
+    """Episode lengths drawn from the reset seed's RNG; actions are ignored.
+
+    Observation ``[t, episode length]``; reward ``0.5 * (t + 1)``; terminated after a
+    length in [3, 12] drawn at reset. Runs the same under any policy, so runners seeded
+    alike produce the same episodes.
+    """
+
+    def __init__(self, config: Any = None) -> None:
+        self.observation_space = gym.spaces.Box(0.0, 1000.0, (2,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self._t = 0
+        self._len = 0
+        self._n = -1
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> Any:
+        super().reset(seed=seed)
+        self._t = 0
+        self._n += 1
+        self._len = int(self.np_random.integers(3, 13))
+        return self._obs(), {"len": self._len}
+
+    def _obs(self) -> np.ndarray:
+        return np.array([self._t, self._len], np.float32)
+
+    def step(self, action: Any) -> Any:
+        self._t += 1
+        reward = 0.5 * self._t
+        return self._obs(), reward, self._t >= self._len, False, {}
+
+
+class ActionRecordingEnv(gym.Env):
+    """A continuous-action env that records the actions it receives."""
+
+    received: ClassVar[list[np.ndarray]] = []
+
+    def __init__(self, config: Any = None) -> None:
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+        self.action_space = gym.spaces.Box(-0.01, 0.01, (1,), np.float32)
+        self._t = 0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> Any:
+        super().reset(seed=seed)
+        self._t = 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action: Any) -> Any:
+        ActionRecordingEnv.received.append(np.array(action, copy=True))
+        self._t += 1
+        return np.zeros(2, np.float32), 0.0, False, self._t >= 20, {}
+
+
+class WrongShapeEnv(gym.Env):
+    """Returns an observation of the wrong shape from its 3rd step on."""
+
+    def __init__(self, config: Any = None) -> None:
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self._t = 0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> Any:
+        super().reset(seed=seed)
+        self._t = 0
+        return np.zeros(4, np.float32), {}
+
+    def step(self, action: Any) -> Any:
+        self._t += 1
+        obs = np.zeros(5 if self._t >= 3 else 4, np.float32)
+        return obs, 1.0, False, False, {}
+
+
+class LongEnv(gym.Env):
+    """Episodes of 1000 steps; counts the steps all instances took (``LongEnv.steps``)."""
+
+    steps = 0
+
+    def __init__(self, config: Any = None) -> None:
+        self.observation_space = gym.spaces.Box(0.0, 1000.0, (1,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self._t = 0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> Any:
+        super().reset(seed=seed)
+        self._t = 0
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action: Any) -> Any:
+        self._t += 1
+        LongEnv.steps += 1
+        return np.array([self._t], np.float32), 1.0, False, self._t >= 1000, {}
+
+
+def crash_first_sub_env_once(ctx: Any) -> Any:
+    """LongEnv; sub-env 0 of the first vector crashes on its 5th sampling step."""
+    from fastrollout.env.examples import CrashingEnv
+
+    first = ctx.vector_index == 0 and not _created[0]
+    if ctx.vector_index == 0:
+        _created[0] = True
+    # The env check at creation takes one step, so call 6 is the 5th sampling step.
+    return CrashingEnv(LongEnv(), crash_on_step={6} if first else ())
+
+
+_created = [False]

@@ -1,0 +1,87 @@
+"""fastrollout's runners against RLlib 2.60's on the same envs and seeds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import _runner_envs
+import fastrollout as fr
+from _runner_envs import LongEnv, SeededLengthEnv, crash_first_sub_env_once
+from fastrollout.metrics import MetricsLogger
+
+pytest.importorskip("ray.rllib")
+
+# Keys RLlib's env-to-module pipeline logs about episode lengths that connectors add or
+# remove; fastrollout's runner does not log them (its pipeline adds no look-back).
+RLLIB_ONLY_KEYS = {"env_to_module_sum_episodes_length_in", "env_to_module_sum_episodes_length_out"}
+
+
+def rllib_runner(env, n, restart=False, **runners):
+    from ray.rllib.algorithms.ppo import PPOConfig
+    from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
+
+    c = PPOConfig().environment(env).env_runners(num_envs_per_env_runner=n, **runners)
+    c = c.fault_tolerance(restart_failed_sub_environments=restart)
+    return SingleAgentEnvRunner(config=c.debugging(seed=3))
+
+
+def fr_runner(env, n, restart=False, **runners):
+    c = fr.RunnerConfig().environment(env).env_runners(num_envs_per_env_runner=n, **runners)
+    c = c.fault_tolerance(restart_failed_sub_environments=restart)
+    return fr.SingleAgentEnvRunner(config=c.debugging(seed=3).resources(device="cpu"))
+
+
+def summary(episodes):
+    return [(len(e), e.t_started, bool(e.is_done), float(e.get_return())) for e in episodes]
+
+
+def test_same_seed_same_episodes_and_metric_keys():
+    ours, theirs = (
+        fr_runner(SeededLengthEnv, 2, rollout_fragment_length=5),
+        rllib_runner(SeededLengthEnv, 2, rollout_fragment_length=5),
+    )
+    for kwargs in (
+        {"num_episodes": 5, "random_actions": True},
+        {"num_timesteps": 13, "random_actions": True},
+        {"num_timesteps": 9, "random_actions": True},
+        {"random_actions": True},
+    ):
+        a, b = ours.sample(**kwargs), theirs.sample(**kwargs)
+        assert summary(a) == summary(b), kwargs
+        for x, y in zip(a, b, strict=True):
+            np.testing.assert_array_equal(x.get_observations(), y.get_observations())
+            np.testing.assert_array_equal(x.get_rewards(), y.get_rewards())
+            assert x.get_infos() == y.get_infos()
+    mine = ours.get_metrics()
+    root = MetricsLogger(root=True)
+    root.aggregate([mine])
+    compiled = root.compile()
+    rllib = theirs.get_metrics()
+    assert set(compiled) == set(rllib) - RLLIB_ONLY_KEYS - {"env_to_module_connector"}
+    for key in ("num_env_steps_sampled", "num_episodes", "episode_len_mean", "episode_return_max"):
+        assert compiled[key] == pytest.approx(rllib[key].peek()), key
+
+
+# RLlib re-registers its env under one name on every make_env (gymnasium warns).
+@pytest.mark.filterwarnings("ignore:.*Overriding environment:UserWarning")
+def test_a_crash_keeps_the_other_sub_envs_episodes_rllib_drops_them():
+    """Ray issue 47608: RLlib recreates all sub-envs and drops every ongoing episode."""
+    n = 2
+    results = {}
+    for name, make in (("fastrollout", fr_runner), ("rllib", rllib_runner)):
+        _runner_envs._created[0] = False
+        runner = make(crash_first_sub_env_once, n, restart=True, rollout_fragment_length=10)
+        LongEnv.steps = 0
+        episodes = runner.sample(num_timesteps=20)
+        results[name] = (LongEnv.steps, episodes)
+    steps, eps = results["fastrollout"]
+    # Only the crashed sub-env's 4 steps (before its 5th, failing one) are dropped; the
+    # recreated env's check took 1 step that no episode records. The other sub-env's
+    # episode keeps all its 11 steps; the new one has 6.
+    assert sum(len(e) for e in eps) == steps - 4 - 1
+    assert sorted((len(e), e.t_started) for e in eps) == [(6, 0), (11, 0)]
+    steps, eps = results["rllib"]
+    # RLlib starts every episode over: the other sub-env's steps are lost as well.
+    assert all(e.t_started == 0 for e in eps)
+    assert sum(len(e) for e in eps) < steps - 5

@@ -1,0 +1,397 @@
+"""The runner's native hot path: batched vector-step record, per-module gather and scatter."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fastrollout import MultiAgentEpisode, SingleAgentEpisode
+from fastrollout._core import (
+    ModuleBatcher,
+    multi_agent_record_steps,
+    single_agent_record_vector_step,
+)
+from fastrollout.errors import EpisodeStateError, SpaceMismatchError
+
+OBS = gym.spaces.Box(-10.0, 10.0, (3,), np.float32)
+ACT = gym.spaces.Discrete(4)
+
+
+def _episodes(n: int) -> list[SingleAgentEpisode]:
+    return [SingleAgentEpisode(observation_space=OBS, action_space=ACT) for _ in range(n)]
+
+
+def _reset(eps: list[SingleAgentEpisode], obs: np.ndarray) -> tuple[list[int], list[int]]:
+    n = len(eps)
+    return single_agent_record_vector_step(
+        eps, obs, np.zeros(n, np.int64), np.zeros(n), np.zeros(n, bool), np.zeros(n, bool)
+    )
+
+
+def test_vector_step_records_rows_like_add_env_step():
+    n = 3
+    native, reference = _episodes(n), _episodes(n)
+    rng = np.random.default_rng(0)
+    obs0 = rng.normal(size=(n, 3)).astype(np.float32)
+    assert _reset(native, obs0) == ([0, 1, 2], [])
+    for i, e in enumerate(reference):
+        e.add_env_reset(observation=obs0[i], infos={})
+    for t in range(5):
+        obs = rng.normal(size=(n, 3)).astype(np.float32)
+        act = rng.integers(0, 4, n)
+        rew = rng.normal(size=n)
+        logp = rng.normal(size=n).astype(np.float32)
+        dist = rng.normal(size=(n, 4)).astype(np.float32)
+        started, done = single_agent_record_vector_step(
+            native,
+            obs,
+            act,
+            rew,
+            np.zeros(n, bool),
+            np.array([False, False, t == 4]),
+            {},
+            {"action_logp": logp, "action_dist_inputs": dist, "weights_seq_no": 7},
+        )
+        assert started == []
+        assert done == ([2] if t == 4 else [])
+        for i, e in enumerate(reference):
+            e.add_env_step(
+                observation=obs[i],
+                action=act[i],
+                reward=rew[i],
+                infos={},
+                truncated=(t == 4 and i == 2),
+                extra_model_outputs={
+                    "action_logp": logp[i],
+                    "action_dist_inputs": dist[i],
+                    "weights_seq_no": 7,
+                },
+            )
+    for a, b in zip(native, reference, strict=True):
+        a.to_numpy()
+        b.to_numpy()
+        np.testing.assert_array_equal(a.get_observations(), b.get_observations())
+        np.testing.assert_array_equal(a.get_actions(), b.get_actions())
+        np.testing.assert_array_equal(a.get_rewards(), b.get_rewards())
+        for k in ("action_logp", "action_dist_inputs", "weights_seq_no"):
+            np.testing.assert_array_equal(
+                a.get_extra_model_outputs(k), b.get_extra_model_outputs(k)
+            )
+        assert a.get_actions().dtype == b.get_actions().dtype
+        assert (a.is_truncated, a.is_terminated, len(a)) == (
+            b.is_truncated,
+            b.is_terminated,
+            len(b),
+        )
+
+
+def test_unreset_episode_takes_its_row_as_reset():
+    eps = _episodes(2)
+    _reset(eps, np.zeros((2, 3), np.float32))
+    single_agent_record_vector_step(
+        eps,
+        np.ones((2, 3), np.float32),
+        np.array([1, 2]),
+        np.ones(2),
+        np.array([True, False]),
+        np.zeros(2, bool),
+    )
+    eps[0] = SingleAgentEpisode(observation_space=OBS, action_space=ACT)
+    # gymnasium's next-step autoreset: the done sub-env's row is its reset observation.
+    started, done = single_agent_record_vector_step(
+        eps,
+        np.full((2, 3), 2, np.float32),
+        np.array([3, 3]),
+        np.array([5.0, 1.0]),
+        np.zeros(2, bool),
+        np.zeros(2, bool),
+    )
+    assert (started, done) == ([0], [])
+    assert len(eps[0]) == 0 and eps[0].is_reset
+    np.testing.assert_array_equal(eps[0].get_observations(-1), np.full(3, 2, np.float32))
+    assert len(eps[1]) == 2 and eps[1].get_return() == 2.0
+
+
+def test_gymnasium_vector_infos_are_unbatched():
+    eps = _episodes(3)
+    infos = {
+        "x": np.array([1, 2, 3]),
+        "_x": np.array([True, False, True]),
+        "y": np.array([7, 8, 9]),
+    }
+    _reset(eps, np.zeros((3, 3), np.float32))
+    single_agent_record_vector_step(
+        eps,
+        np.zeros((3, 3), np.float32),
+        np.zeros(3, np.int64),
+        np.zeros(3),
+        np.zeros(3, bool),
+        np.zeros(3, bool),
+        infos,
+    )
+    assert eps[0].get_infos(-1) == {"x": 1, "y": 7}
+    assert eps[1].get_infos(-1) == {"y": 8}
+    # A list of infos (one per sub-env) is taken as it is.
+    single_agent_record_vector_step(
+        eps,
+        np.zeros((3, 3), np.float32),
+        np.zeros(3, np.int64),
+        np.zeros(3),
+        np.zeros(3, bool),
+        np.zeros(3, bool),
+        [{"a": 1}, {}, {"c": 3}],
+    )
+    assert [e.get_infos(-1) for e in eps] == [{"a": 1}, {}, {"c": 3}]
+
+
+def test_wrong_observation_shape_names_observation_and_space_and_stores_nothing():
+    eps = _episodes(2)
+    _reset(eps, np.zeros((2, 3), np.float32))
+    with pytest.raises(SpaceMismatchError, match=r"observations.*shape \(3,\)"):
+        single_agent_record_vector_step(
+            eps,
+            np.zeros((2, 4), np.float32),
+            np.zeros(2, np.int64),
+            np.zeros(2),
+            np.zeros(2, bool),
+            np.zeros(2, bool),
+        )
+    assert all(len(e) == 0 for e in eps)
+
+
+def test_errors_leave_every_episode_unchanged():
+    eps = _episodes(2)
+    _reset(eps, np.zeros((2, 3), np.float32))
+    done = SingleAgentEpisode(observation_space=OBS, action_space=ACT)
+    done.add_env_reset(observation=np.zeros(3, np.float32))
+    done.add_env_step(observation=np.zeros(3, np.float32), action=0, reward=0.0, terminated=True)
+    with pytest.raises(EpisodeStateError, match=r"sub-env 2.*done"):
+        single_agent_record_vector_step(
+            [*eps, done],
+            np.zeros((3, 3), np.float32),
+            np.zeros(3, np.int64),
+            np.zeros(3),
+            np.zeros(3, bool),
+            np.zeros(3, bool),
+        )
+    assert all(len(e) == 0 for e in eps)
+    with pytest.raises(ValueError, match="terminateds: expected 2 flags"):
+        single_agent_record_vector_step(
+            eps,
+            np.zeros((2, 3), np.float32),
+            np.zeros(2, np.int64),
+            np.zeros(2),
+            np.zeros(3, bool),
+            np.zeros(2, bool),
+        )
+    with pytest.raises(ValueError, match="infos: expected 2"):
+        single_agent_record_vector_step(
+            eps,
+            np.zeros((2, 3), np.float32),
+            np.zeros(2, np.int64),
+            np.zeros(2),
+            np.zeros(2, bool),
+            np.zeros(2, bool),
+            [{}],
+        )
+    with pytest.raises(TypeError, match="extra_model_outputs keys must be str"):
+        single_agent_record_vector_step(
+            eps,
+            np.zeros((2, 3), np.float32),
+            np.zeros(2, np.int64),
+            np.zeros(2),
+            np.zeros(2, bool),
+            np.zeros(2, bool),
+            None,
+            {1: np.zeros(2)},
+        )
+    assert all(len(e) == 0 for e in eps)
+
+
+def _ma_episodes(n: int) -> list[MultiAgentEpisode]:
+    out = []
+    for _ in range(n):
+        e = MultiAgentEpisode(
+            agent_to_module_mapping_fn=lambda aid, ep: "even" if aid % 2 == 0 else "odd"
+        )
+        out.append(e)
+    return out
+
+
+def test_gather_stacks_per_module_with_index_map():
+    b = ModuleBatcher({"even": OBS, "odd": gym.spaces.Discrete(5)})
+    assert b.module_ids == ["even", "odd"]
+    eps = _ma_episodes(2)
+    obs = [
+        {0: np.full(3, 0.5, np.float32), 1: 3, 2: np.full(3, 2.0, np.float32)},
+        {1: 4, 2: np.full(3, -1.0, np.float32)},
+    ]
+    out = b.gather(eps, obs)
+    np.testing.assert_array_equal(
+        out["even"], np.array([[0.5] * 3, [2.0] * 3, [-1.0] * 3], np.float32)
+    )
+    assert out["even"].flags.c_contiguous and out["even"].dtype == np.float32
+    np.testing.assert_array_equal(out["odd"], np.array([3, 4]))
+    assert b.index_map("even") == [(0, 0), (0, 2), (1, 2)]
+    assert b.index_map("odd") == [(0, 1), (1, 1)]
+    # Done agents do not act; a module without rows is left out.
+    out = b.gather(eps, obs, [{1: True}, {1: True, "__all__": False}], [None, {2: False}])
+    assert set(out) == {"even"}
+    with pytest.raises(KeyError, match="nope"):
+        b.index_map("nope")
+
+
+def test_gather_errors_name_agent_module_and_space():
+    b = ModuleBatcher({"even": OBS})
+    eps = _ma_episodes(1)
+    with pytest.raises(
+        SpaceMismatchError, match=r"sub-env 0: observation of agent 0 \(module \"even\"\).*\(3,\)"
+    ):
+        b.gather(eps, [{0: np.zeros(2, np.float32)}])
+    with pytest.raises(KeyError, match='agent 1 maps to module "odd"'):
+        b.gather(eps, [{1: np.zeros(3, np.float32)}])
+    with pytest.raises(ValueError, match="one episode per sub-env"):
+        b.gather(eps, [None, None])
+    with pytest.raises(ValueError, match="no fixed layout"):
+        ModuleBatcher({"m": gym.spaces.Text(5)})
+    with pytest.raises(TypeError, match="module ids must be str"):
+        ModuleBatcher({1: OBS})
+
+
+def test_scatter_splits_outputs_back_per_env_and_agent():
+    b = ModuleBatcher({"even": OBS, "odd": gym.spaces.Discrete(5)})
+    eps = _ma_episodes(2)
+    b.gather(eps, [{0: np.zeros(3, np.float32), 1: 0}, {2: np.zeros(3, np.float32), 3: 1}])
+    per_env = b.scatter(
+        {
+            "even": {"actions": np.array([10, 20]), "action_logp": np.array([-1.0, -2.0])},
+            "odd": {"actions": np.array([11, 31]), "actions_for_env": np.array([111, 311])},
+        },
+        extra_constants={"weights_seq_no": 3},
+    )
+    assert len(per_env) == 2
+    env_actions, actions, extras = per_env[0]
+    assert env_actions == {0: 10, 1: 111}
+    assert actions == {0: 10, 1: 11}
+    assert extras == {0: {"action_logp": -1.0, "weights_seq_no": 3}, 1: {"weights_seq_no": 3}}
+    assert per_env[1][0] == {2: 20, 3: 311}
+    with pytest.raises(ValueError, match="has 3 rows, the batch has 2"):
+        b.scatter({"even": {"actions": np.zeros(3)}})
+    with pytest.raises(KeyError, match='no "actions" column'):
+        b.scatter({"even": {"action_logp": np.zeros(2)}})
+    with pytest.raises(KeyError, match="unknown module"):
+        b.scatter({"x": {"actions": np.zeros(2)}})
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.dictionaries(st.integers(0, 6), st.floats(-5, 5, width=32), max_size=5),
+        min_size=1,
+        max_size=5,
+    )
+)
+def test_gather_then_scatter_round_trips(obs_values):
+    """Every acting agent's row goes out and comes back to its own sub-env and agent."""
+    b = ModuleBatcher({"even": OBS, "odd": OBS})
+    eps = _ma_episodes(len(obs_values))
+    obs = [{a: np.full(3, v, np.float32) for a, v in d.items()} for d in obs_values]
+    out = b.gather(eps, obs)
+    # The module "computes" an action that encodes its input row.
+    outputs = {mid: {"actions": arr[:, 0].copy()} for mid, arr in out.items()}
+    per_env = b.scatter(outputs)
+    for i, d in enumerate(obs_values):
+        assert per_env[i][1] == pytest.approx({a: np.float32(v) for a, v in d.items()})
+    assert sum(len(x) for x in out.values()) == sum(len(d) for d in obs_values)
+
+
+def test_multi_agent_record_steps_records_each_sub_env():
+    eps = [MultiAgentEpisode() for _ in range(2)]
+    for e in eps:
+        e.add_env_reset(observations={"a": 0, "b": 0})
+    done = multi_agent_record_steps(
+        eps,
+        [{"a": 1, "b": 1}, {"a": 2}],
+        [{"a": 0, "b": 1}, {"a": 1, "b": 0}],
+        [{"a": 1.0, "b": 2.0}, {"a": 3.0, "b": 4.0}],
+        [None, None],
+        [None, {"__all__": True, "a": True, "b": True}],
+        [None, None],
+        [{"a": {"logp": 0.5}}, None],
+    )
+    assert done == [1]
+    assert eps[0].get_return() == 3.0 and eps[1].get_return() == 7.0
+    assert eps[1].is_terminated and not eps[0].is_done
+    assert eps[0].agent_episodes["a"].get_extra_model_outputs("logp") == [0.5]
+    with pytest.raises(ValueError, match="rewards: expected 2 dicts"):
+        multi_agent_record_steps(
+            eps, [{}, {}], [{}, {}], [{}], [None] * 2, [None] * 2, [None] * 2, [None] * 2
+        )
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    n=st.integers(1, 4),
+    steps=st.lists(
+        st.lists(st.tuples(st.booleans(), st.booleans()), min_size=4, max_size=4), max_size=12
+    ),
+    seed=st.integers(0, 2**16),
+)
+def test_vector_record_equals_per_episode_add_env_step(n, steps, seed):
+    """Any step sequence with dones and next-step resets: same episodes either way."""
+    rng = np.random.default_rng(seed)
+    native, reference = _episodes(n), _episodes(n)
+    done_native: list = []
+    done_reference: list = []
+    obs = rng.normal(size=(n, 3)).astype(np.float32)
+    _reset(native, obs)
+    for i, e in enumerate(reference):
+        e.add_env_reset(observation=obs[i], infos={})
+    for flags in steps:
+        term = np.array([f[0] and f[1] for f in flags[:n]])
+        trunc = np.array([f[1] and not f[0] for f in flags[:n]])
+        obs = rng.normal(size=(n, 3)).astype(np.float32)
+        act = rng.integers(0, 4, n)
+        rew = rng.normal(size=n)
+        logp = rng.normal(size=n).astype(np.float32)
+        _, done = single_agent_record_vector_step(
+            native, obs, act, rew, term, trunc, None, {"action_logp": logp}
+        )
+        for i in done:
+            done_native.append(native[i])
+            native[i] = SingleAgentEpisode(observation_space=OBS, action_space=ACT)
+        for i, e in enumerate(reference):
+            if not e.is_reset:
+                e.add_env_reset(observation=obs[i], infos={})
+                continue
+            e.add_env_step(
+                observation=obs[i],
+                action=act[i],
+                reward=rew[i],
+                infos={},
+                terminated=bool(term[i]),
+                truncated=bool(trunc[i]),
+                extra_model_outputs={"action_logp": logp[i]},
+            )
+            if e.is_done:
+                done_reference.append(e)
+                reference[i] = SingleAgentEpisode(observation_space=OBS, action_space=ACT)
+    assert len(done_native) == len(done_reference)
+    for a, b in zip(done_native + native, done_reference + reference, strict=True):
+        assert (len(a), a.is_terminated, a.is_truncated, a.is_reset) == (
+            len(b),
+            b.is_terminated,
+            b.is_truncated,
+            b.is_reset,
+        )
+        if a.is_reset:
+            np.testing.assert_array_equal(a.get_observations(), b.get_observations())
+        if len(a):
+            np.testing.assert_array_equal(a.get_actions(), b.get_actions())
+            np.testing.assert_array_equal(a.get_rewards(), b.get_rewards())
+            np.testing.assert_array_equal(
+                a.get_extra_model_outputs("action_logp"), b.get_extra_model_outputs("action_logp")
+            )
