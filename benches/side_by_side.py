@@ -46,8 +46,8 @@ from torch import nn
 
 import fastrollout as fr
 from fastrollout.core import Columns as FrColumns
-from fastrollout.modules import RLModule, RLModuleSpec
 from fastrollout.env.examples import SyntheticImageEnv
+from fastrollout.modules import RLModule, RLModuleSpec
 
 HIDDEN = (256, 256)
 
@@ -174,6 +174,9 @@ def _bare_multi(n: int, agents: int, steps: int):
                     done_steps += 1
                     if term["__all__"] or trunc["__all__"]:
                         o, _ = e.reset()
+                    else:
+                        # Agents that are done observe once more but do not act again.
+                        o = {a: x for a, x in o.items() if not (term.get(a) or trunc.get(a))}
                     obs[i] = o
             return done_steps
 
@@ -353,27 +356,34 @@ def workloads(steps: int) -> list[Workload]:
 # -- timing --------------------------------------------------------------------------------
 
 
-def measure(factory: Callable[[], Callable[[], int]], repeats: int, warmup: int) -> float:
-    """Median time per unit (µs) of ``repeats`` timed runs after ``warmup`` runs.
+def measure(
+    factories: dict[str, Callable[[], Callable[[], int]]], repeats: int, warmup: int
+) -> dict[str, float]:
+    """Median time per unit (µs) of each contender over ``repeats`` timed runs.
+
+    The contenders take turns (one run each per round), so that a change in the machine's
+    load during the measurement hits all of them alike.
 
     Args:
-        factory: Builds the run closure.
-        repeats: Timed runs.
-        warmup: Untimed runs first.
+        factories: Contender name -> factory of its run closure.
+        repeats: Timed runs per contender.
+        warmup: Untimed runs per contender first.
 
     Returns:
-        Median µs per unit.
+        Contender name -> median µs per unit.
     """
-    run = factory()
-    for _ in range(warmup):
-        run()
-    times = []
+    runs = {who: factory() for who, factory in factories.items()}
+    for run in runs.values():
+        for _ in range(warmup):
+            run()
+    times: dict[str, list[float]] = {who: [] for who in runs}
     gc.collect()
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        units = run()
-        times.append((time.perf_counter() - t0) / units * 1e6)
-    return statistics.median(times)
+        for who, run in runs.items():
+            t0 = time.perf_counter()
+            units = run()
+            times[who].append((time.perf_counter() - t0) / units * 1e6)
+    return {who: statistics.median(t) for who, t in times.items()}
 
 
 def machine() -> dict[str, Any]:
@@ -463,9 +473,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.only and not any(s in w.name for s in args.only):
             continue
         r: dict[str, Any] = {"name": w.name, "unit": w.unit}
-        for who, factory in w.contenders.items():
-            r[who] = measure(factory, repeats, warmup)
-            print(f"  {w.name:<62} {who:<12} {_fmt(r[who]):>8} {w.unit}", flush=True)
+        r.update(measure(w.contenders, repeats, warmup))
+        line = ", ".join(f"{who} {_fmt(r[who])}" for who in w.contenders)
+        print(f"  {w.name}: {line} {w.unit}", flush=True)
         results.append(r)
     print()
     print(table(results))
