@@ -203,11 +203,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nRSS while fastrollout samples {args.steps_rss} env steps (CartPole-v1, 8 envs):")
         points = rss_over_sampling(args.steps_rss)
         out["rss"] = points
-        first, last = points[1][1], points[-1][1]
+        (n0, first), (n1, last) = points[1], points[-1]
         print(
-            f"growth from {points[1][0]} to {points[-1][0]} steps: "
-            f"{(last - first) / 2**20:+.2f} MiB ({(last - first) / (points[-1][0] - points[1][0]):.3f}"
-            " bytes per step)"
+            f"growth from {n0} to {n1} steps: {(last - first) / 2**20:+.2f} MiB "
+            f"({(last - first) / (n1 - n0):.3f} bytes per step)"
         )
     if args.json:
         with open(args.json, "w") as f:
