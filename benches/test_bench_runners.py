@@ -63,7 +63,9 @@ IMPLS = {"rllib": _rllib, "fastrollout": _fastrollout}
 def test_sample(benchmark, impl, n, agents):
     runner = IMPLS[impl](n, agents)
     runner.sample(num_timesteps=200)  # warm-up
-    benchmark.group = f"runner sample({STEPS} env steps), CartPole, {n} sub-env(s), {agents or 1} agent(s)"
+    benchmark.group = (
+        f"runner sample({STEPS} env steps), CartPole, {n} sub-env(s), {agents or 1} agent(s)"
+    )
     episodes = benchmark.pedantic(
         runner.sample, kwargs={"num_timesteps": STEPS}, rounds=5, iterations=1
     )

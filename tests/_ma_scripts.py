@@ -450,7 +450,15 @@ def extras_model(ep: Any, key: Any, args: tuple, kwargs: dict) -> Any:
         # The env-step map is read for every selected agent, with or without extra
         # outputs: an index outside it fails as the action read does.
         by_env_steps = (args[2] if len(args) > 2 else kwargs.get("env_steps", True)) is not False
-        actions = ep.get_actions(*args, **kwargs) if by_env_steps else {}
+        actions: Any = {}
+        failure: Exception | None = None
+        if by_env_steps:
+            try:
+                actions = ep.get_actions(*args, **kwargs)
+            except IndexError:
+                raise
+            except Exception as e:  # an action-only failure (e.g. batching the fill)
+                actions, failure = None, e
         keys = sorted(
             {k for sa in ep.agent_episodes.values() for k in sa.extra_model_outputs}
             | {k for h in ep._hanging_extra_model_outputs_end.values() if h for k in h}
@@ -488,16 +496,30 @@ def extras_model(ep: Any, key: Any, args: tuple, kwargs: dict) -> Any:
             sa.actions.space = None
             if aid in shadow._hanging_actions_end:
                 shadow._hanging_actions_end[aid] = None if hanging is None else hanging[k]
+        if key is None and kwargs.get("return_list"):
+            # Agent by agent: RLlib counts the rows by the first selected agent's map
+            # (which the shadow may have lost), and fails for an agent with fewer.
+            per_key[k] = {}
+            for aid in shadow.agent_episodes:
+                if selected is None or aid in selected:
+                    call_args, call_kwargs = _with_agent_ids(args, kwargs, [aid])
+                    per_key[k][aid] = shadow.get_actions(*call_args, **call_kwargs)
+            continue
         per_key[k] = shadow.get_actions(*args, **kwargs) if shadow.agent_episodes else None
     if key is not None:
         return per_key[key]
     if kwargs.get("return_list"):
-        # One dict per env step, as many as the action read has.
-        steps: list[dict] = [{} for _ in ep.get_actions(*args, **kwargs)]
-        for k, rows in per_key.items():
-            for i, row in enumerate(rows or []):
-                for aid, value in row.items():
-                    steps[i].setdefault(aid, {})[k] = value
+        # One dict per env step, as many as the action read of all agents has.
+        if actions is None:
+            raise failure  # type: ignore[misc]
+        steps: list[dict] = [{} for _ in actions]
+        for k, per_agent in per_key.items():
+            for aid, rows in per_agent.items():
+                if len(rows) < len(steps):
+                    raise IndexError(f"agent {aid!r} has fewer env steps than the first")
+                for i, row in enumerate(rows[: len(steps)]):
+                    if aid in row:
+                        steps[i].setdefault(aid, {})[k] = row[aid]
         return steps
     out: dict[Any, dict] = {}
     for k, values in per_key.items():
@@ -517,7 +539,7 @@ def extras_model(ep: Any, key: Any, args: tuple, kwargs: dict) -> Any:
             and ep._hanging_extra_model_outputs_end.get(aid) is not None
         ]
     )
-    if empty:
+    if empty and actions is not None:
         for aid in empty:
             if aid in actions:
                 out.setdefault(aid, {})
@@ -697,28 +719,16 @@ def no_flatten() -> Iterator[None]:
         ilb.np = saved
 
 
-def join_map_model(ep: Any) -> Any:
-    """A copy of RLlib's ``ep`` whose env-step maps of agents that joined in this chunk
-    start at the chunk's first env step.
+def fix_joiner_map(ep: Any, agent_id: Any) -> None:
+    """Corrects, in RLlib's ``ep``, the env-step map of ``agent_id``, which joined in the
+    step just added: one skip per env step of this chunk before it, look-back included.
 
     RLlib 2.60 starts a joining agent's map with ``env_t`` skips, counted from the
-    episode's start; in a chunk that starts later (a cut successor) that is too many, so
-    the agent's data sits at the wrong env steps (reads by env step miss or misplace it);
-    in a chunk whose look-back reaches further back than its start, too few.
+    episode's start: too many in a chunk that starts later (a cut successor), too few in
+    one whose look-back reaches further back than its start; the agent's data then sits
+    at the wrong env steps. fastrollout counts from the chunk's start.
     """
-    model = copy.deepcopy(ep)
-    for mapping in model.env_t_to_agent_t.values():
-        extra = len(mapping.data) - (mapping.lookback + model.env_t - model.env_t_started + 1)
-        if extra > 0 and all(v == "S" for v in mapping.data[:extra]):
-            mapping.data = mapping.data[extra:]
-        elif extra < 0:
-            mapping.data = ["S"] * -extra + list(mapping.data)
-    return model
-
-
-def has_misplaced_joiner(ep: Any) -> bool:
-    """Whether RLlib's ``ep`` has a map that ``join_map_model`` corrects."""
-    return any(
-        len(m.data) != m.lookback + ep.env_t - ep.env_t_started + 1
-        for m in ep.env_t_to_agent_t.values()
-    )
+    mapping = ep.env_t_to_agent_t[agent_id]
+    right = mapping.lookback + ep.env_t - ep.env_t_started + 1
+    body = [v for v in mapping.data if v != "S"]
+    mapping.data = ["S"] * (right - len(body)) + body

@@ -112,3 +112,71 @@ def crash_first_sub_env_once(ctx: Any) -> Any:
 
 
 _created = [False]
+
+
+def rllib_turn_env_class() -> type:
+    """An RLlib ``MultiAgentEnv`` subclass (fastrollout runs RLlib's envs as they are).
+
+    Players "a" and "b" alternate; episode length drawn from the reset seed's RNG
+    (actions are ignored), so runners seeded alike produce the same episodes. The mover
+    gets reward ``t``; at the end both observe and are terminated.
+    """
+    from ray.rllib.env.multi_agent_env import MultiAgentEnv as RLlibMultiAgentEnv
+
+    class SeededTurnsEnv(RLlibMultiAgentEnv):
+        def __init__(self, config: Any = None) -> None:
+            super().__init__()
+            self.possible_agents = ["a", "b"]
+            self.agents = ["a", "b"]
+            space = gym.spaces.Box(0.0, 100.0, (2,), np.float32)
+            self.observation_spaces = {"a": space, "b": space}
+            self.action_spaces = {"a": gym.spaces.Discrete(2), "b": gym.spaces.Discrete(2)}
+            self._t = 0
+            self._len = 0
+
+        def reset(self, *, seed: int | None = None, options: dict | None = None) -> Any:
+            if seed is not None:
+                self._rng = np.random.default_rng(seed)
+            elif not hasattr(self, "_rng"):
+                self._rng = np.random.default_rng()
+            self._t = 0
+            self._len = int(self._rng.integers(3, 10))
+            return {"a": self._obs()}, {"a": {}}
+
+        def _obs(self) -> np.ndarray:
+            return np.array([self._t, self._len], np.float32)
+
+        def step(self, action_dict: dict) -> Any:
+            (mover,) = action_dict
+            self._t += 1
+            rewards = {mover: float(self._t)}
+            if self._t >= self._len:
+                obs = {"a": self._obs(), "b": self._obs()}
+                return obs, rewards, {"a": True, "b": True, "__all__": True}, {"__all__": False}, {}
+            nxt = "b" if mover == "a" else "a"
+            return {nxt: self._obs()}, rewards, {"__all__": False}, {"__all__": False}, {}
+
+    return SeededTurnsEnv
+
+
+class DictObsEnv(gym.Env):
+    """Dict observations (a Box and a Discrete); episodes of 5 steps."""
+
+    def __init__(self, config: Any = None) -> None:
+        self.observation_space = gym.spaces.Dict(
+            {"pos": gym.spaces.Box(-1.0, 1.0, (2,), np.float32), "mode": gym.spaces.Discrete(3)}
+        )
+        self.action_space = gym.spaces.Discrete(2)
+        self._t = 0
+
+    def _obs(self) -> dict:
+        return {"mode": self._t % 3, "pos": np.full(2, self._t / 10, np.float32)}
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> Any:
+        super().reset(seed=seed)
+        self._t = 0
+        return self._obs(), {}
+
+    def step(self, action: Any) -> Any:
+        self._t += 1
+        return self._obs(), 1.0, self._t >= 5, False, {}

@@ -61,10 +61,9 @@ from _ma_scripts import (
     ScriptConfig,
     boundary_done_agents,
     extras_model,
+    fix_joiner_map,
     fixed_cut,
     fixed_cut_bugs,
-    has_misplaced_joiner,
-    join_map_model,
     no_flatten,
     obs_is_numpy,
     obs_numpy_model,
@@ -153,11 +152,32 @@ def same(expected: Any, actual: Any) -> bool:
 
 def _matches_model(c: Call, model: str, issue: str) -> bool:
     """The subject answered like the pair's model (RLlib without ``issue``), read with or
-    without the chunk-action-read fix (see ``relative_t_model``)."""
+    without the chunk-action-read fix (see ``relative_t_model``); where the model's extras
+    read crashes (extras-crash), like the extras model of the model."""
     if c.model != model or issue not in c.model_bugs:
         return False
-    return same(c.model_out, c.sub_out) or (
+    if same(c.model_out, c.sub_out) or (
         c.rerun is not None and same(c.relative_model_out, c.sub_out)
+    ):
+        return True
+    if c.method.startswith("get_infos") and (
+        _infos_dicts_batched(c.model_out, c.sub_out)
+        # RLlib batches the infos there (numpy-infos-fill), or fails to.
+        or (
+            c.rerun is not None
+            and c.model_episode is not None
+            and same(c.rerun(obs_numpy_model(c.model_episode, batch_infos=False)), c.sub_out)
+        )
+    ):
+        return True
+    return (
+        c.method.startswith("get_extra_model_outputs")
+        and _raised(c.model_out, AttributeError, TypeError)
+        and c.model_episode is not None
+        and any(
+            _extras_model_matches(c, e)
+            for e in (c.model_episode, relative_t_model(c.model_episode))
+        )
     )
 
 
@@ -195,6 +215,16 @@ def _numpyd(ep: Any) -> bool:
     """Whether RLlib's ``ep`` went through to_numpy (without its is_numpy, which raises
     for some such episodes: see is-numpy-mixed)."""
     return any(sa.observations.finalized for sa in ep.agent_episodes.values())
+
+
+def _infos_dicts_batched(ref: Any, sub: Any) -> bool:
+    """Per agent, ``ref``'s infos read is ``sub``'s or ``sub``'s batched."""
+    return (
+        isinstance(ref, dict)
+        and isinstance(sub, dict)
+        and ref.keys() == sub.keys()
+        and all(_infos_batched(ref[k], sub[k]) for k in ref)
+    )
 
 
 def _infos_batched(ref: Any, sub: Any) -> bool:
@@ -243,17 +273,13 @@ def _model_hits_known_bug(c: Call) -> bool:
 
 def _rllib_models(c: Call) -> Iterator[Any]:
     """RLlib's episode of the call (and the pair's model) with combinations of known bugs
-    corrected: joiners' maps (``join_map_model``), chunk reads (``relative_t_model``),
-    ``is_numpy`` (``obs_numpy_model``)."""
+    corrected: chunk reads (``relative_t_model``), ``is_numpy`` (``obs_numpy_model``)."""
     for base in (c.reference, c.model_episode):
         if base is None:
             continue
-        joins = (False, True) if has_misplaced_joiner(base) else (False,)
-        for fix_join in joins:
-            e0 = join_map_model(base) if fix_join else base
-            for e1 in (e0, relative_t_model(e0)):
-                yield e1
-                yield obs_numpy_model(e1)
+        for e in (base, relative_t_model(base)):
+            yield e
+            yield obs_numpy_model(e)
 
 
 def _corrected_matches(c: Call) -> bool:
@@ -292,6 +318,21 @@ def _agent_step_read_with_hanging(c: Call) -> bool:
     ref = c.reference
     hanging = set(ref._hanging_actions_end) | set(ref._hanging_rewards_end)
     return bool(hanging & set(ref.agent_episodes))
+
+
+def _add_env_step(ep: Any, side: int, kwargs: dict[str, Any]) -> None:
+    """``ep.add_env_step(**kwargs)``; on RLlib's side (0, or 2: the model) with the env-step
+    maps of agents that join in this step fixed (``_ma_scripts.fix_joiner_map``): RLlib
+    2.60 starts them with as many skips as env steps since the episode's start, wrong in
+    any chunk that does not start at env step 0 with look-back 0 (late-join-map, pinned by
+    test_rllib_late_joiner_in_a_successor_is_misplaced)."""
+    if side == 1:
+        ep.add_env_step(**kwargs)
+        return
+    before = set(ep.agent_episodes)
+    ep.add_env_step(**kwargs)
+    for aid in set(ep.agent_episodes) - before:
+        fix_joiner_map(ep, aid)
 
 
 def _unflattened(side: int, fn: Callable[[], Any]) -> Any:
@@ -443,16 +484,6 @@ KNOWN_RLLIB_BUGS: list[KnownRLlibBug] = [
         applies=lambda c: _rewards_flag_lags(c.reference) and _corrected_matches(c),
     ),
     KnownRLlibBug(
-        name="late-join-map",
-        op="get_",
-        why="RLlib 2.60 starts the env-step map of an agent that joins in a cut successor "
-        "with as many skips as env steps since the episode's start, not the chunk's, so "
-        "env-step reads of that agent miss or misplace its data; fastrollout maps it from "
-        "the chunk's start (model: _ma_scripts.join_map_model, combined with the other "
-        "corrections; test_late_joiner_in_a_successor_is_read_at_its_env_steps)",
-        applies=lambda c: has_misplaced_joiner(c.reference) and _corrected_matches(c),
-    ),
-    KnownRLlibBug(
         name="is-numpy-empty",
         op="is_numpy",
         why="RLlib's is_numpy raises StopIteration for an episode without agent episodes; "
@@ -534,6 +565,12 @@ KNOWN_RLLIB_BUGS: list[KnownRLlibBug] = [
                 # A selected agent lacks the key: fastrollout raises KeyError, as RLlib's
                 # reads do where they do not crash first.
                 or _lacks_key(c)
+                # The episode's agents are numpy'd only in part: is_numpy refuses, as
+                # RLlib's own does for this episode.
+                or (
+                    _raised(c.sub_out, RuntimeError)
+                    and _raised(outcome(lambda: c.reference.is_numpy), RuntimeError)
+                )
                 # A fill without a space next to array items cannot be batched: the
                 # ValueError of RLlib's own single-agent read (sa-fill-without-space).
                 or (
@@ -745,13 +782,16 @@ def _agent_episode(ep: Any, aid: Any, extra_keys: tuple[str, ...]) -> dict[str, 
         "rewards": outcome(sa.get_rewards),
         "infos": outcome(sa.get_infos),
         "return": outcome(lambda: _num(sa.get_return())),
-        "lookback observations": outcome(
-            lambda: sa.get_observations(slice(-3, 0), neg_index_as_lookback=True, fill=-9)
-        ),
-        "lookback actions": outcome(
-            lambda: sa.get_actions(slice(-3, 0), neg_index_as_lookback=True, fill=-9)
-        ),
     }
+    # Look-back reads with fill; a numpy'd agent without a space cannot batch the fill
+    # with array items in RLlib (sa-fill-without-space, compared by the getters).
+    for what, space in (("observations", sa.observation_space), ("actions", sa.action_space)):
+        if space is not None or not sa.is_numpy:
+            out[f"lookback {what}"] = outcome(
+                lambda w=what: getattr(sa, f"get_{w}")(
+                    slice(-3, 0), neg_index_as_lookback=True, fill=-9
+                )
+            )
     for key in extra_keys:
         # Keys the agent does not have are left out: after RLlib's from_state they read as
         # empty data (see sa-extras-defaultdict); the getters compare such reads.
@@ -1097,13 +1137,13 @@ class Run:
         self.both(
             pair,
             label,
-            lambda ep, _s: ep.add_env_step(**copy.deepcopy(kwargs)),
+            lambda ep, side: _add_env_step(ep, side, copy.deepcopy(kwargs)),
             mutating=True,
             pure_rejection=done is True,  # RLlib checks "not done" before anything else.
             call=("add_env_step", (), kwargs),
         )
         if twin is not None:
-            twin.add_env_step(**copy.deepcopy(kwargs))
+            _add_env_step(twin, 0, copy.deepcopy(kwargs))
 
     def run_steps(self, pair: Pair, n: int, twin: Any = None) -> None:
         assert pair.planner is not None

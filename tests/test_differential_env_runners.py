@@ -58,7 +58,7 @@ def test_same_seed_same_episodes_and_metric_keys():
     root.aggregate([mine])
     compiled = root.compile()
     rllib = theirs.get_metrics()
-    assert set(compiled) == set(rllib) - RLLIB_ONLY_KEYS - {"env_to_module_connector"}
+    assert set(compiled) == set(rllib) - RLLIB_ONLY_KEYS
     for key in ("num_env_steps_sampled", "num_episodes", "episode_len_mean", "episode_return_max"):
         assert compiled[key] == pytest.approx(rllib[key].peek()), key
 
@@ -85,3 +85,61 @@ def test_a_crash_keeps_the_other_sub_envs_episodes_rllib_drops_them():
     # RLlib starts every episode over: the other sub-env's steps are lost as well.
     assert all(e.t_started == 0 for e in eps)
     assert sum(len(e) for e in eps) < steps - 5
+
+
+def test_multi_agent_same_seed_same_episodes_on_an_rllib_env():
+    from ray.rllib.algorithms.ppo import PPOConfig
+    from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner
+
+    env = _runner_envs.rllib_turn_env_class()
+
+    def mapping(aid, episode, **kwargs):
+        return f"p_{aid}"
+
+    theirs = MultiAgentEnvRunner(
+        config=PPOConfig()
+        .environment(env)
+        .env_runners(num_envs_per_env_runner=2, rollout_fragment_length=4)
+        .multi_agent(policies={"p_a", "p_b"}, policy_mapping_fn=mapping)
+        .debugging(seed=5)
+    )
+    ours = fr.MultiAgentEnvRunner(
+        config=fr.RunnerConfig()
+        .environment(env)
+        .env_runners(num_envs_per_env_runner=2, rollout_fragment_length=4)
+        .multi_agent(policies={"p_a", "p_b"}, policy_mapping_fn=mapping)
+        .debugging(seed=5)
+        .resources(device="cpu")
+    )
+
+    def ma_summary(eps):
+        return sorted(
+            (
+                len(e),
+                bool(e.is_done),
+                float(e.get_return()),
+                tuple(
+                    sorted((a, len(x), float(x.get_return())) for a, x in e.agent_episodes.items())
+                ),
+            )
+            for e in eps
+        )
+
+    a = ours.sample(num_episodes=5, random_actions=True)
+    b = theirs.sample(num_episodes=5, random_actions=True)
+    assert ma_summary(a) == ma_summary(b)
+    root = MetricsLogger(root=True)
+    root.aggregate([ours.get_metrics()])
+    mine, rllib = root.compile(), theirs.get_metrics()
+    # RLlib's multi-agent runner also counts an episode that ended in the same step as the
+    # last one returned, which it then drops (its single-agent runner counts returned ones).
+    assert mine["num_episodes"] == len(a) == 5
+    assert rllib["num_episodes"].peek() == 6
+    for key in ("episode_len_mean", "episode_return_mean", "num_env_steps_sampled"):
+        assert mine[key] == pytest.approx(rllib[key].peek()), key
+    assert mine["num_agent_steps_sampled"] == {
+        k: v.peek() for k, v in rllib["num_agent_steps_sampled"].items()
+    }
+    assert mine["module_episode_returns_mean"] == pytest.approx(
+        {k: v.peek() for k, v in rllib["module_episode_returns_mean"].items()}
+    )

@@ -395,3 +395,24 @@ def test_vector_record_equals_per_episode_add_env_step(n, steps, seed):
             np.testing.assert_array_equal(
                 a.get_extra_model_outputs("action_logp"), b.get_extra_model_outputs("action_logp")
             )
+
+
+def test_dict_batches_record_rows_and_resets():
+    space = gym.spaces.Dict(
+        {"a": gym.spaces.Box(-1.0, 1.0, (2,), np.float32), "b": gym.spaces.Discrete(4)}
+    )
+    eps = [SingleAgentEpisode(observation_space=space, action_space=ACT) for _ in range(2)]
+    obs = {"a": np.array([[0.1, 0.2], [0.3, 0.4]], np.float32), "b": np.array([1, 2])}
+    z = np.zeros(2, bool)
+    assert single_agent_record_vector_step(eps, obs, np.zeros(2, np.int64), np.zeros(2), z, z)[
+        0
+    ] == [0, 1]
+    obs2 = {"a": np.array([[0.5, 0.6], [0.7, 0.8]], np.float32), "b": np.array([3, 0])}
+    single_agent_record_vector_step(eps, obs2, np.array([1, 2]), np.ones(2), z, z)
+    e = eps[1].to_numpy()
+    np.testing.assert_array_equal(e.get_observations()["a"], np.float32([[0.3, 0.4], [0.7, 0.8]]))
+    np.testing.assert_array_equal(e.get_observations()["b"], [2, 0])
+    with pytest.raises(SpaceMismatchError, match="key 'b'"):
+        single_agent_record_vector_step(
+            eps[:1], {"a": obs2["a"][:1]}, np.array([1]), np.ones(1), z[:1], z[:1]
+        )

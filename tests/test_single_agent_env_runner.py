@@ -288,6 +288,7 @@ def test_crashing_env_restarts_only_the_failed_sub_env():
         prev_ids = {e.id_ for e in eps if not e.is_done}
         for e in eps:
             for info in e.get_infos():
+                assert not any(k.startswith("__fastrollout") for k in info)
                 if "env_instance" in info:
                     seen[e.id_].add(info["env_instance"])
     # No episode (all its chunks together) holds steps from two env instances.
@@ -432,3 +433,53 @@ def test_cuda_device_samples_and_records_numpy():
     for e in eps:
         assert isinstance(e.get_actions(), np.ndarray)
         assert isinstance(e.get_extra_model_outputs(Columns.ACTION_LOGP), np.ndarray)
+
+
+def test_episodes_to_numpy_false_returns_list_episodes():
+    c = config()
+    c.episodes_to_numpy = False
+    r = fr.SingleAgentEnvRunner(config=c)
+    eps = r.sample(num_timesteps=6)
+    assert eps and not any(e.is_numpy for e in eps)
+    assert isinstance(eps[0].get_actions(), list)
+
+
+def test_connector_states_travel_with_the_runner_state():
+    from fastrollout.connectors import MeanStdFilter
+
+    def make(seed):
+        c = config(n=2).debugging(seed=seed)
+        c = c.env_runners(env_to_module_connector=lambda env, spaces, device: MeanStdFilter())
+        return fr.SingleAgentEnvRunner(config=c)
+
+    a, b = make(1), make(2)
+    a.sample(num_timesteps=50)
+    state = a.get_state()
+    assert state["env_to_module_connector"] != b.get_state()["env_to_module_connector"]
+    b.set_state(state)
+
+    def moments(runner):
+        # The filter keeps base statistics plus a delta since the last sync; their
+        # combination is what normalizes.
+        st = runner.get_state()["env_to_module_connector"]["MeanStdFilter"][DEFAULT_MODULE_ID]
+        parts = [st["base"], st["delta"]]
+        n = sum(p["count"] for p in parts)
+        mean = sum(p["count"] * np.asarray(p["mean"]) for p in parts) / n
+        return n, mean
+
+    (na, ma), (nb, mb) = moments(a), moments(b)
+    assert na == nb > 0
+    np.testing.assert_allclose(ma, mb)
+
+
+def test_dict_observations_are_recorded_per_key():
+    from _runner_envs import DictObsEnv
+
+    r = fr.SingleAgentEnvRunner(config=config(DictObsEnv, n=3))
+    eps = r.sample(num_episodes=4)
+    assert len(eps) == 4
+    for e in eps:
+        obs = e.get_observations()
+        assert set(obs) == {"mode", "pos"}
+        np.testing.assert_array_equal(obs["mode"], np.arange(6) % 3)
+        np.testing.assert_allclose(obs["pos"][:, 0], np.arange(6) / 10, rtol=1e-6)

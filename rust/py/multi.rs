@@ -266,33 +266,52 @@ pub fn multi_agent_add_env_step<'py>(
     }
 
     // The agents this env step mentions: observations, actions, rewards, terminateds,
-    // truncateds and (on `__all__`) every agent with an episode. They are visited in the
-    // order of the Python set RLlib builds from the same dicts with the same set
-    // operations, so agents join `agent_episodes` in RLlib's order (reads that combine
-    // agents, e.g. `return_list`, depend on it).
-    let key_set = |d: &Bound<'py, PyDict>| PySet::new(py, d.keys());
-    let mut with_data = key_set(observations)?.into_any();
+    // truncateds and (on `__all__`) every agent with an episode, first in dict order.
+    let empty = PyDict::new(py);
     let everyone = PyDict::new(py);
     if all_terminated || all_truncated {
         everyone.update(agent_episodes.as_mapping())?;
     }
-    let empty = PyDict::new(py);
-    for d in [
+    let sources = [
+        observations,
         actions,
         rewards,
         terminateds.as_ref().unwrap_or(&empty),
         truncateds.as_ref().unwrap_or(&empty),
         &everyone,
-    ] {
-        with_data = with_data.call_method1(intern!(py, "__or__"), (key_set(d)?,))?;
+    ];
+    let mentioned = PyList::empty(py);
+    let seen = PyDict::new(py);
+    let mut joins = false;
+    for d in sources {
+        for key in d.keys() {
+            if !key.eq(&all)? && !seen.contains(&key)? {
+                joins |= !agent_episodes.contains(&key)?;
+                seen.set_item(&key, true)?;
+                mentioned.append(&key)?;
+            }
+        }
     }
-    let with_data = with_data.call_method1(intern!(py, "__sub__"), (PySet::new(py, [&all])?,))?;
-    let with_data = with_data.cast_into::<PySet>()?;
+    // Agents that join take their place in `agent_episodes` in the order RLlib visits
+    // them: that of the Python set it builds from the same dicts with the same set
+    // operations (reads that combine agents, e.g. `return_list`, depend on the order).
+    // Only then is that set built (about 1 µs); otherwise the order changes nothing.
+    let with_data: Bound<'py, PyAny> = if joins {
+        let key_set = |d: &Bound<'py, PyDict>| PySet::new(py, d.keys());
+        let mut set = key_set(sources[0])?.into_any();
+        for d in &sources[1..] {
+            set = set.call_method1(intern!(py, "__or__"), (key_set(d)?,))?;
+        }
+        set.call_method1(intern!(py, "__sub__"), (PySet::new(py, [&all])?,))?
+    } else {
+        mentioned.into_any()
+    };
 
     // Phase 1: decide and convert; nothing is stored yet.
     let new_agent_episode = episode.getattr(intern!(py, "_new_agent_episode"))?;
-    let mut plans: Vec<(Bound<'py, PyAny>, Prepared<'py>, f64)> = Vec::with_capacity(with_data.len());
-    for aid in with_data.iter() {
+    let mut plans: Vec<(Bound<'py, PyAny>, Prepared<'py>, f64)> = Vec::with_capacity(seen.len());
+    for aid in with_data.try_iter()? {
+        let aid = aid?;
         let obs = observations.get_item(&aid)?.filter(|v| !v.is_none());
         let action = actions.get_item(&aid)?.filter(|v| !v.is_none());
         let reward_value = rewards.get_item(&aid)?.filter(|v| !v.is_none());

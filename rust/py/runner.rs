@@ -9,7 +9,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 
-use numpy::PyUntypedArray;
+use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 
 use super::multi::multi_agent_add_env_step;
 use super::single::{Input, SingleAgentEpisodePy};
@@ -97,7 +97,7 @@ impl<'py> BatchField<'py> {
                 return Ok(Input::Row(rows.row(i)?));
             }
         }
-        Ok(Input::Object(self.value.get_item(i)?))
+        Ok(Input::Object(row_object(&self.value, i)?))
     }
 
     fn convert(&self, s: &Spec) -> PyResult<BatchRows<'py>> {
@@ -111,8 +111,38 @@ impl<'py> BatchField<'py> {
     }
 }
 
+/// Row `i` of a batch as a Python value: `value[i]`, or for the dicts/tuples of batches
+/// that vector envs return for Dict/Tuple spaces, the same structure of rows.
+fn row_object<'py>(value: &Bound<'py, PyAny>, i: usize) -> PyResult<Bound<'py, PyAny>> {
+    let py = value.py();
+    if let Ok(d) = value.cast::<PyDict>() {
+        let out = PyDict::new(py);
+        for (k, v) in d.iter() {
+            out.set_item(k, row_object(&v, i)?)?;
+        }
+        return Ok(out.into_any());
+    }
+    if let Ok(t) = value.cast::<PyTuple>() {
+        let items = t.iter().map(|v| row_object(&v, i)).collect::<PyResult<Vec<_>>>()?;
+        return Ok(PyTuple::new(py, items)?.into_any());
+    }
+    value.get_item(i)
+}
+
 /// Reads a length-`n` sequence of flags (a numpy bool array or any sequence).
 fn flags(value: &Bound<'_, PyAny>, n: usize, what: &str) -> PyResult<Vec<bool>> {
+    // Fast path: a contiguous numpy bool array (what vector envs return) is read as bytes,
+    // without creating a numpy scalar per sub-env.
+    if let Ok(a) = value.cast::<PyUntypedArray>() {
+        let py = value.py();
+        if a.ndim() == 1 && a.dtype().is_equiv_to(&numpy::dtype::<bool>(py)) {
+            let view = LeafBytes::Array(a.clone());
+            let b = view.as_ref();
+            if b.len() == n {
+                return Ok(b.iter().map(|&x| x != 0).collect());
+            }
+        }
+    }
     let out = value.try_iter()?.map(|v| v.and_then(|v| v.is_truthy())).collect::<PyResult<Vec<bool>>>()?;
     if out.len() != n {
         return Err(PyValueError::new_err(format!(
@@ -241,7 +271,7 @@ pub fn single_agent_record_vector_step<'py>(
                     .map_err(|err| for_env(py, i, err))?,
             )
         } else {
-            let o = observations.get_item(i)?;
+            let o = row_object(observations, i)?;
             Prepared::Reset(e.prepare_reset(&o).map_err(|err| for_env(py, i, err))?)
         };
         drop(e);

@@ -296,9 +296,10 @@ class MultiAgentEnvRunner(EnvRunner):
             self._new_episode(i)
         self._ongoing_episodes_for_metrics.clear()
         for i in range(n):
+            # Sub-env i gets seed + i, as a gymnasium vector env (and RLlib) seeds them.
             seed = None
             if self._needs_initial_reset and self._seed is not None:
-                seed = self._seed * max(n, 1) + i
+                seed = self._seed + i
             self._reset_env(i, seed)
         self._needs_initial_reset = False
 
@@ -340,6 +341,30 @@ class MultiAgentEnvRunner(EnvRunner):
             return self._batcher.scatter(
                 to_env, extra_constants={s.WEIGHTS_SEQ_NO: self._weights_seq_no}
             )
+
+    def _env_to_module_done(
+        self, episodes: list[Any], observations: list[Any], explore: bool
+    ) -> None:
+        """Runs env-to-module on the last observations of episodes that just ended.
+
+        As RLlib does (its output is thrown away): connectors that rewrite episodes, such
+        as the observation filter, then treat the terminal observations like all others.
+        """
+        assert self.module is not None and self._batcher is not None
+        gathered = self._batcher.gather(episodes, observations)
+        if not gathered:
+            return
+        shared: dict[str, Any] = {
+            "agent_rows": {mid: self._batcher.index_map(mid) for mid in gathered}
+        }
+        self._connectors.env_to_module(
+            batch={mid: {Columns.OBS: o} for mid, o in gathered.items()},
+            rl_module=self.module,
+            episodes=episodes,
+            explore=explore,
+            shared_data=shared,
+            metrics=None,
+        )
 
     def _random_actions(self) -> list[Any]:
         out = []
@@ -386,6 +411,7 @@ class MultiAgentEnvRunner(EnvRunner):
         random_actions: bool,
         force_reset: bool,
     ) -> list[MultiAgentEpisode]:
+        to_numpy = bool(s.cfg(self.config, "episodes_to_numpy", True))
         done_out: list[MultiAgentEpisode] = []
         env_ts = 0
         eps = 0
@@ -432,13 +458,17 @@ class MultiAgentEnvRunner(EnvRunner):
                 env_ts += 1
                 if step_callbacks:
                     self._episode_callback("on_episode_step", i)
+            if done and not random_actions:
+                self._env_to_module_done(
+                    [self._episodes[i] for i in done], [obs[i] for i in done], explore
+                )
             for i in done:
                 eps += 1
                 self._episode_callback("on_episode_end", i)
                 e = self._episodes[i]
                 for aid in [a for a, ae in e.agent_episodes.items() if len(ae) == 0]:
                     del e.agent_episodes[aid]
-                done_out.append(e.to_numpy())
+                done_out.append(e.to_numpy() if to_numpy else e)
                 self._new_episode(i)
                 if num_episodes is not None and eps >= num_episodes:
                     break
@@ -455,7 +485,7 @@ class MultiAgentEnvRunner(EnvRunner):
                 self._ongoing_episodes_for_metrics[e.id_].append(e)
                 for aid in [a for a, ae in e.agent_episodes.items() if len(ae) == 0]:
                     del e.agent_episodes[aid]
-                ongoing_out.append(e.to_numpy())
+                ongoing_out.append(e.to_numpy() if to_numpy else e)
             self._episodes = continuations
         self._increase_sampled_metrics(env_ts, len(done_out), agent_steps, module_steps)
         return done_out + ongoing_out

@@ -26,6 +26,8 @@ from fastrollout.runners.env_runner import EnvRunner
 
 __all__ = ["SingleAgentEnvRunner"]
 
+_RESTART_KEYS = (s.RESTARTED_KEY, "_" + s.RESTARTED_KEY)
+
 
 class SingleAgentEnvRunner(EnvRunner):
     """Samples ``num_envs_per_env_runner`` copies of a gymnasium env (sync or async).
@@ -57,6 +59,7 @@ class SingleAgentEnvRunner(EnvRunner):
         self._shared_data: dict[str, Any] = {}
         self._time_after_sampling: float | None = None
         self._conn: s.Connectors | None = None
+        self._cached_to_module: dict[str, Any] | None = None
         self.make_env()
         self.make_module()
 
@@ -227,7 +230,7 @@ class SingleAgentEnvRunner(EnvRunner):
             ]
         self._callback(which, **kwargs)
 
-    def _reset_envs(self) -> None:
+    def _reset_envs(self, explore: bool) -> None:
         self._episodes = [None] * self.num_envs  # type: ignore[list-item]
         for i in range(self.num_envs):
             self._new_episode(i)
@@ -249,6 +252,7 @@ class SingleAgentEnvRunner(EnvRunner):
         )
         self._obs = obs
         self._needs_initial_reset = False
+        self._env_to_module(explore)
         for i in range(n):
             self._episode_callback("on_episode_start", i)
 
@@ -265,13 +269,18 @@ class SingleAgentEnvRunner(EnvRunner):
         )
         return np.flatnonzero(mask)
 
-    def _compute_actions(self, explore: bool, ts: int) -> tuple[Any, Any, dict[str, Any]]:
+    def _env_to_module(self, explore: bool) -> None:
+        """Runs the env-to-module pipeline on the latest observations (cached).
+
+        As RLlib does, this runs right after a step is recorded and before done episodes
+        are replaced, so connectors that rewrite episodes (the observation filter) see each
+        episode's last observation, the terminal one included.
+        """
         assert self.module is not None
-        conn = self._connectors
         shared = self._shared_data
         shared["agent_rows"] = self._agent_rows
         with self.metrics.log_time(s.ENV_TO_MODULE_CONNECTOR):
-            batch = conn.env_to_module(
+            self._cached_to_module = self._connectors.env_to_module(
                 batch={DEFAULT_MODULE_ID: {Columns.OBS: self._obs}},
                 rl_module=self.module,
                 episodes=self._episodes,
@@ -279,6 +288,15 @@ class SingleAgentEnvRunner(EnvRunner):
                 shared_data=shared,
                 metrics=self.metrics,
             )
+
+    def _compute_actions(self, explore: bool, ts: int) -> tuple[Any, Any, dict[str, Any]]:
+        assert self.module is not None
+        conn = self._connectors
+        shared = self._shared_data
+        batch = self._cached_to_module
+        self._cached_to_module = None
+        if batch is None:
+            raise RuntimeError("internal error: no env-to-module batch for this step")
         with self.metrics.log_time(s.RLMODULE_INFERENCE_TIMER), torch.no_grad():
             if explore:
                 runners = int(s.cfg(self.config, "num_env_runners", 0)) or 1
@@ -308,11 +326,12 @@ class SingleAgentEnvRunner(EnvRunner):
         random_actions: bool,
         force_reset: bool,
     ) -> list[SingleAgentEpisode]:
+        to_numpy = bool(s.cfg(self.config, "episodes_to_numpy", True))
         done_out: list[SingleAgentEpisode] = []
         ts = 0
         eps = 0
         if force_reset or num_episodes is not None or self._needs_initial_reset:
-            self._reset_envs()
+            self._reset_envs(explore)
         if num_episodes is not None:
             self._needs_initial_reset = True
         per_step_callbacks = self._has_callbacks("on_episode_start") or self._has_callbacks(
@@ -345,11 +364,15 @@ class SingleAgentEnvRunner(EnvRunner):
                 for i in restarted:
                     self._ongoing_episodes_for_metrics.pop(self._episodes[i].id_, None)
                     self._new_episode(int(i))
+                # The restart flag is the runner's, not the env's: keep it out of the
+                # new episodes' infos.
+                infos = {k: v for k, v in infos.items() if k not in _RESTART_KEYS}
             started, done = single_agent_record_vector_step(
                 self._episodes, obs, actions, rewards, terminateds, truncateds, infos, extras
             )
             ts += self.num_envs - len(started)
             self._obs = obs
+            self._env_to_module(explore)
             if per_step_callbacks:
                 started_set = set(started)
                 for i in range(self.num_envs):
@@ -359,7 +382,8 @@ class SingleAgentEnvRunner(EnvRunner):
             for i in done:
                 eps += 1
                 self._episode_callback("on_episode_end", i)
-                done_out.append(self._episodes[i].to_numpy())
+                e = self._episodes[i]
+                done_out.append(e.to_numpy() if to_numpy else e)
                 self._new_episode(i)
                 if num_episodes is not None and eps >= num_episodes:
                     break
@@ -373,7 +397,7 @@ class SingleAgentEnvRunner(EnvRunner):
                     continue
                 e.validate()
                 self._ongoing_episodes_for_metrics[e.id_].append(e)
-                ongoing_out.append(e.to_numpy())
+                ongoing_out.append(e.to_numpy() if to_numpy else e)
             self._episodes = continuations
         self._increase_sampled_metrics(ts, len(done_out))
         return done_out + ongoing_out

@@ -1,0 +1,237 @@
+"""A compact PPO trainer that learns from fastrollout episodes.
+
+    python examples/ppo.py --env CartPole-v1 --timesteps 200000 --seed 0
+    python examples/ppo.py --env CartPole-v1 --multi-agent 2 --timesteps 200000
+
+(With ``--multi-agent N`` the mean return is the episode's, summed over the agents.)
+
+Each iteration samples ``num_envs * rollout_fragment_length`` env steps with a
+``SingleAgentEnvRunner`` (or a ``MultiAgentEnvRunner`` over N copies of the env sharing
+one module) in ``truncate_episodes`` mode with one step of look-back, computes GAE per
+episode chunk (bootstrapping from each chunk's last observation, 0 after a terminal
+step), runs PPO epochs on a full ``DefaultMLPModule`` (policy and value function), and
+sends the new weights to the runner with ``set_weights``. The learner pieces live in
+``fastrollout.learners.ppo``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import math
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from fastrollout import MultiAgentEnvRunner, RunnerConfig, SingleAgentEnvRunner
+from fastrollout.env import make_multi_agent
+from fastrollout.learners import PPOConfig, PPOLearner
+from fastrollout.modules import MultiRLModuleSpec, RLModuleSpec, resolve_device
+
+
+class EpisodeReturns:
+    """Returns of the last ``window`` finished episodes, adding up their chunks."""
+
+    def __init__(self, window: int = 100) -> None:
+        self.partial: dict[str, float] = {}
+        self.finished: collections.deque[float] = collections.deque(maxlen=window)
+
+    def add(self, episodes: Sequence[Any]) -> None:
+        for episode in episodes:
+            total = self.partial.pop(episode.id_, 0.0) + float(episode.get_return())
+            if episode.is_done:
+                self.finished.append(total)
+            else:
+                self.partial[episode.id_] = total
+
+    def mean(self) -> float:
+        return sum(self.finished) / len(self.finished) if self.finished else math.nan
+
+
+def make_runner(args: argparse.Namespace) -> Any:
+    """The runner: truncate_episodes with one step of look-back, the PPO model config."""
+    config = RunnerConfig()
+    if args.multi_agent:
+        env = make_multi_agent(args.env)
+        config.environment(env, env_config={"num_agents": args.multi_agent})
+    else:
+        config.environment(args.env)
+    config.env_runners(
+        num_envs_per_env_runner=args.num_envs,
+        rollout_fragment_length=args.rollout_fragment_length,
+        batch_mode="truncate_episodes",
+        episode_lookback_horizon=1,
+    )
+    config.rl_module(model_config=model_config(args))
+    config.resources(device=args.device)
+    config.debugging(seed=args.seed)
+    runner_cls = MultiAgentEnvRunner if args.multi_agent else SingleAgentEnvRunner
+    return runner_cls(config=config)
+
+
+def model_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The DefaultMLPModule settings (RLlib's names)."""
+    return {"fcnet_hiddens": list(args.hiddens), "fcnet_activation": "tanh"}
+
+
+def make_learner(args: argparse.Namespace, runner: Any) -> PPOLearner:
+    """Full modules (with value functions) for the runner's module ids and spaces."""
+    spaces = {mid: sp for mid, sp in runner.get_spaces().items() if not mid.startswith("__")}
+    spec = MultiRLModuleSpec(
+        rl_module_specs={
+            mid: RLModuleSpec(
+                observation_space=obs_space,
+                action_space=act_space,
+                model_config=model_config(args),
+            )
+            for mid, (obs_space, act_space) in spaces.items()
+        }
+    )
+    modules = spec.build().to(resolve_device(args.device))
+    ppo = PPOConfig(
+        gamma=args.gamma,
+        lambda_=args.lambda_,
+        clip_param=args.clip_param,
+        vf_loss_coeff=args.vf_loss_coeff,
+        entropy_coeff=args.entropy_coeff,
+        lr=args.lr,
+        num_epochs=args.num_epochs,
+        minibatch_size=args.minibatch_size,
+        grad_clip=args.grad_clip,
+        seed=args.seed,
+    )
+    return PPOLearner(modules, ppo)
+
+
+def train(
+    args: argparse.Namespace, log: Callable[[str], None] | None = print
+) -> list[dict[str, float]]:
+    """Trains until ``args.timesteps`` env steps (or ``args.stop_return``).
+
+    Returns:
+        One record per iteration: ``env_steps`` (so far), ``return_mean`` (the mean
+        return of the last 100 finished episodes; nan before the first one ends),
+        ``time_s`` and the learner's statistics.
+    """
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.seed is not None:
+        torch.manual_seed(args.seed)
+    runner = make_runner(args)
+    learner = make_learner(args, runner)
+    seq_no = 1
+    runner.set_weights(learner.get_weights(), weights_seq_no=seq_no)
+    history: list[dict[str, float]] = []
+    returns = EpisodeReturns()
+    return_mean = math.nan
+    steps = 0
+    start = time.perf_counter()
+    per_iteration = args.num_envs * args.rollout_fragment_length
+    try:
+        while steps < args.timesteps:
+            if args.anneal_lr:
+                # Linear decay to 0 over the step budget: late updates make small steps,
+                # which keeps a solved policy from drifting off again.
+                learner.set_lr(args.lr * (1.0 - steps / args.timesteps))
+            episodes = runner.sample(num_timesteps=min(per_iteration, args.timesteps - steps))
+            stats = learner.update(episodes)
+            seq_no += 1
+            runner.set_weights(learner.get_weights(), weights_seq_no=seq_no)
+            # len() of a chunk is its env steps (also for a multi-agent chunk); the
+            # runner's "lifetime" counters are per get_metrics() call, as RLlib's are on
+            # a runner (the algorithm's root logger adds them up).
+            steps += sum(len(episode) for episode in episodes)
+            returns.add(episodes)
+            return_mean = returns.mean()
+            # The runner's metrics are per get_metrics() call (RLlib's, on a runner);
+            # they are read here so that its windows do not grow without bound.
+            runner.get_metrics()
+            record = {"env_steps": float(steps), "return_mean": return_mean}
+            record["time_s"] = time.perf_counter() - start
+            for module_id, module_stats in stats.items():
+                for key, value in module_stats.items():
+                    record[f"{module_id}/{key}"] = value
+            history.append(record)
+            if log is not None:
+                first = next(iter(stats.values()), {})
+                log(
+                    f"steps {steps:>8,}  return_mean {return_mean:7.1f}  "
+                    f"vf_loss {first.get('vf_loss', math.nan):8.3f}  "
+                    f"kl {first.get('mean_kl', math.nan):.4f}  "
+                    f"entropy {first.get('entropy', math.nan):.3f}  "
+                    f"{steps / record['time_s']:,.0f} steps/s"
+                )
+            if args.stop_return is not None and return_mean >= args.stop_return:
+                break
+    finally:
+        runner.stop()
+    return history
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line (defaults solve CartPole-v1)."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--env", default="CartPole-v1", help="gymnasium id (default CartPole-v1)")
+    p.add_argument("--timesteps", type=int, default=200_000, help="env steps to train")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--num-envs", type=int, default=8, help="sub-envs of the runner")
+    p.add_argument(
+        "--rollout-fragment-length", type=int, default=128, help="steps per sub-env per update"
+    )
+    p.add_argument("--multi-agent", type=int, default=None, metavar="N", help="N agents")
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument(
+        "--hiddens", type=_hiddens, default=(256, 256), help="MLP sizes (default 256,256)"
+    )
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument(
+        "--anneal-lr",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="decay the learning rate linearly to 0 over --timesteps (default on)",
+    )
+    p.add_argument("--gamma", type=float, default=0.99)
+    p.add_argument("--lambda", dest="lambda_", type=float, default=0.95)
+    p.add_argument("--clip-param", type=float, default=0.2)
+    p.add_argument("--vf-loss-coeff", type=float, default=0.5)
+    p.add_argument("--entropy-coeff", type=float, default=0.0)
+    p.add_argument("--num-epochs", type=int, default=10)
+    p.add_argument("--minibatch-size", type=int, default=256)
+    p.add_argument(
+        "--grad-clip",
+        type=float,
+        default=None,
+        help="bound of the gradients' global norm (default none, as RLlib's PPO)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads (default 1: faster for these small matrices, and several "
+        "threads on a busy machine slow everything down; 0: torch's default)",
+    )
+    p.add_argument("--stop-return", type=float, default=None, help="stop at this mean return")
+    return p.parse_args(argv)
+
+
+def _hiddens(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(",") if part.strip())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    history = train(args)
+    if history:
+        last = history[-1]
+        print(
+            f"done: {int(last['env_steps']):,} env steps, mean return "
+            f"{last['return_mean']:.1f}, {last['time_s']:.1f} s"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

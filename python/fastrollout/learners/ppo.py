@@ -1,0 +1,507 @@
+"""PPO from fastrollout episodes: GAE per episode chunk, the train batch, the loss, the update.
+
+The pieces of a compact PPO trainer (``examples/ppo.py`` is the command line around
+them). They take what a runner's ``sample(num_timesteps=...)`` returns under
+``batch_mode="truncate_episodes"``: numpy'ized :class:`~fastrollout.SingleAgentEpisode`
+chunks, or :class:`~fastrollout.MultiAgentEpisode` chunks whose agents' chunks are used
+the same way, each routed to the module its ``module_id`` names.
+
+A chunk of length ``T`` holds observations ``o_0 .. o_T`` (``T + 1`` of them; look-back
+items before ``o_0`` are not part of it), actions, rewards and the ``action_logp`` the
+runner recorded while exploring. Its steps enter the train batch once each:
+``o_0 .. o_{T-1}`` with their actions. The last observation ``o_T`` is the value
+bootstrap: after a terminal step its value is 0; otherwise (a truncated episode, or an
+ongoing one cut by ``sample``) it is ``V(o_T)``. For a cut chunk, ``o_T`` is also the
+first observation of the continuation the next ``sample`` call returns (whose look-back
+holds ``o_{T-1}``), so every env step is counted once and bootstrapped from the
+observation that follows it, never from a look-back item.
+
+>>> import numpy as np
+>>> adv, targets = compute_gae(
+...     np.array([1.0, 1.0]), np.array([0.5, 0.5]), 0.0, gamma=1.0, lambda_=1.0
+... )
+>>> adv.tolist(), targets.tolist()
+([1.5, 0.5], [2.0, 1.0])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from fastrollout.core import DEFAULT_MODULE_ID, Columns
+from fastrollout.modules import RLModule
+
+__all__ = [
+    "PPOConfig",
+    "PPOLearner",
+    "build_ppo_batch",
+    "clipped_surrogate",
+    "compute_gae",
+    "iter_agent_chunks",
+    "ppo_loss",
+    "ppo_update",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class PPOConfig:
+    """PPO's hyperparameters (RLlib's names where RLlib has the setting).
+
+    Args:
+        gamma: Discount factor.
+        lambda_: GAE's lambda.
+        clip_param: The surrogate's clip range ``[1 - clip_param, 1 + clip_param]``.
+        vf_clip_param: Upper bound of the squared value error per sample (RLlib's
+            clipping); None (the default here, unlike RLlib's 10.0) for no bound, as a
+            clipped squared error has no gradient for returns far from the estimate.
+        vf_loss_coeff: Weight of the value loss.
+        entropy_coeff: Weight of the entropy bonus.
+        lr: Adam's learning rate.
+        num_epochs: Passes over the train batch per update.
+        minibatch_size: Samples per gradient step.
+        grad_clip: Bound of the gradients' global norm (None, the default as in RLlib: no
+            clipping). The norm covers policy and value parameters together, so while
+            the value loss is large its gradients dominate it and a bound shrinks the
+            policy's steps too.
+        normalize_advantages: Scale each module's advantages to mean 0, std 1.
+        seed: Seeds the minibatch shuffling (None: torch's global generator).
+
+    Raises:
+        ValueError: If a value is out of its range (named).
+    """
+
+    gamma: float = 0.99
+    lambda_: float = 0.95
+    clip_param: float = 0.2
+    vf_clip_param: float | None = None
+    vf_loss_coeff: float = 0.5
+    entropy_coeff: float = 0.0
+    lr: float = 3e-4
+    num_epochs: int = 10
+    minibatch_size: int = 256
+    grad_clip: float | None = None
+    normalize_advantages: bool = True
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("gamma", "lambda_"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"PPOConfig.{name} must be in [0, 1], got {value}")
+        for name in ("clip_param", "lr", "vf_clip_param", "grad_clip"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"PPOConfig.{name} must be > 0, got {value}")
+        for name in ("vf_loss_coeff", "entropy_coeff"):
+            value = getattr(self, name)
+            if not value >= 0:
+                raise ValueError(f"PPOConfig.{name} must be >= 0, got {value}")
+        for name in ("num_epochs", "minibatch_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"PPOConfig.{name} must be an int >= 1, got {value!r}")
+
+
+def compute_gae(
+    rewards: np.ndarray,
+    values: np.ndarray,
+    bootstrap_value: float,
+    *,
+    gamma: float,
+    lambda_: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Generalized advantage estimates of one episode chunk.
+
+    Args:
+        rewards: ``r_0 .. r_{T-1}``, shape ``(T,)``.
+        values: ``V(o_0) .. V(o_{T-1})``, shape ``(T,)``.
+        bootstrap_value: ``V(o_T)``, or 0 if the chunk ends with a terminal step.
+        gamma: Discount factor.
+        lambda_: GAE's lambda.
+
+    Returns:
+        ``(advantages, value_targets)``, each shape ``(T,)`` float32;
+        ``value_targets = advantages + values``.
+
+    Raises:
+        ValueError: If ``rewards`` and ``values`` are not 1-D of the same length.
+    """
+    rewards = np.asarray(rewards, dtype=np.float64)
+    values = np.asarray(values, dtype=np.float64)
+    if rewards.ndim != 1 or rewards.shape != values.shape:
+        raise ValueError(
+            f"compute_gae needs 1-D rewards and values of one length, got shapes "
+            f"{rewards.shape} and {values.shape}"
+        )
+    next_values = np.append(values[1:], float(bootstrap_value))
+    deltas = rewards + gamma * next_values - values
+    advantages = np.empty_like(deltas)
+    running = 0.0
+    # Backwards: A_t = delta_t + gamma * lambda * A_{t+1}, with A_T = 0.
+    for t in range(len(deltas) - 1, -1, -1):
+        running = deltas[t] + gamma * lambda_ * running
+        advantages[t] = running
+    return advantages.astype(np.float32), (advantages + values).astype(np.float32)
+
+
+def iter_agent_chunks(episodes: Iterable[Any]) -> Iterator[tuple[str, Any]]:
+    """The single-agent chunks of ``episodes`` with the module id each belongs to.
+
+    Args:
+        episodes: SingleAgentEpisodes and/or MultiAgentEpisodes (each agent's chunk is
+            yielded; agents without a step in the chunk are skipped).
+
+    Yields:
+        ``(module_id, SingleAgentEpisode)``; ``DEFAULT_MODULE_ID`` where the chunk names
+        no module.
+    """
+    for episode in episodes:
+        agent_episodes = getattr(episode, "agent_episodes", None)
+        chunks = [episode] if agent_episodes is None else list(agent_episodes.values())
+        for chunk in chunks:
+            if len(chunk) == 0:
+                continue
+            module_id = chunk.module_id
+            yield (DEFAULT_MODULE_ID if module_id is None else module_id), chunk
+
+
+def _tree_map(fn: Any, *trees: Any) -> Any:
+    """Applies ``fn`` to the leaves of nested dicts/tuples of arrays (observations)."""
+    first = trees[0]
+    if isinstance(first, Mapping):
+        return {k: _tree_map(fn, *(t[k] for t in trees)) for k in first}
+    if isinstance(first, tuple):
+        return tuple(_tree_map(fn, *parts) for parts in zip(*trees, strict=True))
+    return fn(*trees)
+
+
+def _concat(parts: list[Any]) -> Any:
+    return _tree_map(lambda *xs: np.concatenate(xs, axis=0), *parts)
+
+
+def _to_tensor(tree: Any, device: torch.device) -> Any:
+    return _tree_map(lambda x: torch.as_tensor(np.ascontiguousarray(x), device=device), tree)
+
+
+def _describe(chunk: Any) -> str:
+    return f"episode chunk {chunk.id_} (agent {chunk.agent_id!r}, t_started={chunk.t_started})"
+
+
+def build_ppo_batch(
+    episodes: Iterable[Any],
+    modules: Mapping[str, RLModule],
+    *,
+    gamma: float = 0.99,
+    lambda_: float = 0.95,
+) -> dict[str, dict[str, Any]]:
+    """Builds the train batch of each module from episode chunks, with GAE.
+
+    One value forward per module covers all its chunks' observations (``T + 1`` per
+    chunk: the steps and the bootstrap observation).
+
+    Args:
+        episodes: Numpy'ized chunks from ``sample()`` (single- or multi-agent).
+        modules: The modules to train by id (a ``MultiRLModule`` or a dict); each needs
+            ``compute_values``.
+        gamma: Discount factor.
+        lambda_: GAE's lambda.
+
+    Returns:
+        ``{module_id: {column: tensor}}`` on each module's device with ``Columns.OBS``,
+        ``ACTIONS``, ``ACTION_LOGP``, ``VF_PREDS`` (the values before the update),
+        ``ADVANTAGES`` and ``VALUE_TARGETS``, one row per env step of the module's
+        agents. Modules without steps are left out.
+
+    Raises:
+        ValueError: If a chunk is not numpy'ized or has no ``action_logp`` (it was not
+            sampled with ``explore=True`` by the policy), naming the chunk.
+        KeyError: If a chunk belongs to a module not in ``modules``.
+        TypeError: If a module has no ``compute_values``.
+    """
+    per_module: dict[str, list[Any]] = {}
+    for module_id, chunk in iter_agent_chunks(episodes):
+        if module_id not in modules:
+            raise KeyError(
+                f"{_describe(chunk)} belongs to module {module_id!r}, which is not among "
+                f"the modules to train {sorted(map(str, modules))}"
+            )
+        if not chunk.is_numpy:
+            raise ValueError(f"{_describe(chunk)} is not numpy'ized; call to_numpy() first")
+        if Columns.ACTION_LOGP not in chunk.extra_model_outputs:
+            raise ValueError(
+                f"{_describe(chunk)} has no {Columns.ACTION_LOGP!r}: PPO needs episodes "
+                "sampled by the policy with explore=True (not random actions)"
+            )
+        per_module.setdefault(module_id, []).append(chunk)
+
+    batches: dict[str, dict[str, Any]] = {}
+    for module_id, chunks in per_module.items():
+        module = modules[module_id]
+        compute_values = getattr(type(module), "compute_values", None)
+        if compute_values is None:
+            raise TypeError(
+                f"module {module_id!r} ({type(module).__name__}) has no compute_values(); "
+                "PPO needs a value function"
+            )
+        device = module.device
+        all_obs = _concat([chunk.get_observations() for chunk in chunks])
+        with torch.no_grad():
+            values = compute_values(module, {Columns.OBS: _to_tensor(all_obs, device)})
+        values = values.float().cpu().numpy()
+        rows = np.concatenate([np.ones(len(c) + 1, bool) for c in chunks])
+        advantages, targets, vf_preds = [], [], []
+        start = 0
+        for chunk in chunks:
+            n = len(chunk)
+            chunk_values = values[start : start + n + 1]
+            rows[start + n] = False  # the bootstrap observation is no step of its own
+            start += n + 1
+            bootstrap = 0.0 if chunk.is_terminated else float(chunk_values[n])
+            adv, tgt = compute_gae(
+                chunk.get_rewards(), chunk_values[:n], bootstrap, gamma=gamma, lambda_=lambda_
+            )
+            advantages.append(adv)
+            targets.append(tgt)
+            vf_preds.append(chunk_values[:n])
+        step_obs = _rows(all_obs, rows)
+        batch = {
+            Columns.OBS: step_obs,
+            Columns.ACTIONS: _concat([chunk.get_actions() for chunk in chunks]),
+            Columns.ACTION_LOGP: np.concatenate(
+                [chunk.get_extra_model_outputs(Columns.ACTION_LOGP) for chunk in chunks]
+            ).astype(np.float32),
+            Columns.VF_PREDS: np.concatenate(vf_preds).astype(np.float32),
+            Columns.ADVANTAGES: np.concatenate(advantages),
+            Columns.VALUE_TARGETS: np.concatenate(targets),
+        }
+        batches[module_id] = {k: _to_tensor(v, device) for k, v in batch.items()}
+    return batches
+
+
+def clipped_surrogate(
+    ratio: torch.Tensor, advantages: torch.Tensor, clip_param: float
+) -> torch.Tensor:
+    """PPO's clipped surrogate objective per sample (to maximize).
+
+    ``min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A)``: once the ratio has moved
+    past the clip range in the direction the advantage rewards, the sample gives no
+    gradient; in the other direction it does.
+
+    Args:
+        ratio: ``pi(a|s) / pi_old(a|s)``.
+        advantages: The advantages, same shape.
+        clip_param: ``eps``.
+
+    Returns:
+        The objective per sample.
+    """
+    clipped = torch.clamp(ratio, 1.0 - clip_param, 1.0 + clip_param)
+    return torch.minimum(ratio * advantages, clipped * advantages)
+
+
+def ppo_loss(
+    module: RLModule, batch: Mapping[str, Any], config: PPOConfig
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO's loss on one (mini)batch: clipped surrogate, value loss, entropy bonus.
+
+    Args:
+        module: The module (``forward_train`` must return ``ACTION_DIST_INPUTS`` and
+            ``VF_PREDS``).
+        batch: Rows of a :func:`build_ppo_batch` batch.
+        config: The coefficients and clip ranges.
+
+    Returns:
+        ``(loss, stats)``: the scalar to minimize, and ``policy_loss``, ``vf_loss``,
+        ``entropy``, ``mean_kl`` (estimated from the log-probabilities) and
+        ``clip_fraction`` as floats.
+
+    Raises:
+        KeyError: If ``forward_train`` returns no ``VF_PREDS``.
+    """
+    out = module.forward_train({Columns.OBS: batch[Columns.OBS]})
+    if Columns.VF_PREDS not in out:
+        raise KeyError(
+            f"{type(module).__name__}.forward_train returned no {Columns.VF_PREDS!r} "
+            f"(keys {sorted(out)}); PPO needs a value head"
+        )
+    dist = module.get_train_action_dist_cls().from_logits(out[Columns.ACTION_DIST_INPUTS])
+    logp = dist.logp(batch[Columns.ACTIONS])
+    log_ratio = logp - batch[Columns.ACTION_LOGP]
+    ratio = torch.exp(log_ratio)
+    surrogate = clipped_surrogate(ratio, batch[Columns.ADVANTAGES], config.clip_param)
+    vf_error = (out[Columns.VF_PREDS] - batch[Columns.VALUE_TARGETS]) ** 2
+    if config.vf_clip_param is not None:
+        vf_error = torch.clamp(vf_error, max=config.vf_clip_param)
+    entropy = dist.entropy()
+    policy_loss = -surrogate.mean()
+    vf_loss = vf_error.mean()
+    mean_entropy = entropy.mean()
+    loss = policy_loss + config.vf_loss_coeff * vf_loss - config.entropy_coeff * mean_entropy
+    with torch.no_grad():
+        # The (ratio - 1) - log(ratio) estimator: non-negative, unbiased for KL(old||new).
+        mean_kl = ((ratio - 1.0) - log_ratio).mean()
+        clip_fraction = ((ratio - 1.0).abs() > config.clip_param).float().mean()
+    stats = {
+        "policy_loss": float(policy_loss.detach()),
+        "vf_loss": float(vf_loss.detach()),
+        "entropy": float(mean_entropy.detach()),
+        "mean_kl": float(mean_kl),
+        "clip_fraction": float(clip_fraction),
+    }
+    return loss, stats
+
+
+def _rows(tree: Any, index: Any) -> Any:
+    return _tree_map(lambda x: x[index], tree)
+
+
+def ppo_update(
+    module: RLModule,
+    optimizer: torch.optim.Optimizer,
+    batch: Mapping[str, Any],
+    config: PPOConfig,
+    *,
+    generator: torch.Generator | None = None,
+) -> dict[str, float]:
+    """Runs ``num_epochs`` passes of shuffled minibatch steps of :func:`ppo_loss`.
+
+    Args:
+        module: The module to train (its parameters are in ``optimizer``).
+        optimizer: The optimizer.
+        batch: One module's :func:`build_ppo_batch` batch.
+        config: The hyperparameters.
+        generator: Shuffles the rows (None: torch's global generator).
+
+    Returns:
+        The loss statistics averaged over the minibatch steps, plus
+        ``num_gradient_steps``.
+    """
+    advantages = batch[Columns.ADVANTAGES]
+    n = int(advantages.shape[0])
+    if config.normalize_advantages and n > 1:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    batch = {**batch, Columns.ADVANTAGES: advantages}
+    totals: dict[str, float] = {}
+    steps = 0
+    size = min(config.minibatch_size, n)
+    module.train()
+    for _ in range(config.num_epochs):
+        order = torch.randperm(n, generator=generator).to(advantages.device)
+        # The last short minibatch is dropped, as in RLlib's minibatch cycling, unless
+        # it is the only one.
+        for start in range(0, n - size + 1, size):
+            minibatch = _rows(batch, order[start : start + size])
+            loss, stats = ppo_loss(module, minibatch, config)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if config.grad_clip is not None:
+                torch.nn.utils.clip_grad_norm_(module.parameters(), config.grad_clip)
+            optimizer.step()
+            steps += 1
+            for key, value in stats.items():
+                totals[key] = totals.get(key, 0.0) + value
+    module.eval()
+    result = {key: value / steps for key, value in totals.items()} if steps else {}
+    result["num_gradient_steps"] = float(steps)
+    return result
+
+
+class PPOLearner:
+    """Trains modules with PPO on episode chunks (one Adam optimizer per module).
+
+    Args:
+        modules: The full (not inference-only) modules by id; a ``MultiRLModule`` or a
+            dict of RLModules.
+        config: The hyperparameters.
+
+    Raises:
+        ValueError: If a module is inference-only (it has no value function).
+    """
+
+    def __init__(self, modules: Mapping[str, RLModule], config: PPOConfig | None = None) -> None:
+        self.modules = modules
+        self.config = config or PPOConfig()
+        for module_id, module in modules.items():
+            if module.inference_only:
+                raise ValueError(
+                    f"module {module_id!r} is inference-only; PPO needs the value function"
+                )
+        self.optimizers = {
+            module_id: torch.optim.Adam(module.parameters(), lr=self.config.lr)
+            for module_id, module in modules.items()
+        }
+        self._generator: torch.Generator | None = None
+        if self.config.seed is not None:
+            self._generator = torch.Generator().manual_seed(self.config.seed)
+
+    def update(self, episodes: Iterable[Any]) -> dict[str, dict[str, float]]:
+        """One PPO update of every module that has steps in ``episodes``.
+
+        Args:
+            episodes: Numpy'ized chunks from ``sample()``.
+
+        Returns:
+            ``{module_id: stats}``: :func:`ppo_update`'s statistics plus
+            ``num_module_steps_trained`` and ``vf_explained_var``.
+        """
+        batches = build_ppo_batch(
+            episodes, self.modules, gamma=self.config.gamma, lambda_=self.config.lambda_
+        )
+        results = {}
+        for module_id, batch in batches.items():
+            stats = ppo_update(
+                self.modules[module_id],
+                self.optimizers[module_id],
+                batch,
+                self.config,
+                generator=self._generator,
+            )
+            stats["num_module_steps_trained"] = float(batch[Columns.ADVANTAGES].shape[0])
+            stats["vf_explained_var"] = _explained_variance(
+                batch[Columns.VALUE_TARGETS], batch[Columns.VF_PREDS]
+            )
+            results[module_id] = stats
+        return results
+
+    def set_lr(self, lr: float) -> None:
+        """Sets every optimizer's learning rate (for schedules).
+
+        Args:
+            lr: The learning rate.
+
+        Raises:
+            ValueError: If ``lr`` is negative.
+        """
+        if not lr >= 0:
+            raise ValueError(f"learning rate must be >= 0, got {lr}")
+        for optimizer in self.optimizers.values():
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+
+    def get_weights(self, *, inference_only: bool = True) -> dict[str, dict[str, np.ndarray]]:
+        """The modules' weights, for a runner's ``set_weights``.
+
+        Args:
+            inference_only: Leave out what acting does not need (the value function).
+
+        Returns:
+            ``{module_id: {key: ndarray}}``.
+        """
+        return {
+            module_id: module.get_state(inference_only=inference_only)
+            for module_id, module in self.modules.items()
+        }
+
+
+def _explained_variance(targets: torch.Tensor, predictions: torch.Tensor) -> float:
+    """``1 - Var(targets - predictions) / Var(targets)`` (nan if the targets are constant)."""
+    var = float(targets.var()) if targets.numel() > 1 else 0.0
+    if var == 0.0:
+        return math.nan
+    return 1.0 - float((targets - predictions).var()) / var
