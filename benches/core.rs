@@ -1,5 +1,5 @@
-//! Criterion benches of the pure core: column append, single-agent add_env_step, cut and
-//! the to_numpy gather. Run with `make bench-rust` (`cargo bench --bench core`); compare
+//! Criterion benches of the pure core: column append, single- and multi-agent add_env_step,
+//! cut and the to_numpy gather. Run with `make bench-rust` (`cargo bench --bench core`); compare
 //! against a saved baseline with `cargo bench --bench core -- --baseline main`.
 
 use std::hint::black_box;
@@ -160,5 +160,66 @@ fn bench_multi_agent(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, bench_column_append, bench_add_env_step, bench_cut_and_gather, bench_multi_agent);
+/// The core's share of one multi-agent env step alone (plan + record + step map for every
+/// agent), and of `MultiAgentEpisode.to_numpy` of a 100-step chunk (one gather per leaf of
+/// every agent's observations, actions and rewards).
+fn bench_multi_agent_step_and_to_numpy(c: &mut Criterion) {
+    use fastrollout::episode::multi::{plan_agent_step, AgentStepInput, StepMap};
+    let obs = vec![0u8; CARTPOLE_OBS * 4];
+    let input = AgentStepInput {
+        has_observation: true,
+        has_action: true,
+        has_reward: true,
+        has_any_data: true,
+        has_episode: true,
+        has_step_map: true,
+        ..AgentStepInput::default()
+    };
+    for n_agents in [2usize, 8] {
+        c.bench_function(&format!("multi_agent/{n_agents}_agents/add_env_step"), |b| {
+            b.iter_batched_ref(
+                || {
+                    let agents: Vec<_> = (0..n_agents).map(|_| episode(CARTPOLE_OBS, DType::F32)).collect();
+                    let maps: Vec<StepMap> = (0..n_agents).map(|_| StepMap::new(vec![Some(0)], 0)).collect();
+                    (agents, maps)
+                },
+                |(agents, maps)| {
+                    for (agent, map) in agents.iter_mut().zip(maps.iter_mut()) {
+                        black_box(plan_agent_step(black_box(&input)).expect("plan"));
+                        agent.add_step(step(&obs), no_object).expect("step");
+                        map.push(Some(agent.t));
+                    }
+                },
+                BatchSize::SmallInput,
+            );
+        });
+        let agents: Vec<_> = (0..n_agents).map(|_| filled(100)).collect();
+        c.bench_function(&format!("multi_agent/{n_agents}_agents/to_numpy_gather_100_steps"), |b| {
+            b.iter(|| {
+                let mut total = 0;
+                for e in black_box(&agents) {
+                    for field in [&e.observations, &e.actions, &e.rewards] {
+                        let Resolved::Many(pos) = field.resolve(&Index::All, false, false).expect("resolve")
+                        else {
+                            unreachable!()
+                        };
+                        if let fastrollout::episode::Storage::Typed { column, .. } = &field.storage {
+                            total += column.gather(0, &pos, None, false).len();
+                        }
+                    }
+                }
+                total
+            });
+        });
+    }
+}
+
+criterion_group!(
+    benches,
+    bench_column_append,
+    bench_add_env_step,
+    bench_cut_and_gather,
+    bench_multi_agent,
+    bench_multi_agent_step_and_to_numpy
+);
 criterion_main!(benches);

@@ -30,6 +30,21 @@ if TYPE_CHECKING:
 __all__ = ["RLModule", "RLModuleSpec"]
 
 
+def _set_training(module: nn.Module, mode: bool) -> None:
+    """What ``nn.Module.train(mode)`` does, without its per-submodule ``__setattr__``."""
+    # ``training`` is a plain instance attribute (nn.Module.__init__ puts it in __dict__),
+    # so writing the dict is what __setattr__ ends up doing for it.
+    module.__dict__["training"] = mode
+    for child in module._modules.values():
+        if child is None:
+            continue
+        train = type(child).train
+        if train is nn.Module.train or train is RLModule.train:
+            _set_training(child, mode)
+        else:
+            child.train(mode)
+
+
 def _model_config_dict(model_config: Any) -> dict[str, Any]:
     if model_config is None:
         return {}
@@ -291,6 +306,29 @@ class RLModule(nn.Module):
     def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         self.__dict__.pop("_device_ref", None)
         return super()._apply(fn, *args, **kwargs)
+
+    def train(self, mode: bool = True) -> RLModule:
+        """Sets the training flag of this module and every submodule (``nn.Module.train``).
+
+        ``forward_exploration`` and ``forward_inference`` switch to eval mode and back on
+        every call (as RLlib's do); ``nn.Module.train`` pays ``nn.Module.__setattr__`` for
+        each submodule, about 150 us per env step for the default 256x256 module at B=8
+        (twice its matrix products). Submodules whose class keeps ``nn.Module.train`` get
+        the flag set directly; ones that override ``train`` have it called.
+
+        Args:
+            mode: True for training mode, False for eval mode.
+
+        Returns:
+            The module.
+
+        Raises:
+            ValueError: If ``mode`` is not a bool (as torch).
+        """
+        if not isinstance(mode, bool):
+            raise ValueError("training mode is expected to be boolean")
+        _set_training(self, mode)
+        return self
 
     def get_state(
         self,

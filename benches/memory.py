@@ -1,0 +1,218 @@
+"""Memory: bytes held per stored step against the raw bytes of the data; RSS over sampling.
+
+Usage::
+
+    python benches/memory.py [--steps-rss 1000000] [--skip-rss] [--json out.json]
+
+1. **Bytes per stored step.** Each case runs in a fresh child process: it measures the
+   process's RSS, builds many finished episodes and holds them (after ``to_numpy``), and
+   measures again. The RSS growth divided by the steps held is compared with the raw bytes
+   of the data: the ``nbytes`` of the numpy arrays the episodes hand out (observations
+   including the reset one, actions, rewards, every extra model output). Cases: CartPole
+   episodes from fastrollout's runner, episodes recorded by hand (``add_env_step``) with
+   CartPole and 84x84x4 uint8 observations, each with RLlib 2.60's episode alongside.
+2. **RSS over sampling.** fastrollout's ``SingleAgentEnvRunner`` (CartPole-v1, 8 sub-envs)
+   samples ``--steps-rss`` env steps in calls of 1000, dropping the episodes and reducing
+   the metrics every 20 calls, as a training loop does; RSS is printed every 10 % of the
+   way. Flat means: no growth after the warm-up beyond allocator noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+import warnings
+from typing import Any
+
+import numpy as np
+
+CASES = {
+    "runner CartPole-v1 (fastrollout runner, 8 sub-envs, 200k steps)": "runner",
+    "CartPole obs, add_env_step x200 per episode, 2000 episodes: fastrollout": "sa_fr",
+    "CartPole obs, add_env_step x200 per episode, 2000 episodes: RLlib 2.60": "sa_rllib",
+    "84x84x4 uint8 obs, add_env_step x100 per episode, 50 episodes: fastrollout": "img_fr",
+    "84x84x4 uint8 obs, add_env_step x100 per episode, 50 episodes: RLlib 2.60": "img_rllib",
+}
+
+
+def rss_bytes() -> int:
+    """The resident set size of this process.
+
+    Returns:
+        Bytes.
+    """
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _raw_bytes(episode: Any) -> int:
+    """The bytes of the data an episode hands out as numpy (no bookkeeping, no look-back)."""
+    total = np.asarray(episode.get_observations()).nbytes
+    total += np.asarray(episode.get_actions()).nbytes
+    total += np.asarray(episode.get_rewards()).nbytes
+    for key in episode.extra_model_outputs:
+        total += np.asarray(episode.get_extra_model_outputs(key)).nbytes
+    return total
+
+
+def _by_hand(cls: Any, obs_shape: tuple[int, ...], dtype: Any, episodes: int, steps: int):
+    import gymnasium as gym
+
+    if np.issubdtype(dtype, np.integer):
+        space = gym.spaces.Box(0, 255, obs_shape, dtype)
+    else:
+        space = gym.spaces.Box(-1.0, 1.0, obs_shape, dtype)
+    rng = np.random.default_rng(0)
+    frames = [rng.integers(0, 255, obs_shape).astype(dtype) for _ in range(8)]
+    held = []
+    for _ in range(episodes):
+        e = cls(observation_space=space, action_space=gym.spaces.Discrete(2))
+        e.add_env_reset(observation=frames[0])
+        for t in range(steps):
+            e.add_env_step(
+                frames[(t + 1) % 8],
+                t % 2,
+                1.0,
+                truncated=t == steps - 1,
+                extra_model_outputs={"action_logp": np.float32(-0.69)},
+            )
+        held.append(e.to_numpy())
+    return held
+
+
+def _runner_episodes(steps: int):
+    import torch
+
+    import fastrollout as fr
+
+    torch.set_num_threads(1)
+    c = fr.RunnerConfig().environment("CartPole-v1").resources(device="cpu").debugging(seed=0)
+    runner = fr.SingleAgentEnvRunner(config=c.env_runners(num_envs_per_env_runner=8))
+    runner.sample(num_timesteps=1000)
+    gc.collect()
+    before = rss_bytes()
+    held = []
+    while sum(len(e) for e in held) < steps:
+        held.extend(runner.sample(num_timesteps=1000))
+        runner.get_metrics()
+    return held, before
+
+
+def child(case: str) -> dict[str, Any]:
+    """Measures one case (in a fresh process).
+
+    Args:
+        case: A value of ``CASES``.
+
+    Returns:
+        ``{"steps", "held_bytes", "raw_bytes"}``.
+    """
+    warnings.simplefilter("ignore")
+    import fastrollout as fr
+
+    if case == "runner":
+        held, before = _runner_episodes(200_000)
+    else:
+        if case.endswith("rllib"):
+            from ray.rllib.env.single_agent_episode import SingleAgentEpisode as cls
+        else:
+            cls = fr.SingleAgentEpisode
+        # Import and warm up first, so that the measurement sees only the episodes.
+        _by_hand(cls, (4,), np.float32, 2, 10)
+        gc.collect()
+        before = rss_bytes()
+        if case.startswith("img"):
+            held = _by_hand(cls, (84, 84, 4), np.uint8, 50, 100)
+        else:
+            held = _by_hand(cls, (4,), np.float32, 2000, 200)
+    gc.collect()
+    after = rss_bytes()
+    steps = sum(len(e) for e in held)
+    raw = sum(_raw_bytes(e) for e in held)
+    return {"steps": steps, "held_bytes": after - before, "raw_bytes": raw}
+
+
+def rss_over_sampling(total: int) -> list[tuple[int, int]]:
+    """RSS while fastrollout's runner samples ``total`` env steps.
+
+    Args:
+        total: Env steps to sample.
+
+    Returns:
+        ``(steps so far, RSS bytes)`` every 10 % of the way (the first after 1 %).
+    """
+    import torch
+
+    import fastrollout as fr
+
+    torch.set_num_threads(1)
+    c = fr.RunnerConfig().environment("CartPole-v1").resources(device="cpu").debugging(seed=0)
+    runner = fr.SingleAgentEnvRunner(config=c.env_runners(num_envs_per_env_runner=8))
+    done, calls, points = 0, 0, []
+    marks = [total // 100] + [total * k // 10 for k in range(1, 11)]
+    t0 = time.perf_counter()
+    while done < total:
+        episodes = runner.sample(num_timesteps=1000)
+        done += sum(len(e) for e in episodes)
+        del episodes
+        calls += 1
+        if calls % 20 == 0:
+            runner.get_metrics()
+        while marks and done >= marks[0]:
+            marks.pop(0)
+            gc.collect()
+            points.append((done, rss_bytes()))
+            print(
+                f"  {done:>9} steps  RSS {points[-1][1] / 2**20:8.1f} MiB  "
+                f"({time.perf_counter() - t0:.0f} s)",
+                flush=True,
+            )
+    return points
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--steps-rss", type=int, default=1_000_000)
+    parser.add_argument("--skip-rss", action="store_true")
+    parser.add_argument("--json", help="also write the results to this file")
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args.child)))
+        return 0
+    out: dict[str, Any] = {"bytes_per_step": {}}
+    print("| case | steps held | held bytes / step | raw bytes / step | held / raw |")
+    print("|---|---:|---:|---:|---:|")
+    for name, case in CASES.items():
+        res = subprocess.run(
+            [sys.executable, __file__, "--child", case],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        r = json.loads(res.stdout.strip().splitlines()[-1])
+        held, raw = r["held_bytes"] / r["steps"], r["raw_bytes"] / r["steps"]
+        out["bytes_per_step"][name] = r
+        print(f"| {name} | {r['steps']} | {held:.1f} | {raw:.1f} | {held / raw:.2f} |", flush=True)
+    if not args.skip_rss:
+        print(f"\nRSS while fastrollout samples {args.steps_rss} env steps (CartPole-v1, 8 envs):")
+        points = rss_over_sampling(args.steps_rss)
+        out["rss"] = points
+        (n0, first), (n1, last) = points[1], points[-1]
+        print(
+            f"growth from {n0} to {n1} steps: {(last - first) / 2**20:+.2f} MiB "
+            f"({(last - first) / (n1 - n0):.3f} bytes per step)"
+        )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

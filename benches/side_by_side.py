@@ -1,0 +1,491 @@
+"""Side by side in one process: the bare loop, RLlib 2.60 and fastrollout, in µs per env step.
+
+Usage::
+
+    python benches/side_by_side.py [--quick] [--json out.json] [--only NAME ...]
+
+For every workload the three contenders run the same work in this process, one after the
+other, each warmed up and then timed over several repeats; the table shows the median.
+Torch runs on one thread for all three (``torch.set_num_threads(1)``), on the CPU.
+
+- **bare**: the limit. The same gymnasium vector env (or list of multi-agent envs) stepped
+  with a policy of the same size (RLlib's default: 256x256 tanh MLP; forward + one
+  Categorical sample per module), recording nothing.
+- **rllib**: RLlib 2.60's ``SingleAgentEnvRunner`` / ``MultiAgentEnvRunner`` built
+  directly from a ``PPOConfig`` (``num_env_runners=0``), ``sample(num_timesteps=...)``.
+- **fastrollout**: ``fastrollout.SingleAgentEnvRunner`` / ``MultiAgentEnvRunner``,
+  ``sample(num_timesteps=...)``.
+
+Env steps are the transitions recorded (sub-env reset steps of gymnasium's next-step
+autoreset are not counted, in any of the three). The episode workload times
+``add_env_step`` x100 + ``cut`` + ``to_numpy`` of a ``MultiAgentEpisode`` (per env step);
+the metrics workload one ``log_value`` call (per call). The image workload steps
+``SyntheticImageEnv`` (84x84x4 uint8) with a policy that pools the image to 4 numbers before
+the same MLP, so that the copies of the observations, not the network, are what differs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+import fastrollout as fr
+from fastrollout.core import Columns as FrColumns
+from fastrollout.env.examples import SyntheticImageEnv
+from fastrollout.modules import RLModule, RLModuleSpec
+
+HIDDEN = (256, 256)
+
+
+# -- policies ------------------------------------------------------------------------------
+
+
+def _mlp(inp: int, out: int) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for h in HIDDEN:
+        layers += [nn.Linear(inp, h), nn.Tanh()]
+        inp = h
+    layers.append(nn.Linear(inp, out))
+    return nn.Sequential(*layers)
+
+
+def _pool(obs: torch.Tensor) -> torch.Tensor:
+    """(B, 84, 84, 4) uint8 -> (B, 4) float: the image workload's cheap encoder."""
+    return obs.float().mean(dim=(1, 2)) / 255.0
+
+
+class _PoolFr(RLModule):
+    """fastrollout module of the image workload: pool, then the 256x256 MLP."""
+
+    def setup(self) -> None:
+        self.pi = _mlp(int(self.observation_space.shape[-1]), int(self.action_space.n))
+
+    def _forward(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        return {FrColumns.ACTION_DIST_INPUTS: self.pi(_pool(batch[FrColumns.OBS]))}
+
+
+def _rllib_pool_module() -> type:
+    from ray.rllib.core.columns import Columns
+    from ray.rllib.core.rl_module.torch import TorchRLModule
+
+    class _PoolRLlib(TorchRLModule):
+        """RLlib module of the image workload: pool, then the 256x256 MLP."""
+
+        def setup(self) -> None:
+            self.pi = _mlp(int(self.observation_space.shape[-1]), int(self.action_space.n))
+
+        def _forward(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+            return {Columns.ACTION_DIST_INPUTS: self.pi(_pool(batch[Columns.OBS]))}
+
+    return _PoolRLlib
+
+
+# -- workloads -----------------------------------------------------------------------------
+
+
+@dataclass
+class Workload:
+    """One row of the table: a name, a unit and up to three contenders.
+
+    Each contender is a factory returning ``run() -> units done`` (a closure that keeps its
+    env / runner / episode between calls).
+    """
+
+    name: str
+    unit: str
+    units_per_run: int
+    contenders: dict[str, Callable[[], Callable[[], int]]] = field(default_factory=dict)
+
+
+def _cartpole_fns(n: int) -> list[Callable[[], gym.Env]]:
+    return [lambda: gym.make("CartPole-v1") for _ in range(n)]
+
+
+def _bare_single(make_env: Callable[[], gym.vector.VectorEnv], encode: Callable, steps: int):
+    def factory() -> Callable[[], int]:
+        env = make_env()
+        space = env.single_observation_space
+        dim = int(space.shape[-1]) if encode is _pool else int(np.prod(space.shape))
+        policy = _mlp(dim, int(env.single_action_space.n))
+        obs, _ = env.reset(seed=0)
+        state = {"obs": obs, "fresh": np.zeros(env.num_envs, bool)}
+
+        def run() -> int:
+            done_steps = 0
+            obs, fresh = state["obs"], state["fresh"]
+            while done_steps < steps:
+                with torch.no_grad():
+                    logits = policy(encode(torch.from_numpy(obs)))
+                    actions = torch.distributions.Categorical(logits=logits).sample()
+                obs, _, term, trunc, _ = env.step(actions.numpy())
+                # Sub-envs that were done last step were only reset now (next-step autoreset).
+                done_steps += int(env.num_envs - fresh.sum())
+                fresh = term | trunc
+            state["obs"], state["fresh"] = obs, fresh
+            return done_steps
+
+        return run
+
+    return factory
+
+
+def _flat(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+def _bare_multi(n: int, agents: int, steps: int):
+    def factory() -> Callable[[], int]:
+        env_cls = fr.env.make_multi_agent("CartPole-v1")
+        envs = [env_cls({"num_agents": agents}) for _ in range(n)]
+        policies = [_mlp(4, 2) for _ in range(2)]
+        obs = [e.reset(seed=i)[0] for i, e in enumerate(envs)]
+
+        def run() -> int:
+            done_steps = 0
+            while done_steps < steps:
+                actions: list[dict[Any, int]] = [{} for _ in range(n)]
+                for m, policy in enumerate(policies):
+                    rows = [(i, a) for i in range(n) for a in obs[i] if a % 2 == m]
+                    if not rows:
+                        continue
+                    batch = np.stack([obs[i][a] for i, a in rows])
+                    with torch.no_grad():
+                        logits = policy(torch.from_numpy(batch))
+                        act = torch.distributions.Categorical(logits=logits).sample().numpy()
+                    for (i, a), x in zip(rows, act.tolist(), strict=True):
+                        actions[i][a] = x
+                for i, e in enumerate(envs):
+                    o, _, term, trunc, _ = e.step(actions[i])
+                    done_steps += 1
+                    if term["__all__"] or trunc["__all__"]:
+                        o, _ = e.reset()
+                    else:
+                        # Agents that are done observe once more but do not act again.
+                        o = {a: x for a, x in o.items() if not (term.get(a) or trunc.get(a))}
+                    obs[i] = o
+            return done_steps
+
+        return run
+
+    return factory
+
+
+def _mapping(aid: Any, episode: Any, **kwargs: Any) -> str:
+    return f"p{int(aid) % 2}"
+
+
+def _fr_runner(n: int, agents: int, steps: int, image: bool = False):
+    def factory() -> Callable[[], int]:
+        c = fr.RunnerConfig().resources(device="cpu").debugging(seed=0)
+        c = c.env_runners(num_envs_per_env_runner=n)
+        if image:
+            c = c.environment(SyntheticImageEnv).rl_module(
+                rl_module_spec=RLModuleSpec(module_class=_PoolFr)
+            )
+            runner: Any = fr.SingleAgentEnvRunner(config=c)
+        elif agents:
+            c = c.environment(
+                fr.env.make_multi_agent("CartPole-v1"), env_config={"num_agents": agents}
+            )
+            c = c.multi_agent(policies={"p0", "p1"}, policy_mapping_fn=_mapping)
+            runner = fr.MultiAgentEnvRunner(config=c)
+        else:
+            runner = fr.SingleAgentEnvRunner(config=c.environment("CartPole-v1"))
+        return _sampler(runner, steps, agents)
+
+    return factory
+
+
+def _rllib_runner(n: int, agents: int, steps: int, image: bool = False):
+    def factory() -> Callable[[], int]:
+        from ray.rllib.algorithms.ppo import PPOConfig
+        from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+        from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner
+        from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
+        from ray.rllib.examples.envs.classes.multi_agent import MultiAgentCartPole
+
+        c = PPOConfig().debugging(seed=0).env_runners(num_env_runners=0)
+        c = c.env_runners(num_envs_per_env_runner=n)
+        if image:
+            c = c.environment(SyntheticImageEnv).rl_module(
+                rl_module_spec=RLModuleSpec(module_class=_rllib_pool_module())
+            )
+            runner: Any = SingleAgentEnvRunner(config=c)
+        elif agents:
+            c = c.environment(MultiAgentCartPole, env_config={"num_agents": agents})
+            c = c.multi_agent(policies={"p0", "p1"}, policy_mapping_fn=_mapping)
+            runner = MultiAgentEnvRunner(config=c)
+        else:
+            runner = SingleAgentEnvRunner(config=c.environment("CartPole-v1"))
+        return _sampler(runner, steps, agents)
+
+    return factory
+
+
+def _sampler(runner: Any, steps: int, agents: int) -> Callable[[], int]:
+    def run() -> int:
+        episodes = runner.sample(num_timesteps=steps)
+        if agents:
+            return sum(e.env_steps() for e in episodes)
+        return sum(len(e) for e in episodes)
+
+    return run
+
+
+def _episode(impl: str, n_agents: int, steps: int):
+    def factory() -> Callable[[], int]:
+        if impl == "rllib":
+            from ray.rllib.env.multi_agent_episode import MultiAgentEpisode as cls
+        else:
+            cls = fr.MultiAgentEpisode
+        agents = [f"agent_{i}" for i in range(n_agents)]
+        obs_space = {a: gym.spaces.Box(-1.0, 1.0, (4,), np.float32) for a in agents}
+        act_space = {a: gym.spaces.Discrete(2) for a in agents}
+        obs = {a: np.zeros(4, np.float32) for a in agents}
+        actions = {a: 1 for a in agents}
+        rewards = {a: 1.0 for a in agents}
+        extras = {a: {"action_logp": np.float32(-0.69)} for a in agents}
+
+        def run() -> int:
+            ep = cls(observation_space=obs_space, action_space=act_space)
+            ep.add_env_reset(observations=obs)
+            for _ in range(steps):
+                ep.add_env_step(obs, actions, rewards, extra_model_outputs=extras)
+            ep.cut(len_lookback_buffer=1)
+            ep.to_numpy()
+            return steps
+
+        return run
+
+    return factory
+
+
+def _log_value(impl: str, calls: int, windowed: bool):
+    def factory() -> Callable[[], int]:
+        if impl == "rllib":
+            from ray.rllib.utils.metrics.metrics_logger import MetricsLogger as cls
+        else:
+            cls = fr.MetricsLogger
+        log = cls().log_value
+        values = [float(i % 17) * 0.5 for i in range(calls)]
+
+        def run_ema() -> int:
+            for v in values:
+                log("key", v)
+            return calls
+
+        def run_window() -> int:
+            for v in values:
+                log("key", v, reduce="mean", window=100)
+            return calls
+
+        return run_window if windowed else run_ema
+
+    return factory
+
+
+def workloads(steps: int) -> list[Workload]:
+    """The table's rows.
+
+    Args:
+        steps: Env steps per timed run of the runner workloads.
+
+    Returns:
+        The workloads in table order.
+    """
+    out = []
+    for n in (1, 8):
+        w = Workload(f"CartPole-v1, {n} sub-env(s)", "µs/env step", steps)
+        w.contenders["bare"] = _bare_single(
+            lambda n=n: gym.vector.SyncVectorEnv(_cartpole_fns(n)), _flat, steps
+        )
+        w.contenders["rllib"] = _rllib_runner(n, 0, steps)
+        w.contenders["fastrollout"] = _fr_runner(n, 0, steps)
+        out.append(w)
+    for agents, n in ((2, 1), (2, 8), (8, 1), (8, 8)):
+        w = Workload(
+            f"MA CartPole, {agents} agents / 2 modules, {n} sub-env(s)", "µs/env step", steps
+        )
+        w.contenders["bare"] = _bare_multi(n, agents, steps)
+        w.contenders["rllib"] = _rllib_runner(n, agents, steps)
+        w.contenders["fastrollout"] = _fr_runner(n, agents, steps)
+        out.append(w)
+    w = Workload("84x84x4 uint8 image env, 8 sub-envs", "µs/env step", steps)
+    w.contenders["bare"] = _bare_single(
+        lambda: gym.vector.SyncVectorEnv([SyntheticImageEnv for _ in range(8)]), _pool, steps
+    )
+    w.contenders["rllib"] = _rllib_runner(8, 0, steps, image=True)
+    w.contenders["fastrollout"] = _fr_runner(8, 0, steps, image=True)
+    out.append(w)
+    for agents in (2, 8):
+        w = Workload(
+            f"MultiAgentEpisode add_env_step x100+cut+to_numpy, {agents} agents",
+            "µs/env step",
+            100,
+        )
+        for impl in ("rllib", "fastrollout"):
+            w.contenders[impl] = _episode(impl, agents, 100)
+        out.append(w)
+    for windowed in (False, True):
+        w = Workload(
+            f"MetricsLogger.log_value ({'mean, window=100' if windowed else 'ema'})",
+            "µs/call",
+            1000,
+        )
+        for impl in ("rllib", "fastrollout"):
+            w.contenders[impl] = _log_value(impl, 1000, windowed)
+        out.append(w)
+    return out
+
+
+# -- timing --------------------------------------------------------------------------------
+
+
+def measure(
+    factories: dict[str, Callable[[], Callable[[], int]]], repeats: int, warmup: int
+) -> dict[str, float]:
+    """Median time per unit (µs) of each contender over ``repeats`` timed runs.
+
+    The contenders take turns (one run each per round), so that a change in the machine's
+    load during the measurement hits all of them alike.
+
+    Args:
+        factories: Contender name -> factory of its run closure.
+        repeats: Timed runs per contender.
+        warmup: Untimed runs per contender first.
+
+    Returns:
+        Contender name -> median µs per unit.
+    """
+    runs = {who: factory() for who, factory in factories.items()}
+    for run in runs.values():
+        for _ in range(warmup):
+            run()
+    times: dict[str, list[float]] = {who: [] for who in runs}
+    gc.collect()
+    for _ in range(repeats):
+        for who, run in runs.items():
+            t0 = time.perf_counter()
+            units = run()
+            times[who].append((time.perf_counter() - t0) / units * 1e6)
+    return {who: statistics.median(t) for who, t in times.items()}
+
+
+def machine() -> dict[str, Any]:
+    """The machine and versions, for the table's header.
+
+    Returns:
+        A dict of names to strings.
+    """
+    cpu = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    import ray
+
+    try:
+        load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        load = "n/a"
+    return {
+        "cpu": cpu,
+        "cores": str(os.cpu_count()),
+        "load average (1/5/15 min) at start": load,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "gymnasium": gym.__version__,
+        "ray": ray.__version__,
+        "fastrollout": getattr(fr, "__version__", "dev"),
+        "torch threads": str(torch.get_num_threads()),
+    }
+
+
+def _fmt(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.3f}" if x < 1 else f"{x:.1f}" if x < 100 else f"{x:.0f}"
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return "-" if a is None or b is None else f"{a / b:.2f}x"
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    """The Markdown table of the results.
+
+    Args:
+        results: One dict per workload (name, unit, bare, rllib, fastrollout).
+
+    Returns:
+        The table.
+    """
+    rows = [
+        "| workload | unit | bare loop | RLlib 2.60 | fastrollout | RLlib / fastrollout "
+        "| fastrollout / bare |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        rows.append(
+            f"| {r['name']} | {r['unit']} | {_fmt(r.get('bare'))} | {_fmt(r.get('rllib'))} "
+            f"| {_fmt(r.get('fastrollout'))} | {_ratio(r.get('rllib'), r.get('fastrollout'))} "
+            f"| {_ratio(r.get('fastrollout'), r.get('bare'))} |"
+        )
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--quick", action="store_true", help="fewer steps and repeats")
+    parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument(
+        "--only", nargs="*", default=None, help="run only workloads whose name contains one"
+    )
+    args = parser.parse_args(argv)
+    warnings.simplefilter("ignore")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    torch.set_num_threads(1)
+    steps, repeats, warmup = (200, 3, 1) if args.quick else (1000, 5, 2)
+    info = machine()
+    print("machine:", "; ".join(f"{k}: {v}" for k, v in info.items()), flush=True)
+    results = []
+    for w in workloads(steps):
+        if args.only and not any(s in w.name for s in args.only):
+            continue
+        r: dict[str, Any] = {"name": w.name, "unit": w.unit}
+        r.update(measure(w.contenders, repeats, warmup))
+        line = ", ".join(f"{who} {_fmt(r[who])}" for who in w.contenders)
+        print(f"  {w.name}: {line} {w.unit}", flush=True)
+        results.append(r)
+    print()
+    print(table(results))
+    cmd = "python benches/side_by_side.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    print(f"\ncommand: {cmd.strip()}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": info, "command": cmd, "results": results}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
