@@ -136,11 +136,11 @@ class RLModule(nn.Module):
         return self._without_grad_in_eval(self._forward_exploration, batch, kwargs)
 
     def _without_grad_in_eval(self, forward: Any, batch: dict[str, Any], kwargs: dict) -> Any:
-        """``forward(batch)`` in eval mode without gradient, back to train mode after if
-        the module was training.
+        """Runs ``forward(batch)`` in eval mode without gradient.
 
-        ``eval()`` walks every submodule (about a quarter of a runner's sample time when
-        called per step), so it runs only when the module is in train mode.
+        A module that was training goes back to train mode after. Switching modes walks
+        every submodule (it cost about a quarter of a runner's sample time when done per
+        step), so it happens only when the module is in train mode.
         """
         if not self.training:
             with torch.no_grad():
