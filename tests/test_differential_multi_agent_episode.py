@@ -75,9 +75,9 @@ SEEDS_PER_BATCH = 25  # N_BATCHES * SEEDS_PER_BATCH scripts in all.
 OPEN_DIVERGENCES: dict[int, str] = {
     287: "concat: an agent's actions read as numpy scalars where RLlib's concatenated "
     "chunk (and the uncut model) reads Python ints",
-    288: "slice: get_extra_model_outputs(None, [0, -1]) of an agent without stored extras",
     292: "concat: get_rewards(fill) length of an agent done in the first chunk",
-    575: "slice: keyed extras read with fill, RLlib KeyError, fastrollout ValueError",
+    575: "slice: a keyed extras read with fill maps one agent's env steps onto stored items "
+    "where RLlib reads fill only (fastrollout then fails to batch: ValueError)",
 }
 
 
@@ -294,13 +294,19 @@ def _corrected_matches(c: Call) -> bool:
     the hanging-value append fixed (``no_flatten``), or like the extras model of one."""
     if c.rerun is None:
         return False
-    crashed = c.method.startswith("get_extra_model_outputs") and _raised(
-        c.ref_out, AttributeError, TypeError
-    )
+    extras = c.method.startswith("get_extra_model_outputs")
     for flatten_fixed in (False, True):
         with no_flatten() if flatten_fixed else contextlib.nullcontext():
             for e in _rllib_models(c):
-                if same(c.rerun(e), c.sub_out) or (crashed and _extras_model_matches(c, e)):
+                out = c.rerun(e)
+                if same(out, c.sub_out):
+                    return True
+                # Where RLlib's extras read crashes on the model (extras-crash).
+                if (
+                    extras
+                    and _raised(out, AttributeError, TypeError)
+                    and _extras_model_matches(c, e)
+                ):
                     return True
     return False
 
@@ -589,7 +595,8 @@ KNOWN_RLLIB_BUGS: list[KnownRLlibBug] = [
         "wrong item (get_actions() of a successor can be empty); fastrollout reads like "
         "RLlib does in a first chunk; model: _ma_scripts.relative_t_model "
         "(test_chunk_action_reads_keep_every_action)",
-        applies=_chunk_read_fixed,
+        # Also where RLlib's hanging-value append flattens the fixed read (np-append-flatten).
+        applies=lambda c: _chunk_read_fixed(c) or _corrected_matches(c),
     ),
     KnownRLlibBug(
         name="extras-crash",

@@ -259,3 +259,22 @@ def test_get_action_dist_cls():
     for bad in (gym.spaces.Box(0, 3, (2,), np.int64), gym.spaces.MultiBinary(3)):
         with pytest.raises(TypeError, match="no default action distribution"):
             get_action_dist_cls(bad)
+
+
+@pytest.mark.parametrize("shape", [(8, 3), (5,), (2, 4, 6)])
+def test_categorical_sample_with_logp_draws_as_torch(shape: tuple[int, ...]) -> None:
+    """The runners' fast path draws exactly torch's Categorical samples for the same
+    random state, and returns their log-probabilities."""
+    from torch.distributions import Categorical
+
+    from fastrollout.modules.distributions import TorchCategorical
+
+    for seed in range(20):
+        logits = torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * 3
+        torch.manual_seed(seed)
+        reference = Categorical(logits=logits)
+        expected = reference.sample()
+        torch.manual_seed(seed)
+        actions, logp = TorchCategorical.from_logits(logits).sample_with_logp()
+        assert torch.equal(actions, expected)
+        torch.testing.assert_close(logp, reference.log_prob(expected))

@@ -66,10 +66,10 @@ class GetActions(ConnectorV2):
                     dist = module.get_exploration_action_dist_cls().from_logits(
                         out[Columns.ACTION_DIST_INPUTS]
                     )
-                    actions = dist.sample()
-                    out[Columns.ACTIONS] = actions
-                    if Columns.ACTION_LOGP not in out:
-                        out[Columns.ACTION_LOGP] = dist.logp(actions)
+                    if Columns.ACTION_LOGP in out:
+                        out[Columns.ACTIONS] = dist.sample()
+                    else:
+                        out[Columns.ACTIONS], out[Columns.ACTION_LOGP] = dist.sample_with_logp()
                 else:
                     dist = module.get_inference_action_dist_cls().from_logits(
                         out[Columns.ACTION_DIST_INPUTS]
