@@ -73,9 +73,8 @@ SEEDS_PER_BATCH = 25  # N_BATCHES * SEEDS_PER_BATCH scripts in all.
 # fastrollout (issue 3 stays open for them). Each is an xfail(strict) test: one that starts
 # passing fails the suite until it is removed here.
 OPEN_DIVERGENCES: dict[int, str] = {
-    287: "concat: an agent's actions read as numpy scalars where RLlib's concatenated "
-    "chunk (and the uncut model) reads Python ints",
-    292: "concat: get_rewards(fill) length of an agent done in the first chunk",
+    292: "concat: get_return(include_hanging_rewards=True) counts the rewards an agent got "
+    "before its first observation differently from the uncut episode",
     575: "slice: a keyed extras read with fill maps one agent's env steps onto stored items "
     "where RLlib reads fill only (fastrollout then fails to batch: ValueError)",
 }

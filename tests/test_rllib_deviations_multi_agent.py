@@ -471,3 +471,35 @@ def test_concat_episode_with_two_agents_new_in_the_second_chunk() -> None:
     for indices in (None, 2, -1, slice(1, 4)):
         assert ep.get_observations(indices, fill=-1) == uncut.get_observations(indices, fill=-1)
         assert ep.get_actions(indices, fill=-1) == uncut.get_actions(indices, fill=-1)
+
+
+def hanging_consumed_in_successor(cls: Any) -> tuple[Any, Any]:
+    """b acts at env step 1 without observing (its action hangs); the successor sees b
+    observe and terminate at env step 2, which consumes the hanging action."""
+    ep = cls(id_="hang")
+    ep.add_env_reset(observations={"a": 0, "b": 10})
+    ep.add_env_step({"a": 1}, {"a": 0, "b": 1}, {"a": 1.0})
+    successor = ep.cut()
+    successor.add_env_step(
+        {"a": 2, "b": 12}, {"a": 0}, {"a": 1.0, "b": 2.0}, terminateds={"b": True}
+    )
+    whole = copy.deepcopy(ep)
+    whole.concat_episode(successor)
+    return whole, successor
+
+
+def test_rllib_concat_episode_keeps_a_consumed_hanging_action() -> None:
+    whole, successor = hanging_consumed_in_successor(RLlibMAEpisode)
+    assert "b" not in successor._hanging_actions_end
+    assert "b" in whole._hanging_actions_end  # stale: b's action was used in the successor
+
+
+@fastrollout_only
+def test_concat_episode_drops_a_consumed_hanging_action() -> None:
+    whole, successor = hanging_consumed_in_successor(MAEpisode)
+    assert "b" not in whole._hanging_actions_end
+    assert (
+        whole.get_return(include_hanging_rewards=True)
+        == successor.get_return(include_hanging_rewards=True) + 1.0
+    )  # a's first reward, from the first chunk
+    assert list(whole.agent_episodes["b"].get_actions()) == [1]
