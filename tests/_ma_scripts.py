@@ -487,9 +487,12 @@ def extras_model(ep: Any, key: Any, args: tuple, kwargs: dict) -> Any:
                     # RLlib reads agent by agent: the env-step map of this agent and of
                     # the agents before it is read (and may fail) before the key is.
                     so_far = [a for a in ep.agent_episodes if a in (selected or ep.agent_ids)]
-                    so_far = so_far[: so_far.index(aid) + 1]
-                    call_args, call_kwargs = _with_agent_ids(args, kwargs, so_far)
-                    ep.get_actions(*call_args, **call_kwargs)
+                    before = so_far[: so_far.index(aid)]
+                    if before:  # their reads come first (and may fail)
+                        call_args, call_kwargs = _with_agent_ids(args, kwargs, before)
+                        extras_model(ep, key, call_args, call_kwargs)
+                    call_args, call_kwargs = _with_agent_ids(args, kwargs, [aid])
+                    ep.get_actions(*call_args, **call_kwargs)  # this agent's map read
                     raise KeyError(k)
                 del shadow.agent_episodes[aid]
                 continue

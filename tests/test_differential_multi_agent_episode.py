@@ -75,8 +75,6 @@ SEEDS_PER_BATCH = 25  # N_BATCHES * SEEDS_PER_BATCH scripts in all.
 OPEN_DIVERGENCES: dict[int, str] = {
     292: "concat: get_return(include_hanging_rewards=True) counts the rewards an agent got "
     "before its first observation differently from the uncut episode",
-    575: "slice: a keyed extras read with fill maps one agent's env steps onto stored items "
-    "where RLlib reads fill only (fastrollout then fails to batch: ValueError)",
 }
 
 

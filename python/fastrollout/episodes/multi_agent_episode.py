@@ -367,15 +367,18 @@ class MultiAgentEpisode:
                 # What hangs at the end is what hangs at the end of `other`: a hanging
                 # action of ours was consumed there if `other` has none (RLlib keeps the
                 # stale one, ray issue 45542).
-                for ours, theirs in (
-                    (self._hanging_actions_end, other._hanging_actions_end),
-                    (self._hanging_rewards_end, other._hanging_rewards_end),
-                    (self._hanging_extra_model_outputs_end, other._hanging_extra_model_outputs_end),
-                ):
-                    if agent_id in theirs:
-                        ours[agent_id] = copy.deepcopy(theirs[agent_id])
-                    else:
-                        ours.pop(agent_id, None)
+                if agent_id in other._hanging_actions_end:
+                    self._hanging_actions_end[agent_id] = copy.deepcopy(
+                        other._hanging_actions_end[agent_id]
+                    )
+                    self._hanging_rewards_end[agent_id] = other._hanging_rewards_end[agent_id]
+                    self._hanging_extra_model_outputs_end[agent_id] = copy.deepcopy(
+                        other._hanging_extra_model_outputs_end[agent_id]
+                    )
+                else:
+                    self._hanging_actions_end.pop(agent_id, None)
+                    self._hanging_rewards_end.pop(agent_id, None)
+                    self._hanging_extra_model_outputs_end.pop(agent_id, None)
                 self.env_t_to_agent_t[agent_id].extend(tail[1:])
         self.env_t = other.env_t
         if other.is_terminated:
