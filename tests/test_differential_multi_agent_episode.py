@@ -69,14 +69,6 @@ from fastrollout import EpisodeStateError
 N_BATCHES = int(os.environ.get("FR_MA_DIFF_BATCHES", "10"))
 SEEDS_PER_BATCH = 25  # N_BATCHES * SEEDS_PER_BATCH scripts in all.
 
-# Scripts (seeds) that still diverge in ways not yet classified as RLlib bugs or fixed in
-# fastrollout (issue 3 stays open for them). Each is an xfail(strict) test: one that starts
-# passing fails the suite until it is removed here.
-OPEN_DIVERGENCES: dict[int, str] = {
-    292: "concat: get_return(include_hanging_rewards=True) counts the rewards an agent got "
-    "before its first observation differently from the uncut episode",
-}
-
 
 # --------------------------------------------------------------------------------------
 # Known RLlib bugs.
@@ -1453,11 +1445,7 @@ class Run:
 
 def run_batch(batch: int) -> None:
     """Runs one batch of seeds; fails naming every diverging seed and the first story."""
-    seeds = [
-        s
-        for s in range(batch * SEEDS_PER_BATCH, (batch + 1) * SEEDS_PER_BATCH)
-        if s not in OPEN_DIVERGENCES
-    ]
+    seeds = range(batch * SEEDS_PER_BATCH, (batch + 1) * SEEDS_PER_BATCH)
     failures: dict[int, str] = {}
     comparisons = 0
     for seed in seeds:
@@ -1489,12 +1477,6 @@ def run_batch(batch: int) -> None:
 )
 def test_differential(batch: int) -> None:
     run_batch(batch)
-
-
-@pytest.mark.xfail(raises=Divergence, strict=True, reason="open divergence (see OPEN_DIVERGENCES)")
-@pytest.mark.parametrize("seed", sorted(OPEN_DIVERGENCES))
-def test_open_divergence(seed: int) -> None:
-    Run(seed).run()
 
 
 def test_known_rllib_bugs_are_documented() -> None:

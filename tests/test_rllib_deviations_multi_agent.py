@@ -503,3 +503,39 @@ def test_concat_episode_drops_a_consumed_hanging_action() -> None:
         == successor.get_return(include_hanging_rewards=True) + 1.0
     )  # a's first reward, from the first chunk
     assert list(whole.agent_episodes["b"].get_actions()) == [1]
+
+
+def concat_with_hanging_rewards(cls: Any) -> tuple[Any, Any]:
+    """c gets rewards before its first observation in both chunks; b's action hangs over
+    the cut with a reward; returns (concatenated, uncut)."""
+    ep = cls(id_="rewards")
+    ep.add_env_reset(observations={"a": 0, "b": 10})
+    ep.add_env_step({"a": 1}, {"a": 0, "b": 1}, {"a": 1.0, "b": 0.5, "c": 0.25})
+    uncut = copy.deepcopy(ep)
+    successor = ep.cut()
+    for e in (uncut, successor):
+        e.add_env_step({"a": 2, "b": 12}, {"a": 0}, {"a": 1.0, "b": 2.0, "c": 0.125})
+        e.add_env_step({"a": 3, "c": 30}, {"a": 0, "b": 1}, {"a": 1.0})
+    whole = copy.deepcopy(ep)
+    whole.concat_episode(successor)
+    return whole, uncut
+
+
+def test_rllib_successor_copies_hanging_rewards_into_its_begin_cache() -> None:
+    """RLlib's cut starts the successor's begin cache with the rewards that hang at the cut
+    (b's 0.5), so concatenating chunks cannot simply add the begin caches (RLlib's own
+    concat_episode fails on this script: SingleAgentEpisode ids differ)."""
+    ep = RLlibMAEpisode(id_="rewards")
+    ep.add_env_reset(observations={"a": 0, "b": 10})
+    ep.add_env_step({"a": 1}, {"a": 0, "b": 1}, {"a": 1.0, "b": 0.5, "c": 0.25})
+    successor = ep.cut()
+    assert successor._hanging_rewards_begin["b"] == 0.5
+
+
+@fastrollout_only
+def test_concat_episode_counts_hanging_rewards_once() -> None:
+    whole, uncut = concat_with_hanging_rewards(MAEpisode)
+    assert whole.get_return() == uncut.get_return()
+    assert whole.get_return(include_hanging_rewards=True) == pytest.approx(
+        uncut.get_return(include_hanging_rewards=True)
+    )

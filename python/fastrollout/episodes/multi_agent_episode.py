@@ -334,6 +334,7 @@ class MultiAgentEpisode:
                 f"starts at env_t_started={other.env_t_started}"
             )
         other.validate()
+        hanging_at_cut = set(self._hanging_rewards_end)
         # Every agent's env-step map must keep covering every env step (RLlib 2.60 leaves
         # the maps of agents that are done, or absent from `other`, behind, and re-appends
         # `other`'s look-back entries: ray issue 45542).
@@ -359,7 +360,14 @@ class MultiAgentEpisode:
                     self.env_t_to_agent_t[agent_id] = StepMap(
                         [SKIP] * steps_before + tail, lookback_before
                     )
-                self._copy_hanging(agent_id, other)
+                if agent_id in other._hanging_actions_end:
+                    self._hanging_actions_end[agent_id] = copy.deepcopy(
+                        other._hanging_actions_end[agent_id]
+                    )
+                    self._hanging_rewards_end[agent_id] = other._hanging_rewards_end[agent_id]
+                    self._hanging_extra_model_outputs_end[agent_id] = copy.deepcopy(
+                        other._hanging_extra_model_outputs_end[agent_id]
+                    )
             elif sa_episode.is_done or agent_id not in other.agent_episodes:
                 self.env_t_to_agent_t[agent_id].extend([SKIP] * new_steps)
             else:
@@ -380,6 +388,19 @@ class MultiAgentEpisode:
                     self._hanging_rewards_end.pop(agent_id, None)
                     self._hanging_extra_model_outputs_end.pop(agent_id, None)
                 self.env_t_to_agent_t[agent_id].extend(tail[1:])
+        # Rewards before an agent's first observation add up over the chunks. A cut
+        # starts the successor's cache with what hung at the end of this chunk (rewards
+        # of agents that had acted; their steps in `other` count them), so those
+        # entries are not added again. An agent done in `other` has nothing hanging.
+        for agent_id, reward in other._hanging_rewards_begin.items():
+            if agent_id in hanging_at_cut:
+                continue
+            self._hanging_rewards_begin[agent_id] = (
+                self._hanging_rewards_begin.get(agent_id, 0.0) + reward
+            )
+        for agent_id, sa_episode in other.agent_episodes.items():
+            if sa_episode.is_done:
+                self._del_hanging(agent_id)
         self.env_t = other.env_t
         if other.is_terminated:
             self.is_terminated = True
