@@ -342,3 +342,54 @@ def same_error_kind(expected: type[BaseException], actual: type[BaseException]) 
     if issubclass(actual, expected):
         return True
     return issubclass(expected, RLlibMultiAgentEnvError) and issubclass(actual, ma_env_errors())
+
+
+# --------------------------------------------------------------------------------------
+# Differential harness pieces shared by the single- and multi-agent tests.
+# --------------------------------------------------------------------------------------
+
+
+class Divergence(AssertionError):
+    """The subject observably differs from the reference."""
+
+
+def raised(out: Any, *types: type[BaseException]) -> bool:
+    """Whether an ``outcome`` is a raise of one of ``types`` (or a subclass)."""
+    return isinstance(out, Raised) and issubclass(out.exc_type, types)
+
+
+def run_differential_batch(
+    seeds: Any, make_run: Any, noun: str, *, prefix: str = "", after_run: Any = None
+) -> None:
+    """Runs ``make_run(seed).run()`` for every seed; fails naming every diverging seed and
+    the first story (``Divergence``). Counts comparisons, scripts and divergences.
+
+    Args:
+        seeds: The seeds of this batch.
+        make_run: Seed -> an object with ``run()`` and ``comparisons``.
+        noun: What one seed drives, plural ("trajectories", "scripts").
+        prefix: Prefix of the counters' names (e.g. "multi-agent ").
+        after_run: Called with each run object after it ran (for more counters).
+    """
+    seeds = list(seeds)
+    failures: dict[int, str] = {}
+    comparisons = 0
+    for seed in seeds:
+        run = make_run(seed)
+        try:
+            run.run()
+        except Divergence as e:
+            failures[seed] = str(e)
+        comparisons += run.comparisons
+        if after_run is not None:
+            after_run(run)
+    count(f"{prefix}differential comparisons ({SUBJECT} vs rllib)", comparisons)
+    count(f"{prefix}differential {noun} ({SUBJECT} vs rllib)", len(seeds))
+    count(f"{prefix}differential divergent {noun} ({SUBJECT} vs rllib)", len(failures))
+    if failures:
+        first = next(iter(failures.values()))
+        pytest.fail(
+            f"{len(failures)} of {len(seeds)} {noun} diverged ({comparisons} comparisons), "
+            f"seeds {sorted(failures)}; the first:\n{first}",
+            pytrace=False,
+        )

@@ -37,13 +37,15 @@ import numpy as np
 import pytest
 
 from _helpers import (
-    SUBJECT,
+    Divergence,
     MAEpisode,
     Raised,
     RLlibMAEpisode,
     assert_same,
     count,
     outcome,
+    raised,
+    run_differential_batch,
     same_error_kind,
 )
 from _ma_scripts import (
@@ -127,10 +129,6 @@ class KnownRLlibBug:
     follow_model: bool = False
 
 
-def _raised(out: Any, *types: type[BaseException]) -> bool:
-    return isinstance(out, Raised) and issubclass(out.exc_type, types)
-
-
 def same(expected: Any, actual: Any) -> bool:
     """Whether two call outcomes agree (as the harness compares them)."""
     if isinstance(expected, Raised) or isinstance(actual, Raised):
@@ -168,7 +166,7 @@ def _matches_model(c: Call, model: str, issue: str) -> bool:
         return True
     return (
         c.method.startswith("get_extra_model_outputs")
-        and _raised(c.model_out, AttributeError, TypeError)
+        and raised(c.model_out, AttributeError, TypeError)
         and c.model_episode is not None
         and any(
             _extras_model_matches(c, e)
@@ -195,7 +193,7 @@ def _chunk_read_fixed(c: Call) -> bool:
             # Where the fixed read then runs into RLlib's extras crash: see extras-crash.
             or (
                 c.method.startswith("get_extra_model_outputs")
-                and _raised(c.relative_out, AttributeError, TypeError)
+                and raised(c.relative_out, AttributeError, TypeError)
                 and _extras_model_matches(c, relative_t_model(c.reference))
             )
         )
@@ -242,7 +240,7 @@ def _rewards_flag_lags(ep: Any) -> bool:
 def _lacks_key(c: Call) -> bool:
     """A keyed extras read that fastrollout answers with KeyError because a selected agent
     has not stored that key."""
-    if not (c.method.startswith("get_extra_model_outputs") and _raised(c.sub_out, KeyError)):
+    if not (c.method.startswith("get_extra_model_outputs") and raised(c.sub_out, KeyError)):
         return False
     key = c.args[0] if c.args else c.kwargs.get("key")
     if key is None:
@@ -260,9 +258,9 @@ def _model_hits_known_bug(c: Call) -> bool:
     for flatten_fixed in (False, True):
         with no_flatten() if flatten_fixed else contextlib.nullcontext():
             model = outcome(lambda: extras_model(c.reference, c.args[0], c.args[1:], c.kwargs))
-        if _raised(model, AssertionError) and any(isinstance(a, slice) for a in c.args):
+        if raised(model, AssertionError) and any(isinstance(a, slice) for a in c.args):
             return True
-        if _raised(model, ValueError) and c.kwargs.get("fill") is not None and _numpyd(c.reference):
+        if raised(model, ValueError) and c.kwargs.get("fill") is not None and _numpyd(c.reference):
             return True
     return False
 
@@ -293,7 +291,7 @@ def _corrected_matches(c: Call) -> bool:
                 # Where RLlib's extras read crashes on the model (extras-crash).
                 if (
                     extras
-                    and _raised(out, AttributeError, TypeError)
+                    and raised(out, AttributeError, TypeError)
                     and _extras_model_matches(c, e)
                 ):
                     return True
@@ -378,7 +376,7 @@ def _unflattened_matches(c: Call) -> bool:
             same(c.rerun(e), c.sub_out)
             or (
                 c.method.startswith("get_extra_model_outputs")
-                and _raised(c.ref_out, AttributeError, TypeError)
+                and raised(c.ref_out, AttributeError, TypeError)
                 and _extras_model_matches(c, e)
             )
             for e in _rllib_models(c)
@@ -424,7 +422,7 @@ KNOWN_RLLIB_BUGS: list[KnownRLlibBug] = [
         "RuntimeError; fastrollout reads the observations' flag, which to_numpy always sets",
         applies=lambda c: (
             not isinstance(c.sub_out, Raised)
-            and (c.ref_out is False or _raised(c.ref_out, RuntimeError))
+            and (c.ref_out is False or raised(c.ref_out, RuntimeError))
             and c.sub_out is obs_numpy_model(c.reference).is_numpy
         ),
     ),
@@ -434,10 +432,10 @@ KNOWN_RLLIB_BUGS: list[KnownRLlibBug] = [
         why="RLlib's SingleAgentEpisode.concat_episode compares array observations with a "
         "bare truth test and raises ValueError; fastrollout compares them element-wise",
         applies=lambda c: (
-            _raised(c.ref_out, ValueError)
+            raised(c.ref_out, ValueError)
             # fastrollout concatenates, or rejects the chunk for another reason that RLlib
             # (visiting agents in set order) reaches only after this error.
-            and (c.sub_out is None or _raised(c.sub_out, EpisodeStateError))
+            and (c.sub_out is None or raised(c.sub_out, EpisodeStateError))
         ),
     ),
     KnownRLlibBug(
@@ -447,7 +445,7 @@ KNOWN_RLLIB_BUGS: list[KnownRLlibBug] = [
         "short or empty agent buffers; fastrollout returns the fill items / nothing "
         "(single-agent: test_reversed_slice_on_empty_buffer)",
         applies=lambda c: (
-            _raised(c.ref_out, AssertionError)
+            raised(c.ref_out, AssertionError)
             and any(isinstance(a, slice) for a in c.args)
             and (
                 not isinstance(c.sub_out, Raised)
@@ -477,7 +475,7 @@ KNOWN_RLLIB_BUGS: list[KnownRLlibBug] = [
         "fastrollout decides by the observations and answers like RLlib does for a numpy'd "
         "episode (_ma_scripts.obs_numpy_model; test_is_numpy_with_an_agent_without_steps)",
         applies=lambda c: (
-            _raised(c.ref_out, RuntimeError)
+            raised(c.ref_out, RuntimeError)
             and c.rerun is not None
             and any(
                 same(c.rerun(obs_numpy_model(e)), c.sub_out)
@@ -528,7 +526,7 @@ KNOWN_RLLIB_BUGS: list[KnownRLlibBug] = [
         op="is_numpy",
         why="RLlib's is_numpy raises StopIteration for an episode without agent episodes; "
         "fastrollout answers False (test_default_constructor)",
-        applies=lambda c: _raised(c.ref_out, StopIteration) and c.sub_out is False,
+        applies=lambda c: raised(c.ref_out, StopIteration) and c.sub_out is False,
     ),
     KnownRLlibBug(
         name="truncateds-all",
@@ -596,7 +594,7 @@ KNOWN_RLLIB_BUGS: list[KnownRLlibBug] = [
         "where that read raises) (_ma_scripts.extras_model; "
         "test_extra_model_outputs_where_rllib_crashes)",
         applies=lambda c: (
-            _raised(c.ref_out, AttributeError, TypeError)
+            raised(c.ref_out, AttributeError, TypeError)
             and (
                 any(_extras_model_matches(c, e) for e in _rllib_models(c))
                 # The model's action read runs into another known bug where fastrollout
@@ -609,13 +607,13 @@ KNOWN_RLLIB_BUGS: list[KnownRLlibBug] = [
                 # The episode's agents are numpy'd only in part: is_numpy refuses, as
                 # RLlib's own does for this episode.
                 or (
-                    _raised(c.sub_out, RuntimeError)
-                    and _raised(outcome(lambda: c.reference.is_numpy), RuntimeError)
+                    raised(c.sub_out, RuntimeError)
+                    and raised(outcome(lambda: c.reference.is_numpy), RuntimeError)
                 )
                 # A fill without a space next to array items cannot be batched: the
                 # ValueError of RLlib's own single-agent read (sa-fill-without-space).
                 or (
-                    _raised(c.sub_out, ValueError)
+                    raised(c.sub_out, ValueError)
                     and c.kwargs.get("fill") is not None
                     and _numpyd(c.reference)
                 )
@@ -641,7 +639,7 @@ KNOWN_RLLIB_BUGS: list[KnownRLlibBug] = [
         "steps); fastrollout raises IndexError "
         "(test_lookback_index_past_the_lookback_raises_after_to_numpy)",
         applies=lambda c: (
-            _raised(c.sub_out, IndexError)
+            raised(c.sub_out, IndexError)
             and c.kwargs.get("env_steps") is False
             and c.kwargs.get("neg_index_as_lookback")
             and c.kwargs.get("fill") is None
@@ -655,7 +653,7 @@ KNOWN_RLLIB_BUGS: list[KnownRLlibBug] = [
         "array items (ValueError); fastrollout broadcasts the fill to the item shape "
         "(test_fill_without_space_broadcasts_to_item_shape)",
         applies=lambda c: (
-            _raised(c.ref_out, ValueError)
+            raised(c.ref_out, ValueError)
             and c.kwargs.get("fill") is not None
             and _numpyd(c.reference)
             and not isinstance(c.sub_out, Raised)
@@ -668,7 +666,7 @@ KNOWN_RLLIB_BUGS: list[KnownRLlibBug] = [
         "returns an empty one-hot batch (test_one_hot_of_empty_batch)",
         applies=lambda c: (
             c.kwargs.get("one_hot_discrete")
-            and _raised(c.ref_out, ValueError)
+            and raised(c.ref_out, ValueError)
             and isinstance(c.sub_out, dict)
             and all(_empty_batch(v) for v in c.sub_out.values())
         ),
@@ -693,7 +691,7 @@ KNOWN_RLLIB_BUGS: list[KnownRLlibBug] = [
         "defaultdict, so an unknown key reads as empty data; fastrollout raises KeyError "
         "(test_unknown_extra_key_after_round_trip)",
         applies=lambda c: (
-            _raised(c.sub_out, KeyError)
+            raised(c.sub_out, KeyError)
             and any(
                 type(sa.extra_model_outputs).__name__ == "defaultdict"
                 for sa in c.reference.agent_episodes.values()
@@ -701,10 +699,6 @@ KNOWN_RLLIB_BUGS: list[KnownRLlibBug] = [
         ),
     ),
 ]
-
-
-class Divergence(AssertionError):
-    """The subject observably differs from the reference."""
 
 
 class PairRetired(Exception):
@@ -1443,31 +1437,21 @@ class Run:
         self.round_trips(ep)
 
 
+def _count_script(run: Run) -> None:
+    count(f"multi-agent scripts: mode {run.cfg.mode}")
+    for event, n in (run.planner.events if run.planner else {}).items():
+        count(f"multi-agent scripts: {event}", n)
+
+
 def run_batch(batch: int) -> None:
     """Runs one batch of seeds; fails naming every diverging seed and the first story."""
-    seeds = range(batch * SEEDS_PER_BATCH, (batch + 1) * SEEDS_PER_BATCH)
-    failures: dict[int, str] = {}
-    comparisons = 0
-    for seed in seeds:
-        run = Run(seed)
-        try:
-            run.run()
-        except Divergence as e:
-            failures[seed] = str(e)
-        comparisons += run.comparisons
-        count(f"multi-agent scripts: mode {run.cfg.mode}")
-        for event, n in (run.planner.events if run.planner else {}).items():
-            count(f"multi-agent scripts: {event}", n)
-    count(f"multi-agent differential comparisons ({SUBJECT} vs rllib)", comparisons)
-    count(f"multi-agent differential scripts ({SUBJECT} vs rllib)", len(seeds))
-    count(f"multi-agent differential divergent scripts ({SUBJECT} vs rllib)", len(failures))
-    if failures:
-        first = next(iter(failures.values()))
-        pytest.fail(
-            f"{len(failures)} of {len(seeds)} scripts diverged ({comparisons} comparisons), "
-            f"seeds {sorted(failures)}; the first:\n{first}",
-            pytrace=False,
-        )
+    run_differential_batch(
+        range(batch * SEEDS_PER_BATCH, (batch + 1) * SEEDS_PER_BATCH),
+        Run,
+        "scripts",
+        prefix="multi-agent ",
+        after_run=_count_script,
+    )
 
 
 @pytest.mark.parametrize(

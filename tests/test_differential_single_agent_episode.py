@@ -27,7 +27,16 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from _helpers import SUBJECT, Raised, RLlibEpisode, assert_same, count, outcome
+from _helpers import (
+    Divergence,
+    Raised,
+    RLlibEpisode,
+    assert_same,
+    count,
+    outcome,
+    raised,
+    run_differential_batch,
+)
 from _helpers import Episode as SubjectEpisode
 
 N_BATCHES = 40
@@ -67,10 +76,6 @@ class KnownRLlibBug:
 #       "around to the end; fastrollout raises IndexError (test_...)",
 #       applies=lambda c: c.reference.is_numpy and c.sub_out == Raised(IndexError),
 #   ),
-def _raised(out: Any, *types: type[BaseException]) -> bool:
-    return isinstance(out, Raised) and issubclass(out.exc_type, types)
-
-
 def _nested_lookback_capped_by_keys(c: Call) -> bool:
     """RLlib sizes a numpy'd Dict/Tuple buffer's look-back by its number of keys."""
     r = c.reference
@@ -103,7 +108,7 @@ KNOWN_RLLIB_BUGS: list[KnownRLlibBug] = [
         "fastrollout raises IndexError as RLlib does before to_numpy "
         "(test_lookback_index_past_the_lookback_raises_after_to_numpy)",
         applies=lambda c: (
-            _raised(c.sub_out, IndexError)
+            raised(c.sub_out, IndexError)
             and c.kwargs.get("neg_index_as_lookback")
             and c.kwargs.get("fill") is None
             and c.reference.observations.finalized
@@ -115,12 +120,12 @@ KNOWN_RLLIB_BUGS: list[KnownRLlibBug] = [
         "or out-of-range slices on an empty buffer; fastrollout returns the fill items / "
         "nothing (test_reversed_slice_on_empty_buffer)",
         applies=lambda c: (
-            _raised(c.ref_out, AssertionError)
+            raised(c.ref_out, AssertionError)
             and (
                 any(isinstance(a, slice) for a in c.args)
                 or c.method.startswith(("slice", "__getitem__"))
             )
-            and (not isinstance(c.sub_out, Raised) or _raised(c.sub_out, ValueError))
+            and (not isinstance(c.sub_out, Raised) or raised(c.sub_out, ValueError))
         ),
     ),
     KnownRLlibBug(
@@ -129,7 +134,7 @@ KNOWN_RLLIB_BUGS: list[KnownRLlibBug] = [
         "items and fails on the shape; fastrollout broadcasts the fill to the item shape "
         "(test_fill_without_space_broadcasts_to_item_shape)",
         applies=lambda c: (
-            _raised(c.ref_out, ValueError)
+            raised(c.ref_out, ValueError)
             and c.kwargs.get("fill") is not None
             and not isinstance(c.sub_out, Raised)
         ),
@@ -152,7 +157,7 @@ KNOWN_RLLIB_BUGS: list[KnownRLlibBug] = [
         "fastrollout returns an empty one-hot batch (test_one_hot_of_empty_batch)",
         applies=lambda c: (
             c.kwargs.get("one_hot_discrete")
-            and _raised(c.ref_out, ValueError)
+            and raised(c.ref_out, ValueError)
             and _empty_batch(c.sub_out)
         ),
     ),
@@ -177,7 +182,7 @@ KNOWN_RLLIB_BUGS: list[KnownRLlibBug] = [
         why="same look-back-by-number-of-keys bug: RLlib's cut/slice of numpy'd Dict "
         "observations fails its own validate (test_cut_and_slice_of_numpy_dict_observations)",
         applies=lambda c: (
-            _raised(c.ref_out, AssertionError)
+            raised(c.ref_out, AssertionError)
             and not isinstance(c.sub_out, Raised)
             and c.reference.observations.finalized
             and isinstance(c.reference.observations.data, dict | tuple)
@@ -201,7 +206,7 @@ KNOWN_RLLIB_BUGS: list[KnownRLlibBug] = [
         "(test_unknown_extra_key_after_round_trip)",
         applies=lambda c: (
             type(c.reference.extra_model_outputs).__name__ == "defaultdict"
-            and _raised(c.sub_out, KeyError)
+            and raised(c.sub_out, KeyError)
         ),
     ),
     KnownRLlibBug(
@@ -216,7 +221,7 @@ KNOWN_RLLIB_BUGS: list[KnownRLlibBug] = [
         "the arrays); fastrollout takes lists of items in both modes "
         "(test_set_after_to_numpy_takes_a_list)",
         applies=lambda c: (
-            c.reference.is_numpy and _raised(c.ref_out, ValueError) and c.sub_out is None
+            c.reference.is_numpy and raised(c.ref_out, ValueError) and c.sub_out is None
         ),
     ),
     KnownRLlibBug(
@@ -225,16 +230,12 @@ KNOWN_RLLIB_BUGS: list[KnownRLlibBug] = [
         "space, so every set fails; fastrollout checks leaves against their own spaces "
         "(test_set_nested_observations_after_to_numpy)",
         applies=lambda c: (
-            _raised(c.ref_out, AssertionError, IndexError)
+            raised(c.ref_out, AssertionError, IndexError)
             and c.reference.observations.finalized
             and isinstance(c.reference.observation_space, gym.spaces.Dict | gym.spaces.Tuple)
         ),
     ),
 ]
-
-
-class Divergence(AssertionError):
-    """The subject observably differs from the reference."""
 
 
 class PairRetired(Exception):
@@ -908,26 +909,9 @@ class Run:
 
 def run_batch(batch: int) -> None:
     """Runs one batch of seeds; fails naming every diverging seed and the first story."""
-    seeds = range(batch * SEEDS_PER_BATCH, (batch + 1) * SEEDS_PER_BATCH)
-    failures: dict[int, str] = {}
-    comparisons = 0
-    for seed in seeds:
-        run = Run(seed)
-        try:
-            run.run()
-        except Divergence as e:
-            failures[seed] = str(e)
-        comparisons += run.comparisons
-    count(f"differential comparisons ({SUBJECT} vs rllib)", comparisons)
-    count(f"differential trajectories ({SUBJECT} vs rllib)", len(seeds))
-    count(f"differential divergent trajectories ({SUBJECT} vs rllib)", len(failures))
-    if failures:
-        first = next(iter(failures.values()))
-        pytest.fail(
-            f"{len(failures)} of {len(seeds)} trajectories diverged ({comparisons} comparisons), "
-            f"seeds {sorted(failures)}; the first:\n{first}",
-            pytrace=False,
-        )
+    run_differential_batch(
+        range(batch * SEEDS_PER_BATCH, (batch + 1) * SEEDS_PER_BATCH), Run, "trajectories"
+    )
 
 
 @pytest.mark.parametrize(
