@@ -268,27 +268,22 @@ pub fn multi_agent_add_env_step<'py>(
     // The agents this env step mentions: observations, actions, rewards, terminateds,
     // truncateds and (on `__all__`) every agent with an episode, first in dict order.
     let empty = PyDict::new(py);
-    let everyone = PyDict::new(py);
-    if all_terminated || all_truncated {
-        everyone.update(agent_episodes.as_mapping())?;
-    }
     let sources = [
         observations,
         actions,
         rewards,
         terminateds.as_ref().unwrap_or(&empty),
         truncateds.as_ref().unwrap_or(&empty),
-        &everyone,
+        if all_terminated || all_truncated { &agent_episodes } else { &empty },
     ];
-    let mentioned = PyList::empty(py);
-    let seen = PyDict::new(py);
+    // A dict keeps the first-seen order and drops repeats.
+    let mentioned = PyDict::new(py);
     let mut joins = false;
     for d in sources {
         for key in d.keys() {
-            if !key.eq(&all)? && !seen.contains(&key)? {
+            if !key.eq(&all)? && !mentioned.contains(&key)? {
                 joins |= !agent_episodes.contains(&key)?;
-                seen.set_item(&key, true)?;
-                mentioned.append(&key)?;
+                mentioned.set_item(&key, true)?;
             }
         }
     }
@@ -304,12 +299,12 @@ pub fn multi_agent_add_env_step<'py>(
         }
         set.call_method1(intern!(py, "__sub__"), (PySet::new(py, [&all])?,))?
     } else {
-        mentioned.into_any()
+        mentioned.keys().into_any()
     };
 
     // Phase 1: decide and convert; nothing is stored yet.
     let new_agent_episode = episode.getattr(intern!(py, "_new_agent_episode"))?;
-    let mut plans: Vec<(Bound<'py, PyAny>, Prepared<'py>, f64)> = Vec::with_capacity(seen.len());
+    let mut plans: Vec<(Bound<'py, PyAny>, Prepared<'py>, f64)> = Vec::with_capacity(mentioned.len());
     for aid in with_data.try_iter()? {
         let aid = aid?;
         let obs = observations.get_item(&aid)?.filter(|v| !v.is_none());
