@@ -360,33 +360,12 @@ class MultiAgentEpisode:
                     self.env_t_to_agent_t[agent_id] = StepMap(
                         [SKIP] * steps_before + tail, lookback_before
                     )
-                if agent_id in other._hanging_actions_end:
-                    self._hanging_actions_end[agent_id] = copy.deepcopy(
-                        other._hanging_actions_end[agent_id]
-                    )
-                    self._hanging_rewards_end[agent_id] = other._hanging_rewards_end[agent_id]
-                    self._hanging_extra_model_outputs_end[agent_id] = copy.deepcopy(
-                        other._hanging_extra_model_outputs_end[agent_id]
-                    )
+                self._take_hanging_end(agent_id, other)
             elif sa_episode.is_done or agent_id not in other.agent_episodes:
                 self.env_t_to_agent_t[agent_id].extend([SKIP] * new_steps)
             else:
                 sa_episode.concat_episode(other.agent_episodes[agent_id])
-                # What hangs at the end is what hangs at the end of `other`: a hanging
-                # action of ours was consumed there if `other` has none (RLlib keeps the
-                # stale one, ray issue 45542).
-                if agent_id in other._hanging_actions_end:
-                    self._hanging_actions_end[agent_id] = copy.deepcopy(
-                        other._hanging_actions_end[agent_id]
-                    )
-                    self._hanging_rewards_end[agent_id] = other._hanging_rewards_end[agent_id]
-                    self._hanging_extra_model_outputs_end[agent_id] = copy.deepcopy(
-                        other._hanging_extra_model_outputs_end[agent_id]
-                    )
-                else:
-                    self._hanging_actions_end.pop(agent_id, None)
-                    self._hanging_rewards_end.pop(agent_id, None)
-                    self._hanging_extra_model_outputs_end.pop(agent_id, None)
+                self._take_hanging_end(agent_id, other)
                 self.env_t_to_agent_t[agent_id].extend(tail[1:])
         # Rewards before an agent's first observation add up over the chunks. A cut
         # starts the successor's cache with what hung at the end of this chunk (rewards
@@ -1239,17 +1218,24 @@ class MultiAgentEpisode:
 
     # ------------------------------------------------------------------ internals
 
-    def _copy_hanging(self, agent_id: Any, other: MultiAgentEpisode) -> None:
-        if agent_id in other._hanging_rewards_begin:
-            self._hanging_rewards_begin[agent_id] = other._hanging_rewards_begin[agent_id]
-        if agent_id in other._hanging_rewards_end:
+    def _take_hanging_end(self, agent_id: Any, other: MultiAgentEpisode) -> None:
+        """What hangs for ``agent_id`` at the end is what hangs at the end of ``other``.
+
+        A hanging action of ours that ``other`` has none for was consumed there (RLlib
+        keeps the stale one, ray issue 45542).
+        """
+        if agent_id in other._hanging_actions_end:
             self._hanging_actions_end[agent_id] = copy.deepcopy(
-                other._hanging_actions_end.get(agent_id)
+                other._hanging_actions_end[agent_id]
             )
             self._hanging_rewards_end[agent_id] = other._hanging_rewards_end[agent_id]
             self._hanging_extra_model_outputs_end[agent_id] = copy.deepcopy(
                 other._hanging_extra_model_outputs_end[agent_id]
             )
+        else:
+            self._hanging_actions_end.pop(agent_id, None)
+            self._hanging_rewards_end.pop(agent_id, None)
+            self._hanging_extra_model_outputs_end.pop(agent_id, None)
 
     def _del_hanging(self, agent_id: Any) -> None:
         self._hanging_rewards_begin.pop(agent_id, None)
