@@ -29,7 +29,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from fastrollout.callbacks import Callbacks
+from fastrollout.callbacks import CALLBACK_NAMES, Callbacks, _as_list
 from fastrollout.core import DEFAULT_MODULE_ID
 
 __all__ = ["NotProvided", "RunnerConfig"]
@@ -59,14 +59,6 @@ NotProvided: Any = _NotProvided()
 
 BATCH_MODES = ("truncate_episodes", "complete_episodes")
 COUNT_STEPS_BY = ("env_steps", "agent_steps")
-CALLBACK_HOOKS = (
-    "on_environment_created",
-    "on_episode_created",
-    "on_episode_start",
-    "on_episode_step",
-    "on_episode_end",
-    "on_sample_end",
-)
 
 
 def default_policy_mapping_fn(agent_id: Any, episode: Any = None, **kwargs: Any) -> str:
@@ -584,20 +576,17 @@ class RunnerConfig:
         if callbacks_class is not NotProvided:
             if callbacks_class is None:
                 callbacks_class = Callbacks
-            for cls in _as_list(callbacks_class):
-                if not callable(cls):
-                    raise TypeError(
-                        f"callbacks_class must be a class or a list of classes, got {cls!r}"
-                    )
+            _check_callbacks_class(callbacks_class)
             self.callbacks_class = callbacks_class
-        for hook, value in (
-            ("on_environment_created", on_environment_created),
-            ("on_episode_created", on_episode_created),
-            ("on_episode_start", on_episode_start),
-            ("on_episode_step", on_episode_step),
-            ("on_episode_end", on_episode_end),
-            ("on_sample_end", on_sample_end),
-        ):
+        hook_values = (
+            on_environment_created,
+            on_episode_created,
+            on_episode_start,
+            on_episode_step,
+            on_episode_end,
+            on_sample_end,
+        )
+        for hook, value in zip(CALLBACK_NAMES, hook_values, strict=True):
             if value is not NotProvided:
                 _check_callables(value, hook)
                 setattr(self, f"callbacks_{hook}", value)
@@ -778,8 +767,8 @@ class RunnerConfig:
         Raises:
             ValueError: An unknown hook name.
         """
-        if hook not in CALLBACK_HOOKS:
-            raise ValueError(f"unknown callback hook {hook!r}; hooks are {list(CALLBACK_HOOKS)}")
+        if hook not in CALLBACK_NAMES:
+            raise ValueError(f"unknown callback hook {hook!r}; hooks are {list(CALLBACK_NAMES)}")
         return _as_list(getattr(self, f"callbacks_{hook}"))
 
     def make_env_creator(self, worker_index: int = 0) -> Any:
@@ -848,12 +837,8 @@ class RunnerConfig:
         _check_optional_callable(self._env_to_module_connector, "env_to_module_connector")
         _check_optional_callable(self._module_to_env_connector, "module_to_env_connector")
         self._validate_modules()
-        for cls in _as_list(self.callbacks_class):
-            if not callable(cls):
-                raise TypeError(
-                    f"callbacks_class must be a class or a list of classes, got {cls!r}"
-                )
-        for hook in CALLBACK_HOOKS:
+        _check_callbacks_class(self.callbacks_class)
+        for hook in CALLBACK_NAMES:
             _check_callables(getattr(self, f"callbacks_{hook}"), hook)
         if self.seed is not None:
             _check_int(self.seed, "seed", 0)
@@ -954,14 +939,6 @@ class RunnerConfig:
 # -------------------------------------------------------------------- checks
 
 
-def _as_list(value: Any) -> list[Any]:
-    if value is None:
-        return []
-    if isinstance(value, list | tuple):
-        return list(value)
-    return [value]
-
-
 def _deep_update(original: dict[str, Any], new: Mapping[str, Any]) -> None:
     for key, value in new.items():
         if isinstance(value, Mapping) and isinstance(original.get(key), dict):
@@ -1034,6 +1011,12 @@ def _check_vectorize_mode(value: Any) -> None:
 def _check_optional_callable(value: Any, name: str) -> None:
     if value is not None and not callable(value):
         raise TypeError(f"{name} must be callable or None, got {type(value).__name__}")
+
+
+def _check_callbacks_class(value: Any) -> None:
+    for cls in _as_list(value):
+        if not callable(cls):
+            raise TypeError(f"callbacks_class must be a class or a list of classes, got {cls!r}")
 
 
 def _check_callables(value: Any, hook: str) -> None:

@@ -144,11 +144,7 @@ class ConnectorPipelineV2(ConnectorV2):
         Raises:
             ValueError: If no piece matches.
         """
-        self._check(connector)
-        i = self._index(name_or_class)
-        anchor = self.connectors[i]
-        self._apply([*self.connectors[:i], connector, *self.connectors[i:]])
-        return anchor
+        return self._insert(name_or_class, connector, after=False)
 
     def insert_after(self, name_or_class: str | type | int, connector: ConnectorV2) -> ConnectorV2:
         """Inserts a piece after the first one matching ``name_or_class``.
@@ -163,10 +159,16 @@ class ConnectorPipelineV2(ConnectorV2):
         Raises:
             ValueError: If no piece matches.
         """
+        return self._insert(name_or_class, connector, after=True)
+
+    def _insert(
+        self, name_or_class: str | type | int, connector: ConnectorV2, *, after: bool
+    ) -> ConnectorV2:
         self._check(connector)
         i = self._index(name_or_class)
         anchor = self.connectors[i]
-        self._apply([*self.connectors[: i + 1], connector, *self.connectors[i + 1 :]])
+        at = i + 1 if after else i
+        self._apply([*self.connectors[:at], connector, *self.connectors[at:]])
         return anchor
 
     def remove(self, name_or_class: str | type | int) -> ConnectorV2:

@@ -168,16 +168,15 @@ class _Head(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.net(x)
         if self.free_log_std:
-            log_std = self.log_std.expand_as(out)
-            if self.clip_log_std:
-                c = self.log_std_clip_param_const
-                log_std = torch.clamp(log_std, -c, c)
-            return torch.cat((out, log_std), dim=-1)
-        if self.clip_log_std:
+            mean, log_std = out, self.log_std.expand_as(out)
+        elif self.clip_log_std:
             mean, log_std = out.chunk(2, dim=-1)
+        else:
+            return out
+        if self.clip_log_std:
             c = self.log_std_clip_param_const
-            return torch.cat((mean, torch.clamp(log_std, -c, c)), dim=-1)
-        return out
+            log_std = torch.clamp(log_std, -c, c)
+        return torch.cat((mean, log_std), dim=-1)
 
 
 class _ActorCriticEncoder(nn.Module):
@@ -329,10 +328,9 @@ class DefaultMLPModule(RLModule):
             **DEFAULT_MODEL_CONFIG,
             **{k: model_config[k] for k in DEFAULT_MODEL_CONFIG if k in model_config},
         }
-        if cfg["fcnet_hiddens"] is None:
-            cfg["fcnet_hiddens"] = []
-        if cfg["head_fcnet_hiddens"] is None:
-            cfg["head_fcnet_hiddens"] = []
+        for key in ("fcnet_hiddens", "head_fcnet_hiddens"):
+            if cfg[key] is None:
+                cfg[key] = []
         return cfg
 
     def get_non_inference_attributes(self) -> list[str]:
