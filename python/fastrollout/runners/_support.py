@@ -18,8 +18,6 @@ from typing import Any
 import gymnasium as gym
 import torch
 
-from fastrollout.core import DEFAULT_MODULE_ID
-
 __all__ = [
     "DEFAULT_AGENT_ID",
     "cfg",
@@ -298,12 +296,3 @@ def _pieces(factory: Any, *args: Any) -> list[Any]:
     if made is None:
         return []
     return list(made) if isinstance(made, (list, tuple)) else [made]
-
-
-def default_module_id() -> str:
-    """The single-agent runner's module id.
-
-    Returns:
-        ``DEFAULT_MODULE_ID``.
-    """
-    return DEFAULT_MODULE_ID

@@ -8,12 +8,15 @@ import os
 import pathlib
 import pickle
 import random
-from collections.abc import Collection
+import time
+from collections import defaultdict
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
+from fastrollout.core import DEFAULT_MODULE_ID
 from fastrollout.modules import MultiRLModule, MultiRLModuleSpec, RLModuleSpec, resolve_device
 from fastrollout.runners import _support as s
 
@@ -32,9 +35,11 @@ _CALLBACKS = (
 class EnvRunner(abc.ABC):
     """Steps environments with a torch policy and returns episodes.
 
-    Subclasses implement ``make_env``, ``make_module``, ``sample``, ``get_spaces`` and
+    Subclasses implement ``make_env``, ``make_module``, ``_sample``, ``get_spaces`` and
     ``get_metrics``; this base holds what they share: the config, the MetricsLogger,
-    the device, seeding, callbacks, the weights' sequence number, and state handling.
+    the device, seeding, callbacks, the weights' sequence number, state handling, the
+    ``sample`` entry point with its timers, the forward pass, and the sampled-step and
+    episode metrics.
 
     Args:
         config: The runner config (``fastrollout.RunnerConfig``).
@@ -65,6 +70,15 @@ class EnvRunner(abc.ABC):
             torch.manual_seed(self._seed)
         self._callback_objects = self._make_callback_objects()
         self._callback_fns = {name: self._callback_list(name) for name in _CALLBACKS}
+        self.num_envs = 0
+        self._needs_initial_reset = True
+        self._episodes: list[Any] = []
+        self._done_episodes_for_metrics: list[Any] = []
+        # Episode id -> the chunks of that episode returned by earlier ``sample`` calls.
+        self._ongoing_episodes_for_metrics: defaultdict[str, list[Any]] = defaultdict(list)
+        self._shared_data: dict[str, Any] = {}
+        self._time_after_sampling: float | None = None
+        self._conn: s.Connectors | None = None
 
     # -- callbacks -------------------------------------------------------------------
 
@@ -98,13 +112,34 @@ class EnvRunner(abc.ABC):
         for fn in self._callback_fns[name]:
             fn(**kwargs)
 
+    def _episode_callback(self, which: str, i: int) -> None:
+        """Calls an episode callback for sub-env ``i``'s current episode."""
+        if not self._callback_fns[which]:
+            return
+        kwargs = {
+            "episode": self._episodes[i],
+            "env_runner": self,
+            "metrics_logger": self.metrics,
+            "env": self._callback_env(i),
+            "rl_module": self.module,
+            "env_index": i,
+        }
+        if which == "on_episode_end":
+            kwargs["prev_episode_chunks"] = self._ongoing_episodes_for_metrics[
+                self._episodes[i].id_
+            ]
+        self._callback(which, **kwargs)
+
+    @abc.abstractmethod
+    def _callback_env(self, i: int) -> Any:
+        """The env that episode callbacks of sub-env ``i`` get (RLlib's ``env``)."""
+
     # -- API -----------------------------------------------------------------------
 
     @abc.abstractmethod
     def make_env(self) -> None:
         """Creates (or re-creates) the env(s) from the config."""
 
-    @abc.abstractmethod
     def sample(
         self,
         *,
@@ -114,7 +149,121 @@ class EnvRunner(abc.ABC):
         random_actions: bool = False,
         force_reset: bool = False,
     ) -> list[Any]:
-        """Samples timesteps or episodes (see the subclasses)."""
+        """Samples ``num_timesteps`` env steps or ``num_episodes`` done episodes.
+
+        With neither given: ``rollout_fragment_length * num_envs`` timesteps under
+        ``batch_mode="truncate_episodes"``, ``num_envs`` episodes under
+        ``"complete_episodes"``. Timesteps (env steps, summed over sub-envs): done
+        episodes plus the chunks of the ongoing ones, which the next call continues (same
+        ``id_``, ``t_started`` at the chunk's end, ``episode_lookback_horizon`` steps of
+        look-back); between ``num_timesteps`` and ``num_timesteps + num_envs - 1`` steps.
+        Episodes: exactly ``num_episodes`` done episodes, from freshly reset envs.
+        Returned episodes are numpy'ized (unless ``episodes_to_numpy`` is off).
+
+        Args:
+            num_timesteps: Env steps to sample.
+            num_episodes: Done episodes to return.
+            explore: Sample actions (``forward_exploration``) or act greedily
+                (``forward_inference``); default ``config.explore``.
+            random_actions: Sample actions from the action space(s) instead.
+            force_reset: Reset all sub-envs first (always so with ``num_episodes``).
+
+        Returns:
+            The episodes.
+
+        Raises:
+            ValueError: If both ``num_timesteps`` and ``num_episodes`` are given or one
+                is negative.
+        """
+        if num_timesteps is not None and num_episodes is not None:
+            raise ValueError("give num_timesteps or num_episodes, not both")
+        for name, v in (("num_timesteps", num_timesteps), ("num_episodes", num_episodes)):
+            if v is not None and v < 0:
+                raise ValueError(f"{name} must be >= 0, got {v}")
+        if self._time_after_sampling is not None:
+            self.metrics.log_value(
+                s.TIME_BETWEEN_SAMPLING, time.perf_counter() - self._time_after_sampling
+            )
+        self.metrics.log_value(s.WEIGHTS_SEQ_NO, self._weights_seq_no, window=1)
+        with self.metrics.log_time(s.SAMPLE_TIMER):
+            if explore is None:
+                explore = bool(s.cfg(self.config, "explore", True))
+            if num_timesteps is None and num_episodes is None:
+                if s.cfg(self.config, "batch_mode", "truncate_episodes") == "truncate_episodes":
+                    fragment = s.cfg(self.config, "rollout_fragment_length", 200)
+                    num_timesteps = (200 if fragment == "auto" else int(fragment)) * self.num_envs
+                else:
+                    num_episodes = self.num_envs
+            samples = self._sample(
+                num_timesteps=num_timesteps,
+                num_episodes=num_episodes,
+                explore=explore,
+                random_actions=random_actions,
+                force_reset=force_reset,
+            )
+            self._callback(
+                "on_sample_end", env_runner=self, metrics_logger=self.metrics, samples=samples
+            )
+        self._time_after_sampling = time.perf_counter()
+        return samples
+
+    @abc.abstractmethod
+    def _sample(
+        self,
+        *,
+        num_timesteps: int | None,
+        num_episodes: int | None,
+        explore: bool,
+        random_actions: bool,
+        force_reset: bool,
+    ) -> list[Any]:
+        """Samples with the counts resolved (exactly one of them is given)."""
+
+    def _forward(self, batch: Any, explore: bool, ts: int) -> Any:
+        """One forward pass of the module on an env-to-module batch.
+
+        Args:
+            batch: The env-to-module pipeline's output.
+            explore: ``forward_exploration`` (else ``forward_inference``).
+            ts: Env steps sampled so far in this ``sample`` call.
+
+        Returns:
+            The module's output.
+        """
+        assert self.module is not None
+        with self.metrics.log_time(s.RLMODULE_INFERENCE_TIMER), torch.no_grad():
+            if not explore:
+                return self.module.forward_inference(batch)
+            # Exploration schedules read the global step count, which RLlib estimates
+            # from this runner's count as if all runners sampled at the same rate.
+            runners = int(s.cfg(self.config, "num_env_runners", 0)) or 1
+            t = (self.num_env_steps_sampled_lifetime // runners + ts) * runners
+            return self.module.forward_exploration(batch, t=t)
+
+    def _episode_out(self, episode: Any, to_numpy: bool) -> Any:
+        """An episode (done or a chunk) as ``sample`` returns it."""
+        return episode.to_numpy() if to_numpy else episode
+
+    def _cut_ongoing(self, to_numpy: bool) -> list[Any]:
+        """Returns the ongoing episodes' chunks and continues each in a successor.
+
+        Args:
+            to_numpy: Numpy'ize the returned chunks.
+
+        Returns:
+            The non-empty chunks (also kept for the episodes' metrics).
+        """
+        horizon = int(s.cfg(self.config, "episode_lookback_horizon", 1))
+        continuations = [e.cut(len_lookback_buffer=horizon) for e in self._episodes]
+        out = []
+        for e in self._episodes:
+            if len(e) == 0:
+                continue
+            e.validate()
+            self._ongoing_episodes_for_metrics[e.id_].append(e)
+            out.append(self._episode_out(e, to_numpy))
+        self._episodes = continuations
+        return out
 
     @abc.abstractmethod
     def get_spaces(self) -> dict[str, Any]:
@@ -154,19 +303,25 @@ class EnvRunner(abc.ABC):
             )
         return MultiRLModuleSpec(rl_module_specs=out, inference_only=True)
 
-    def _build_module(self, spaces: dict[str, tuple[Any, Any]]) -> MultiRLModule:
-        module = self._module_spec(spaces).build()
+    def make_module(self) -> None:
+        """Builds the MultiRLModule (inference-only, on the device) and the connectors."""
+        spaces = self.get_spaces()
+        modules = {k: v for k, v in spaces.items() if not k.startswith("__")}
+        module = self._module_spec(modules).build()
         module.to(self._device)
         # A runner only samples: eval mode once here, so that forward passes need not
         # switch modes per call.
         for sub in module.values():
             sub.eval()
-        return module
-
-    def make_module(self) -> None:
-        """Builds the MultiRLModule from the config (inference-only, on the device)."""
-        spaces = {k: v for k, v in self.get_spaces().items() if not k.startswith("__")}
-        self.module = self._build_module(spaces)
+        self.module = module
+        self._conn = s.Connectors(
+            config=self.config,
+            env=self.env,
+            spaces=spaces,
+            observation_spaces={mid: sp[0] for mid, sp in modules.items()},
+            action_spaces={mid: sp[1] for mid, sp in modules.items()},
+            device=self._device,
+        )
 
     def assert_healthy(self) -> None:
         """Checks that the runner has its env(s) and module.
@@ -179,10 +334,54 @@ class EnvRunner(abc.ABC):
 
     def stop(self) -> None:
         """Closes the env(s)."""
-        if self.env is not None:
-            envs = self.env if isinstance(self.env, list) else [self.env]
-            for env in envs:
+        for env in self._env_list():
+            env.close()
+
+    def _env_list(self) -> list[Any]:
+        """The env(s) to close: the vector env, or the list of sub-envs."""
+        if self.env is None:
+            return []
+        return self.env if isinstance(self.env, list) else [self.env]
+
+    def _close_env_quietly(self) -> None:
+        """Closes existing env(s) before they are replaced (errors ignored)."""
+        for env in self._env_list():
+            with contextlib.suppress(Exception):
                 env.close()
+
+    # -- metrics -------------------------------------------------------------------
+
+    def _increase_sampled_metrics(
+        self,
+        env_steps: int,
+        episodes: int,
+        agent_steps: Mapping[Any, int],
+        module_steps: Mapping[str, int],
+    ) -> None:
+        """Logs the counts of one ``sample`` call and adds to the lifetime env steps."""
+        m = self.metrics
+        self.num_env_steps_sampled_lifetime += env_steps
+        m.log_value(s.NUM_ENV_STEPS_SAMPLED, env_steps, reduce="sum")
+        m.log_value(s.NUM_ENV_STEPS_SAMPLED_LIFETIME, env_steps, reduce="lifetime_sum")
+        m.log_value(s.NUM_EPISODES, episodes, reduce="sum")
+        m.log_value(s.NUM_EPISODES_LIFETIME, episodes, reduce="lifetime_sum")
+        for aid, k in agent_steps.items():
+            m.log_value((s.NUM_AGENT_STEPS_SAMPLED, str(aid)), k, reduce="sum")
+            m.log_value((s.NUM_AGENT_STEPS_SAMPLED_LIFETIME, str(aid)), k, reduce="lifetime_sum")
+        for mid, k in module_steps.items():
+            m.log_value((s.NUM_MODULE_STEPS_SAMPLED, mid), k, reduce="sum")
+            m.log_value((s.NUM_MODULE_STEPS_SAMPLED_LIFETIME, mid), k, reduce="lifetime_sum")
+
+    def _log_episode_end(self, length: int, ret: float, sec: float, win: int) -> None:
+        """Logs a done episode's length, return and duration (all its chunks summed)."""
+        m = self.metrics
+        m.log_value(s.EPISODE_LEN_MEAN, length, window=win)
+        m.log_value(s.EPISODE_RETURN_MEAN, ret, window=win)
+        m.log_value(s.EPISODE_DURATION_SEC_MEAN, sec, window=win)
+        m.log_value(s.EPISODE_LEN_MIN, length, reduce="min", window=win)
+        m.log_value(s.EPISODE_RETURN_MIN, ret, reduce="min", window=win)
+        m.log_value(s.EPISODE_LEN_MAX, length, reduce="max", window=win)
+        m.log_value(s.EPISODE_RETURN_MAX, ret, reduce="max", window=win)
 
     # -- state -----------------------------------------------------------------------
 
@@ -245,7 +444,7 @@ class EnvRunner(abc.ABC):
             if seq == 0 or self._weights_seq_no < seq:
                 weights = state[s.COMPONENT_RL_MODULE]
                 if not all(mid in self.module for mid in weights):
-                    weights = {s.default_module_id(): weights}
+                    weights = {DEFAULT_MODULE_ID: weights}
                 self.module.set_state(weights)
             # RLlib 2.60 takes any positive number, also an older one whose weights it
             # just refused, and then reports a version it does not hold; the number here
@@ -325,7 +524,8 @@ class EnvRunner(abc.ABC):
 
     @property
     def _connectors(self) -> s.Connectors:
-        raise NotImplementedError
+        assert self._conn is not None, "the connectors are built with the module"
+        return self._conn
 
     def __del__(self) -> None:
         # Async vector envs hold sub-processes; close them with the runner.

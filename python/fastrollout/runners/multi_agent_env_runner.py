@@ -13,11 +13,8 @@ next step starts its new episode; no wasted step).
 from __future__ import annotations
 
 import contextlib
-import time
 from collections import Counter, defaultdict
 from typing import Any
-
-import torch
 
 from fastrollout._core import ModuleBatcher, multi_agent_record_steps
 from fastrollout.core import DEFAULT_MODULE_ID, Columns
@@ -53,20 +50,10 @@ class MultiAgentEnvRunner(EnvRunner):
         super().__init__(
             config=config, worker_index=worker_index, num_workers=num_workers, **kwargs
         )
-        self.num_envs = 0
         self._creator: Any = None
-        self._needs_initial_reset = True
-        self._episodes: list[MultiAgentEpisode] = []
         self._obs: list[Any] = []
         self._terminateds: list[Any] = []
         self._truncateds: list[Any] = []
-        self._done_episodes_for_metrics: list[MultiAgentEpisode] = []
-        self._ongoing_episodes_for_metrics: defaultdict[str, list[MultiAgentEpisode]] = defaultdict(
-            list
-        )
-        self._shared_data: dict[str, Any] = {}
-        self._time_after_sampling: float | None = None
-        self._conn: s.Connectors | None = None
         self._batcher: ModuleBatcher | None = None
         # The config's checked mapping names the agent and module when a mapping goes to
         # a module that is not configured.
@@ -78,11 +65,6 @@ class MultiAgentEnvRunner(EnvRunner):
         self.make_env()
         self.make_module()
 
-    @property
-    def _connectors(self) -> s.Connectors:
-        assert self._conn is not None
-        return self._conn
-
     # -- env and module ----------------------------------------------------------
 
     def make_env(self) -> None:
@@ -91,10 +73,7 @@ class MultiAgentEnvRunner(EnvRunner):
         Raises:
             ValueError: If the config names no env.
         """
-        if self.env is not None:
-            for env in self.env:
-                with contextlib.suppress(Exception):
-                    env.close()
+        self._close_env_quietly()
         self._creator = s.make_sub_env_creator(self.config, self.worker_index, self.num_workers)
         n = int(s.cfg(self.config, "num_envs_per_env_runner", 1))
         self.env = [self._creator(i) for i in range(n)]
@@ -157,77 +136,11 @@ class MultiAgentEnvRunner(EnvRunner):
         """Builds the MultiRLModule, the batcher and the connectors."""
         super().make_module()
         spaces = self.get_spaces()
-        modules = {k: v for k, v in spaces.items() if not k.startswith("__")}
-        self._batcher = ModuleBatcher({mid: sp[0] for mid, sp in modules.items()})
-        self._conn = s.Connectors(
-            config=self.config,
-            env=self.env,
-            spaces=spaces,
-            observation_spaces={mid: sp[0] for mid, sp in modules.items()},
-            action_spaces={mid: sp[1] for mid, sp in modules.items()},
-            device=self._device,
+        self._batcher = ModuleBatcher(
+            {mid: sp[0] for mid, sp in spaces.items() if not mid.startswith("__")}
         )
 
     # -- sampling ------------------------------------------------------------------
-
-    def sample(
-        self,
-        *,
-        num_timesteps: int | None = None,
-        num_episodes: int | None = None,
-        explore: bool | None = None,
-        random_actions: bool = False,
-        force_reset: bool = False,
-    ) -> list[MultiAgentEpisode]:
-        """Samples ``num_timesteps`` env steps or ``num_episodes`` done episodes.
-
-        Same rules as :meth:`SingleAgentEnvRunner.sample`; timesteps count env steps
-        (summed over sub-envs).
-
-        Args:
-            num_timesteps: Env steps to sample.
-            num_episodes: Done episodes to return.
-            explore: Sample actions or act greedily; default ``config.explore``.
-            random_actions: Sample each acting agent's action from its action space.
-            force_reset: Reset all sub-envs first (always so with ``num_episodes``).
-
-        Returns:
-            The episodes (numpy'ized).
-
-        Raises:
-            ValueError: If both counts are given or one is negative.
-        """
-        if num_timesteps is not None and num_episodes is not None:
-            raise ValueError("give num_timesteps or num_episodes, not both")
-        for name, v in (("num_timesteps", num_timesteps), ("num_episodes", num_episodes)):
-            if v is not None and v < 0:
-                raise ValueError(f"{name} must be >= 0, got {v}")
-        if self._time_after_sampling is not None:
-            self.metrics.log_value(
-                s.TIME_BETWEEN_SAMPLING, time.perf_counter() - self._time_after_sampling
-            )
-        self.metrics.log_value(s.WEIGHTS_SEQ_NO, self._weights_seq_no, window=1)
-        with self.metrics.log_time(s.SAMPLE_TIMER):
-            if explore is None:
-                explore = bool(s.cfg(self.config, "explore", True))
-            if num_timesteps is None and num_episodes is None:
-                if s.cfg(self.config, "batch_mode", "truncate_episodes") == "truncate_episodes":
-                    fragment = s.cfg(self.config, "rollout_fragment_length", 200)
-                    num_timesteps = (200 if fragment == "auto" else int(fragment)) * self.num_envs
-                else:
-                    num_episodes = self.num_envs
-            samples = self._sample(
-                num_timesteps=num_timesteps,
-                num_episodes=num_episodes,
-                explore=explore,
-                random_actions=random_actions,
-                force_reset=force_reset,
-            )
-            self._callback(
-                "on_sample_end", env_runner=self, metrics_logger=self.metrics, samples=samples
-            )
-        self._time_after_sampling = time.perf_counter()
-        return samples
 
     def _new_episode(self, i: int) -> None:
         env = self.env[i].unwrapped
@@ -239,26 +152,13 @@ class MultiAgentEnvRunner(EnvRunner):
         )
         self._episode_callback("on_episode_created", i)
 
-    def _episode_callback(self, which: str, i: int) -> None:
-        if not self._callback_fns[which]:
-            return
-        kwargs = {
-            "episode": self._episodes[i],
-            "env_runner": self,
-            "metrics_logger": self.metrics,
-            "env": self.env[i].unwrapped,
-            "rl_module": self.module,
-            "env_index": i,
-        }
-        if which == "on_episode_end":
-            kwargs["prev_episode_chunks"] = self._ongoing_episodes_for_metrics[
-                self._episodes[i].id_
-            ]
-        self._callback(which, **kwargs)
+    def _callback_env(self, i: int) -> Any:
+        return self.env[i].unwrapped
 
     def _reset_env(self, i: int, seed: int | None) -> None:
         """Resets sub-env ``i`` into its (new) episode, recreating it if that fails."""
         restart = bool(s.cfg(self.config, "restart_failed_sub_environments", False))
+        max_attempts = int(s.cfg(self.config, "max_sub_environment_restart_attempts", 5))
         attempts = 0
         while True:
             try:
@@ -267,7 +167,7 @@ class MultiAgentEnvRunner(EnvRunner):
                 break
             except Exception:
                 attempts += 1
-                if not restart or attempts > self._max_restarts:
+                if not restart or attempts > max_attempts:
                     raise
                 self._recreate(i)
         self._episodes[i].add_env_reset(observations=obs, infos=infos)
@@ -275,10 +175,6 @@ class MultiAgentEnvRunner(EnvRunner):
         self._terminateds[i] = None
         self._truncateds[i] = None
         self._episode_callback("on_episode_start", i)
-
-    @property
-    def _max_restarts(self) -> int:
-        return int(s.cfg(self.config, "max_sub_environment_restart_attempts", 5))
 
     def _recreate(self, i: int) -> None:
         with contextlib.suppress(Exception):
@@ -322,13 +218,7 @@ class MultiAgentEnvRunner(EnvRunner):
             )
         if not batch:
             return [({}, {}, {}) for _ in range(self.num_envs)]
-        with self.metrics.log_time(s.RLMODULE_INFERENCE_TIMER), torch.no_grad():
-            if explore:
-                runners = int(s.cfg(self.config, "num_env_runners", 0)) or 1
-                t = (self.num_env_steps_sampled_lifetime // runners + ts) * runners
-                out = self.module.forward_exploration(batch, t=t)
-            else:
-                out = self.module.forward_inference(batch)
+        out = self._forward(batch, explore, ts)
         with self.metrics.log_time(s.MODULE_TO_ENV_CONNECTOR):
             to_env = conn.module_to_env(
                 batch=out,
@@ -450,12 +340,12 @@ class MultiAgentEnvRunner(EnvRunner):
                 columns = tuple([c[i] for i in active] for c in columns)
             done_local = multi_agent_record_steps([self._episodes[i] for i in active], *columns)
             done = [active[j] for j in done_local]
+            env_ts += len(active)
             for i in active:
                 self._obs[i], self._terminateds[i], self._truncateds[i] = obs[i], term[i], trunc[i]
                 agent_steps.update(obs[i].keys())
                 mapping = self._episodes[i]._agent_to_module_mapping
                 module_steps.update(map(mapping.get, obs[i]))
-                env_ts += 1
                 if step_callbacks:
                     self._episode_callback("on_episode_step", i)
             if done and not random_actions:
@@ -465,48 +355,24 @@ class MultiAgentEnvRunner(EnvRunner):
             for i in done:
                 eps += 1
                 self._episode_callback("on_episode_end", i)
-                e = self._episodes[i]
-                for aid in [a for a, ae in e.agent_episodes.items() if len(ae) == 0]:
-                    del e.agent_episodes[aid]
-                done_out.append(e.to_numpy() if to_numpy else e)
+                done_out.append(self._episode_out(self._episodes[i], to_numpy))
                 self._new_episode(i)
                 if num_episodes is not None and eps >= num_episodes:
                     break
                 self._reset_env(i, None)
         self._done_episodes_for_metrics.extend(done_out)
-        ongoing_out: list[MultiAgentEpisode] = []
-        if num_timesteps is not None:
-            horizon = int(s.cfg(self.config, "episode_lookback_horizon", 1))
-            continuations = [e.cut(len_lookback_buffer=horizon) for e in self._episodes]
-            for e in self._episodes:
-                if e.env_t == e.env_t_started:
-                    continue
-                e.validate()
-                self._ongoing_episodes_for_metrics[e.id_].append(e)
-                for aid in [a for a, ae in e.agent_episodes.items() if len(ae) == 0]:
-                    del e.agent_episodes[aid]
-                ongoing_out.append(e.to_numpy() if to_numpy else e)
-            self._episodes = continuations
+        ongoing_out = self._cut_ongoing(to_numpy) if num_timesteps is not None else []
         self._increase_sampled_metrics(env_ts, len(done_out), agent_steps, module_steps)
         return done_out + ongoing_out
 
-    # -- metrics -------------------------------------------------------------------
+    def _episode_out(self, episode: Any, to_numpy: bool) -> Any:
+        # Only agents that stepped are kept in returned episodes; ``_cut_ongoing`` cuts
+        # the successors before this runs, so they keep every agent.
+        for aid in [a for a, ae in episode.agent_episodes.items() if len(ae) == 0]:
+            del episode.agent_episodes[aid]
+        return super()._episode_out(episode, to_numpy)
 
-    def _increase_sampled_metrics(
-        self, env_steps: int, episodes: int, agent_steps: Counter[Any], module_steps: Counter[Any]
-    ) -> None:
-        m = self.metrics
-        self.num_env_steps_sampled_lifetime += env_steps
-        m.log_value(s.NUM_ENV_STEPS_SAMPLED, env_steps, reduce="sum")
-        m.log_value(s.NUM_ENV_STEPS_SAMPLED_LIFETIME, env_steps, reduce="lifetime_sum")
-        m.log_value(s.NUM_EPISODES, episodes, reduce="sum")
-        m.log_value(s.NUM_EPISODES_LIFETIME, episodes, reduce="lifetime_sum")
-        for aid, k in agent_steps.items():
-            m.log_value((s.NUM_AGENT_STEPS_SAMPLED, str(aid)), k, reduce="sum")
-            m.log_value((s.NUM_AGENT_STEPS_SAMPLED_LIFETIME, str(aid)), k, reduce="lifetime_sum")
-        for mid, k in module_steps.items():
-            m.log_value((s.NUM_MODULE_STEPS_SAMPLED, mid), k, reduce="sum")
-            m.log_value((s.NUM_MODULE_STEPS_SAMPLED_LIFETIME, mid), k, reduce="lifetime_sum")
+    # -- metrics -------------------------------------------------------------------
 
     def get_metrics(self) -> dict[str, Any]:
         """The metrics since the last call, reduced (RLlib's keys).
@@ -537,12 +403,6 @@ class MultiAgentEnvRunner(EnvRunner):
                 m.log_value((s.EPISODE_AGENT_STEPS, aid), steps[aid], window=win)
             for mid, r in modules.items():
                 m.log_value((s.EPISODE_MODULE_RETURN_MEAN, mid), r, window=win)
-            m.log_value(s.EPISODE_LEN_MEAN, length, window=win)
-            m.log_value(s.EPISODE_RETURN_MEAN, ret, window=win)
-            m.log_value(s.EPISODE_DURATION_SEC_MEAN, sec, window=win)
-            m.log_value(s.EPISODE_LEN_MIN, length, reduce="min", window=win)
-            m.log_value(s.EPISODE_RETURN_MIN, ret, reduce="min", window=win)
-            m.log_value(s.EPISODE_LEN_MAX, length, reduce="max", window=win)
-            m.log_value(s.EPISODE_RETURN_MAX, ret, reduce="max", window=win)
+            self._log_episode_end(length, ret, sec, win)
         self._done_episodes_for_metrics.clear()
         return m.reduce()

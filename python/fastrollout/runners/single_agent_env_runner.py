@@ -7,15 +7,11 @@ and the next inference batch is the env's own observation array.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import time
-from collections import defaultdict
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
-import torch
 
 from fastrollout._core import single_agent_record_vector_step
 from fastrollout.core import DEFAULT_MODULE_ID, Columns
@@ -48,25 +44,10 @@ class SingleAgentEnvRunner(EnvRunner):
         super().__init__(
             config=config, worker_index=worker_index, num_workers=num_workers, **kwargs
         )
-        self.num_envs = 0
-        self._needs_initial_reset = True
-        self._episodes: list[SingleAgentEpisode] = []
         self._obs: Any = None
-        self._done_episodes_for_metrics: list[SingleAgentEpisode] = []
-        self._ongoing_episodes_for_metrics: defaultdict[str, list[SingleAgentEpisode]] = (
-            defaultdict(list)
-        )
-        self._shared_data: dict[str, Any] = {}
-        self._time_after_sampling: float | None = None
-        self._conn: s.Connectors | None = None
         self._cached_to_module: dict[str, Any] | None = None
         self.make_env()
         self.make_module()
-
-    @property
-    def _connectors(self) -> s.Connectors:
-        assert self._conn is not None
-        return self._conn
 
     # -- env and module ----------------------------------------------------------
 
@@ -76,9 +57,7 @@ class SingleAgentEnvRunner(EnvRunner):
         Raises:
             ValueError: If the config names no env or an unknown vectorize mode.
         """
-        if self.env is not None:
-            with contextlib.suppress(Exception):
-                self.env.close()
+        self._close_env_quietly()
         creator = s.make_sub_env_creator(self.config, self.worker_index, self.num_workers)
         n = int(s.cfg(self.config, "num_envs_per_env_runner", 1))
         restart = bool(s.cfg(self.config, "restart_failed_sub_environments", False))
@@ -87,8 +66,9 @@ class SingleAgentEnvRunner(EnvRunner):
         for i in range(n):
             make = functools.partial(creator, i)
             fns.append(functools.partial(s.RestartingEnv, make, attempts) if restart else make)
-        mode = str(s.cfg(self.config, "gym_env_vectorize_mode", "sync")).lower()
-        mode = getattr(mode, "value", mode)
+        mode = s.cfg(self.config, "gym_env_vectorize_mode", "sync")
+        # gymnasium's VectorizeMode enum holds the name in its value.
+        mode = str(getattr(mode, "value", mode)).lower()
         if mode == "sync":
             self.env = gym.vector.SyncVectorEnv(fns)
         elif mode == "async":
@@ -119,92 +99,12 @@ class SingleAgentEnvRunner(EnvRunner):
         }
 
     def make_module(self) -> None:
-        """Builds the module and the connectors around it."""
+        """Builds the module and connectors (as the base does) and the batch's row map."""
         super().make_module()
-        spaces = self.get_spaces()
-        single = (self.env.single_observation_space, self.env.single_action_space)
-        self._conn = s.Connectors(
-            config=self.config,
-            env=self.env,
-            spaces=spaces,
-            observation_spaces={DEFAULT_MODULE_ID: single[0]},
-            action_spaces={DEFAULT_MODULE_ID: single[1]},
-            device=self._device,
-        )
         # Row i of the module batch is sub-env i (no agent ids in a single-agent runner).
         self._agent_rows = {DEFAULT_MODULE_ID: [(i, None) for i in range(self.num_envs)]}
 
     # -- sampling ------------------------------------------------------------------
-
-    def sample(
-        self,
-        *,
-        num_timesteps: int | None = None,
-        num_episodes: int | None = None,
-        explore: bool | None = None,
-        random_actions: bool = False,
-        force_reset: bool = False,
-    ) -> list[SingleAgentEpisode]:
-        """Samples ``num_timesteps`` env steps or ``num_episodes`` done episodes.
-
-        With neither given: ``rollout_fragment_length * num_envs`` timesteps under
-        ``batch_mode="truncate_episodes"``, ``num_envs`` episodes under
-        ``"complete_episodes"``. Timesteps: done episodes plus the chunks of the
-        ongoing ones, which the next call continues (same ``id_``, ``t_started`` at the
-        chunk's end, ``episode_lookback_horizon`` steps of look-back); between
-        ``num_timesteps`` and ``num_timesteps + num_envs - 1`` steps. Episodes: exactly
-        ``num_episodes`` done episodes, from freshly reset envs. Returned episodes are
-        numpy'ized.
-
-        Args:
-            num_timesteps: Env steps to sample.
-            num_episodes: Done episodes to return.
-            explore: Sample actions (``forward_exploration``) or act greedily
-                (``forward_inference``); default ``config.explore``.
-            random_actions: Sample actions from the action space instead.
-            force_reset: Reset all sub-envs first (always so with ``num_episodes``).
-
-        Returns:
-            The episodes.
-
-        Raises:
-            ValueError: If both ``num_timesteps`` and ``num_episodes`` are given or one
-                is negative.
-        """
-        if num_timesteps is not None and num_episodes is not None:
-            raise ValueError("give num_timesteps or num_episodes, not both")
-        for name, v in (("num_timesteps", num_timesteps), ("num_episodes", num_episodes)):
-            if v is not None and v < 0:
-                raise ValueError(f"{name} must be >= 0, got {v}")
-        if self._time_after_sampling is not None:
-            self.metrics.log_value(
-                s.TIME_BETWEEN_SAMPLING, time.perf_counter() - self._time_after_sampling
-            )
-        self.metrics.log_value(s.WEIGHTS_SEQ_NO, self._weights_seq_no, window=1)
-        with self.metrics.log_time(s.SAMPLE_TIMER):
-            if explore is None:
-                explore = bool(s.cfg(self.config, "explore", True))
-            batch_mode = s.cfg(self.config, "batch_mode", "truncate_episodes")
-            if num_timesteps is None and num_episodes is None:
-                if batch_mode == "truncate_episodes":
-                    fragment = s.cfg(self.config, "rollout_fragment_length", 200)
-                    if fragment == "auto":
-                        fragment = 200
-                    num_timesteps = int(fragment) * self.num_envs
-                else:
-                    num_episodes = self.num_envs
-            samples = self._sample(
-                num_timesteps=num_timesteps,
-                num_episodes=num_episodes,
-                explore=explore,
-                random_actions=random_actions,
-                force_reset=force_reset,
-            )
-            self._callback(
-                "on_sample_end", env_runner=self, metrics_logger=self.metrics, samples=samples
-            )
-        self._time_after_sampling = time.perf_counter()
-        return samples
 
     def _new_episode(self, i: int) -> None:
         self._episodes[i] = SingleAgentEpisode(
@@ -213,22 +113,9 @@ class SingleAgentEnvRunner(EnvRunner):
         )
         self._episode_callback("on_episode_created", i)
 
-    def _episode_callback(self, which: str, i: int) -> None:
-        if not self._callback_fns[which]:
-            return
-        kwargs = {
-            "episode": self._episodes[i],
-            "env_runner": self,
-            "metrics_logger": self.metrics,
-            "env": self.env.unwrapped,
-            "rl_module": self.module,
-            "env_index": i,
-        }
-        if which == "on_episode_end":
-            kwargs["prev_episode_chunks"] = self._ongoing_episodes_for_metrics[
-                self._episodes[i].id_
-            ]
-        self._callback(which, **kwargs)
+    def _callback_env(self, i: int) -> Any:
+        # RLlib passes the whole vector env's ``unwrapped`` for every sub-env.
+        return self.env.unwrapped
 
     def _reset_envs(self, explore: bool) -> None:
         self._episodes = [None] * self.num_envs  # type: ignore[list-item]
@@ -260,13 +147,10 @@ class SingleAgentEnvRunner(EnvRunner):
         mask = infos.get("_" + s.RESTARTED_KEY) if isinstance(infos, dict) else None
         if mask is None or not mask.any():
             return None
-        counts = infos[s.RESTARTED_KEY]
-        self.metrics.log_value(
-            s.NUM_ENV_RESTARTS_LIFETIME, int(np.sum(counts[mask])), reduce="lifetime_sum"
-        )
-        self.metrics.log_value(
-            s.NUM_ENV_STEP_FAILURES_LIFETIME, int(np.sum(counts[mask])), reduce="lifetime_sum"
-        )
+        # Each recreation follows a crash of the sub-env, so both counters grow alike.
+        restarts = int(np.sum(infos[s.RESTARTED_KEY][mask]))
+        self.metrics.log_value(s.NUM_ENV_RESTARTS_LIFETIME, restarts, reduce="lifetime_sum")
+        self.metrics.log_value(s.NUM_ENV_STEP_FAILURES_LIFETIME, restarts, reduce="lifetime_sum")
         return np.flatnonzero(mask)
 
     def _env_to_module(self, explore: bool) -> None:
@@ -290,27 +174,18 @@ class SingleAgentEnvRunner(EnvRunner):
             )
 
     def _compute_actions(self, explore: bool, ts: int) -> tuple[Any, Any, dict[str, Any]]:
-        assert self.module is not None
-        conn = self._connectors
-        shared = self._shared_data
         batch = self._cached_to_module
         self._cached_to_module = None
         if batch is None:
             raise RuntimeError("internal error: no env-to-module batch for this step")
-        with self.metrics.log_time(s.RLMODULE_INFERENCE_TIMER), torch.no_grad():
-            if explore:
-                runners = int(s.cfg(self.config, "num_env_runners", 0)) or 1
-                t = (self.num_env_steps_sampled_lifetime // runners + ts) * runners
-                out = self.module.forward_exploration(batch, t=t)
-            else:
-                out = self.module.forward_inference(batch)
+        out = self._forward(batch, explore, ts)
         with self.metrics.log_time(s.MODULE_TO_ENV_CONNECTOR):
-            to_env = conn.module_to_env(
+            to_env = self._connectors.module_to_env(
                 batch=out,
                 rl_module=self.module,
                 episodes=self._episodes,
                 explore=explore,
-                shared_data=shared,
+                shared_data=self._shared_data,
                 metrics=self.metrics,
             )[DEFAULT_MODULE_ID]
         actions = to_env.pop(Columns.ACTIONS)
@@ -383,46 +258,18 @@ class SingleAgentEnvRunner(EnvRunner):
                 eps += 1
                 self._episode_callback("on_episode_end", i)
                 e = self._episodes[i]
-                done_out.append(e.to_numpy() if to_numpy else e)
+                done_out.append(self._episode_out(e, to_numpy))
                 self._new_episode(i)
                 if num_episodes is not None and eps >= num_episodes:
                     break
         self._done_episodes_for_metrics.extend(done_out)
-        ongoing_out: list[SingleAgentEpisode] = []
-        if num_timesteps is not None:
-            horizon = int(s.cfg(self.config, "episode_lookback_horizon", 1))
-            continuations = [e.cut(len_lookback_buffer=horizon) for e in self._episodes]
-            for e in self._episodes:
-                if len(e) == 0:
-                    continue
-                e.validate()
-                self._ongoing_episodes_for_metrics[e.id_].append(e)
-                ongoing_out.append(e.to_numpy() if to_numpy else e)
-            self._episodes = continuations
-        self._increase_sampled_metrics(ts, len(done_out))
+        ongoing_out = self._cut_ongoing(to_numpy) if num_timesteps is not None else []
+        self._increase_sampled_metrics(
+            ts, len(done_out), {s.DEFAULT_AGENT_ID: ts}, {DEFAULT_MODULE_ID: ts}
+        )
         return done_out + ongoing_out
 
     # -- metrics -------------------------------------------------------------------
-
-    def _increase_sampled_metrics(self, num_steps: int, num_episodes: int) -> None:
-        m = self.metrics
-        self.num_env_steps_sampled_lifetime += num_steps
-        m.log_value(s.NUM_ENV_STEPS_SAMPLED, num_steps, reduce="sum")
-        m.log_value((s.NUM_AGENT_STEPS_SAMPLED, s.DEFAULT_AGENT_ID), num_steps, reduce="sum")
-        m.log_value((s.NUM_MODULE_STEPS_SAMPLED, DEFAULT_MODULE_ID), num_steps, reduce="sum")
-        m.log_value(s.NUM_EPISODES, num_episodes, reduce="sum")
-        m.log_value(s.NUM_ENV_STEPS_SAMPLED_LIFETIME, num_steps, reduce="lifetime_sum")
-        m.log_value(
-            (s.NUM_AGENT_STEPS_SAMPLED_LIFETIME, s.DEFAULT_AGENT_ID),
-            num_steps,
-            reduce="lifetime_sum",
-        )
-        m.log_value(
-            (s.NUM_MODULE_STEPS_SAMPLED_LIFETIME, DEFAULT_MODULE_ID),
-            num_steps,
-            reduce="lifetime_sum",
-        )
-        m.log_value(s.NUM_EPISODES_LIFETIME, num_episodes, reduce="lifetime_sum")
 
     def get_metrics(self) -> dict[str, Any]:
         """The metrics since the last call, reduced (RLlib's keys).
@@ -441,14 +288,8 @@ class SingleAgentEnvRunner(EnvRunner):
                 length += len(prev)
                 ret += float(prev.get_return())
                 sec += prev.get_duration_s()
-            m.log_value(s.EPISODE_LEN_MEAN, length, window=win)
-            m.log_value(s.EPISODE_RETURN_MEAN, ret, window=win)
-            m.log_value(s.EPISODE_DURATION_SEC_MEAN, sec, window=win)
+            self._log_episode_end(length, ret, sec, win)
             m.log_value((s.SA_AGENT_RETURN_MEAN, s.DEFAULT_AGENT_ID), ret, window=win)
             m.log_value((s.SA_MODULE_RETURN_MEAN, DEFAULT_MODULE_ID), ret, window=win)
-            m.log_value(s.EPISODE_LEN_MIN, length, reduce="min", window=win)
-            m.log_value(s.EPISODE_RETURN_MIN, ret, reduce="min", window=win)
-            m.log_value(s.EPISODE_LEN_MAX, length, reduce="max", window=win)
-            m.log_value(s.EPISODE_RETURN_MAX, ret, reduce="max", window=win)
         self._done_episodes_for_metrics.clear()
         return m.reduce()
