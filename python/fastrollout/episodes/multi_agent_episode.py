@@ -866,17 +866,9 @@ class MultiAgentEpisode:
                 return None
             return self._fill_value(eps, what, key, fill, one_hot, hanging)
         if what == "extra_model_outputs" and key is None:
+            # All keys: {key: that key's item}, like a read per key.
             return {
-                k: self._read(
-                    eps,
-                    what,
-                    k,
-                    position - _field_lookback(eps, what, k),
-                    True,
-                    fill,
-                    one_hot,
-                    None if hanging is None else hanging.get(k),
-                )
+                k: self._get_one(eps, what, k, position, fill, one_hot, hanging)
                 for k in self._extra_keys(eps, hanging)
             }
         if what == "extra_model_outputs" and isinstance(hanging, dict):
@@ -885,9 +877,10 @@ class MultiAgentEpisode:
         return self._read(eps, what, key, position - lookback, True, fill, one_hot, hanging)
 
     def _fill_value(self, eps, what, key, fill, one_hot, hanging) -> Any:
+        """The agent's fill item (RLlib reads it at an index far past the data)."""
         if what == "extra_model_outputs" and key is None:
             return {
-                k: eps._get_ext(what, k, 1_000_000_000_000, False, fill, one_hot, None, False)
+                k: self._fill_value(eps, what, k, fill, one_hot, hanging)
                 for k in self._extra_keys(eps, hanging)
             }
         return eps._get_ext(what, key, 1_000_000_000_000, False, fill, one_hot, None, False)
@@ -943,9 +936,7 @@ class MultiAgentEpisode:
             hanging = hanging.get(key)
         lookback = _field_lookback(eps, what, key)
         if SKIP in positions and fill is not None:
-            fill_value = eps._get_ext(
-                what, key, 1_000_000_000_000, False, fill, one_hot, None, False
-            )
+            fill_value = self._fill_value(eps, what, key, fill, one_hot, hanging)
             values = [
                 fill_value
                 if p == SKIP
