@@ -6,7 +6,12 @@ Usage::
 
 For every workload the three contenders run the same work in this process, one after the
 other, each warmed up and then timed over several repeats; the table shows the median.
-Torch runs on one thread for all three (``torch.set_num_threads(1)``), on the CPU.
+Torch runs on one thread for all three (``torch.set_num_threads(1)``), on the CPU unless
+``--device`` names another (``cuda``: RLlib's local runner has no device option, so its
+column is left out there, and it is also left out where ray is not installed).
+``--num-envs`` sets the sub-env counts of the CartPole rows (default 1 and 8) and
+``--vectorize-mode vector_entry_point`` steps the single-agent CartPole rows with
+gymnasium's numpy-vectorized CartPole (in the bare loop and in fastrollout alike).
 
 - **bare**: the limit. The same gymnasium vector env (or list of multi-agent envs) stepped
   with a policy of the same size (RLlib's default: 256x256 tanh MLP; forward + one
@@ -116,12 +121,14 @@ def _cartpole_fns(n: int) -> list[Callable[[], gym.Env]]:
     return [lambda: gym.make("CartPole-v1") for _ in range(n)]
 
 
-def _bare_single(make_env: Callable[[], gym.vector.VectorEnv], encode: Callable, steps: int):
+def _bare_single(
+    make_env: Callable[[], gym.vector.VectorEnv], encode: Callable, steps: int, device: str
+):
     def factory() -> Callable[[], int]:
         env = make_env()
         space = env.single_observation_space
         dim = int(space.shape[-1]) if encode is _pool else int(np.prod(space.shape))
-        policy = _mlp(dim, int(env.single_action_space.n))
+        policy = _mlp(dim, int(env.single_action_space.n)).to(device)
         obs, _ = env.reset(seed=0)
         state = {"obs": obs, "fresh": np.zeros(env.num_envs, bool)}
 
@@ -130,9 +137,9 @@ def _bare_single(make_env: Callable[[], gym.vector.VectorEnv], encode: Callable,
             obs, fresh = state["obs"], state["fresh"]
             while done_steps < steps:
                 with torch.no_grad():
-                    logits = policy(encode(torch.from_numpy(obs)))
+                    logits = policy(encode(torch.from_numpy(obs).to(device)))
                     actions = torch.distributions.Categorical(logits=logits).sample()
-                obs, _, term, trunc, _ = env.step(actions.numpy())
+                obs, _, term, trunc, _ = env.step(actions.cpu().numpy())
                 # Sub-envs that were done last step were only reset now (next-step autoreset).
                 done_steps += int(env.num_envs - fresh.sum())
                 fresh = term | trunc
@@ -148,11 +155,11 @@ def _flat(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def _bare_multi(n: int, agents: int, steps: int):
+def _bare_multi(n: int, agents: int, steps: int, device: str):
     def factory() -> Callable[[], int]:
         env_cls = fr.env.make_multi_agent("CartPole-v1")
         envs = [env_cls({"num_agents": agents}) for _ in range(n)]
-        policies = [_mlp(4, 2) for _ in range(2)]
+        policies = [_mlp(4, 2).to(device) for _ in range(2)]
         obs = [e.reset(seed=i)[0] for i, e in enumerate(envs)]
 
         def run() -> int:
@@ -165,8 +172,9 @@ def _bare_multi(n: int, agents: int, steps: int):
                         continue
                     batch = np.stack([obs[i][a] for i, a in rows])
                     with torch.no_grad():
-                        logits = policy(torch.from_numpy(batch))
-                        act = torch.distributions.Categorical(logits=logits).sample().numpy()
+                        logits = policy(torch.from_numpy(batch).to(device))
+                        act = torch.distributions.Categorical(logits=logits).sample()
+                        act = act.cpu().numpy()
                     for (i, a), x in zip(rows, act.tolist(), strict=True):
                         actions[i][a] = x
                 for i, e in enumerate(envs):
@@ -189,10 +197,12 @@ def _mapping(aid: Any, episode: Any, **kwargs: Any) -> str:
     return f"p{int(aid) % 2}"
 
 
-def _fr_runner(n: int, agents: int, steps: int, image: bool = False):
+def _fr_runner(
+    n: int, agents: int, steps: int, device: str, image: bool = False, mode: str = "sync"
+):
     def factory() -> Callable[[], int]:
-        c = fr.RunnerConfig().resources(device="cpu").debugging(seed=0)
-        c = c.env_runners(num_envs_per_env_runner=n)
+        c = fr.RunnerConfig().resources(device=device).debugging(seed=0)
+        c = c.env_runners(num_envs_per_env_runner=n, gym_env_vectorize_mode=mode)
         if image:
             c = c.environment(SyntheticImageEnv).rl_module(
                 rl_module_spec=RLModuleSpec(module_class=_PoolFr)
@@ -211,7 +221,7 @@ def _fr_runner(n: int, agents: int, steps: int, image: bool = False):
     return factory
 
 
-def _rllib_runner(n: int, agents: int, steps: int, image: bool = False):
+def _rllib_runner(n: int, agents: int, steps: int, image: bool = False, mode: str = "sync"):
     def factory() -> Callable[[], int]:
         from ray.rllib.algorithms.ppo import PPOConfig
         from ray.rllib.core.rl_module.rl_module import RLModuleSpec
@@ -220,7 +230,7 @@ def _rllib_runner(n: int, agents: int, steps: int, image: bool = False):
         from ray.rllib.examples.envs.classes.multi_agent import MultiAgentCartPole
 
         c = PPOConfig().debugging(seed=0).env_runners(num_env_runners=0)
-        c = c.env_runners(num_envs_per_env_runner=n)
+        c = c.env_runners(num_envs_per_env_runner=n, gym_env_vectorize_mode=mode)
         if image:
             c = c.environment(SyntheticImageEnv).rl_module(
                 rl_module_spec=RLModuleSpec(module_class=_rllib_pool_module())
@@ -299,38 +309,71 @@ def _log_value(impl: str, calls: int, windowed: bool):
     return factory
 
 
-def workloads(steps: int) -> list[Workload]:
+def _rllib_available() -> bool:
+    try:
+        import ray.rllib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _vector_cartpole(n: int, mode: str) -> gym.vector.VectorEnv:
+    if mode == "vector_entry_point":
+        return gym.make_vec("CartPole-v1", num_envs=n, vectorization_mode=mode)
+    return gym.vector.SyncVectorEnv(_cartpole_fns(n))
+
+
+def workloads(
+    steps: int,
+    device: str = "cpu",
+    num_envs: tuple[int, ...] = (1, 8),
+    mode: str = "sync",
+) -> list[Workload]:
     """The table's rows.
 
     Args:
-        steps: Env steps per timed run of the runner workloads.
+        steps: Env steps per timed run of the runner workloads (at least 50 vector steps
+            are timed per run, whatever the number of sub-envs).
+        device: The torch device of the bare loop's and fastrollout's policies.
+        num_envs: The sub-env counts of the CartPole rows.
+        mode: The vectorize mode of the single-agent CartPole rows (``"sync"`` or
+            ``"vector_entry_point"``).
 
     Returns:
         The workloads in table order.
     """
+    rllib = device == "cpu" and _rllib_available()
     out = []
-    for n in (1, 8):
-        w = Workload(f"CartPole-v1, {n} sub-env(s)", "µs/env step", steps)
-        w.contenders["bare"] = _bare_single(
-            lambda n=n: gym.vector.SyncVectorEnv(_cartpole_fns(n)), _flat, steps
-        )
-        w.contenders["rllib"] = _rllib_runner(n, 0, steps)
-        w.contenders["fastrollout"] = _fr_runner(n, 0, steps)
+    for n in num_envs:
+        k = max(steps, 50 * n)
+        label = "" if mode == "sync" else f", {mode}"
+        w = Workload(f"CartPole-v1, {n} sub-env(s){label}", "µs/env step", k)
+        w.contenders["bare"] = _bare_single(lambda n=n: _vector_cartpole(n, mode), _flat, k, device)
+        if rllib:
+            w.contenders["rllib"] = _rllib_runner(n, 0, k, mode=mode)
+        w.contenders["fastrollout"] = _fr_runner(n, 0, k, device, mode=mode)
         out.append(w)
-    for agents, n in ((2, 1), (2, 8), (8, 1), (8, 8)):
-        w = Workload(
-            f"MA CartPole, {agents} agents / 2 modules, {n} sub-env(s)", "µs/env step", steps
-        )
-        w.contenders["bare"] = _bare_multi(n, agents, steps)
-        w.contenders["rllib"] = _rllib_runner(n, agents, steps)
-        w.contenders["fastrollout"] = _fr_runner(n, agents, steps)
-        out.append(w)
+    for agents in (2, 8):
+        for n in num_envs:
+            k = max(steps, 50 * n)
+            w = Workload(
+                f"MA CartPole, {agents} agents / 2 modules, {n} sub-env(s)", "µs/env step", k
+            )
+            w.contenders["bare"] = _bare_multi(n, agents, k, device)
+            if rllib:
+                w.contenders["rllib"] = _rllib_runner(n, agents, k)
+            w.contenders["fastrollout"] = _fr_runner(n, agents, k, device)
+            out.append(w)
     w = Workload("84x84x4 uint8 image env, 8 sub-envs", "µs/env step", steps)
     w.contenders["bare"] = _bare_single(
-        lambda: gym.vector.SyncVectorEnv([SyntheticImageEnv for _ in range(8)]), _pool, steps
+        lambda: gym.vector.SyncVectorEnv([SyntheticImageEnv for _ in range(8)]),
+        _pool,
+        steps,
+        device,
     )
-    w.contenders["rllib"] = _rllib_runner(8, 0, steps, image=True)
-    w.contenders["fastrollout"] = _fr_runner(8, 0, steps, image=True)
+    if rllib:
+        w.contenders["rllib"] = _rllib_runner(8, 0, steps, image=True)
+    w.contenders["fastrollout"] = _fr_runner(8, 0, steps, device, image=True)
     out.append(w)
     for agents in (2, 8):
         w = Workload(
@@ -338,7 +381,7 @@ def workloads(steps: int) -> list[Workload]:
             "µs/env step",
             100,
         )
-        for impl in ("rllib", "fastrollout"):
+        for impl in ("rllib", "fastrollout") if _rllib_available() else ("fastrollout",):
             w.contenders[impl] = _episode(impl, agents, 100)
         out.append(w)
     for windowed in (False, True):
@@ -347,7 +390,7 @@ def workloads(steps: int) -> list[Workload]:
             "µs/call",
             1000,
         )
-        for impl in ("rllib", "fastrollout"):
+        for impl in ("rllib", "fastrollout") if _rllib_available() else ("fastrollout",):
             w.contenders[impl] = _log_value(impl, 1000, windowed)
         out.append(w)
     return out
@@ -401,8 +444,12 @@ def machine() -> dict[str, Any]:
                     break
     except OSError:
         pass
-    import ray
+    try:
+        import ray
 
+        ray_version = ray.__version__
+    except ImportError:
+        ray_version = "not installed"
     try:
         load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     except OSError:
@@ -415,7 +462,7 @@ def machine() -> dict[str, Any]:
         "torch": torch.__version__,
         "numpy": np.__version__,
         "gymnasium": gym.__version__,
-        "ray": ray.__version__,
+        "ray": ray_version,
         "fastrollout": getattr(fr, "__version__", "dev"),
         "torch threads": str(torch.get_num_threads()),
     }
@@ -461,6 +508,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only", nargs="*", default=None, help="run only workloads whose name contains one"
     )
+    parser.add_argument(
+        "--device", default="cpu", help="torch device of the policies (cpu, cuda, auto)"
+    )
+    parser.add_argument(
+        "--num-envs", type=int, nargs="+", default=[1, 8], help="sub-envs of the CartPole rows"
+    )
+    parser.add_argument(
+        "--vectorize-mode",
+        default="sync",
+        choices=["sync", "vector_entry_point"],
+        help="how the single-agent CartPole rows vectorize their sub-envs",
+    )
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
@@ -469,7 +528,15 @@ def main(argv: list[str] | None = None) -> int:
     info = machine()
     print("machine:", "; ".join(f"{k}: {v}" for k, v in info.items()), flush=True)
     results = []
-    for w in workloads(steps):
+    from fastrollout.modules.device import resolve_device
+
+    device = resolve_device(args.device)
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    info["device"] = str(device)
+    print(f"device: {device}", flush=True)
+    rows = workloads(steps, str(device), tuple(args.num_envs), args.vectorize_mode)
+    for w in rows:
         if args.only and not any(s in w.name for s in args.only):
             continue
         r: dict[str, Any] = {"name": w.name, "unit": w.unit}

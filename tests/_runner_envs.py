@@ -180,3 +180,50 @@ class DictObsEnv(gym.Env):
     def step(self, action: Any) -> Any:
         self._t += 1
         return self._obs(), 1.0, self._t >= 5, False, {}
+
+
+class SeededLengthVectorEnv(gym.vector.VectorEnv):
+    """``num_envs`` SeededLengthEnvs as one native vector env (for ``vector_entry_point``).
+
+    Implements gymnasium's next-step autoreset itself and seeds sub-env ``i`` with
+    ``seed + i`` as ``SyncVectorEnv`` does, so it yields the same data as a sync vector env
+    of SeededLengthEnvs. ``config["autoreset_mode"]`` overrides the declared mode (to test
+    that runners refuse other modes).
+    """
+
+    def __init__(self, config: Any) -> None:
+        self.num_envs = int(config["num_envs"])
+        self._envs = [SeededLengthEnv() for _ in range(self.num_envs)]
+        self.single_observation_space = self._envs[0].observation_space
+        self.single_action_space = self._envs[0].action_space
+        self.observation_space = gym.vector.utils.batch_space(
+            self.single_observation_space, self.num_envs
+        )
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, self.num_envs)
+        mode = config.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
+        self.metadata = {"autoreset_mode": mode}
+        self._done = np.zeros(self.num_envs, bool)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> Any:
+        obs, lens = [], []
+        for i, e in enumerate(self._envs):
+            o, info = e.reset(seed=None if seed is None else seed + i)
+            obs.append(o)
+            lens.append(info["len"])
+        self._done[:] = False
+        return np.stack(obs), {"len": np.array(lens), "_len": np.ones(self.num_envs, bool)}
+
+    def step(self, actions: Any) -> Any:
+        obs, rew, term = [], np.zeros(self.num_envs), np.zeros(self.num_envs, bool)
+        lens, reset = np.zeros(self.num_envs, np.int64), np.zeros(self.num_envs, bool)
+        for i, e in enumerate(self._envs):
+            if self._done[i]:
+                # The reset's info comes with the step that returns the reset observation.
+                o, info = e.reset()
+                lens[i], reset[i] = info["len"], True
+            else:
+                o, rew[i], term[i], _, _ = e.step(actions[i])
+            obs.append(o)
+        self._done = term.copy()
+        infos = {"len": lens, "_len": reset} if reset.any() else {}
+        return np.stack(obs), rew, term, np.zeros(self.num_envs, bool), infos

@@ -152,6 +152,15 @@ def test_end_to_end_single_agent() -> None:
 
 
 @pytest.mark.filterwarnings(_RUNNER_WARNING)
+def test_end_to_end_with_the_envs_own_vector_env() -> None:
+    out = io.StringIO()
+    metrics = run_sample(_quick("--vectorize-mode", "vector_entry_point"), out=out)
+    assert metrics["cli"]["env_steps"] >= 300
+    assert metrics["cli"]["episodes_done"] >= 1
+    assert metrics["episode_return_mean"] > 0
+
+
+@pytest.mark.filterwarnings(_RUNNER_WARNING)
 def test_end_to_end_multi_agent() -> None:
     out = io.StringIO()
     metrics = run_sample(_quick("--multi-agent", "2"), out=out)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import pickle
 from collections import defaultdict
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
 import fastrollout as fr
-from _runner_envs import ActionRecordingEnv, SeededLengthEnv, WrongShapeEnv
+from _runner_envs import ActionRecordingEnv, SeededLengthEnv, SeededLengthVectorEnv, WrongShapeEnv
 from fastrollout.core import DEFAULT_MODULE_ID, Columns
 from fastrollout.env.examples import CrashingEnv, EnvCrash
 from fastrollout.errors import SpaceMismatchError
@@ -423,6 +424,65 @@ def test_async_vector_env_gives_the_same_episodes_as_sync():
             np.testing.assert_array_equal(x.get_observations(), y.get_observations())
     finally:
         asyn.stop()
+
+
+def test_vector_entry_point_env_gives_the_same_episodes_as_sync():
+    sync = fr.SingleAgentEnvRunner(config=config(SeededLengthEnv, n=3))
+    native = fr.SingleAgentEnvRunner(
+        config=config(SeededLengthVectorEnv, n=3, gym_env_vectorize_mode="vector_entry_point")
+    )
+    assert isinstance(native.env, SeededLengthVectorEnv)
+    for _ in range(2):  # the second call continues the chunks across the autoresets
+        a = sync.sample(num_timesteps=40, random_actions=True)
+        b = native.sample(num_timesteps=40, random_actions=True)
+        assert [(e.id_ is not None, len(e), e.is_done) for e in a] == [
+            (True, len(e), e.is_done) for e in b
+        ]
+        for x, y in zip(a, b, strict=True):
+            np.testing.assert_array_equal(x.get_observations(), y.get_observations())
+            np.testing.assert_array_equal(x.get_rewards(), y.get_rewards())
+            assert x.get_infos() == y.get_infos()
+    assert compiled(sync)["num_episodes_lifetime"] == compiled(native)["num_episodes_lifetime"]
+
+
+def test_vector_entry_point_cartpole_uses_gymnasiums_vector_env():
+    r = fr.SingleAgentEnvRunner(
+        config=config(n=4, gym_env_vectorize_mode=gym.VectorizeMode.VECTOR_ENTRY_POINT)
+    )
+    assert type(r.env).__name__ == "CartPoleVectorEnv"
+    eps = r.sample(num_episodes=6)
+    assert len(eps) == 6
+    for e in eps:
+        assert e.is_terminated or e.is_truncated
+        # CartPole pays 1 per step, also on the terminating one.
+        assert e.get_return() == len(e)
+        assert len(e.get_observations()) == len(e) + 1
+
+
+@pytest.mark.parametrize(
+    ("env", "runners", "error", "match"),
+    [
+        ("Pendulum-v1", {}, ValueError, "has no vector entry point"),
+        (SeededLengthEnv, {}, TypeError, "must return a gymnasium.vector.VectorEnv"),
+        (
+            SeededLengthVectorEnv,
+            {"restart_failed_sub_environments": True},
+            ValueError,
+            "restart_failed_sub_environments needs",
+        ),
+    ],
+)
+def test_vector_entry_point_errors(env, runners, error, match):
+    c = config(env, gym_env_vectorize_mode="vector_entry_point", **runners)
+    with pytest.raises(error, match=match):
+        fr.SingleAgentEnvRunner(config=c)
+
+
+def test_vector_entry_point_env_must_autoreset_next_step():
+    c = config(SeededLengthVectorEnv, gym_env_vectorize_mode="vector_entry_point")
+    c = c.environment(env_config={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
+    with pytest.raises(ValueError, match="uses autoreset mode"):
+        fr.SingleAgentEnvRunner(config=c)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -83,9 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sample.add_argument(
         "--vectorize-mode",
-        choices=["sync", "async"],
+        choices=["sync", "async", "vector_entry_point"],
         default="sync",
-        help="single-agent vector env: in-process or sub-processes (default sync)",
+        help="single-agent vector env: in-process, sub-processes, or the env's own "
+        "vectorized implementation such as CartPole's (default sync)",
     )
     sample.add_argument("--no-explore", action="store_true", help="greedy actions")
     sample.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -302,8 +302,11 @@ class RunnerConfig:
                 local runner only.
             num_envs_per_env_runner: Sub-envs stepped together by one runner (batched
                 forward passes).
-            gym_env_vectorize_mode: ``"sync"`` or ``"async"`` (sub-processes) for
-                single-agent vector envs; a ``gymnasium.VectorizeMode`` also works.
+            gym_env_vectorize_mode: ``"sync"``, ``"async"`` (sub-processes) or
+                ``"vector_entry_point"`` (the env's own vectorized implementation, for
+                example CartPole's numpy one) for single-agent vector envs; a
+                ``gymnasium.VectorizeMode`` also works. The multi-agent runner always
+                steps its sub-envs in this process.
             num_cpus_per_env_runner: CPUs reserved per remote runner.
             num_gpus_per_env_runner: GPUs reserved per remote runner.
             sample_timeout_s: Timeout for ``sample()`` on remote runners.

@@ -177,6 +177,59 @@ class EnvCreator:
             check_env(env, name=_describe(self.env_spec))
         return env
 
+    def make_vector(self, num_envs: int) -> Any:
+        """Creates all sub-envs at once, as one natively vectorized env.
+
+        This is gymnasium's ``vector_entry_point`` mode: a gymnasium id is made with
+        ``gymnasium.make_vec(..., vectorization_mode="vector_entry_point")`` (for example
+        CartPole's numpy-vectorized env); any other creator is called once with the
+        ``EnvContext`` plus ``num_envs`` and must return a ``gymnasium.vector.VectorEnv``.
+        The per-sub-env env check does not apply.
+
+        Args:
+            num_envs: The number of sub-envs.
+
+        Returns:
+            The vector env.
+
+        Raises:
+            ValueError: The env has no vector entry point, has another number of sub-envs,
+                or resets its sub-envs in another mode than gymnasium's next-step autoreset
+                (which the runners record).
+            TypeError: The creator returned something that is not a vector env.
+        """
+        name = _describe(self.env_spec)
+        if isinstance(self._make, _GymMake):
+            try:
+                env = gym.make_vec(
+                    self._make.env_id,
+                    num_envs=num_envs,
+                    vectorization_mode=gym.VectorizeMode.VECTOR_ENTRY_POINT,
+                    **self.env_config,
+                )
+            except gym.error.Error as e:
+                raise ValueError(f"env {name} has no vector entry point: {e}") from e
+        else:
+            ctx = self.env_context(0)
+            ctx["num_envs"] = num_envs
+            env = self._make(ctx)
+        if not isinstance(env, gym.vector.VectorEnv):
+            raise TypeError(
+                f"with gym_env_vectorize_mode='vector_entry_point' the env creator for {name} "
+                f"must return a gymnasium.vector.VectorEnv, got {type(env).__name__}"
+            )
+        if env.num_envs != num_envs:
+            env.close()
+            raise ValueError(f"the vector env {name} has {env.num_envs} sub-envs, not {num_envs}")
+        autoreset = env.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
+        if autoreset != gym.vector.AutoresetMode.NEXT_STEP:
+            env.close()
+            raise ValueError(
+                f"the vector env {name} uses autoreset mode {autoreset}; the runners record "
+                "gymnasium's next-step autoreset"
+            )
+        return env
+
     def __repr__(self) -> str:
         return (
             f"EnvCreator({_describe(self.env_spec)}, env_config={self.env_config!r}, "

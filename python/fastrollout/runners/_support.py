@@ -18,6 +18,8 @@ from typing import Any
 import gymnasium as gym
 import torch
 
+from fastrollout.env.registry import EnvCreator
+
 __all__ = [
     "DEFAULT_AGENT_ID",
     "cfg",
@@ -118,7 +120,7 @@ def make_metrics_logger() -> Any:
 # ---------------------------------------------------------------------------- envs
 
 
-def make_sub_env_creator(config: Any, worker_index: int, num_workers: int) -> Callable[[int], Any]:
+def make_sub_env_creator(config: Any, worker_index: int, num_workers: int) -> EnvCreator:
     """The callable that creates one sub-env: ``creator(vector_index) -> env``.
 
     Uses ``fastrollout.env.make_env_creator`` (registered names, gymnasium ids, classes,
@@ -144,14 +146,13 @@ def make_sub_env_creator(config: Any, worker_index: int, num_workers: int) -> Ca
     from fastrollout.env import make_env_creator
 
     env_config = dict(cfg(config, "env_config", {}))
-    creator: Callable[[int], Any] = make_env_creator(
+    return make_env_creator(
         env,
         env_config,
         worker_index=worker_index,
         num_workers=num_workers,
         disable_env_checking=bool(cfg(config, "disable_env_checking", False)),
     )
-    return creator
 
 
 class RestartingEnv(gym.Wrapper):  # type: ignore[type-arg]

@@ -73,8 +73,19 @@ class SingleAgentEnvRunner(EnvRunner):
             self.env = gym.vector.SyncVectorEnv(fns)
         elif mode == "async":
             self.env = gym.vector.AsyncVectorEnv(fns)
+        elif mode == "vector_entry_point":
+            if restart:
+                # A natively vectorized env cannot recreate one crashed sub-env alone.
+                raise ValueError(
+                    "restart_failed_sub_environments needs gym_env_vectorize_mode 'sync' or "
+                    "'async' (sub-envs created one by one), not 'vector_entry_point'"
+                )
+            self.env = creator.make_vector(n)
         else:
-            raise ValueError(f"gym_env_vectorize_mode must be 'sync' or 'async', got {mode!r}")
+            raise ValueError(
+                "gym_env_vectorize_mode must be 'sync', 'async' or 'vector_entry_point', "
+                f"got {mode!r}"
+            )
         self.num_envs = self.env.num_envs
         self._needs_initial_reset = True
         self._callback(
