@@ -143,6 +143,8 @@ class RLModule(nn.Module):
         step), so it happens only when the module is in train mode.
         """
         if not self.training:
+            if not torch.is_grad_enabled():  # the runners hold no_grad already
+                return forward(batch, **kwargs)
             with torch.no_grad():
                 return forward(batch, **kwargs)
         self.eval()

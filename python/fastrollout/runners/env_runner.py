@@ -78,6 +78,8 @@ class EnvRunner(abc.ABC):
         self._ongoing_episodes_for_metrics: defaultdict[str, list[Any]] = defaultdict(list)
         self._shared_data: dict[str, Any] = {}
         self._time_after_sampling: float | None = None
+        # The per-step timers created in the current sample() call (_log_time_since).
+        self._timers_ready: set[str] = set()
         self._conn: s.Connectors | None = None
 
     # -- callbacks -------------------------------------------------------------------
@@ -186,6 +188,7 @@ class EnvRunner(abc.ABC):
             )
         self.metrics.log_value(s.WEIGHTS_SEQ_NO, self._weights_seq_no, window=1)
         with self.metrics.log_time(s.SAMPLE_TIMER):
+            self._timers_ready.clear()
             if explore is None:
                 explore = bool(s.cfg(self.config, "explore", True))
             if num_timesteps is None and num_episodes is None:
@@ -219,8 +222,25 @@ class EnvRunner(abc.ABC):
     ) -> list[Any]:
         """Samples with the counts resolved (exactly one of them is given)."""
 
+    def _log_time_since(self, key: str, start: float) -> None:
+        """Logs ``perf_counter() - start`` as the per-step timer ``key``.
+
+        The hot loop times its stages with this (one native call) instead of ``log_time``
+        blocks (a context object and a stat lookup per step: 1.2 vs 0.2 µs, four times per
+        vector step). The stat is created as ``log_time`` creates it, once per ``sample``
+        call and only for the stages that run (RLlib has no module timers when sampling
+        random actions).
+        """
+        if key not in self._timers_ready:
+            self.metrics.log_time(key)
+            self._timers_ready.add(key)
+        self.metrics.log_value(key, time.perf_counter() - start)
+
     def _forward(self, batch: Any, explore: bool, ts: int) -> Any:
         """One forward pass of the module on an env-to-module batch.
+
+        The caller holds ``torch.no_grad()`` (one per vector step: entering it costs
+        about 2 µs).
 
         Args:
             batch: The env-to-module pipeline's output.
@@ -231,14 +251,17 @@ class EnvRunner(abc.ABC):
             The module's output.
         """
         assert self.module is not None
-        with self.metrics.log_time(s.RLMODULE_INFERENCE_TIMER), torch.no_grad():
-            if not explore:
-                return self.module.forward_inference(batch)
+        start = time.perf_counter()
+        if not explore:
+            out = self.module.forward_inference(batch)
+        else:
             # Exploration schedules read the global step count, which RLlib estimates
             # from this runner's count as if all runners sampled at the same rate.
             runners = int(s.cfg(self.config, "num_env_runners", 0)) or 1
             t = (self.num_env_steps_sampled_lifetime // runners + ts) * runners
-            return self.module.forward_exploration(batch, t=t)
+            out = self.module.forward_exploration(batch, t=t)
+        self._log_time_since(s.RLMODULE_INFERENCE_TIMER, start)
+        return out
 
     def _episode_out(self, episode: Any, to_numpy: bool) -> Any:
         """An episode (done or a chunk) as ``sample`` returns it."""

@@ -13,8 +13,11 @@ next step starts its new episode; no wasted step).
 from __future__ import annotations
 
 import contextlib
+import time
 from collections import Counter, defaultdict
 from typing import Any
+
+import torch
 
 from fastrollout._core import ModuleBatcher, multi_agent_record_steps
 from fastrollout.core import DEFAULT_MODULE_ID, Columns
@@ -202,24 +205,26 @@ class MultiAgentEnvRunner(EnvRunner):
     def _compute_actions(self, explore: bool, ts: int) -> list[Any]:
         assert self.module is not None and self._batcher is not None
         conn = self._connectors
-        with self.metrics.log_time(s.ENV_TO_MODULE_CONNECTOR):
-            gathered = self._batcher.gather(
-                self._episodes, self._obs, self._terminateds, self._truncateds
-            )
-            shared = self._shared_data
-            shared["agent_rows"] = {mid: self._batcher.index_map(mid) for mid in gathered}
-            batch = conn.env_to_module(
-                batch={mid: {Columns.OBS: obs} for mid, obs in gathered.items()},
-                rl_module=self.module,
-                episodes=self._episodes,
-                explore=explore,
-                shared_data=shared,
-                metrics=self.metrics,
-            )
+        start = time.perf_counter()
+        gathered = self._batcher.gather(
+            self._episodes, self._obs, self._terminateds, self._truncateds
+        )
+        shared = self._shared_data
+        shared["agent_rows"] = {mid: self._batcher.index_map(mid) for mid in gathered}
+        batch = conn.env_to_module(
+            batch={mid: {Columns.OBS: obs} for mid, obs in gathered.items()},
+            rl_module=self.module,
+            episodes=self._episodes,
+            explore=explore,
+            shared_data=shared,
+            metrics=self.metrics,
+        )
+        self._log_time_since(s.ENV_TO_MODULE_CONNECTOR, start)
         if not batch:
             return [({}, {}, {}) for _ in range(self.num_envs)]
-        out = self._forward(batch, explore, ts)
-        with self.metrics.log_time(s.MODULE_TO_ENV_CONNECTOR):
+        with torch.no_grad():
+            out = self._forward(batch, explore, ts)
+            start = time.perf_counter()
             to_env = conn.module_to_env(
                 batch=out,
                 rl_module=self.module,
@@ -228,9 +233,11 @@ class MultiAgentEnvRunner(EnvRunner):
                 shared_data=shared,
                 metrics=self.metrics,
             )
-            return self._batcher.scatter(
+            per_env = self._batcher.scatter(
                 to_env, extra_constants={s.WEIGHTS_SEQ_NO: self._weights_seq_no}
             )
+            self._log_time_since(s.MODULE_TO_ENV_CONNECTOR, start)
+        return per_env
 
     def _env_to_module_done(
         self, episodes: list[Any], observations: list[Any], explore: bool
@@ -279,17 +286,16 @@ class MultiAgentEnvRunner(EnvRunner):
         obs, rew, term, trunc, infos = [None] * n, [None] * n, [None] * n, [None] * n, [None] * n
         crashed = []
         restart = bool(s.cfg(self.config, "restart_failed_sub_environments", False))
-        with self.metrics.log_time(s.ENV_STEP_TIMER):
-            for i, env in enumerate(self.env):
-                try:
-                    obs[i], rew[i], term[i], trunc[i], infos[i] = env.step(per_env[i][0])
-                except Exception:
-                    self.metrics.log_value(
-                        s.NUM_ENV_STEP_FAILURES_LIFETIME, 1, reduce="lifetime_sum"
-                    )
-                    if not restart:
-                        raise
-                    crashed.append(i)
+        start = time.perf_counter()
+        for i, env in enumerate(self.env):
+            try:
+                obs[i], rew[i], term[i], trunc[i], infos[i] = env.step(per_env[i][0])
+            except Exception:
+                self.metrics.log_value(s.NUM_ENV_STEP_FAILURES_LIFETIME, 1, reduce="lifetime_sum")
+                if not restart:
+                    raise
+                crashed.append(i)
+        self._log_time_since(s.ENV_STEP_TIMER, start)
         return obs, rew, term, trunc, infos, crashed
 
     def _sample(

@@ -8,10 +8,12 @@ and the next inference batch is the env's own observation array.
 from __future__ import annotations
 
 import functools
+import time
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import torch
 
 from fastrollout._core import single_agent_record_vector_step
 from fastrollout.core import DEFAULT_MODULE_ID, Columns
@@ -174,23 +176,25 @@ class SingleAgentEnvRunner(EnvRunner):
         assert self.module is not None
         shared = self._shared_data
         shared["agent_rows"] = self._agent_rows
-        with self.metrics.log_time(s.ENV_TO_MODULE_CONNECTOR):
-            self._cached_to_module = self._connectors.env_to_module(
-                batch={DEFAULT_MODULE_ID: {Columns.OBS: self._obs}},
-                rl_module=self.module,
-                episodes=self._episodes,
-                explore=explore,
-                shared_data=shared,
-                metrics=self.metrics,
-            )
+        start = time.perf_counter()
+        self._cached_to_module = self._connectors.env_to_module(
+            batch={DEFAULT_MODULE_ID: {Columns.OBS: self._obs}},
+            rl_module=self.module,
+            episodes=self._episodes,
+            explore=explore,
+            shared_data=shared,
+            metrics=self.metrics,
+        )
+        self._log_time_since(s.ENV_TO_MODULE_CONNECTOR, start)
 
     def _compute_actions(self, explore: bool, ts: int) -> tuple[Any, Any, dict[str, Any]]:
         batch = self._cached_to_module
         self._cached_to_module = None
         if batch is None:
             raise RuntimeError("internal error: no env-to-module batch for this step")
-        out = self._forward(batch, explore, ts)
-        with self.metrics.log_time(s.MODULE_TO_ENV_CONNECTOR):
+        with torch.no_grad():
+            out = self._forward(batch, explore, ts)
+            start = time.perf_counter()
             to_env = self._connectors.module_to_env(
                 batch=out,
                 rl_module=self.module,
@@ -199,6 +203,7 @@ class SingleAgentEnvRunner(EnvRunner):
                 shared_data=self._shared_data,
                 metrics=self.metrics,
             )[DEFAULT_MODULE_ID]
+            self._log_time_since(s.MODULE_TO_ENV_CONNECTOR, start)
         actions = to_env.pop(Columns.ACTIONS)
         env_actions = to_env.pop(Columns.ACTIONS_FOR_ENV, actions)
         return actions, env_actions, to_env
@@ -230,9 +235,9 @@ class SingleAgentEnvRunner(EnvRunner):
             else:
                 actions, env_actions, extras = self._compute_actions(explore, ts)
             extras[s.WEIGHTS_SEQ_NO] = self._weights_seq_no
+            start = time.perf_counter()
             try:
-                with self.metrics.log_time(s.ENV_STEP_TIMER):
-                    obs, rewards, terminateds, truncateds, infos = self.env.step(env_actions)
+                obs, rewards, terminateds, truncateds, infos = self.env.step(env_actions)
             except ValueError as err:
                 # The vector env stacks the sub-envs' observations into its buffer; an
                 # observation of the wrong shape fails there with numpy's message only.
@@ -242,6 +247,7 @@ class SingleAgentEnvRunner(EnvRunner):
                         f"observation space {self.env.single_observation_space}: {err}"
                     ) from err
                 raise
+            self._log_time_since(s.ENV_STEP_TIMER, start)
             restarted = self._count_restarts(infos)
             if restarted is not None:
                 # Better than RLlib (which drops every episode, ray issue 47608): only

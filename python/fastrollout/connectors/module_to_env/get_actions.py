@@ -52,27 +52,29 @@ class GetActions(ConnectorV2):
         Raises:
             KeyError: If a module batch has neither actions nor distribution inputs.
         """
-        with torch.no_grad():
-            for module_id, out in batch.items():
-                if Columns.ACTIONS in out:
-                    continue
-                if Columns.ACTION_DIST_INPUTS not in out:
-                    raise KeyError(
-                        f"module {module_id!r} returned neither {Columns.ACTIONS!r} nor "
-                        f"{Columns.ACTION_DIST_INPUTS!r} (got {sorted(out)})"
-                    )
-                module = rl_module[module_id]
-                if explore:
-                    dist = module.get_exploration_action_dist_cls().from_logits(
-                        out[Columns.ACTION_DIST_INPUTS]
-                    )
-                    if Columns.ACTION_LOGP in out:
-                        out[Columns.ACTIONS] = dist.sample()
-                    else:
-                        out[Columns.ACTIONS], out[Columns.ACTION_LOGP] = dist.sample_with_logp()
+        if torch.is_grad_enabled():
+            with torch.no_grad():
+                return self(rl_module=rl_module, batch=batch, episodes=episodes, explore=explore)
+        for module_id, out in batch.items():
+            if Columns.ACTIONS in out:
+                continue
+            if Columns.ACTION_DIST_INPUTS not in out:
+                raise KeyError(
+                    f"module {module_id!r} returned neither {Columns.ACTIONS!r} nor "
+                    f"{Columns.ACTION_DIST_INPUTS!r} (got {sorted(out)})"
+                )
+            module = rl_module[module_id]
+            if explore:
+                dist = module.get_exploration_action_dist_cls().from_logits(
+                    out[Columns.ACTION_DIST_INPUTS]
+                )
+                if Columns.ACTION_LOGP in out:
+                    out[Columns.ACTIONS] = dist.sample()
                 else:
-                    dist = module.get_inference_action_dist_cls().from_logits(
-                        out[Columns.ACTION_DIST_INPUTS]
-                    )
-                    out[Columns.ACTIONS] = dist.to_deterministic().sample()
+                    out[Columns.ACTIONS], out[Columns.ACTION_LOGP] = dist.sample_with_logp()
+            else:
+                dist = module.get_inference_action_dist_cls().from_logits(
+                    out[Columns.ACTION_DIST_INPUTS]
+                )
+                out[Columns.ACTIONS] = dist.to_deterministic().sample()
         return batch
