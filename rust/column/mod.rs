@@ -9,6 +9,7 @@
 pub mod index;
 
 use std::fmt;
+use std::sync::Arc;
 
 use crate::schema::{Leaf, Schema};
 pub use index::{Geometry, Index, IndexError, Pos, Resolved};
@@ -63,7 +64,9 @@ impl From<IndexError> for ColumnError {
 /// Typed storage for one kind of data, with look-back.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Column {
-    schema: Schema,
+    /// Shared: every column of one kind of data (all episodes' observations of one space)
+    /// points at one schema instead of holding a copy (~150 bytes of heap each).
+    schema: Arc<Schema>,
     /// One contiguous buffer per leaf; item `i` of leaf `l` is
     /// `leaves[l][i * item_bytes(l)..(i + 1) * item_bytes(l)]`.
     leaves: Vec<Vec<u8>>,
@@ -75,7 +78,8 @@ pub struct Column {
 
 impl Column {
     #[must_use]
-    pub fn new(schema: Schema) -> Column {
+    pub fn new(schema: impl Into<Arc<Schema>>) -> Column {
+        let schema = schema.into();
         let leaves = vec![Vec::new(); schema.leaves.len()];
         Column { schema, leaves, total: 0, lookback: 0 }
     }
@@ -83,11 +87,12 @@ impl Column {
     /// A column holding `items` (one byte buffer per leaf, `total` items each) whose first
     /// `lookback` items are look-back.
     pub fn from_leaves(
-        schema: Schema,
+        schema: impl Into<Arc<Schema>>,
         leaves: Vec<Vec<u8>>,
         total: usize,
         lookback: usize,
     ) -> Result<Column, ColumnError> {
+        let schema = schema.into();
         if leaves.len() != schema.leaves.len() {
             return Err(ColumnError::LeafCount { expected: schema.leaves.len(), got: leaves.len() });
         }
@@ -105,6 +110,12 @@ impl Column {
 
     #[must_use]
     pub fn schema(&self) -> &Schema {
+        &self.schema
+    }
+
+    /// The schema as the shared pointer, for new columns of the same kind.
+    #[must_use]
+    pub fn shared_schema(&self) -> &Arc<Schema> {
         &self.schema
     }
 
@@ -214,7 +225,7 @@ impl Column {
     /// A new column with the items at `positions`, the first `lookback` of them look-back.
     #[must_use]
     pub fn select(&self, positions: &[usize], lookback: usize) -> Column {
-        let mut out = Column::new(self.schema.clone());
+        let mut out = Column::new(Arc::clone(&self.schema));
         out.extend_from(self, positions);
         out.set_lookback(lookback);
         out
@@ -322,6 +333,28 @@ impl Column {
         Ok(())
     }
 
+    /// Gives back the buffers' spare capacity (growth by doubling leaves up to half of a
+    /// buffer unused), for a column that is kept but no longer appended to.
+    ///
+    /// Each buffer with spare room moves into an exact-size allocation and the old one is
+    /// freed whole, rather than shrunk in place (`Vec::shrink_to_fit`): an in-place shrink
+    /// leaves the tail as a free fragment right behind the kept data, too small for the
+    /// next episode's buffers of the same growth sizes, so held episodes would still cost
+    /// the slack (measured with `benches/memory.py`: ~870 of ~2000 bytes per 200-step
+    /// CartPole episode stayed); the whole freed block is reused by the next episode.
+    /// Large buffers (64 KiB and up: image observations) are shrunk in place, where the
+    /// allocator hands whole pages back and a copy would cost more than it saves.
+    pub fn shrink_to_fit(&mut self) {
+        const IN_PLACE_FROM: usize = 64 << 10;
+        for buf in &mut self.leaves {
+            if buf.capacity() >= IN_PLACE_FROM {
+                buf.shrink_to_fit();
+            } else if buf.capacity() > buf.len() {
+                *buf = buf.as_slice().to_vec();
+            }
+        }
+    }
+
     /// Bytes held by the buffers (capacity, not length): for memory accounting.
     #[must_use]
     pub fn capacity_bytes(&self) -> usize {
@@ -393,6 +426,40 @@ mod tests {
         }
         assert_eq!(c.capacity_bytes(), cap, "steady state reuses the storage");
         assert_eq!(c.leaf_bytes(0).as_ptr(), ptr);
+    }
+
+    #[test]
+    fn shrink_gives_back_spare_capacity_and_keeps_data() {
+        let mut c = f32_col();
+        for i in 0..5 {
+            c.push(&[&item(i as f32, 1.0)]).unwrap();
+        }
+        c.set_lookback(2);
+        assert!(c.capacity_bytes() > 40);
+        c.shrink_to_fit();
+        assert_eq!(c.capacity_bytes(), 40);
+        assert_eq!((c.total(), c.lookback()), (5, 2));
+        assert_eq!(floats(c.item(0, 4)), vec![4.0, 1.0]);
+        c.push(&[&item(5.0, 5.0)]).unwrap();
+        assert_eq!(floats(c.item(0, 5)), vec![5.0, 5.0], "appending after a shrink grows again");
+
+        // Large buffers shrink in place; the data stays.
+        let mut big = Column::new(Schema::new(vec![Leaf::new(DType::F32, vec![1000])]));
+        let row = vec![7u8; 4000];
+        for _ in 0..17 {
+            big.push(&[&row]).unwrap();
+        }
+        big.shrink_to_fit();
+        assert_eq!(big.capacity_bytes(), 17 * 4000);
+        assert_eq!(big.item(0, 16), &row[..]);
+    }
+
+    #[test]
+    fn select_shares_the_schema() {
+        let mut c = f32_col();
+        c.push(&[&item(1.0, 2.0)]).unwrap();
+        let s = c.select(&[0], 0);
+        assert!(std::sync::Arc::ptr_eq(c.shared_schema(), s.shared_schema()));
     }
 
     #[test]
