@@ -205,3 +205,26 @@ def test_infos_match_rllib(
         assert got[0] == got[1]
         for ep, s in zip(sides, succ, strict=True):
             assert s.get_infos(0) is ep.get_infos(-1)
+
+
+def test_custom_data_is_made_on_first_use_and_kept() -> None:
+    ep = _episode(SingleAgentEpisode, 2)
+    fresh = ep.cut()
+    assert fresh.custom_data == {}
+    data = ep.custom_data
+    assert ep.custom_data is data
+    data["k"] = 1
+    assert ep.custom_data == {"k": 1}
+    assert ep.get_state()["custom_data"] is data
+    # A cut of an episode without custom data gets its own (empty) dict.
+    succ = ep.cut()
+    assert succ.custom_data == {"k": 1} and succ.custom_data is not data
+    untouched = _episode(SingleAgentEpisode, 1)
+    later = untouched.cut()
+    later.add_env_step(
+        np.zeros(2, np.float32), 0, 0.0, extra_model_outputs={"action_logp": np.float32(0)}
+    )
+    untouched.concat_episode(later)
+    assert untouched.custom_data == {}
+    state = SingleAgentEpisode.from_state(untouched.get_state())
+    assert state.custom_data == {}
