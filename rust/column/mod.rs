@@ -499,7 +499,7 @@ mod tests {
         let schema = Schema::new(vec![Leaf::new(DType::F32, vec![2]), Leaf::new(DType::I64, vec![])]);
         let mut c = Column::new(schema);
         for i in 0..3 {
-            c.push(&[item(i as f32, 0.5), (i as i64 * 10).to_ne_bytes().to_vec()]).unwrap();
+            c.push(&[item(i as f32, 0.5), (i64::from(i) * 10).to_ne_bytes().to_vec()]).unwrap();
         }
         c.shrink_to_fit();
         assert_eq!((c.leaf_bytes(0).len(), c.leaf_bytes(1).len()), (24, 24));
