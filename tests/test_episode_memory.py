@@ -228,3 +228,30 @@ def test_custom_data_is_made_on_first_use_and_kept() -> None:
     assert untouched.custom_data == {}
     state = SingleAgentEpisode.from_state(untouched.get_state())
     assert state.custom_data == {}
+
+
+def test_many_layouts_and_keys_past_the_shared_tables() -> None:
+    """Specs, spec sets and keys are shared through bounded tables; past their size the
+    oldest entries go, and episodes that still use them keep working."""
+    episodes = []
+    for n in range(1, 80):
+        ep = SingleAgentEpisode(
+            observation_space=gym.spaces.Box(0, 1, (n,), np.float32),
+            action_space=gym.spaces.Discrete(n + 1),
+        )
+        ep.add_env_reset(observation=np.full(n, 0.5, np.float32))
+        ep.add_env_step(
+            np.ones(n, np.float32),
+            n,
+            float(n),
+            extra_model_outputs={f"key_{n}_{i}": np.int16(i) for i in range(4)},
+        )
+        episodes.append(ep.to_numpy())
+    for n, ep in enumerate(episodes, start=1):
+        assert ep.get_observations().shape == (2, n)
+        assert ep.get_actions().tolist() == [n]
+        assert ep.get_actions(0, one_hot_discrete=True).shape == (n + 1,)
+        assert sorted(ep.extra_model_outputs) == [f"key_{n}_{i}" for i in range(4)]
+        assert ep.get_extra_model_outputs(f"key_{n}_3").dtype == np.int16
+        succ = ep.cut(len_lookback_buffer=1)
+        assert succ.get_extra_model_outputs(f"key_{n}_2", -1, neg_index_as_lookback=True) == 2

@@ -6,6 +6,7 @@
 //! steps as look-back of its successor, so the successor can still read them.
 
 use std::fmt;
+use std::sync::Arc;
 
 use super::field::{Field, Item};
 use crate::column::{Column, Index, IndexError, Resolved};
@@ -95,7 +96,7 @@ pub struct SingleAgentCore<O> {
     pub actions: Field<O>,
     pub rewards: Field<O>,
     /// Extra model outputs by key, in the order the keys first appeared.
-    pub extra_model_outputs: Vec<(String, Field<O>)>,
+    pub extra_model_outputs: Vec<(Arc<str>, Field<O>)>,
     pub t_started: i64,
     pub t: i64,
     pub is_terminated: bool,
@@ -144,11 +145,11 @@ impl<O: Clone> SingleAgentCore<O> {
     /// The extra-model-output field under `key`.
     #[must_use]
     pub fn extra(&self, key: &str) -> Option<&Field<O>> {
-        self.extra_model_outputs.iter().find(|(k, _)| k == key).map(|(_, f)| f)
+        self.extra_model_outputs.iter().find(|(k, _)| **k == *key).map(|(_, f)| f)
     }
 
     pub fn extra_mut(&mut self, key: &str) -> Option<&mut Field<O>> {
-        self.extra_model_outputs.iter_mut().find(|(k, _)| k == key).map(|(_, f)| f)
+        self.extra_model_outputs.iter_mut().find(|(k, _)| **k == *key).map(|(_, f)| f)
     }
 
     /// RLlib's `to_numpy`: from now on reads return batched arrays. Observations always
@@ -289,7 +290,7 @@ impl<O: Clone> SingleAgentCore<O> {
                 // as in RLlib.
                 let mut field = Field::untyped();
                 field.push_accepted(item, |c, p| to_object(FieldName::Extra(key), false, c, p));
-                self.extra_model_outputs.push((key.to_string(), field));
+                self.extra_model_outputs.push((super::intern_key(key), field));
             }
         }
         self.t += 1;

@@ -16,20 +16,86 @@ use super::spec::{self, LeafBytes, Spec};
 use crate::column::{Column, Index, Pos, Resolved};
 use crate::episode::{EpisodeError, Field, FieldName, Item, SingleAgentCore, Step, Storage};
 
-/// Specs of the typed fields, parallel to the core's fields (shared, interned specs).
+/// Specs of the typed fields, parallel to the core's fields.
 #[derive(Default, Clone)]
-struct Specs {
+struct SpecSet {
     observations: Option<Arc<Spec>>,
     actions: Option<Arc<Spec>>,
     rewards: Option<Arc<Spec>>,
-    extra_model_outputs: Vec<(String, Arc<Spec>)>,
+    extra_model_outputs: Vec<(Arc<str>, Arc<Spec>)>,
     /// The space RLlib gives its rewards buffer (a float32 scalar Box): fills of rewards
     /// come out as float32 through it. RLlib's `slice()` builds the rewards buffer
     /// without it, so slices do not have it either.
     rewards_fill: Option<Arc<Spec>>,
 }
 
+impl SpecSet {
+    /// Same specs (interned, so compared by pointer) under the same keys.
+    fn same_as(&self, other: &SpecSet) -> bool {
+        let same = |a: &Option<Arc<Spec>>, b: &Option<Arc<Spec>>| match (a, b) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        };
+        same(&self.observations, &other.observations)
+            && same(&self.actions, &other.actions)
+            && same(&self.rewards, &other.rewards)
+            && same(&self.rewards_fill, &other.rewards_fill)
+            && self.extra_model_outputs.len() == other.extra_model_outputs.len()
+            && self
+                .extra_model_outputs
+                .iter()
+                .zip(&other.extra_model_outputs)
+                .all(|((k, a), (l, b))| k == l && Arc::ptr_eq(a, b))
+    }
+}
+
+/// Spec sets built so far (bounded, the oldest going first, as `spec::intern`'s table):
+/// the episodes of one runner all end up with the same set, so each holds one pointer
+/// instead of its own (about 300 bytes per episode with three extra model outputs).
+static INTERNED_SETS: std::sync::Mutex<Vec<Arc<SpecSet>>> = std::sync::Mutex::new(Vec::new());
+const MAX_INTERNED_SETS: usize = 64;
+
+fn intern_set(set: SpecSet) -> Arc<SpecSet> {
+    // A poisoned lock only means a panic elsewhere while it was held; the table (complete
+    // entries) is still valid.
+    let mut table = INTERNED_SETS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(s) = table.iter().find(|s| s.same_as(&set)) {
+        return Arc::clone(s);
+    }
+    let set = Arc::new(set);
+    if table.len() == MAX_INTERNED_SETS {
+        table.remove(0);
+    }
+    table.push(Arc::clone(&set));
+    set
+}
+
+/// An episode's [`SpecSet`], shared copy-on-write: reads go through `Deref`, changes
+/// (a spec inferred from a first item, a new space) make a new interned set.
+#[derive(Clone)]
+struct Specs(Arc<SpecSet>);
+
+impl std::ops::Deref for Specs {
+    type Target = SpecSet;
+
+    fn deref(&self) -> &SpecSet {
+        &self.0
+    }
+}
+
 impl Specs {
+    /// The specs of a new episode: only RLlib's float32 rewards fill.
+    fn new(py: Python<'_>) -> Specs {
+        Specs(intern_set(SpecSet { rewards_fill: Some(spec::f32_scalar(py)), ..SpecSet::default() }))
+    }
+
+    fn update(&mut self, change: impl FnOnce(&mut SpecSet)) {
+        let mut set = (*self.0).clone();
+        change(&mut set);
+        self.0 = intern_set(set);
+    }
+
     fn get(&self, name: FieldName<'_>) -> Option<&Spec> {
         self.get_shared(name).map(|s| &**s)
     }
@@ -40,21 +106,33 @@ impl Specs {
             FieldName::Actions => self.actions.as_ref(),
             FieldName::Rewards => self.rewards.as_ref(),
             FieldName::Infos => None,
-            FieldName::Extra(k) => self.extra_model_outputs.iter().find(|(n, _)| n == k).map(|(_, s)| s),
+            FieldName::Extra(k) => self.extra_model_outputs.iter().find(|(n, _)| &**n == k).map(|(_, s)| s),
         }
     }
 
-    fn set(&mut self, name: FieldName<'_>, spec: Arc<Spec>) {
-        match name {
-            FieldName::Observations => self.observations = Some(spec),
-            FieldName::Actions => self.actions = Some(spec),
-            FieldName::Rewards => self.rewards = Some(spec),
-            FieldName::Infos => {}
-            FieldName::Extra(k) => {
-                self.extra_model_outputs.retain(|(n, _)| n != k);
-                self.extra_model_outputs.push((k.to_string(), spec));
+    /// Sets (`Some`) or clears (`None`) the spec of `name`.
+    fn set_opt(&mut self, name: FieldName<'_>, spec: Option<Arc<Spec>>) {
+        if let (FieldName::Extra(k), Some(s)) = (name, &spec) {
+            if self.get_shared(name).is_some_and(|old| Arc::ptr_eq(old, s)) {
+                return;
             }
+            let key = crate::episode::intern_key(k);
+            let s = Arc::clone(s);
+            return self.update(|set| {
+                set.extra_model_outputs.retain(|(n, _)| *n != key);
+                set.extra_model_outputs.push((key, s));
+            });
         }
+        self.update(|set| match name {
+            FieldName::Observations => set.observations = spec,
+            FieldName::Actions => set.actions = spec,
+            FieldName::Rewards => set.rewards = spec,
+            FieldName::Infos | FieldName::Extra(_) => {}
+        });
+    }
+
+    fn set(&mut self, name: FieldName<'_>, spec: Arc<Spec>) {
+        self.set_opt(name, Some(spec));
     }
 }
 
@@ -323,7 +401,7 @@ impl SingleAgentEpisodePy {
     ) -> Self {
         SingleAgentEpisodePy {
             core: SingleAgentCore::default(),
-            specs: Specs { rewards_fill: Some(spec::f32_scalar(py)), ..Specs::default() },
+            specs: Specs::new(py),
             start_time: None,
             last_step_time: None,
         }
@@ -362,8 +440,7 @@ impl SingleAgentEpisodePy {
         match new {
             Some(s) => self.specs.set(name, s),
             None => match name {
-                FieldName::Observations => self.specs.observations = None,
-                FieldName::Actions => self.specs.actions = None,
+                FieldName::Observations | FieldName::Actions => self.specs.set_opt(name, None),
                 _ => {}
             },
         }
@@ -423,7 +500,7 @@ impl SingleAgentEpisodePy {
         let name = field_name(field, key)?;
         if let FieldName::Extra(k) = name {
             if self.core.extra(k).is_none() {
-                self.core.extra_model_outputs.push((k.to_string(), Field::untyped()));
+                self.core.extra_model_outputs.push((crate::episode::intern_key(k), Field::untyped()));
             }
         }
         // A Python list holds items; anything else (an array, or a dict/tuple of arrays for
@@ -495,7 +572,7 @@ impl SingleAgentEpisodePy {
     /// The keys of the extra model outputs, in the order they first appeared.
     #[pyo3(name = "_extra_keys")]
     fn extra_keys(&self) -> Vec<String> {
-        self.core.extra_model_outputs.iter().map(|(k, _)| k.clone()).collect()
+        self.core.extra_model_outputs.iter().map(|(k, _)| k.to_string()).collect()
     }
 
     #[getter]
@@ -608,7 +685,7 @@ impl SingleAgentEpisodePy {
         }
         let core = self.core.slice(start, stop, step, len_lookback_buffer).map_err(|e| episode_error(&e))?;
         self.fill_target(target, core)?;
-        target.try_borrow_mut()?.specs.rewards_fill = None;
+        target.try_borrow_mut()?.specs.update(|set| set.rewards_fill = None);
         Ok(())
     }
 
@@ -1374,7 +1451,7 @@ impl SingleAgentEpisodePy {
             })
             .map_err(|e| episode_error(&e))?;
         if let Some(s) = prepared.spec {
-            self.specs.observations = Some(s);
+            self.specs.set(FieldName::Observations, s);
         }
         self.start_time = Some(perf_counter());
         Ok(())

@@ -69,8 +69,7 @@ impl Spec {
     }
 }
 
-/// Specs built so far, so that equal ones are shared. Bounded: a program that keeps
-/// making new layouts stops interning at this many (its specs are then per episode).
+/// Specs built so far, so that equal ones are shared; bounded (the oldest goes first).
 static INTERNED: Mutex<Vec<Arc<Spec>>> = Mutex::new(Vec::new());
 const MAX_INTERNED: usize = 64;
 
@@ -83,9 +82,12 @@ pub fn intern(spec: Spec) -> Arc<Spec> {
         return Arc::clone(s);
     }
     let spec = Arc::new(spec);
-    if table.len() < MAX_INTERNED {
-        table.push(Arc::clone(&spec));
+    if table.len() == MAX_INTERNED {
+        // The oldest goes (its users keep their pointer): a long-lived process that has
+        // seen many layouts still shares the ones it uses now.
+        table.remove(0);
     }
+    table.push(Arc::clone(&spec));
     spec
 }
 
