@@ -255,3 +255,16 @@ def test_many_layouts_and_keys_past_the_shared_tables() -> None:
         assert ep.get_extra_model_outputs(f"key_{n}_3").dtype == np.int16
         succ = ep.cut(len_lookback_buffer=1)
         assert succ.get_extra_model_outputs(f"key_{n}_2", -1, neg_index_as_lookback=True) == 2
+
+
+@pytest.mark.parametrize("cls", [SingleAgentEpisode, RLlibEpisode])
+def test_constructor_without_infos_gives_one_dict_per_observation(cls: Any) -> None:
+    obs = [np.zeros(2, np.float32), np.ones(2, np.float32), np.ones(2, np.float32)]
+    ep = cls(observations=obs, actions=[0, 1], rewards=[1.0, 2.0], len_lookback_buffer=1)
+    assert ep.get_infos() == [{}, {}]
+    assert ep.get_infos(-1, neg_index_as_lookback=True) == {}
+    ep.get_infos(0)["x"] = 1
+    assert ep.get_infos() == [{"x": 1}, {}]
+    assert ep.get_infos(0) is ep.get_infos()[0]
+    given = cls(observations=obs[:1], infos=[None])
+    assert given.get_infos() == [None]

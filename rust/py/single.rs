@@ -542,6 +542,15 @@ impl SingleAgentEpisodePy {
         Ok(())
     }
 
+    /// Appends `n` infos that were not given: RLlib's fresh empty dicts, made when first
+    /// read (see `info_or_absent`).
+    #[pyo3(name = "_extend_empty_infos")]
+    fn extend_empty_infos(&mut self, n: usize) {
+        for _ in 0..n {
+            self.core.infos.push_sparse(None);
+        }
+    }
+
     /// Sets how many of a field's stored items are look-back (capped at what is stored).
     #[pyo3(signature = (field, lookback, key=None))]
     #[pyo3(name = "_set_lookback")]

@@ -130,10 +130,11 @@ class SingleAgentEpisode(SingleAgentEpisodeCore):
             lookback = num_rewards
         else:
             lookback = int(len_lookback_buffer)
-        if not infos and observations is not None:
-            infos = [{} for _ in range(len(observations))]
         for field, data in zip(_FIELDS, (observations, infos, actions, rewards), strict=True):
-            if data is not None:
+            if field == "infos" and not infos:
+                # RLlib's default: an empty dict per observation (made when first read).
+                self._extend_empty_infos(len(observations) if observations is not None else 0)
+            elif data is not None:
                 self._extend(field, data)
             self._set_lookback(field, lookback)
         for key, data in (extra_model_outputs or {}).items():
