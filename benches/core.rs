@@ -30,7 +30,7 @@ fn episode(obs_numel: usize, obs_dtype: DType) -> SingleAgentCore<()> {
         ..SingleAgentCore::default()
     };
     let obs = vec![0u8; obs_numel * obs_dtype.size];
-    e.add_reset(Item::Bytes(vec![obs]), (), no_object).expect("reset");
+    e.add_reset(Item::Bytes(vec![obs]), None, no_object).expect("reset");
     e
 }
 
@@ -39,7 +39,7 @@ fn step(obs: &[u8]) -> Step<'static, ()> {
         observation: Item::Bytes(vec![obs.to_vec()]),
         action: Item::Bytes(vec![1i64.to_ne_bytes().to_vec()]),
         reward: Item::Bytes(vec![1f64.to_ne_bytes().to_vec()]),
-        info: (),
+        info: None,
         extra_model_outputs: vec![("action_logp", Item::Bytes(vec![(-0.7f32).to_ne_bytes().to_vec()]))],
         terminated: false,
         truncated: false,

@@ -31,7 +31,7 @@ fn episode() -> SingleAgentCore<()> {
         extra_model_outputs: vec![("action_logp".into(), Field::typed(scalar(DType::F32), false))],
         ..SingleAgentCore::default()
     };
-    e.add_reset(Item::Bytes(vec![vec![0u8; OBS * 4]]), (), no_object).expect("reset");
+    e.add_reset(Item::Bytes(vec![vec![0u8; OBS * 4]]), None, no_object).expect("reset");
     e
 }
 
@@ -63,7 +63,7 @@ fn bench_record_vector_step(c: &mut Criterion) {
                         observation: r(0),
                         action: r(1),
                         reward: r(2),
-                        info: (),
+                        info: None,
                         extra_model_outputs: vec![("action_logp", r(3))],
                         terminated: false,
                         truncated: false,

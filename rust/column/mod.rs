@@ -9,6 +9,7 @@
 pub mod index;
 
 use std::fmt;
+use std::sync::Arc;
 
 use crate::schema::{Leaf, Schema};
 pub use index::{Geometry, Index, IndexError, Pos, Resolved};
@@ -60,13 +61,55 @@ impl From<IndexError> for ColumnError {
     }
 }
 
+/// The per-leaf buffers of a column. Most columns have one leaf (a Box, Discrete, a
+/// scalar): that buffer is kept inline rather than in a one-element `Vec`, which saves an
+/// allocation (32 bytes with the allocator's header) per column, i.e. per field of every
+/// episode.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Leaves {
+    One(Vec<u8>),
+    Many(Vec<Vec<u8>>),
+}
+
+impl Leaves {
+    fn new(buffers: Vec<Vec<u8>>) -> Leaves {
+        if buffers.len() == 1 {
+            Leaves::One(buffers.into_iter().next().unwrap_or_default())
+        } else {
+            Leaves::Many(buffers)
+        }
+    }
+}
+
+impl std::ops::Deref for Leaves {
+    type Target = [Vec<u8>];
+
+    fn deref(&self) -> &[Vec<u8>] {
+        match self {
+            Leaves::One(buf) => std::slice::from_ref(buf),
+            Leaves::Many(bufs) => bufs,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Leaves {
+    fn deref_mut(&mut self) -> &mut [Vec<u8>] {
+        match self {
+            Leaves::One(buf) => std::slice::from_mut(buf),
+            Leaves::Many(bufs) => bufs,
+        }
+    }
+}
+
 /// Typed storage for one kind of data, with look-back.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Column {
-    schema: Schema,
+    /// Shared: every column of one kind of data (all episodes' observations of one space)
+    /// points at one schema instead of holding a copy (~150 bytes of heap each).
+    schema: Arc<Schema>,
     /// One contiguous buffer per leaf; item `i` of leaf `l` is
     /// `leaves[l][i * item_bytes(l)..(i + 1) * item_bytes(l)]`.
-    leaves: Vec<Vec<u8>>,
+    leaves: Leaves,
     /// Items stored, look-back included. Kept explicitly: zero-size leaves (a `(0,)`
     /// Box) have no bytes to count.
     total: usize,
@@ -75,19 +118,21 @@ pub struct Column {
 
 impl Column {
     #[must_use]
-    pub fn new(schema: Schema) -> Column {
-        let leaves = vec![Vec::new(); schema.leaves.len()];
+    pub fn new(schema: impl Into<Arc<Schema>>) -> Column {
+        let schema = schema.into();
+        let leaves = Leaves::new(vec![Vec::new(); schema.leaves.len()]);
         Column { schema, leaves, total: 0, lookback: 0 }
     }
 
     /// A column holding `items` (one byte buffer per leaf, `total` items each) whose first
     /// `lookback` items are look-back.
     pub fn from_leaves(
-        schema: Schema,
+        schema: impl Into<Arc<Schema>>,
         leaves: Vec<Vec<u8>>,
         total: usize,
         lookback: usize,
     ) -> Result<Column, ColumnError> {
+        let schema = schema.into();
         if leaves.len() != schema.leaves.len() {
             return Err(ColumnError::LeafCount { expected: schema.leaves.len(), got: leaves.len() });
         }
@@ -100,11 +145,17 @@ impl Column {
                 });
             }
         }
-        Ok(Column { schema, leaves, total, lookback: lookback.min(total) })
+        Ok(Column { schema, leaves: Leaves::new(leaves), total, lookback: lookback.min(total) })
     }
 
     #[must_use]
     pub fn schema(&self) -> &Schema {
+        &self.schema
+    }
+
+    /// The schema as the shared pointer, for new columns of the same kind.
+    #[must_use]
+    pub fn shared_schema(&self) -> &Arc<Schema> {
         &self.schema
     }
 
@@ -214,7 +265,7 @@ impl Column {
     /// A new column with the items at `positions`, the first `lookback` of them look-back.
     #[must_use]
     pub fn select(&self, positions: &[usize], lookback: usize) -> Column {
-        let mut out = Column::new(self.schema.clone());
+        let mut out = Column::new(Arc::clone(&self.schema));
         out.extend_from(self, positions);
         out.set_lookback(lookback);
         out
@@ -322,6 +373,28 @@ impl Column {
         Ok(())
     }
 
+    /// Gives back the buffers' spare capacity (growth by doubling leaves up to half of a
+    /// buffer unused), for a column that is kept but no longer appended to.
+    ///
+    /// Each buffer with spare room moves into an exact-size allocation and the old one is
+    /// freed whole, rather than shrunk in place (`Vec::shrink_to_fit`): an in-place shrink
+    /// leaves the tail as a free fragment right behind the kept data, too small for the
+    /// next episode's buffers of the same growth sizes, so held episodes would still cost
+    /// the slack (measured with `benches/memory.py`: ~870 of ~2000 bytes per 200-step
+    /// CartPole episode stayed); the whole freed block is reused by the next episode.
+    /// Large buffers (64 KiB and up: image observations) are shrunk in place, where the
+    /// allocator hands whole pages back and a copy would cost more than it saves.
+    pub fn shrink_to_fit(&mut self) {
+        const IN_PLACE_FROM: usize = 64 << 10;
+        for buf in self.leaves.iter_mut() {
+            if buf.capacity() >= IN_PLACE_FROM {
+                buf.shrink_to_fit();
+            } else if buf.capacity() > buf.len() {
+                *buf = buf.as_slice().to_vec();
+            }
+        }
+    }
+
     /// Bytes held by the buffers (capacity, not length): for memory accounting.
     #[must_use]
     pub fn capacity_bytes(&self) -> usize {
@@ -393,6 +466,62 @@ mod tests {
         }
         assert_eq!(c.capacity_bytes(), cap, "steady state reuses the storage");
         assert_eq!(c.leaf_bytes(0).as_ptr(), ptr);
+    }
+
+    #[test]
+    fn shrink_gives_back_spare_capacity_and_keeps_data() {
+        let mut c = f32_col();
+        for i in 0..5 {
+            c.push(&[&item(i as f32, 1.0)]).unwrap();
+        }
+        c.set_lookback(2);
+        assert!(c.capacity_bytes() > 40);
+        c.shrink_to_fit();
+        assert_eq!(c.capacity_bytes(), 40);
+        assert_eq!((c.total(), c.lookback()), (5, 2));
+        assert_eq!(floats(c.item(0, 4)), vec![4.0, 1.0]);
+        c.push(&[&item(5.0, 5.0)]).unwrap();
+        assert_eq!(floats(c.item(0, 5)), vec![5.0, 5.0], "appending after a shrink grows again");
+
+        // Large buffers shrink in place; the data stays.
+        let mut big = Column::new(Schema::new(vec![Leaf::new(DType::F32, vec![1000])]));
+        let row = vec![7u8; 4000];
+        for _ in 0..17 {
+            big.push(&[&row]).unwrap();
+        }
+        big.shrink_to_fit();
+        assert_eq!(big.capacity_bytes(), 17 * 4000);
+        assert_eq!(big.item(0, 16), &row[..]);
+    }
+
+    #[test]
+    fn multi_leaf_columns_keep_one_buffer_per_leaf() {
+        let schema = Schema::new(vec![Leaf::new(DType::F32, vec![2]), Leaf::new(DType::I64, vec![])]);
+        let mut c = Column::new(schema);
+        for i in 0..3 {
+            c.push(&[item(i as f32, 0.5), (i64::from(i) * 10).to_ne_bytes().to_vec()]).unwrap();
+        }
+        c.shrink_to_fit();
+        assert_eq!((c.leaf_bytes(0).len(), c.leaf_bytes(1).len()), (24, 24));
+        assert_eq!(c.capacity_bytes(), 48);
+        let s = c.select(&[2, 0], 1);
+        assert_eq!(floats(s.item(0, 0)), vec![2.0, 0.5]);
+        assert_eq!(s.item(1, 1), 0i64.to_ne_bytes());
+        assert_eq!(
+            c.push(&[item(1.0, 1.0)]),
+            Err(ColumnError::LeafCount { expected: 2, got: 1 }),
+            "both leaves are needed"
+        );
+        let from = Column::from_leaves(c.shared_schema().clone(), vec![vec![0; 8], vec![0; 8]], 1, 0);
+        assert_eq!(from.map(|f| f.total()), Ok(1));
+    }
+
+    #[test]
+    fn select_shares_the_schema() {
+        let mut c = f32_col();
+        c.push(&[&item(1.0, 2.0)]).unwrap();
+        let s = c.select(&[0], 0);
+        assert!(std::sync::Arc::ptr_eq(c.shared_schema(), s.shared_schema()));
     }
 
     #[test]

@@ -3,6 +3,8 @@
 //! schema, as host objects (`O`: Python objects in the binding layer, anything `Clone` in
 //! Rust tests).
 
+use std::sync::Arc;
+
 use crate::column::{Column, Geometry, Index, IndexError, Resolved};
 use crate::schema::Schema;
 
@@ -18,8 +20,13 @@ pub enum Storage<O> {
         /// hand them back as such before `to_numpy`, as RLlib does with its Python lists.
         host_scalars: bool,
     },
-    /// Items that fit no schema (infos, text, ragged data), kept as host objects.
+    /// Items that fit no schema (text, ragged data), kept as host objects.
     Objects { items: Vec<O>, lookback: usize },
+    /// Host objects most of which are absent (the infos: most steps give none, and RLlib
+    /// stores a fresh empty dict for each). Only the objects given are kept, by absolute
+    /// position (sorted, unique), so a step without one costs no memory; the binding
+    /// layer creates the host's default in place when an absent item is first read.
+    Sparse { total: usize, lookback: usize, items: Vec<(usize, O)> },
 }
 
 /// One item on its way into a field, already converted by the caller.
@@ -29,7 +36,7 @@ pub enum Item<O, B = Vec<u8>> {
     /// or a view of the caller's buffer so that storing an item copies it only once).
     Bytes(Vec<B>),
     /// The first item of an untyped field, with the schema inferred from it.
-    FirstTyped { schema: Schema, leaves: Vec<B>, host_scalars: bool },
+    FirstTyped { schema: Arc<Schema>, leaves: Vec<B>, host_scalars: bool },
     /// An item stored as a host object (the field holds objects, or must become so).
     Object(O),
 }
@@ -55,7 +62,7 @@ impl<O: Clone> Field<O> {
     }
 
     #[must_use]
-    pub fn typed(schema: Schema, host_scalars: bool) -> Field<O> {
+    pub fn typed(schema: impl Into<Arc<Schema>>, host_scalars: bool) -> Field<O> {
         Field { storage: Storage::Typed { column: Column::new(schema), host_scalars }, finalized: false }
     }
 
@@ -65,12 +72,113 @@ impl<O: Clone> Field<O> {
         Field { storage: Storage::Objects { items, lookback }, finalized: false }
     }
 
+    /// An empty field of sparse host objects (see [`Storage::Sparse`]).
+    #[must_use]
+    pub fn sparse() -> Field<O> {
+        Field { storage: Storage::Sparse { total: 0, lookback: 0, items: Vec::new() }, finalized: false }
+    }
+
     #[must_use]
     pub fn geometry(&self) -> Geometry {
         match &self.storage {
             Storage::Untyped => Geometry { total: 0, lookback: 0 },
             Storage::Typed { column, .. } => column.geometry(),
             Storage::Objects { items, lookback } => Geometry { total: items.len(), lookback: *lookback },
+            Storage::Sparse { total, lookback, .. } => Geometry { total: *total, lookback: *lookback },
+        }
+    }
+
+    /// The object stored at absolute position `pos` of an object field; `None` for an
+    /// absent item of a sparse field, a position out of range, or a typed field.
+    #[must_use]
+    pub fn object(&self, pos: usize) -> Option<&O> {
+        match &self.storage {
+            Storage::Objects { items, .. } => items.get(pos),
+            Storage::Sparse { items, .. } => {
+                items.binary_search_by_key(&pos, |(p, _)| *p).ok().map(|i| &items[i].1)
+            }
+            _ => None,
+        }
+    }
+
+    /// Appends one item to a sparse field: `Some` object, or `None` for an absent one.
+    /// Returns `false` (and changes nothing) if the field is not sparse.
+    pub fn push_sparse(&mut self, item: Option<O>) -> bool {
+        let Storage::Sparse { total, items, .. } = &mut self.storage else { return false };
+        if let Some(o) = item {
+            items.push((*total, o));
+        }
+        *total += 1;
+        true
+    }
+
+    /// Stores `make()` at every absent position of `positions` in a sparse field (and
+    /// nothing else), so that later reads hand out that same object: a caller that
+    /// mutates what it read sees the change on the next read, as with stored objects.
+    /// Positions out of range are skipped. Returns how many objects were made.
+    pub fn materialize(&mut self, positions: &[usize], mut make: impl FnMut() -> O) -> usize {
+        let Storage::Sparse { total, items, .. } = &mut self.storage else { return 0 };
+        let mut missing: Vec<usize> = positions
+            .iter()
+            .copied()
+            .filter(|&p| p < *total && items.binary_search_by_key(&p, |(q, _)| *q).is_err())
+            .collect();
+        if missing.is_empty() {
+            return 0;
+        }
+        missing.sort_unstable();
+        missing.dedup();
+        // One merge of two sorted runs instead of an O(n) insert per position.
+        let old = std::mem::take(items);
+        items.reserve_exact(old.len() + missing.len());
+        let mut new = missing.iter().peekable();
+        for (p, o) in old {
+            while let Some(&&m) = new.peek() {
+                if m > p {
+                    break;
+                }
+                items.push((m, make()));
+                new.next();
+            }
+            items.push((p, o));
+        }
+        for &m in new {
+            items.push((m, make()));
+        }
+        missing.len()
+    }
+
+    /// Overwrites the object at absolute position `pos` of an object field (sparse or
+    /// not). Returns `false` (and changes nothing) for a typed field or a position out of
+    /// range.
+    pub fn set_object(&mut self, pos: usize, object: O) -> bool {
+        match &mut self.storage {
+            Storage::Objects { items, .. } => match items.get_mut(pos) {
+                Some(slot) => {
+                    *slot = object;
+                    true
+                }
+                None => false,
+            },
+            Storage::Sparse { total, items, .. } if pos < *total => {
+                match items.binary_search_by_key(&pos, |(p, _)| *p) {
+                    Ok(i) => items[i].1 = object,
+                    Err(i) => items.insert(i, (pos, object)),
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Gives back the buffers' spare capacity (after the last append of a chunk that is
+    /// handed out and kept: `to_numpy`), so that held episodes cost their data only.
+    pub fn shrink_to_fit(&mut self) {
+        match &mut self.storage {
+            Storage::Untyped => {}
+            Storage::Typed { column, .. } => column.shrink_to_fit(),
+            Storage::Objects { items, .. } => items.shrink_to_fit(),
+            Storage::Sparse { items, .. } => items.shrink_to_fit(),
         }
     }
 
@@ -95,6 +203,7 @@ impl<O: Clone> Field<O> {
             Storage::Untyped => {}
             Storage::Typed { column, .. } => column.set_lookback(lookback),
             Storage::Objects { items, lookback: lb } => *lb = lookback.min(items.len()),
+            Storage::Sparse { total, lookback: lb, .. } => *lb = lookback.min(*total),
         }
     }
 
@@ -122,6 +231,14 @@ impl<O: Clone> Field<O> {
                 let lookback = lookback.min(items.len());
                 Storage::Objects { items, lookback }
             }
+            Storage::Sparse { .. } => {
+                let items: Vec<(usize, O)> = positions
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(k, &p)| self.object(p).map(|o| (k, o.clone())))
+                    .collect();
+                Storage::Sparse { total: positions.len(), lookback: lookback.min(positions.len()), items }
+            }
         };
         Field { storage, finalized: self.finalized }
     }
@@ -134,6 +251,18 @@ impl<O: Clone> Field<O> {
             Storage::Objects { items, lookback } => {
                 if pos < items.len() {
                     items.remove(pos);
+                    if pos < *lookback {
+                        *lookback -= 1;
+                    }
+                }
+            }
+            Storage::Sparse { total, lookback, items } => {
+                if pos < *total {
+                    items.retain(|(p, _)| *p != pos);
+                    for (p, _) in items.iter_mut().filter(|(p, _)| *p > pos) {
+                        *p -= 1;
+                    }
+                    *total -= 1;
                     if pos < *lookback {
                         *lookback -= 1;
                     }
@@ -210,6 +339,9 @@ impl<O: Clone> Field<O> {
                 true
             }
             Item::Object(o) => {
+                if let Storage::Sparse { .. } = self.storage {
+                    return self.push_sparse(Some(o));
+                }
                 self.make_objects(to_object);
                 if let Storage::Objects { items, .. } = &mut self.storage {
                     items.push(o);
@@ -238,6 +370,17 @@ impl<O: Clone> Field<O> {
             }
             (Storage::Objects { items, .. }, Storage::Objects { items: theirs, .. }) => {
                 items.extend(positions.iter().map(|&p| theirs[p].clone()));
+                true
+            }
+            (Storage::Sparse { total, items, .. }, Storage::Sparse { items: theirs, .. }) => {
+                let shift = *total;
+                items.extend(
+                    theirs
+                        .iter()
+                        .filter(|(p, _)| *p >= g.lookback)
+                        .map(|(p, o)| (p - g.lookback + shift, o.clone())),
+                );
+                *total += positions.len();
                 true
             }
             (Storage::Untyped, _) => {
@@ -300,6 +443,98 @@ mod tests {
         assert_eq!(u.len(), 2);
         let typed = i64_field(&[1], 0);
         assert!(!u.clone().extend_chunk(&typed), "objects cannot take typed items");
+    }
+
+    /// A sparse field with the given items (`None`: absent) and look-back.
+    fn sparse(items: &[Option<&str>], lookback: usize) -> Field<String> {
+        let mut f = Field::sparse();
+        for item in items {
+            assert!(f.push_sparse(item.map(str::to_string)));
+        }
+        f.set_lookback(lookback);
+        f
+    }
+
+    /// The items of a sparse field by position, absent ones as `None`.
+    fn dense(f: &Field<String>) -> Vec<Option<String>> {
+        (0..f.geometry().total).map(|p| f.object(p).cloned()).collect()
+    }
+
+    #[test]
+    fn sparse_stores_only_given_objects() {
+        let f = sparse(&[None, Some("a"), None, None, Some("b")], 1);
+        assert_eq!((f.len(), f.lookback(), f.geometry().total), (4, 1, 5));
+        let Storage::Sparse { items, .. } = &f.storage else { panic!("not sparse") };
+        assert_eq!(items, &vec![(1, "a".to_string()), (4, "b".to_string())]);
+        assert_eq!(f.object(1).map(String::as_str), Some("a"));
+        assert_eq!(f.object(2), None);
+        assert_eq!(f.object(9), None);
+        let mut typed = i64_field(&[1], 0);
+        assert!(!typed.push_sparse(None), "only sparse fields take absent items");
+    }
+
+    #[test]
+    fn materialize_fills_absent_positions_once_in_order() {
+        let mut f = sparse(&[None, Some("a"), None, None, Some("b")], 0);
+        let mut made = 0;
+        let mut make = || {
+            made += 1;
+            format!("new{made}")
+        };
+        assert_eq!(f.materialize(&[3, 0, 1, 3, 7], &mut make), 2, "absent, deduplicated, in range");
+        assert_eq!(
+            dense(&f),
+            vec![Some("new1".into()), Some("a".into()), None, Some("new2".into()), Some("b".into())]
+        );
+        assert_eq!(f.materialize(&[0, 3], &mut make), 0, "made objects stay");
+        assert_eq!(f.materialize(&[2], &mut make), 1);
+        let Storage::Sparse { items, .. } = &f.storage else { panic!("not sparse") };
+        assert!(items.windows(2).all(|w| w[0].0 < w[1].0), "positions stay sorted");
+        assert_eq!(i64_field(&[1], 0).materialize(&[0], &mut make), 0, "typed fields have none");
+    }
+
+    #[test]
+    fn sparse_select_remove_extend_set() {
+        let f = sparse(&[Some("r"), None, Some("a"), None, Some("b")], 1);
+        let s = f.select(&[4, 2, 1], 1);
+        assert_eq!(dense(&s), vec![Some("b".into()), Some("a".into()), None]);
+        assert_eq!((s.lookback(), s.len()), (1, 2));
+
+        let mut r = f.clone();
+        r.remove(1);
+        assert_eq!(dense(&r), vec![Some("r".into()), Some("a".into()), None, Some("b".into())]);
+        r.remove(0);
+        assert_eq!((r.lookback(), r.len()), (0, 3), "removing a look-back item shrinks it");
+        r.remove(10);
+        assert_eq!(r.geometry().total, 3);
+
+        // The other chunk's look-back is not appended; positions shift behind ours.
+        let mut e = sparse(&[None, Some("x")], 0);
+        assert!(e.extend_chunk(&f));
+        assert_eq!(dense(&e), vec![None, Some("x".into()), None, Some("a".into()), None, Some("b".into())]);
+        assert!(!e.extend_chunk(&i64_field(&[1], 0)), "sparse objects take no typed items");
+
+        assert!(e.set_object(0, "set".into()));
+        assert!(e.set_object(1, "over".into()));
+        assert!(!e.set_object(6, "out".into()));
+        assert_eq!(dense(&e)[..2], [Some("set".into()), Some("over".into())]);
+
+        let mut pushed = Field::<String>::sparse();
+        assert!(pushed.push(Item::<String>::Object("o".into()), |_, _| unreachable!()));
+        assert!(matches!(pushed.storage, Storage::Sparse { total: 1, .. }), "objects keep it sparse");
+    }
+
+    #[test]
+    fn shrink_keeps_items() {
+        let mut f = i64_field(&(0..100).collect::<Vec<_>>(), 3);
+        f.shrink_to_fit();
+        let Storage::Typed { column, .. } = &f.storage else { panic!("not typed") };
+        assert_eq!(column.capacity_bytes(), 800);
+        assert_eq!(values(&f), (0..100).collect::<Vec<_>>());
+        assert_eq!(f.lookback(), 3);
+        let mut o = sparse(&[Some("a"), None], 0);
+        o.shrink_to_fit();
+        assert_eq!(dense(&o), vec![Some("a".into()), None]);
     }
 
     #[test]

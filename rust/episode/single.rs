@@ -6,6 +6,7 @@
 //! steps as look-back of its successor, so the successor can still read them.
 
 use std::fmt;
+use std::sync::Arc;
 
 use super::field::{Field, Item};
 use crate::column::{Column, Index, IndexError, Resolved};
@@ -79,7 +80,8 @@ pub struct Step<'a, O, B = Vec<u8>> {
     pub observation: Item<O, B>,
     pub action: Item<O, B>,
     pub reward: Item<O, B>,
-    pub info: O,
+    /// The step's infos; `None` when none were given (absent until first read).
+    pub info: Option<O>,
     /// Extra model outputs by key (borrowed: a key is copied only when first seen).
     pub extra_model_outputs: Vec<(&'a str, Item<O, B>)>,
     pub terminated: bool,
@@ -94,7 +96,7 @@ pub struct SingleAgentCore<O> {
     pub actions: Field<O>,
     pub rewards: Field<O>,
     /// Extra model outputs by key, in the order the keys first appeared.
-    pub extra_model_outputs: Vec<(String, Field<O>)>,
+    pub extra_model_outputs: Vec<(Arc<str>, Field<O>)>,
     pub t_started: i64,
     pub t: i64,
     pub is_terminated: bool,
@@ -105,7 +107,7 @@ impl<O: Clone> Default for SingleAgentCore<O> {
     fn default() -> Self {
         SingleAgentCore {
             observations: Field::untyped(),
-            infos: Field::objects(Vec::new(), 0),
+            infos: Field::sparse(),
             actions: Field::untyped(),
             rewards: Field::untyped(),
             extra_model_outputs: Vec::new(),
@@ -143,18 +145,23 @@ impl<O: Clone> SingleAgentCore<O> {
     /// The extra-model-output field under `key`.
     #[must_use]
     pub fn extra(&self, key: &str) -> Option<&Field<O>> {
-        self.extra_model_outputs.iter().find(|(k, _)| k == key).map(|(_, f)| f)
+        self.extra_model_outputs.iter().find(|(k, _)| **k == *key).map(|(_, f)| f)
     }
 
     pub fn extra_mut(&mut self, key: &str) -> Option<&mut Field<O>> {
-        self.extra_model_outputs.iter_mut().find(|(k, _)| k == key).map(|(_, f)| f)
+        self.extra_model_outputs.iter_mut().find(|(k, _)| **k == *key).map(|(_, f)| f)
     }
 
     /// RLlib's `to_numpy`: from now on reads return batched arrays. Observations always
     /// switch; actions, rewards and extra model outputs only once the chunk has a step;
     /// infos never (they stay a list of dicts).
+    ///
+    /// Also gives back every buffer's spare capacity: a numpy'd chunk is what a runner
+    /// hands out and a learner holds, usually without appending to it again (appending
+    /// still works, growing the buffers anew).
     pub fn to_numpy(&mut self) -> Result<(), EpisodeError> {
         self.validate()?;
+        self.shrink_to_fit();
         self.observations.finalized = true;
         if !self.is_empty() {
             self.actions.finalized = true;
@@ -164,6 +171,18 @@ impl<O: Clone> SingleAgentCore<O> {
             }
         }
         Ok(())
+    }
+
+    /// Gives back the spare capacity of every field's buffers.
+    pub fn shrink_to_fit(&mut self) {
+        self.observations.shrink_to_fit();
+        self.infos.shrink_to_fit();
+        self.actions.shrink_to_fit();
+        self.rewards.shrink_to_fit();
+        for (_, field) in &mut self.extra_model_outputs {
+            field.shrink_to_fit();
+        }
+        self.extra_model_outputs.shrink_to_fit();
     }
 
     /// Sum of the chunk's rewards, when they are stored typed as one numeric scalar leaf.
@@ -214,7 +233,7 @@ impl<O: Clone> SingleAgentCore<O> {
     pub fn add_reset<B: AsRef<[u8]>>(
         &mut self,
         observation: Item<O, B>,
-        info: O,
+        info: Option<O>,
         mut to_object: impl ToObject<O>,
     ) -> Result<(), EpisodeError> {
         if self.is_reset() || self.t != self.t_started {
@@ -227,7 +246,7 @@ impl<O: Clone> SingleAgentCore<O> {
             return Err(EpisodeError::Item { field: "observation".into() });
         }
         self.observations.push(observation, |c, p| to_object(FieldName::Observations, false, c, p));
-        self.infos.push(Item::<O, B>::Object(info), |c, p| to_object(FieldName::Infos, false, c, p));
+        self.infos.push_sparse(info);
         Ok(())
     }
 
@@ -262,8 +281,7 @@ impl<O: Clone> SingleAgentCore<O> {
             .push_accepted(step.observation, |c, p| to_object(FieldName::Observations, false, c, p));
         self.actions.push_accepted(step.action, |c, p| to_object(FieldName::Actions, false, c, p));
         self.rewards.push_accepted(step.reward, |c, p| to_object(FieldName::Rewards, false, c, p));
-        self.infos
-            .push_accepted(Item::<O, B>::Object(step.info), |c, p| to_object(FieldName::Infos, false, c, p));
+        self.infos.push_sparse(step.info);
         for (key, item) in step.extra_model_outputs {
             if let Some(field) = self.extra_mut(key) {
                 field.push_accepted(item, |c, p| to_object(FieldName::Extra(key), false, c, p));
@@ -272,7 +290,7 @@ impl<O: Clone> SingleAgentCore<O> {
                 // as in RLlib.
                 let mut field = Field::untyped();
                 field.push_accepted(item, |c, p| to_object(FieldName::Extra(key), false, c, p));
-                self.extra_model_outputs.push((key.to_string(), field));
+                self.extra_model_outputs.push((super::intern_key(key), field));
             }
         }
         self.t += 1;
@@ -329,28 +347,11 @@ impl<O: Clone> SingleAgentCore<O> {
         step: Option<i64>,
         len_lookback_buffer: Option<usize>,
     ) -> Result<SingleAgentCore<O>, EpisodeError> {
-        let len = self.len() as i64;
-        let start = match start {
-            None => 0,
-            Some(s) if s < 0 => len + s,
-            Some(s) => s,
-        };
-        let stop = match stop {
-            None => len,
-            Some(s) if s < 0 => len + s,
-            Some(s) => s,
-        };
-        let keep_done = stop == len;
+        let (start, stop) = self.slice_bounds(start, stop);
+        let keep_done = stop == self.len() as i64;
         let cut = |field: &Field<O>, extra_item: i64| -> Result<Field<O>, EpisodeError> {
-            let own = field.lookback() as i64;
-            let mut lb = len_lookback_buffer.map_or(own, |l| l as i64);
-            // Never reach further back than the stored look-back allows.
-            if start >= 0 && start - lb < 0 && own < lb - start {
-                lb = own + start;
-            }
-            let index = Index::Slice { start: Some(start - lb), stop: Some(stop + extra_item), step };
-            let pos = positions(field, &index, true)?;
-            Ok(field.select(&pos, usize::try_from(lb).unwrap_or(0)))
+            let (pos, lb) = slice_positions(field, start, stop, step, len_lookback_buffer, extra_item)?;
+            Ok(field.select(&pos, lb))
         };
         let mut extra_model_outputs = Vec::with_capacity(self.extra_model_outputs.len());
         for (key, field) in &self.extra_model_outputs {
@@ -371,6 +372,41 @@ impl<O: Clone> SingleAgentCore<O> {
         };
         sliced.validate()?;
         Ok(sliced)
+    }
+
+    /// `slice`'s bounds made absolute within the chunk (negative ones count from its end).
+    fn slice_bounds(&self, start: Option<i64>, stop: Option<i64>) -> (i64, i64) {
+        let len = self.len() as i64;
+        let start = match start {
+            None => 0,
+            Some(s) if s < 0 => len + s,
+            Some(s) => s,
+        };
+        let stop = match stop {
+            None => len,
+            Some(s) if s < 0 => len + s,
+            Some(s) => s,
+        };
+        (start, stop)
+    }
+
+    /// The absolute positions of the infos that [`Self::cut`] copies into the successor
+    /// (so that the caller can give absent ones an object both episodes then share).
+    pub fn cut_info_positions(&self, len_lookback_buffer: usize) -> Result<Vec<usize>, EpisodeError> {
+        let n = len_lookback_buffer as i64 + 1;
+        positions(&self.infos, &Index::Slice { start: Some(-n), stop: None, step: None }, false)
+    }
+
+    /// The absolute positions of the infos that [`Self::slice`] with these arguments copies.
+    pub fn slice_info_positions(
+        &self,
+        start: Option<i64>,
+        stop: Option<i64>,
+        step: Option<i64>,
+        len_lookback_buffer: Option<usize>,
+    ) -> Result<Vec<usize>, EpisodeError> {
+        let (start, stop) = self.slice_bounds(start, stop);
+        Ok(slice_positions(&self.infos, start, stop, step, len_lookback_buffer, 1)?.0)
     }
 
     /// Appends `other`, the chunk that continues this episode (RLlib's `concat_episode`).
@@ -430,6 +466,26 @@ fn scalar_as_f64(dtype: crate::schema::DType, b: &[u8]) -> Option<f64> {
     }
 }
 
+/// The positions of `field` that `slice(start..stop by step)` keeps (`extra_item`: 1 for
+/// the fields with one item more per chunk), and the slice's look-back among them.
+fn slice_positions<O: Clone>(
+    field: &Field<O>,
+    start: i64,
+    stop: i64,
+    step: Option<i64>,
+    len_lookback_buffer: Option<usize>,
+    extra_item: i64,
+) -> Result<(Vec<usize>, usize), EpisodeError> {
+    let own = field.lookback() as i64;
+    let mut lb = len_lookback_buffer.map_or(own, |l| l as i64);
+    // Never reach further back than the stored look-back allows.
+    if start >= 0 && start - lb < 0 && own < lb - start {
+        lb = own + start;
+    }
+    let index = Index::Slice { start: Some(start - lb), stop: Some(stop + extra_item), step };
+    Ok((positions(field, &index, true)?, usize::try_from(lb).unwrap_or(0)))
+}
+
 /// Absolute positions of `index` (no fill) in `field`.
 fn positions<O: Clone>(
     field: &Field<O>,
@@ -487,7 +543,7 @@ mod tests {
             extra_model_outputs: vec![("logp".into(), Field::typed(scalar(), false))],
             ..Core::default()
         };
-        core.add_reset(f32_item(0.0), "i0".into(), |_, _, _: &Column, _| String::new()).unwrap();
+        core.add_reset(f32_item(0.0), Some("i0".into()), |_, _, _: &Column, _| String::new()).unwrap();
         core
     }
 
@@ -496,7 +552,7 @@ mod tests {
             observation: f32_item(t),
             action: f32_item(t * 10.0),
             reward: f32_item(t * 100.0),
-            info: format!("i{t}"),
+            info: (t as i64 % 2 == 0).then(|| format!("i{t}")),
             extra_model_outputs: vec![("logp", f32_item(-t))],
             terminated: false,
             truncated: false,
@@ -518,7 +574,7 @@ mod tests {
     fn reset_step_validate() {
         let mut e = new_episode();
         assert_eq!(
-            e.add_reset(f32_item(0.0), String::new(), |_, _, _: &Column, _| String::new()),
+            e.add_reset(f32_item(0.0), None, |_, _, _: &Column, _| String::new()),
             Err(EpisodeError::AlreadyReset)
         );
         for t in 1..=3 {
@@ -539,7 +595,7 @@ mod tests {
             observation: f32_item(2.0),
             action: f32_item(2.0),
             reward: Item::Bytes(vec![vec![0u8; 3]]),
-            info: String::new(),
+            info: None,
             extra_model_outputs: vec![],
             terminated: false,
             truncated: false,
@@ -563,7 +619,7 @@ mod tests {
                     observation: Item::Object("o".into()),
                     action: Item::Object("a".into()),
                     reward: Item::Object("r".into()),
-                    info: String::new(),
+                    info: None,
                     extra_model_outputs: vec![],
                     terminated: false,
                     truncated: false,
@@ -598,6 +654,38 @@ mod tests {
             assert_eq!(joined.t, 7);
         }
         assert_eq!(e, original, "cut leaves the episode unchanged");
+    }
+
+    /// The infos by position within the chunk and look-back (absent ones as `None`).
+    fn infos(e: &Core) -> Vec<Option<String>> {
+        (0..e.infos.geometry().total).map(|p| e.infos.object(p).cloned()).collect()
+    }
+
+    #[test]
+    fn infos_stay_sparse_through_cut_slice_concat() {
+        // Reset info "i0", then steps 1..=5 with infos only on even steps.
+        let mut e = new_episode();
+        for t in 1..=5 {
+            step(&mut e, t as f32);
+        }
+        let some = |s: &str| Some(s.to_string());
+        assert_eq!(infos(&e), vec![some("i0"), None, some("i2"), None, some("i4"), None]);
+        let Storage::Sparse { items, .. } = &e.infos.storage else { panic!("infos not sparse") };
+        assert_eq!(items.len(), 3, "absent infos take no room");
+
+        assert_eq!(e.cut_info_positions(2).unwrap(), vec![3, 4, 5]);
+        let succ = e.cut(2).unwrap();
+        assert_eq!(infos(&succ), vec![None, some("i4"), None]);
+        assert_eq!(e.slice_info_positions(Some(1), Some(3), None, Some(1)).unwrap(), vec![0, 1, 2, 3]);
+        let sliced = e.slice(Some(1), Some(3), None, Some(1)).unwrap();
+        assert_eq!(infos(&sliced), vec![some("i0"), None, some("i2"), None]);
+        assert_eq!(e.slice_info_positions(Some(0), None, Some(2), Some(0)).unwrap(), vec![0, 2, 4]);
+
+        let mut succ = succ;
+        step(&mut succ, 6.0);
+        let mut joined = e.clone();
+        joined.concat(&succ, |_, _, _: &Column, _| String::new()).unwrap();
+        assert_eq!(infos(&joined), vec![some("i0"), None, some("i2"), None, some("i4"), None, some("i6")]);
     }
 
     #[test]
@@ -638,11 +726,11 @@ mod tests {
         let mut e: Core = Core::default();
         e.add_reset(
             Item::FirstTyped {
-                schema: Schema::new(vec![Leaf::new(DType::I64, vec![])]),
+                schema: Schema::new(vec![Leaf::new(DType::I64, vec![])]).into(),
                 leaves: vec![1i64.to_ne_bytes().to_vec()],
                 host_scalars: true,
             },
-            String::new(),
+            None,
             |_, _, _: &Column, _| String::new(),
         )
         .unwrap();
@@ -650,7 +738,7 @@ mod tests {
             observation: Item::Object("text".into()),
             action: Item::Object("a".into()),
             reward: f32_item(1.0),
-            info: String::new(),
+            info: None,
             extra_model_outputs: vec![],
             terminated: false,
             truncated: false,
@@ -658,7 +746,7 @@ mod tests {
         assert!(!e.rewards.accepts(&f32_item(1.0)), "untyped field needs FirstTyped");
         let s = Step {
             reward: Item::FirstTyped {
-                schema: Schema::new(vec![Leaf::new(DType::F32, vec![])]),
+                schema: Schema::new(vec![Leaf::new(DType::F32, vec![])]).into(),
                 leaves: vec![1f32.to_ne_bytes().to_vec()],
                 host_scalars: true,
             },

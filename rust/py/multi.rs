@@ -356,7 +356,7 @@ pub fn multi_agent_add_env_step<'py>(
             AgentPlan::Step { observation, action: action_src, extra_model_outputs, add_hanging_reward } => {
                 let eps = agent_episode()?;
                 let (obs_value, info_value) = if observation == Source::Last {
-                    let (o, i) = eps.borrow().last_observation_and_infos(py)?;
+                    let (o, i) = eps.borrow_mut().last_observation_and_infos(py)?;
                     (o, Some(i))
                 } else {
                     (obs.clone().unwrap_or_else(|| py.None().into_bound(py)), info.clone())
@@ -381,7 +381,6 @@ pub fn multi_agent_add_env_step<'py>(
                 let step = eps
                     .borrow()
                     .prepare_step(
-                        py,
                         &obs_value,
                         &action_value,
                         &total,

@@ -4,6 +4,8 @@
 //! The byte bookkeeping (rows of a batch, per-module gather with its index map) is the
 //! pure core's (`crate::runner`); this layer converts numpy/Python values to and from it.
 
+use std::sync::Arc;
+
 use pyo3::exceptions::{PyKeyError, PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -93,7 +95,7 @@ impl<'py> BatchField<'py> {
             });
         }
         if let (Some(Some(rows)), Some(s)) = (&self.rows, spec) {
-            if rows.leaves == s.leaves {
+            if rows.leaves == s.schema.leaves {
                 return Ok(Input::Row(rows.row(i)?));
             }
         }
@@ -107,7 +109,7 @@ impl<'py> BatchField<'py> {
         let slices: Vec<&[u8]> = views.iter().map(AsRef::as_ref).collect();
         Rows::new(&schema, &slices, self.n).map_err(|e| PyValueError::new_err(format!("{label}: {e}")))?;
         let widths = schema.leaves.iter().map(crate::schema::Leaf::item_bytes).collect();
-        Ok(BatchRows { leaves: s.leaves.clone(), views, widths })
+        Ok(BatchRows { leaves: s.schema.leaves.clone(), views, widths })
     }
 }
 
@@ -267,8 +269,7 @@ pub fn single_agent_record_vector_step<'py>(
                 x.push((k.clone(), f.input(&e, i).map_err(|err| for_env(py, i, err))?));
             }
             Prepared::Step(
-                e.prepare_step_inputs(py, o, a, r, infos[i].as_ref(), x)
-                    .map_err(|err| for_env(py, i, err))?,
+                e.prepare_step_inputs(o, a, r, infos[i].as_ref(), x).map_err(|err| for_env(py, i, err))?,
             )
         } else {
             let o = row_object(observations, i)?;
@@ -404,7 +405,7 @@ fn agent_dict<'py>(d: &Bound<'py, PyDict>, aid: &Bound<'py, PyAny>) -> PyResult<
 #[pyclass(name = "ModuleBatcher", module = "fastrollout._core")]
 pub struct ModuleBatcherPy {
     /// Module id, its observation spec, its batch under construction.
-    modules: Vec<(String, Spec, ModuleBatch)>,
+    modules: Vec<(String, Arc<Spec>, ModuleBatch)>,
     /// Per sub-env of the last gather: the agent id of each agent slot.
     agents: Vec<Vec<Py<PyAny>>>,
 }
@@ -537,8 +538,8 @@ impl ModuleBatcherPy {
             if batch.is_empty() {
                 continue;
             }
-            let mut values = Vec::with_capacity(spec.leaves.len());
-            for (i, leaf) in spec.leaves.iter().enumerate() {
+            let mut values = Vec::with_capacity(spec.schema.leaves.len());
+            for (i, leaf) in spec.schema.leaves.iter().enumerate() {
                 let mut shape = Vec::with_capacity(leaf.shape.len() + 1);
                 shape.push(batch.len());
                 shape.extend_from_slice(&leaf.shape);

@@ -3,6 +3,8 @@
 //! The Python class keeps identity and metadata (ids, spaces, custom data, timing); this
 //! object holds the fields and does every per-step and per-read operation in one call.
 
+use std::sync::Arc;
+
 use pyo3::exceptions::{PyKeyError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
@@ -15,55 +17,122 @@ use crate::column::{Column, Index, Pos, Resolved};
 use crate::episode::{EpisodeError, Field, FieldName, Item, SingleAgentCore, Step, Storage};
 
 /// Specs of the typed fields, parallel to the core's fields.
-#[derive(Default)]
-struct Specs {
-    observations: Option<Spec>,
-    actions: Option<Spec>,
-    rewards: Option<Spec>,
-    extra_model_outputs: Vec<(String, Spec)>,
+#[derive(Default, Clone)]
+struct SpecSet {
+    observations: Option<Arc<Spec>>,
+    actions: Option<Arc<Spec>>,
+    rewards: Option<Arc<Spec>>,
+    extra_model_outputs: Vec<(Arc<str>, Arc<Spec>)>,
     /// The space RLlib gives its rewards buffer (a float32 scalar Box): fills of rewards
     /// come out as float32 through it. RLlib's `slice()` builds the rewards buffer
     /// without it, so slices do not have it either.
-    rewards_fill: Option<Spec>,
+    rewards_fill: Option<Arc<Spec>>,
+}
+
+impl SpecSet {
+    /// Same specs (interned, so compared by pointer) under the same keys.
+    fn same_as(&self, other: &SpecSet) -> bool {
+        let same = |a: &Option<Arc<Spec>>, b: &Option<Arc<Spec>>| match (a, b) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        };
+        same(&self.observations, &other.observations)
+            && same(&self.actions, &other.actions)
+            && same(&self.rewards, &other.rewards)
+            && same(&self.rewards_fill, &other.rewards_fill)
+            && self.extra_model_outputs.len() == other.extra_model_outputs.len()
+            && self
+                .extra_model_outputs
+                .iter()
+                .zip(&other.extra_model_outputs)
+                .all(|((k, a), (l, b))| k == l && Arc::ptr_eq(a, b))
+    }
+}
+
+/// Spec sets built so far (bounded, the oldest going first, as `spec::intern`'s table):
+/// the episodes of one runner all end up with the same set, so each holds one pointer
+/// instead of its own (about 300 bytes per episode with three extra model outputs).
+static INTERNED_SETS: std::sync::Mutex<Vec<Arc<SpecSet>>> = std::sync::Mutex::new(Vec::new());
+const MAX_INTERNED_SETS: usize = 64;
+
+fn intern_set(set: SpecSet) -> Arc<SpecSet> {
+    // A poisoned lock only means a panic elsewhere while it was held; the table (complete
+    // entries) is still valid.
+    let mut table = INTERNED_SETS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(s) = table.iter().find(|s| s.same_as(&set)) {
+        return Arc::clone(s);
+    }
+    let set = Arc::new(set);
+    if table.len() == MAX_INTERNED_SETS {
+        table.remove(0);
+    }
+    table.push(Arc::clone(&set));
+    set
+}
+
+/// An episode's [`SpecSet`], shared copy-on-write: reads go through `Deref`, changes
+/// (a spec inferred from a first item, a new space) make a new interned set.
+#[derive(Clone)]
+struct Specs(Arc<SpecSet>);
+
+impl std::ops::Deref for Specs {
+    type Target = SpecSet;
+
+    fn deref(&self) -> &SpecSet {
+        &self.0
+    }
 }
 
 impl Specs {
-    fn clone_ref(&self, py: Python<'_>) -> Specs {
-        let c = |s: &Option<Spec>| s.as_ref().map(|s| s.clone_ref(py));
-        Specs {
-            observations: c(&self.observations),
-            actions: c(&self.actions),
-            rewards: c(&self.rewards),
-            extra_model_outputs: self
-                .extra_model_outputs
-                .iter()
-                .map(|(k, s)| (k.clone(), s.clone_ref(py)))
-                .collect(),
-            rewards_fill: c(&self.rewards_fill),
-        }
+    /// The specs of a new episode: only RLlib's float32 rewards fill.
+    fn new(py: Python<'_>) -> Specs {
+        Specs(intern_set(SpecSet { rewards_fill: Some(spec::f32_scalar(py)), ..SpecSet::default() }))
+    }
+
+    fn update(&mut self, change: impl FnOnce(&mut SpecSet)) {
+        let mut set = (*self.0).clone();
+        change(&mut set);
+        self.0 = intern_set(set);
     }
 
     fn get(&self, name: FieldName<'_>) -> Option<&Spec> {
+        self.get_shared(name).map(|s| &**s)
+    }
+
+    fn get_shared(&self, name: FieldName<'_>) -> Option<&Arc<Spec>> {
         match name {
             FieldName::Observations => self.observations.as_ref(),
             FieldName::Actions => self.actions.as_ref(),
             FieldName::Rewards => self.rewards.as_ref(),
             FieldName::Infos => None,
-            FieldName::Extra(k) => self.extra_model_outputs.iter().find(|(n, _)| n == k).map(|(_, s)| s),
+            FieldName::Extra(k) => self.extra_model_outputs.iter().find(|(n, _)| &**n == k).map(|(_, s)| s),
         }
     }
 
-    fn set(&mut self, name: FieldName<'_>, spec: Spec) {
-        match name {
-            FieldName::Observations => self.observations = Some(spec),
-            FieldName::Actions => self.actions = Some(spec),
-            FieldName::Rewards => self.rewards = Some(spec),
-            FieldName::Infos => {}
-            FieldName::Extra(k) => {
-                self.extra_model_outputs.retain(|(n, _)| n != k);
-                self.extra_model_outputs.push((k.to_string(), spec));
+    /// Sets (`Some`) or clears (`None`) the spec of `name`.
+    fn set_opt(&mut self, name: FieldName<'_>, spec: Option<Arc<Spec>>) {
+        if let (FieldName::Extra(k), Some(s)) = (name, &spec) {
+            if self.get_shared(name).is_some_and(|old| Arc::ptr_eq(old, s)) {
+                return;
             }
+            let key = crate::episode::intern_key(k);
+            let s = Arc::clone(s);
+            return self.update(|set| {
+                set.extra_model_outputs.retain(|(n, _)| *n != key);
+                set.extra_model_outputs.push((key, s));
+            });
         }
+        self.update(|set| match name {
+            FieldName::Observations => set.observations = spec,
+            FieldName::Actions => set.actions = spec,
+            FieldName::Rewards => set.rewards = spec,
+            FieldName::Infos | FieldName::Extra(_) => {}
+        });
+    }
+
+    fn set(&mut self, name: FieldName<'_>, spec: Arc<Spec>) {
+        self.set_opt(name, Some(spec));
     }
 }
 
@@ -103,16 +172,19 @@ fn to_object(
     PyObj(value.map_or_else(|| py.None(), Bound::unbind))
 }
 
+/// One value converted for a field, with the spec inferred from it if it was the first.
+type Prepared<'py> = (Item<PyObj, LeafBytes<'py>>, Option<Arc<Spec>>);
+
 /// Converts one value for `field` (whose spec may be inferred now).
 fn prepare<'py>(
     value: &Bound<'py, PyAny>,
     field: &Field<PyObj>,
     spec: Option<&Spec>,
     name: FieldName<'_>,
-) -> PyResult<(Item<PyObj, LeafBytes<'py>>, Option<Spec>)> {
+) -> PyResult<Prepared<'py>> {
     let object = || (Item::Object(PyObj(value.clone().unbind())), None);
     match (&field.storage, spec) {
-        (Storage::Objects { .. }, _) | (Storage::Typed { .. }, None) => Ok(object()),
+        (Storage::Objects { .. } | Storage::Sparse { .. }, _) | (Storage::Typed { .. }, None) => Ok(object()),
         (Storage::Typed { .. }, Some(spec)) => {
             match spec::to_leaf_views(spec, value, None, &|| label(name)) {
                 Ok(leaves) => Ok((Item::Bytes(leaves), None)),
@@ -149,7 +221,7 @@ fn prepare_input<'py>(
     field: &Field<PyObj>,
     spec: Option<&Spec>,
     name: FieldName<'_>,
-) -> PyResult<(Item<PyObj, LeafBytes<'py>>, Option<Spec>)> {
+) -> PyResult<Prepared<'py>> {
     match value {
         Input::Object(v) => prepare(&v, field, spec, name),
         Input::Row(leaves) => Ok((Item::Bytes(leaves), None)),
@@ -206,12 +278,20 @@ fn no_space_for_one_hot(name: FieldName<'_>) -> PyErr {
     ))
 }
 
-/// `infos or {}`, as RLlib records them.
-fn infos_or_empty(py: Python<'_>, infos: Option<&Bound<'_, PyAny>>) -> PyObj {
+/// The infos to record: RLlib records `infos or {}`, a fresh empty dict where none (or
+/// a falsy value) was given. That dict is left absent (`None`) here and made when first
+/// read (see `SingleAgentEpisodePy::materialize_infos`): most envs give no infos, and a
+/// dict per step would cost more than the step's data.
+fn info_or_absent(infos: Option<&Bound<'_, PyAny>>) -> Option<PyObj> {
     match infos {
-        Some(i) if i.is_truthy().unwrap_or(true) => PyObj(i.clone().unbind()),
-        _ => PyObj(PyDict::new(py).into_any().unbind()),
+        Some(i) if i.is_truthy().unwrap_or(true) => Some(PyObj(i.clone().unbind())),
+        _ => None,
     }
+}
+
+/// A fresh empty dict: the infos RLlib records for a step without any.
+fn empty_info(py: Python<'_>) -> PyObj {
+    PyObj(PyDict::new(py).into_any().unbind())
 }
 
 fn is_number(value: &Bound<'_, PyAny>) -> PyResult<bool> {
@@ -298,7 +378,7 @@ impl SingleAgentEpisodePy {
         target: &Bound<'_, SingleAgentEpisodePy>,
         core: SingleAgentCore<PyObj>,
     ) -> PyResult<()> {
-        let specs = self.specs.clone_ref(target.py());
+        let specs = self.specs.clone();
         let mut t = target.try_borrow_mut()?;
         t.core = core;
         t.specs = specs;
@@ -321,7 +401,7 @@ impl SingleAgentEpisodePy {
     ) -> Self {
         SingleAgentEpisodePy {
             core: SingleAgentCore::default(),
-            specs: Specs { rewards_fill: Some(spec::f32_scalar(py)), ..Specs::default() },
+            specs: Specs::new(py),
             start_time: None,
             last_step_time: None,
         }
@@ -343,7 +423,7 @@ impl SingleAgentEpisodePy {
                 }
             }
             (Storage::Typed { column, .. }, Some(s))
-                if column.total() == 0 || *column.schema() == s.schema() =>
+                if column.total() == 0 || *column.schema() == *s.schema =>
             {
                 if column.total() == 0 {
                     *f = Field {
@@ -360,8 +440,7 @@ impl SingleAgentEpisodePy {
         match new {
             Some(s) => self.specs.set(name, s),
             None => match name {
-                FieldName::Observations => self.specs.observations = None,
-                FieldName::Actions => self.specs.actions = None,
+                FieldName::Observations | FieldName::Actions => self.specs.set_opt(name, None),
                 _ => {}
             },
         }
@@ -402,7 +481,7 @@ impl SingleAgentEpisodePy {
         truncated: bool,
         extra_model_outputs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<()> {
-        let prepared = self.prepare_step(py, observation, action, reward, infos, extra_model_outputs)?;
+        let prepared = self.prepare_step(observation, action, reward, infos, extra_model_outputs)?;
         self.apply_step(py, prepared, terminated, truncated)
     }
 
@@ -421,7 +500,7 @@ impl SingleAgentEpisodePy {
         let name = field_name(field, key)?;
         if let FieldName::Extra(k) = name {
             if self.core.extra(k).is_none() {
-                self.core.extra_model_outputs.push((k.to_string(), Field::untyped()));
+                self.core.extra_model_outputs.push((crate::episode::intern_key(k), Field::untyped()));
             }
         }
         // A Python list holds items; anything else (an array, or a dict/tuple of arrays for
@@ -463,6 +542,15 @@ impl SingleAgentEpisodePy {
         Ok(())
     }
 
+    /// Appends `n` infos that were not given: RLlib's fresh empty dicts, made when first
+    /// read (see `info_or_absent`).
+    #[pyo3(name = "_extend_empty_infos")]
+    fn extend_empty_infos(&mut self, n: usize) {
+        for _ in 0..n {
+            self.core.infos.push_sparse(None);
+        }
+    }
+
     /// Sets how many of a field's stored items are look-back (capped at what is stored).
     #[pyo3(signature = (field, lookback, key=None))]
     #[pyo3(name = "_set_lookback")]
@@ -493,7 +581,7 @@ impl SingleAgentEpisodePy {
     /// The keys of the extra model outputs, in the order they first appeared.
     #[pyo3(name = "_extra_keys")]
     fn extra_keys(&self) -> Vec<String> {
-        self.core.extra_model_outputs.iter().map(|(k, _)| k.clone()).collect()
+        self.core.extra_model_outputs.iter().map(|(k, _)| k.to_string()).collect()
     }
 
     #[getter]
@@ -568,7 +656,18 @@ impl SingleAgentEpisodePy {
     /// Writes the successor chunk of `cut(len_lookback_buffer)` into `target`, a fresh
     /// episode object.
     #[pyo3(name = "_cut_into")]
-    fn cut_into(&self, target: &Bound<'_, SingleAgentEpisodePy>, len_lookback_buffer: usize) -> PyResult<()> {
+    fn cut_into(
+        &mut self,
+        py: Python<'_>,
+        target: &Bound<'_, SingleAgentEpisodePy>,
+        len_lookback_buffer: usize,
+    ) -> PyResult<()> {
+        // RLlib's successor holds the very info dicts of its look-back: make the absent
+        // ones here first, so both episodes share them (a handful per cut).
+        if !self.core.is_done() {
+            let shared = self.core.cut_info_positions(len_lookback_buffer).map_err(|e| episode_error(&e))?;
+            self.core.infos.materialize(&shared, || empty_info(py));
+        }
         let core = self.core.cut(len_lookback_buffer).map_err(|e| episode_error(&e))?;
         self.fill_target(target, core)
     }
@@ -577,7 +676,8 @@ impl SingleAgentEpisodePy {
     /// object.
     #[pyo3(name = "_slice_into", signature = (target, start, stop, step, len_lookback_buffer=None))]
     fn slice_into(
-        &self,
+        &mut self,
+        py: Python<'_>,
         target: &Bound<'_, SingleAgentEpisodePy>,
         start: Option<i64>,
         stop: Option<i64>,
@@ -587,29 +687,41 @@ impl SingleAgentEpisodePy {
         if step == Some(0) {
             return Err(PyValueError::new_err("slice step cannot be zero"));
         }
+        // The slice holds the very info dicts of this episode, as in RLlib: make the
+        // absent ones first so both share them. An error is left to `slice` to report.
+        if let Ok(shared) = self.core.slice_info_positions(start, stop, step, len_lookback_buffer) {
+            self.core.infos.materialize(&shared, || empty_info(py));
+        }
         let core = self.core.slice(start, stop, step, len_lookback_buffer).map_err(|e| episode_error(&e))?;
         self.fill_target(target, core)?;
-        target.try_borrow_mut()?.specs.rewards_fill = None;
+        target.try_borrow_mut()?.specs.update(|set| set.rewards_fill = None);
         Ok(())
     }
 
     /// Appends `other`'s chunk (see `SingleAgentEpisode.concat_episode`).
     #[pyo3(name = "_concat")]
-    fn concat(&mut self, py: Python<'_>, other: &SingleAgentEpisodePy) -> PyResult<()> {
+    fn concat(&mut self, py: Python<'_>, other: &Bound<'_, SingleAgentEpisodePy>) -> PyResult<()> {
+        let mut other = other.try_borrow_mut()?;
+        // This episode goes on with the other chunk's info dicts themselves, as in RLlib:
+        // make its absent ones first so both share them.
+        let g = other.core.infos.geometry();
+        let chunk: Vec<usize> = (g.lookback..g.total).collect();
+        other.core.infos.materialize(&chunk, || empty_info(py));
+        let other = &*other;
         let specs = &self.specs;
         self.core
             .concat(&other.core, |n, o, c, p| to_object(py, specs, Some(&other.specs), n, o, c, p))
             .map_err(|e| episode_error(&e))?;
         for name in [FieldName::Observations, FieldName::Actions, FieldName::Rewards] {
             if self.specs.get(name).is_none() {
-                if let Some(s) = other.specs.get(name) {
-                    self.specs.set(name, s.clone_ref(py));
+                if let Some(s) = other.specs.get_shared(name) {
+                    self.specs.set(name, Arc::clone(s));
                 }
             }
         }
         for (k, s) in &other.specs.extra_model_outputs {
             if self.specs.get(FieldName::Extra(k)).is_none() {
-                self.specs.set(FieldName::Extra(k), s.clone_ref(py));
+                self.specs.set(FieldName::Extra(k), Arc::clone(s));
             }
         }
         Ok(())
@@ -631,13 +743,13 @@ impl SingleAgentEpisodePy {
     /// Reads infos with RLlib's index semantics.
     #[pyo3(signature = (indices=None, *, neg_index_as_lookback=false, fill=None))]
     fn get_infos<'py>(
-        &self,
+        &mut self,
         py: Python<'py>,
         indices: Option<&Bound<'py, PyAny>>,
         neg_index_as_lookback: bool,
         fill: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        self.get(py, "infos", None, indices, neg_index_as_lookback, fill, false)
+        self.get_py(py, "infos", None, indices, neg_index_as_lookback, fill, false)
     }
 
     /// Reads actions with RLlib's index semantics.
@@ -795,8 +907,8 @@ impl SingleAgentEpisodePy {
     #[pyo3(signature = (field, key=None, indices=None, neg_index_as_lookback=false, fill=None, one_hot_discrete=false))]
     #[allow(clippy::too_many_arguments)]
     #[pyo3(name = "_get")]
-    fn get<'py>(
-        &self,
+    fn get_py<'py>(
+        &mut self,
         py: Python<'py>,
         field: &str,
         key: Option<&str>,
@@ -805,9 +917,11 @@ impl SingleAgentEpisodePy {
         fill: Option<&Bound<'py, PyAny>>,
         one_hot_discrete: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let name = field_name(field, key)?;
-        let f = self.field(name)?;
-        self.read(py, name, f, self.specs.get(name), indices, neg_index_as_lookback, fill, one_hot_discrete)
+        if field == "infos" {
+            let g = self.core.infos.geometry();
+            self.materialize_infos(py, g, indices, neg_index_as_lookback, fill)?;
+        }
+        self.get(py, field, key, indices, neg_index_as_lookback, fill, one_hot_discrete)
     }
 
     /// `_get` on a view of the field with the last stored item left out
@@ -819,7 +933,7 @@ impl SingleAgentEpisodePy {
     #[allow(clippy::too_many_arguments)]
     #[pyo3(name = "_get_ext")]
     fn get_ext<'py>(
-        &self,
+        &mut self,
         py: Python<'py>,
         field: &str,
         key: Option<&str>,
@@ -831,12 +945,20 @@ impl SingleAgentEpisodePy {
         ignore_last: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let name = field_name(field, key)?;
+        let add_last = add_last.filter(|v| !v.is_none());
+        if name == FieldName::Infos {
+            // The indices address the view (one item more with `add_last`, one less
+            // with `ignore_last`): resolve them against its geometry.
+            let mut g = self.core.infos.geometry();
+            g.total = (g.total + usize::from(add_last.is_some())).saturating_sub(usize::from(ignore_last));
+            g.lookback = g.lookback.min(g.total);
+            self.materialize_infos(py, g, indices, neg_index_as_lookback, fill)?;
+        }
         let untyped = Field::untyped();
         let stored = match name {
             FieldName::Extra(k) => self.core.extra(k).unwrap_or(&untyped),
             _ => self.field(name)?,
         };
-        let add_last = add_last.filter(|v| !v.is_none());
         if add_last.is_none() && !ignore_last {
             return self.read(
                 py,
@@ -856,9 +978,9 @@ impl SingleAgentEpisodePy {
                 view.remove(total - 1);
             }
         }
-        let mut spec = self.specs.get(name).map(|s| s.clone_ref(py));
+        let mut spec = self.specs.get_shared(name).cloned();
         if let Some(value) = add_last {
-            let (item, inferred) = prepare(value, &view, spec.as_ref(), name)?;
+            let (item, inferred) = prepare(value, &view, spec.as_deref(), name)?;
             let specs = &self.specs;
             if !view.push(item, |c, p| to_object(py, specs, None, name, false, c, p)) {
                 return Err(super::errors::SpaceMismatchError::new_err(format!(
@@ -870,7 +992,7 @@ impl SingleAgentEpisodePy {
                 spec = inferred;
             }
         }
-        self.read(py, name, &view, spec.as_ref(), indices, neg_index_as_lookback, fill, one_hot_discrete)
+        self.read(py, name, &view, spec.as_deref(), indices, neg_index_as_lookback, fill, one_hot_discrete)
     }
 
     /// Overwrites items of a field with RLlib's index semantics (`None` = the whole chunk).
@@ -925,14 +1047,14 @@ impl SingleAgentEpisodePy {
         } else {
             None
         };
-        let spec = self.specs.get(name).map(|s| s.clone_ref(new_data.py()));
+        let spec = self.specs.get_shared(name).cloned();
         let f = self.field_mut(name)?;
         #[allow(clippy::single_match_else)]
         match (&mut f.storage, spec) {
             (Storage::Typed { column, .. }, Some(spec)) => {
                 let leaves: Vec<Vec<u8>> = match values {
                     Some(vals) => {
-                        let mut acc = vec![Vec::new(); spec.leaves.len()];
+                        let mut acc = vec![Vec::new(); spec.schema.leaves.len()];
                         for v in &vals {
                             for (a, b) in
                                 acc.iter_mut().zip(spec::to_leaves(&spec, v, None, &|| label(name))?)
@@ -944,7 +1066,7 @@ impl SingleAgentEpisodePy {
                     }
                     None => {
                         let leaves = spec::to_leaves(&spec, new_data, Some(None), &|| label(name))?;
-                        if let Some(l) = spec.leaves.first() {
+                        if let Some(l) = spec.schema.leaves.first() {
                             let n = if l.item_bytes() == 0 {
                                 positions.len()
                             } else {
@@ -976,6 +1098,22 @@ impl SingleAgentEpisodePy {
                 }
                 for (p, v) in positions.iter().zip(vals) {
                     items[*p] = PyObj(v.unbind());
+                }
+                Ok(())
+            }
+            (Storage::Sparse { .. }, _) => {
+                let vals = match values {
+                    Some(v) => v,
+                    None => new_data.try_iter()?.collect::<PyResult<Vec<_>>>()?,
+                };
+                if vals.len() != positions.len() {
+                    return Err(column_error(&crate::column::ColumnError::SetLength {
+                        selected: positions.len(),
+                        given: vals.len(),
+                    }));
+                }
+                for (p, v) in positions.iter().zip(vals) {
+                    f.set_object(*p, PyObj(v.unbind()));
                 }
                 Ok(())
             }
@@ -1039,8 +1177,8 @@ impl SingleAgentEpisodePy {
         }
         let fill_rows: Vec<usize> =
             positions.iter().enumerate().filter(|(_, p)| matches!(p, Pos::Fill)).map(|(i, _)| i).collect();
-        let mut leaves = Vec::with_capacity(spec.leaves.len());
-        for (i, leaf) in spec.leaves.iter().enumerate() {
+        let mut leaves = Vec::with_capacity(spec.schema.leaves.len());
+        for (i, leaf) in spec.schema.leaves.iter().enumerate() {
             let mut shape = vec![positions.len()];
             shape.extend_from_slice(&leaf.shape);
             let descr = spec.descrs[i].bind(py);
@@ -1074,6 +1212,51 @@ impl SingleAgentEpisodePy {
 }
 
 impl SingleAgentEpisodePy {
+    /// Reads a field of this episode with RLlib's index semantics (absent infos must have
+    /// been made first: see [`Self::materialize_infos`]).
+    #[allow(clippy::too_many_arguments)]
+    fn get<'py>(
+        &self,
+        py: Python<'py>,
+        field: &str,
+        key: Option<&str>,
+        indices: Option<&Bound<'py, PyAny>>,
+        neg_index_as_lookback: bool,
+        fill: Option<&Bound<'py, PyAny>>,
+        one_hot_discrete: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let name = field_name(field, key)?;
+        let f = self.field(name)?;
+        self.read(py, name, f, self.specs.get(name), indices, neg_index_as_lookback, fill, one_hot_discrete)
+    }
+
+    /// Makes the empty dicts of the absent infos that a read of `indices` (against
+    /// geometry `g`) returns, and stores them, so that this read and every later one
+    /// hand out the same dict objects (RLlib returns its stored dicts: a caller that
+    /// mutates one sees the change on the next read). Index errors are left to the read.
+    fn materialize_infos(
+        &mut self,
+        py: Python<'_>,
+        g: crate::column::Geometry,
+        indices: Option<&Bound<'_, PyAny>>,
+        neg_index_as_lookback: bool,
+        fill: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let fill = fill.is_some_and(|f| !f.is_none());
+        let Ok(resolved) = g.resolve(&to_index(indices)?, neg_index_as_lookback, fill) else {
+            return Ok(());
+        };
+        let positions: Vec<usize> = match resolved {
+            Resolved::One(Pos::At(p)) => vec![p],
+            Resolved::One(Pos::Fill) => Vec::new(),
+            Resolved::Many(v) => {
+                v.into_iter().filter_map(|p| if let Pos::At(p) = p { Some(p) } else { None }).collect()
+            }
+        };
+        self.core.infos.materialize(&positions, || empty_info(py));
+        Ok(())
+    }
+
     /// Reads `f` (a field of this episode, or a view of one) with RLlib's index semantics.
     // One match over storage kind x index form x finalized; splitting it would scatter
     // the RLlib rules it mirrors.
@@ -1123,7 +1306,7 @@ impl SingleAgentEpisodePy {
         // The fill item in list form: np.full per leaf with a space, the raw value without.
         // The space fills come from: the field's own, or RLlib's float32 rewards space.
         let fill_spec =
-            spaced.or(if name == FieldName::Rewards { self.specs.rewards_fill.as_ref() } else { None });
+            spaced.or(if name == FieldName::Rewards { self.specs.rewards_fill.as_deref() } else { None });
         let fill_item = |fill: &Bound<'py, PyAny>| -> PyResult<Bound<'py, PyAny>> {
             match fill_spec {
                 Some(s) => spec::fill_item(py, s, fill, one_hot),
@@ -1184,6 +1367,12 @@ impl SingleAgentEpisodePy {
                 let object_at = |p: &Pos| -> PyResult<Bound<'py, PyAny>> {
                     match (p, storage) {
                         (Pos::At(p), Storage::Objects { items, .. }) => Ok(items[*p].0.bind(py).clone()),
+                        (Pos::At(p), Storage::Sparse { .. }) => match f.object(*p) {
+                            Some(o) => Ok(o.0.bind(py).clone()),
+                            // Reads of this episode's infos made them first; a view's
+                            // absent item is a fresh empty dict, as RLlib's would be.
+                            None => Ok(empty_info(py).0.into_bound(py)),
+                        },
                         (Pos::Fill, _) => {
                             fill_item(fill.ok_or_else(|| PyValueError::new_err("internal error: fill"))?)
                         }
@@ -1213,16 +1402,16 @@ pub struct PreparedStep<'py> {
     observation: Item<PyObj, LeafBytes<'py>>,
     action: Item<PyObj, LeafBytes<'py>>,
     reward: Item<PyObj, LeafBytes<'py>>,
-    info: PyObj,
+    info: Option<PyObj>,
     extras: Vec<(Bound<'py, PyString>, Item<PyObj, LeafBytes<'py>>)>,
     /// Specs inferred from first items, stored once the step is.
-    specs: Vec<(SpecSlot, Spec)>,
+    specs: Vec<(SpecSlot, Arc<Spec>)>,
 }
 
 /// A reset observation, converted and checked against an episode, not yet stored.
 pub struct PreparedReset<'py> {
     observation: Item<PyObj, LeafBytes<'py>>,
-    spec: Option<Spec>,
+    spec: Option<Arc<Spec>>,
 }
 
 /// Which field an inferred spec belongs to (owned: it outlives the borrowed extra keys).
@@ -1251,7 +1440,7 @@ impl SingleAgentEpisodePy {
         let (observation, spec) = prepare(
             observation,
             &self.core.observations,
-            self.specs.observations.as_ref(),
+            self.specs.observations.as_deref(),
             FieldName::Observations,
         )?;
         Ok(PreparedReset { observation, spec })
@@ -1266,12 +1455,12 @@ impl SingleAgentEpisodePy {
     ) -> PyResult<()> {
         let specs = &self.specs;
         self.core
-            .add_reset(prepared.observation, infos_or_empty(py, infos), |n, o, c, p| {
+            .add_reset(prepared.observation, info_or_absent(infos), |n, o, c, p| {
                 to_object(py, specs, None, n, o, c, p)
             })
             .map_err(|e| episode_error(&e))?;
         if let Some(s) = prepared.spec {
-            self.specs.observations = Some(s);
+            self.specs.set(FieldName::Observations, s);
         }
         self.start_time = Some(perf_counter());
         Ok(())
@@ -1281,7 +1470,6 @@ impl SingleAgentEpisodePy {
     /// that a caller recording several episodes can check all of them first.
     pub fn prepare_step<'py>(
         &self,
-        py: Python<'py>,
         observation: &Bound<'py, PyAny>,
         action: &Bound<'py, PyAny>,
         reward: &Bound<'py, PyAny>,
@@ -1301,7 +1489,6 @@ impl SingleAgentEpisodePy {
             }
         }
         self.prepare_step_inputs(
-            py,
             Input::Object(observation.clone()),
             Input::Object(action.clone()),
             Input::Object(reward.clone()),
@@ -1318,7 +1505,7 @@ impl SingleAgentEpisodePy {
             _ => self.field(name).ok()?,
         };
         match (&field.storage, self.specs.get(name)) {
-            (Storage::Typed { column, .. }, Some(spec)) if column.schema().leaves == spec.leaves => {
+            (Storage::Typed { column, .. }, Some(spec)) if column.schema().leaves == spec.schema.leaves => {
                 Some(spec)
             }
             _ => None,
@@ -1328,7 +1515,6 @@ impl SingleAgentEpisodePy {
     /// [`Self::prepare_step`] for values that may be rows of batches (a vector env's step).
     pub fn prepare_step_inputs<'py>(
         &self,
-        py: Python<'py>,
         observation: Input<'py>,
         action: Input<'py>,
         reward: Input<'py>,
@@ -1351,7 +1537,7 @@ impl SingleAgentEpisodePy {
             }
         }
         let mut specs = Vec::new();
-        let mut keep = |slot: SpecSlot, s: Option<Spec>| {
+        let mut keep = |slot: SpecSlot, s: Option<Arc<Spec>>| {
             if let Some(s) = s {
                 specs.push((slot, s));
             }
@@ -1359,15 +1545,15 @@ impl SingleAgentEpisodePy {
         let (observation, s) = prepare_input(
             observation,
             &self.core.observations,
-            self.specs.observations.as_ref(),
+            self.specs.observations.as_deref(),
             FieldName::Observations,
         )?;
         keep(SpecSlot::Observations, s);
         let (action, s) =
-            prepare_input(action, &self.core.actions, self.specs.actions.as_ref(), FieldName::Actions)?;
+            prepare_input(action, &self.core.actions, self.specs.actions.as_deref(), FieldName::Actions)?;
         keep(SpecSlot::Actions, s);
         let (reward, s) =
-            prepare_input(reward, &self.core.rewards, self.specs.rewards.as_ref(), FieldName::Rewards)?;
+            prepare_input(reward, &self.core.rewards, self.specs.rewards.as_deref(), FieldName::Rewards)?;
         keep(SpecSlot::Rewards, s);
         let mut extras = Vec::with_capacity(extra_model_outputs.len());
         let untyped = Field::untyped();
@@ -1381,7 +1567,7 @@ impl SingleAgentEpisodePy {
             }
             extras.push((k, item));
         }
-        Ok(PreparedStep { observation, action, reward, info: infos_or_empty(py, infos), extras, specs })
+        Ok(PreparedStep { observation, action, reward, info: info_or_absent(infos), extras, specs })
     }
 
     /// Stores a prepared step (checked again by the core; nothing is stored on error).
@@ -1420,12 +1606,12 @@ impl SingleAgentEpisodePy {
 
     /// The last stored observation and infos (for an agent terminated right after acting).
     pub fn last_observation_and_infos<'py>(
-        &self,
+        &mut self,
         py: Python<'py>,
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
         let minus_one = (-1i64).into_pyobject(py)?.into_any();
         let obs = self.get(py, "observations", None, Some(&minus_one), false, None, false)?;
-        let infos = self.get(py, "infos", None, Some(&minus_one), false, None, false)?;
+        let infos = self.get_py(py, "infos", None, Some(&minus_one), false, None, false)?;
         Ok((obs, infos))
     }
 

@@ -6,6 +6,7 @@
 //! gathered bytes -> one new numpy array per leaf (one copy).
 
 use std::fmt::Write as _;
+use std::sync::{Arc, Mutex};
 
 use numpy::npyffi::{self, npy_intp, PY_ARRAY_API};
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
@@ -24,20 +25,14 @@ pub enum Tree {
     Tuple(Vec<Tree>),
 }
 
-impl Tree {
-    fn clone_ref(&self, py: Python<'_>) -> Tree {
-        match self {
-            Tree::Leaf(i) => Tree::Leaf(*i),
-            Tree::Dict(v) => Tree::Dict(v.iter().map(|(k, t)| (k.clone_ref(py), t.clone_ref(py))).collect()),
-            Tree::Tuple(v) => Tree::Tuple(v.iter().map(|t| t.clone_ref(py)).collect()),
-        }
-    }
-}
-
 /// How one field's values are stored and handed back.
+///
+/// Immutable once built and shared (`Arc`): every episode with the same space (or the
+/// same inferred layout) points at one interned spec (see [`intern`]), and its columns at
+/// the spec's schema, instead of each holding copies (about 1.5 KB per episode).
 pub struct Spec {
     pub tree: Tree,
-    pub leaves: Vec<Leaf>,
+    pub schema: Arc<Schema>,
     pub descrs: Vec<Py<PyArrayDescr>>,
     /// From a gymnasium space: values that do not fit are errors. Inferred specs instead
     /// fall back to object storage.
@@ -45,18 +40,55 @@ pub struct Spec {
 }
 
 impl Spec {
-    pub fn clone_ref(&self, py: Python<'_>) -> Spec {
-        Spec {
-            tree: self.tree.clone_ref(py),
-            leaves: self.leaves.clone(),
-            descrs: self.descrs.iter().map(|d| d.clone_ref(py)).collect(),
-            from_space: self.from_space,
-        }
+    pub fn schema(&self) -> Arc<Schema> {
+        Arc::clone(&self.schema)
     }
 
-    pub fn schema(&self) -> Schema {
-        Schema::new(self.leaves.clone())
+    /// Whether `other` describes the same layout with the same Python objects (dtype
+    /// descriptors and dict keys compared by identity: cheap, and never wrong, at worst
+    /// two equal specs stay apart).
+    fn same_as(&self, other: &Spec) -> bool {
+        fn same_tree(a: &Tree, b: &Tree) -> bool {
+            match (a, b) {
+                (Tree::Leaf(i), Tree::Leaf(j)) => i == j,
+                (Tree::Dict(x), Tree::Dict(y)) => {
+                    x.len() == y.len()
+                        && x.iter().zip(y).all(|((k, s), (l, t))| k.as_ptr() == l.as_ptr() && same_tree(s, t))
+                }
+                (Tree::Tuple(x), Tree::Tuple(y)) => {
+                    x.len() == y.len() && x.iter().zip(y).all(|(s, t)| same_tree(s, t))
+                }
+                _ => false,
+            }
+        }
+        self.from_space == other.from_space
+            && self.schema == other.schema
+            && self.descrs.len() == other.descrs.len()
+            && self.descrs.iter().zip(&other.descrs).all(|(a, b)| a.as_ptr() == b.as_ptr())
+            && same_tree(&self.tree, &other.tree)
     }
+}
+
+/// Specs built so far, so that equal ones are shared; bounded (the oldest goes first).
+static INTERNED: Mutex<Vec<Arc<Spec>>> = Mutex::new(Vec::new());
+const MAX_INTERNED: usize = 64;
+
+/// The shared spec equal to `spec` (see [`Spec::same_as`]), interning it if it is new.
+pub fn intern(spec: Spec) -> Arc<Spec> {
+    // A poisoned lock only means a panic elsewhere while it was held; the table itself
+    // (a Vec of complete entries) is still valid.
+    let mut table = INTERNED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(s) = table.iter().find(|s| s.same_as(&spec)) {
+        return Arc::clone(s);
+    }
+    let spec = Arc::new(spec);
+    if table.len() == MAX_INTERNED {
+        // The oldest goes (its users keep their pointer): a long-lived process that has
+        // seen many layouts still shares the ones it uses now.
+        table.remove(0);
+    }
+    table.push(Arc::clone(&spec));
+    spec
 }
 
 fn kind_of(descr: &Bound<'_, PyArrayDescr>) -> Option<Kind> {
@@ -100,11 +132,11 @@ fn shape_of(obj: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
 
 /// Builds the spec of a gymnasium space; `None` for spaces without a fixed numeric
 /// layout (Text, Graph, Sequence, ...), whose values are stored as objects.
-pub fn from_space(space: &Bound<'_, PyAny>) -> PyResult<Option<Spec>> {
+pub fn from_space(space: &Bound<'_, PyAny>) -> PyResult<Option<Arc<Spec>>> {
     let mut leaves = Vec::new();
     let mut descrs = Vec::new();
     let Some(tree) = walk_space(space, &mut leaves, &mut descrs)? else { return Ok(None) };
-    Ok(Some(Spec { tree, leaves, descrs, from_space: true }))
+    Ok(Some(intern(Spec { tree, schema: Arc::new(Schema::new(leaves)), descrs, from_space: true })))
 }
 
 fn walk_space(
@@ -163,12 +195,13 @@ fn walk_space(
 /// Infers a spec from a first item given without a space: numbers, numeric arrays and
 /// dicts/tuples of them. Returns the spec and whether the item was a plain Python scalar
 /// (then items are handed back as Python scalars before `to_numpy`, as given).
-pub fn infer(value: &Bound<'_, PyAny>) -> PyResult<Option<(Spec, bool)>> {
+pub fn infer(value: &Bound<'_, PyAny>) -> PyResult<Option<(Arc<Spec>, bool)>> {
     let mut leaves = Vec::new();
     let mut descrs = Vec::new();
     let host_scalar = is_host_scalar(value);
     let Some(tree) = walk_value(value, &mut leaves, &mut descrs)? else { return Ok(None) };
-    Ok(Some((Spec { tree, leaves, descrs, from_space: false }, host_scalar)))
+    let spec = Spec { tree, schema: Arc::new(Schema::new(leaves)), descrs, from_space: false };
+    Ok(Some((intern(spec), host_scalar)))
 }
 
 fn is_host_scalar(value: &Bound<'_, PyAny>) -> bool {
@@ -469,11 +502,12 @@ pub fn to_leaf_views<'py>(
 ) -> PyResult<Vec<LeafBytes<'py>>> {
     // One leaf (the common case: a Box, Discrete, a scalar) needs no tree walk.
     if let Tree::Leaf(0) = spec.tree {
-        let leaf = &spec.leaves[0];
+        let leaf = &spec.schema.leaves[0];
         let descr = spec.descrs[0].bind(value.py());
         return Ok(vec![leaf_bytes(value, leaf, descr, batch, &|| field())?]);
     }
-    let mut out: Vec<LeafBytes<'py>> = (0..spec.leaves.len()).map(|_| LeafBytes::Owned(Vec::new())).collect();
+    let mut out: Vec<LeafBytes<'py>> =
+        (0..spec.schema.leaves.len()).map(|_| LeafBytes::Owned(Vec::new())).collect();
     let mut path = String::new();
     let mut batch = batch;
     flatten_into(spec, &spec.tree, value, &mut batch, field, &mut path, &mut out, value.py())?;
@@ -497,7 +531,7 @@ fn flatten_into<'py>(
         Tree::Leaf(i) => {
             let what = || what(path);
             let descr = spec.descrs[*i].bind(py);
-            let leaf = &spec.leaves[*i];
+            let leaf = &spec.schema.leaves[*i];
             let bytes = leaf_bytes(value, leaf, descr, *batch, &what)?;
             if let Some(None) = batch {
                 // The first leaf fixes the batch size for the others.
@@ -656,14 +690,17 @@ pub fn nest<'py>(
     })
 }
 
-/// The spec of a float32 scalar Box (RLlib's space for rewards buffers).
-pub fn f32_scalar(py: Python<'_>) -> Spec {
-    Spec {
-        tree: Tree::Leaf(0),
-        leaves: vec![Leaf::new(DType::F32, vec![])],
-        descrs: vec![f32_descr(py).unbind()],
-        from_space: true,
-    }
+/// The spec of a float32 scalar Box (RLlib's space for rewards buffers), shared.
+pub fn f32_scalar(py: Python<'_>) -> Arc<Spec> {
+    static F32: PyOnceLock<Arc<Spec>> = PyOnceLock::new();
+    Arc::clone(F32.get_or_init(py, || {
+        Arc::new(Spec {
+            tree: Tree::Leaf(0),
+            schema: Arc::new(Schema::new(vec![Leaf::new(DType::F32, vec![])])),
+            descrs: vec![f32_descr(py).unbind()],
+            from_space: true,
+        })
+    }))
 }
 
 /// The float32 descriptor used for one-hot output.
@@ -680,8 +717,8 @@ pub fn item<'py>(
     host_scalars: bool,
     one_hot: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let mut values = Vec::with_capacity(spec.leaves.len());
-    for (i, leaf) in spec.leaves.iter().enumerate() {
+    let mut values = Vec::with_capacity(spec.schema.leaves.len());
+    for (i, leaf) in spec.schema.leaves.iter().enumerate() {
         let bytes = column.item(i, pos);
         let v = if one_hot && leaf.one_hot_width().is_some() {
             let mut out = Vec::new();
@@ -706,7 +743,8 @@ pub fn fill_leaves(
     one_hot: bool,
 ) -> PyResult<Vec<Vec<u8>>> {
     let np = numpy(py)?;
-    spec.leaves
+    spec.schema
+        .leaves
         .iter()
         .enumerate()
         .map(|(i, leaf)| {
@@ -729,8 +767,8 @@ pub fn fill_item<'py>(
     one_hot: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
     let bytes = fill_leaves(py, spec, fill, one_hot)?;
-    let mut values = Vec::with_capacity(spec.leaves.len());
-    for (i, leaf) in spec.leaves.iter().enumerate() {
+    let mut values = Vec::with_capacity(spec.schema.leaves.len());
+    for (i, leaf) in spec.schema.leaves.iter().enumerate() {
         let v = match leaf.one_hot_width() {
             Some(w) if one_hot => new_array(py, &f32_descr(py), &[w], &bytes[i])?,
             _ => new_array(py, spec.descrs[i].bind(py), &leaf.shape, &bytes[i])?,
@@ -749,8 +787,8 @@ pub fn batch<'py>(
     fill: Option<&[Vec<u8>]>,
     one_hot: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let mut values = Vec::with_capacity(spec.leaves.len());
-    for (i, leaf) in spec.leaves.iter().enumerate() {
+    let mut values = Vec::with_capacity(spec.schema.leaves.len());
+    for (i, leaf) in spec.schema.leaves.iter().enumerate() {
         let hot = one_hot && leaf.one_hot_width().is_some();
         let mut shape = vec![positions.len()];
         let f32 = f32_descr(py);

@@ -9,6 +9,7 @@
 //! bookkeeping and live here, free of Python.
 
 use std::fmt;
+use std::sync::Arc;
 
 use crate::schema::Schema;
 
@@ -102,14 +103,15 @@ impl<'a> Rows<'a> {
 /// state does not allocate here.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ModuleBatch {
-    schema: Schema,
+    schema: Arc<Schema>,
     leaves: Vec<Vec<u8>>,
     index: Vec<(usize, usize)>,
 }
 
 impl ModuleBatch {
     #[must_use]
-    pub fn new(schema: Schema) -> ModuleBatch {
+    pub fn new(schema: impl Into<Arc<Schema>>) -> ModuleBatch {
+        let schema = schema.into();
         let leaves = vec![Vec::new(); schema.leaves.len()];
         ModuleBatch { schema, leaves, index: Vec::new() }
     }

@@ -118,7 +118,8 @@ class SingleAgentEpisode(SingleAgentEpisodeCore):
         self.multi_agent_episode_id = multi_agent_episode_id
         self._observation_space = observation_space
         self._action_space = action_space
-        self._custom_data: dict[str, Any] = {}
+        # Made on first use: most episodes never get custom data (a dict is 64 bytes).
+        self._custom_data: dict[str, Any] | None = None
         if observation_space is not None:
             self._set_space("observations", observation_space)
         if action_space is not None:
@@ -129,10 +130,11 @@ class SingleAgentEpisode(SingleAgentEpisodeCore):
             lookback = num_rewards
         else:
             lookback = int(len_lookback_buffer)
-        if not infos and observations is not None:
-            infos = [{} for _ in range(len(observations))]
         for field, data in zip(_FIELDS, (observations, infos, actions, rewards), strict=True):
-            if data is not None:
+            if field == "infos" and not infos:
+                # RLlib's default: an empty dict per observation (made when first read).
+                self._extend_empty_infos(len(observations) if observations is not None else 0)
+            elif data is not None:
                 self._extend(field, data)
             self._set_lookback(field, lookback)
         for key, data in (extra_model_outputs or {}).items():
@@ -153,7 +155,7 @@ class SingleAgentEpisode(SingleAgentEpisodeCore):
         episode.multi_agent_episode_id = self.multi_agent_episode_id
         episode._observation_space = self._observation_space
         episode._action_space = self._action_space
-        episode._custom_data = {}
+        episode._custom_data = None
         return episode
 
     # add_env_reset, add_env_step, validate, t, t_started, is_terminated, is_truncated,
@@ -164,6 +166,8 @@ class SingleAgentEpisode(SingleAgentEpisodeCore):
     @property
     def custom_data(self) -> dict[str, Any]:
         """Free-form per-episode data for callbacks and connectors."""
+        if self._custom_data is None:
+            self._custom_data = {}
         return self._custom_data
 
     @property
@@ -219,7 +223,8 @@ class SingleAgentEpisode(SingleAgentEpisodeCore):
                 "concat_episode: the other chunk's first observation is not this one's last"
             )
         self._concat(other)
-        self._custom_data.update(other.custom_data)
+        if other._custom_data:
+            self.custom_data.update(other._custom_data)
 
     def cut(self, len_lookback_buffer: int = 0) -> SingleAgentEpisode:
         """Returns the successor chunk, which continues this episode from ``t``.
@@ -350,7 +355,7 @@ class SingleAgentEpisode(SingleAgentEpisodeCore):
             "_action_space": self._action_space,
             "_start_time": self._start_time,
             "_last_step_time": self._last_step_time,
-            "custom_data": self._custom_data,
+            "custom_data": self.custom_data,
         }
 
     @staticmethod
