@@ -77,6 +77,39 @@ fn bench_record_vector_step(c: &mut Criterion) {
     g.finish();
 }
 
+/// The same vector step through the runners' fast path: each episode checks the batch
+/// layouts once (`fits_rows`) and stores its row as raw bytes (`add_row_step`).
+fn bench_record_raw_rows(c: &mut Criterion) {
+    let mut g = c.benchmark_group("record_raw_rows");
+    for n in [1usize, 8, 64, 1024] {
+        let batches = [vec![1u8; n * OBS * 4], vec![0u8; n * 8], vec![0u8; n * 8], vec![0u8; n * 4]];
+        let widths = [OBS * 4, 8, 8, 4];
+        g.throughput(Throughput::Elements(n as u64));
+        g.bench_function(format!("{n}_sub_envs"), |b| {
+            let mut eps: Vec<_> = (0..n).map(|_| episode()).collect();
+            let schemas: Vec<Schema> = (0..4)
+                .map(|k| {
+                    [obs_schema(), scalar(DType::I64), scalar(DType::F64), scalar(DType::F32)][k].clone()
+                })
+                .collect();
+            let layouts: Vec<&Schema> = schemas.iter().collect();
+            b.iter(|| {
+                if eps[0].len() >= 4096 {
+                    eps = (0..n).map(|_| episode()).collect();
+                }
+                for (i, e) in eps.iter_mut().enumerate() {
+                    assert!(e.fits_rows(&layouts, &["action_logp"]));
+                    let row: Vec<&[u8]> =
+                        batches.iter().zip(widths).map(|(bytes, w)| &bytes[i * w..(i + 1) * w]).collect();
+                    e.add_row_step(&row, &["action_logp"], None, false, false).expect("step");
+                }
+                black_box(&eps);
+            });
+        });
+    }
+    g.finish();
+}
+
 /// Gather of `envs` x `agents` observations into two modules, and the scatter plan back.
 fn bench_gather_scatter(c: &mut Criterion) {
     let mut g = c.benchmark_group("gather_scatter");
@@ -104,5 +137,5 @@ fn bench_gather_scatter(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_record_vector_step, bench_gather_scatter);
+criterion_group!(benches, bench_record_vector_step, bench_record_raw_rows, bench_gather_scatter);
 criterion_main!(benches);

@@ -24,6 +24,14 @@ def _episodes(n: int) -> list[SingleAgentEpisode]:
     return [SingleAgentEpisode(observation_space=OBS, action_space=ACT) for _ in range(n)]
 
 
+def _error_of(call) -> str | None:
+    try:
+        call()
+    except Exception as e:  # the outcome is compared, whatever it is
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
 def _reset(eps: list[SingleAgentEpisode], obs: np.ndarray) -> tuple[list[int], list[int]]:
     n = len(eps)
     return single_agent_record_vector_step(
@@ -416,3 +424,92 @@ def test_dict_batches_record_rows_and_resets():
         single_agent_record_vector_step(
             eps[:1], {"a": obs2["a"][:1]}, np.array([1]), np.ones(1), z[:1], z[:1]
         )
+
+
+@given(
+    n=st.integers(1, 5),
+    kinds=st.lists(st.sampled_from(["fast", "int32", "object", "late", "none"]), min_size=5),
+    steps=st.integers(1, 4),
+    seed=st.integers(0, 2**16),
+)
+def test_vector_record_mixes_raw_rows_and_converted_steps(n, kinds, steps, seed):
+    """Episodes whose columns match the batches take their rows raw; the rest (another
+    action dtype, an extra stored as objects or first seen now) are converted. Either way
+    each episode ends up as per-episode add_env_step calls make it."""
+    rng = np.random.default_rng(seed)
+    native, reference = _episodes(n), _episodes(n)
+    obs = rng.normal(size=(n, 3)).astype(np.float32)
+    _reset(native, obs)
+    for i, e in enumerate(reference):
+        e.add_env_reset(observation=obs[i])
+    # A first step per episode, recorded one by one, gives each its column layout.
+    for i, (a, b) in enumerate(zip(native, reference, strict=True)):
+        kind = kinds[i]
+        o = rng.normal(size=3).astype(np.float32)
+        act = np.int32(1) if kind == "int32" else np.int64(1)
+        extras = {"seq": 3}
+        if kind != "late":
+            extras["logp"] = "text" if kind == "object" else np.float32(0.5)
+        for e in (a, b):
+            e.add_env_step(o, act, 1.0, extra_model_outputs=extras)
+    for t in range(steps):
+        obs = rng.normal(size=(n, 3)).astype(np.float32)
+        act = rng.integers(0, 4, n)
+        rew = rng.normal(size=n)
+        logp = rng.normal(size=n).astype(np.float32)
+        trunc = np.array([t == steps - 1 and i % 2 == 0 for i in range(n)])
+        single_agent_record_vector_step(
+            native, obs, act, rew, np.zeros(n, bool), trunc, None, {"logp": logp, "seq": 3}
+        )
+        for i, e in enumerate(reference):
+            e.add_env_step(
+                obs[i],
+                act[i],
+                rew[i],
+                truncated=bool(trunc[i]),
+                extra_model_outputs={"logp": logp[i], "seq": 3},
+            )
+    for a, b in zip(native, reference, strict=True):
+        assert (len(a), a.is_truncated, a.t) == (len(b), b.is_truncated, b.t)
+        assert a.get_infos() == b.get_infos()
+        for x, y in (
+            (a.get_observations(), b.get_observations()),
+            (a.get_actions(), b.get_actions()),
+            (a.get_rewards(), b.get_rewards()),
+            (a.get_extra_model_outputs("logp"), b.get_extra_model_outputs("logp")),
+            (a.get_extra_model_outputs("seq"), b.get_extra_model_outputs("seq")),
+        ):
+            assert len(x) == len(y)
+            for u, v in zip(x, y, strict=True):
+                assert type(u) is type(v)
+                np.testing.assert_array_equal(u, v)
+        # A key first seen mid-episode has no item for the earlier steps: to_numpy fails
+        # alike (RLlib's rule); otherwise both give the same arrays.
+        outcome = [_error_of(e.to_numpy) for e in (a, b)]
+        assert outcome[0] == outcome[1]
+        if outcome[0]:
+            continue
+        np.testing.assert_array_equal(a.get_actions(), b.get_actions())
+        assert a.get_actions().dtype == b.get_actions().dtype
+        np.testing.assert_array_equal(a.get_observations(), b.get_observations())
+
+
+def test_vector_record_after_a_failed_fast_row_leaves_all_unchanged():
+    """A bad row anywhere (here: a done episode) fails the whole call before any episode,
+    raw-row or converted, has stored its step."""
+    n = 3
+    eps = _episodes(n)
+    _reset(eps, np.zeros((n, 3), np.float32))
+    z = np.zeros(n, bool)
+    single_agent_record_vector_step(
+        eps, np.ones((n, 3), np.float32), np.ones(n, np.int64), np.ones(n), z, z
+    )
+    eps[2].add_env_step(np.ones(3, np.float32), 1, 1.0, terminated=True)
+    before = [
+        (len(e), e.get_observations().tolist() if False else len(e.get_observations())) for e in eps
+    ]
+    with pytest.raises(EpisodeStateError, match="sub-env 2"):
+        single_agent_record_vector_step(
+            eps, np.full((n, 3), 2, np.float32), np.ones(n, np.int64), np.ones(n), z, z
+        )
+    assert [(len(e), len(e.get_observations())) for e in eps] == before

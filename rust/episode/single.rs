@@ -8,8 +8,9 @@
 use std::fmt;
 use std::sync::Arc;
 
-use super::field::{Field, Item};
+use super::field::{Field, Item, Storage};
 use crate::column::{Column, Index, IndexError, Resolved};
+use crate::schema::Schema;
 
 /// Errors of episode operations.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -145,11 +146,11 @@ impl<O: Clone> SingleAgentCore<O> {
     /// The extra-model-output field under `key`.
     #[must_use]
     pub fn extra(&self, key: &str) -> Option<&Field<O>> {
-        self.extra_model_outputs.iter().find(|(k, _)| **k == *key).map(|(_, f)| f)
+        self.extra_model_outputs.iter().find(|(k, _)| same_str(k, key)).map(|(_, f)| f)
     }
 
     pub fn extra_mut(&mut self, key: &str) -> Option<&mut Field<O>> {
-        self.extra_model_outputs.iter_mut().find(|(k, _)| **k == *key).map(|(_, f)| f)
+        self.extra_model_outputs.iter_mut().find(|(k, _)| same_str(k, key)).map(|(_, f)| f)
     }
 
     /// RLlib's `to_numpy`: from now on reads return batched arrays. Observations always
@@ -296,6 +297,123 @@ impl<O: Clone> SingleAgentCore<O> {
         self.t += 1;
         self.is_terminated = step.terminated;
         self.is_truncated = step.truncated;
+        Ok(())
+    }
+
+    /// Position of extra `key` in `extra_model_outputs`, trying `hint` first (the runners
+    /// give the keys in the order the episode first saw them, so the string compare
+    /// usually hits at once).
+    fn extra_position(&self, hint: usize, key: &str) -> Option<usize> {
+        match self.extra_model_outputs.get(hint) {
+            Some((k, _)) if same_str(k, key) => Some(hint),
+            _ => self.extra_model_outputs.iter().position(|(k, _)| same_str(k, key)),
+        }
+    }
+
+    /// The field of slot `slot` of a row step: 0 observations, 1 actions, 2 rewards,
+    /// `3 + j` extra `extra_keys[j]`.
+    fn row_field_mut(&mut self, slot: usize, extra_keys: &[&str]) -> Option<&mut Field<O>> {
+        Some(match slot {
+            0 => &mut self.observations,
+            1 => &mut self.actions,
+            2 => &mut self.rewards,
+            k => {
+                let j = k - 3;
+                let pos = self.extra_position(j, extra_keys.get(j)?)?;
+                &mut self.extra_model_outputs[pos].1
+            }
+        })
+    }
+
+    /// The typed column of field `slot` of a row step (see [`Self::row_field_mut`]).
+    fn row_column(&self, slot: usize, extra_keys: &[&str]) -> Option<&Column> {
+        let field = match slot {
+            0 => &self.observations,
+            1 => &self.actions,
+            2 => &self.rewards,
+            k => {
+                let j = k - 3;
+                &self.extra_model_outputs[self.extra_position(j, extra_keys.get(j)?)?].1
+            }
+        };
+        match &field.storage {
+            Storage::Typed { column, .. } => Some(column),
+            _ => None,
+        }
+    }
+
+    /// Whether [`Self::add_row_step`] takes a step whose fields are laid out by
+    /// `layouts` (observation, action, reward, then the extras `extra_keys`): the episode
+    /// is reset, not done, and stores each of these fields typed with exactly that layout.
+    #[must_use]
+    pub fn fits_rows(&self, layouts: &[&Schema], extra_keys: &[&str]) -> bool {
+        self.is_reset()
+            && !self.is_done()
+            && layouts.len() == 3 + extra_keys.len()
+            && layouts.iter().enumerate().all(|(slot, &layout)| {
+                self.row_column(slot, extra_keys).is_some_and(|c| {
+                    // Columns of one layout share their schema: the address settles it
+                    // without reading the leaves (a cache miss per field and episode).
+                    std::ptr::eq(c.schema(), layout) || c.schema().leaves == layout.leaves
+                })
+            })
+    }
+
+    /// Stores one step given as raw bytes (the runners' hot path: rows of a vector
+    /// env's batches, no per-item conversion). `leaves` holds one slice per leaf of each
+    /// field in [`Self::fits_rows`] order.
+    ///
+    /// # Errors
+    /// `Done`/`NotReset` as [`Self::add_step`]; `Item` if a field is missing, not typed,
+    /// or a slice has the wrong size. Nothing is stored on error.
+    pub fn add_row_step(
+        &mut self,
+        leaves: &[&[u8]],
+        extra_keys: &[&str],
+        info: Option<O>,
+        terminated: bool,
+        truncated: bool,
+    ) -> Result<(), EpisodeError> {
+        if self.is_done() {
+            return Err(EpisodeError::Done { what: "add_env_step" });
+        }
+        if !self.is_reset() {
+            return Err(EpisodeError::NotReset);
+        }
+        let fields = 3 + extra_keys.len();
+        // Check every field first (sizes against the columns), then store.
+        let mut start = 0;
+        for slot in 0..fields {
+            let Some(column) = self.row_column(slot, extra_keys) else {
+                return Err(EpisodeError::Item { field: row_field_label(slot, extra_keys) });
+            };
+            let schema = column.schema();
+            let end = start + schema.leaves.len();
+            let fits = leaves
+                .get(start..end)
+                .is_some_and(|item| item.iter().zip(&schema.leaves).all(|(b, l)| b.len() == l.item_bytes()));
+            if !fits {
+                return Err(EpisodeError::Item { field: row_field_label(slot, extra_keys) });
+            }
+            start = end;
+        }
+        if start != leaves.len() {
+            return Err(EpisodeError::Item { field: "row step (more leaves than fields)".into() });
+        }
+        let mut start = 0;
+        for slot in 0..fields {
+            if let Some(Field { storage: Storage::Typed { column, .. }, .. }) =
+                self.row_field_mut(slot, extra_keys)
+            {
+                let end = start + column.schema().leaves.len();
+                column.push_unchecked(&leaves[start..end]);
+                start = end;
+            }
+        }
+        self.infos.push_sparse(info);
+        self.t += 1;
+        self.is_terminated = terminated;
+        self.is_truncated = truncated;
         Ok(())
     }
 
@@ -521,6 +639,22 @@ fn extend<O: Clone>(
     }
 }
 
+/// `a == b` for the short keys of the hot path, without a `memcmp` call: interned keys
+/// share their bytes (the address settles it), and glibc's vectorized `memcmp` costs
+/// ~80 ns per call on short inputs on the machines measured here (see `schema::Leaf`).
+fn same_str(a: &str, b: &str) -> bool {
+    a.len() == b.len() && (a.as_ptr() == b.as_ptr() || a.bytes().eq(b.bytes()))
+}
+
+fn row_field_label(slot: usize, extra_keys: &[&str]) -> String {
+    match slot {
+        0 => "observation".into(),
+        1 => "action".into(),
+        2 => "reward".into(),
+        k => format!("extra model output {:?}", extra_keys.get(k - 3).unwrap_or(&"?")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -558,6 +692,87 @@ mod tests {
             truncated: false,
         };
         core.add_step(s, |_, _, _: &Column, _| String::new()).unwrap();
+    }
+
+    /// The layouts of `e`'s observation, action, reward and `logp` columns.
+    fn layouts(e: &Core) -> Vec<Schema> {
+        (0..4).map(|slot| e.row_column(slot, &["logp"]).unwrap().schema().clone()).collect()
+    }
+
+    #[test]
+    fn row_step_equals_add_step() {
+        let (mut by_rows, mut by_items) = (new_episode(), new_episode());
+        for k in 1..5u8 {
+            let t = f32::from(k);
+            let bytes = [t, t * 10.0, t * 100.0, -t].map(f32::to_ne_bytes);
+            let row: Vec<&[u8]> = bytes.iter().map(<[u8; 4]>::as_slice).collect();
+            let info = (k % 2 == 0).then(|| format!("i{t}"));
+            by_rows.add_row_step(&row, &["logp"], info, false, k == 4).unwrap();
+            step(&mut by_items, t);
+        }
+        by_items.is_truncated = true;
+        assert_eq!(by_rows, by_items);
+        assert_eq!(read(&by_rows.extra("logp").unwrap().clone()), vec![-1.0, -2.0, -3.0, -4.0]);
+    }
+
+    #[test]
+    fn fits_rows_needs_reset_not_done_and_each_layout() {
+        let e = new_episode();
+        let l = layouts(&e);
+        let refs: Vec<&Schema> = l.iter().collect();
+        assert!(e.fits_rows(&refs, &["logp"]));
+        // Equal layouts in other allocations fit too (compared by leaves).
+        let copies: Vec<Schema> = l.clone();
+        assert!(e.fits_rows(&copies.iter().collect::<Vec<_>>(), &["logp"]));
+        assert!(!e.fits_rows(&refs, &["other"]), "an extra the episode lacks");
+        assert!(!e.fits_rows(&refs[..3], &["logp"]), "a layout per field");
+        let f64_layout = Schema::new(vec![Leaf::new(DType::F64, vec![])]);
+        let mut wrong = refs.clone();
+        wrong[1] = &f64_layout;
+        assert!(!e.fits_rows(&wrong, &["logp"]), "same size per item is not enough");
+        assert!(!Core::default().fits_rows(&refs, &["logp"]), "not reset");
+        let mut done = new_episode();
+        done.is_terminated = true;
+        assert!(!done.fits_rows(&refs, &["logp"]));
+    }
+
+    #[test]
+    fn failed_row_steps_store_nothing() {
+        let mut e = new_episode();
+        let before = e.clone();
+        let four = 1f32.to_ne_bytes();
+        let eight = 1f64.to_ne_bytes();
+        let ok: Vec<&[u8]> = vec![&four; 4];
+        let short: Vec<&[u8]> = vec![&four; 3];
+        let long: Vec<&[u8]> = vec![&four; 5];
+        let wide: Vec<&[u8]> = vec![&four, &eight, &four, &four];
+        for (row, keys) in [(&short, ["logp"]), (&long, ["logp"]), (&wide, ["logp"]), (&ok, ["other"])] {
+            assert!(matches!(e.add_row_step(row, &keys, None, false, false), Err(EpisodeError::Item { .. })));
+            assert_eq!(e, before);
+        }
+        let mut done = new_episode();
+        done.is_truncated = true;
+        assert_eq!(
+            done.add_row_step(&ok, &["logp"], None, false, false),
+            Err(EpisodeError::Done { what: "add_env_step" })
+        );
+        assert_eq!(
+            Core::default().add_row_step(&ok, &["logp"], None, false, false),
+            Err(EpisodeError::NotReset)
+        );
+    }
+
+    #[test]
+    fn row_steps_find_extras_stored_in_another_order() {
+        let mut e = new_episode();
+        let scalar = Schema::new(vec![Leaf::new(DType::F32, vec![])]);
+        e.extra_model_outputs.insert(0, ("vf".into(), Field::typed(scalar, false)));
+        // Both extras must have as many items as steps; this episode has none yet.
+        let bytes = [1f32, 2.0, 3.0, 4.0, 5.0].map(f32::to_ne_bytes);
+        let row: Vec<&[u8]> = bytes.iter().map(<[u8; 4]>::as_slice).collect();
+        e.add_row_step(&row, &["logp", "vf"], None, false, false).unwrap();
+        assert_eq!(read(e.extra("logp").unwrap()), vec![4.0]);
+        assert_eq!(read(e.extra("vf").unwrap()), vec![5.0]);
     }
 
     fn read(field: &Field<String>) -> Vec<f32> {

@@ -14,16 +14,18 @@ use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 
 use super::multi::multi_agent_add_env_step;
+use super::object::PyObj;
 use super::single::{Input, SingleAgentEpisodePy};
 use super::spec::{self, LeafBytes, Spec};
 use crate::episode::FieldName;
 use crate::runner::{scatter_plan, ModuleBatch, Rows};
+use crate::schema::Schema;
 
 /// A batched array viewed as rows through the spec of the episodes' field that stores it.
 struct BatchRows<'py> {
-    /// The leaves of the spec the batch was converted with (episodes whose field has
+    /// The schema of the spec the batch was converted with (episodes whose field has
     /// another layout get the row as a Python object instead).
-    leaves: Vec<crate::schema::Leaf>,
+    schema: Arc<Schema>,
     views: Vec<LeafBytes<'py>>,
     /// Bytes of one row per leaf (the views' sizes were checked against `n` rows).
     widths: Vec<usize>,
@@ -95,7 +97,7 @@ impl<'py> BatchField<'py> {
             });
         }
         if let (Some(Some(rows)), Some(s)) = (&self.rows, spec) {
-            if rows.leaves == s.schema.leaves {
+            if same_layout(&rows.schema, &s.schema) {
                 return Ok(Input::Row(rows.row(i)?));
             }
         }
@@ -109,8 +111,135 @@ impl<'py> BatchField<'py> {
         let slices: Vec<&[u8]> = views.iter().map(AsRef::as_ref).collect();
         Rows::new(&schema, &slices, self.n).map_err(|e| PyValueError::new_err(format!("{label}: {e}")))?;
         let widths = schema.leaves.iter().map(crate::schema::Leaf::item_bytes).collect();
-        Ok(BatchRows { leaves: s.schema.leaves.clone(), views, widths })
+        Ok(BatchRows { schema, views, widths })
     }
+}
+
+/// Whether two schemas lay items out alike (shared schemas compare by address).
+fn same_layout(a: &Arc<Schema>, b: &Arc<Schema>) -> bool {
+    Arc::ptr_eq(a, b) || a.leaves == b.leaves
+}
+
+/// The rows of one field on the fast path, laid out by `schema`.
+enum FastRows<'py> {
+    Batch(BatchRows<'py>),
+    /// A constant for every sub-env (the weights' sequence number), converted once.
+    Const {
+        schema: Arc<Schema>,
+        bytes: Vec<Vec<u8>>,
+    },
+}
+
+impl FastRows<'_> {
+    fn schema(&self) -> &Schema {
+        match self {
+            FastRows::Batch(rows) => &rows.schema,
+            FastRows::Const { schema, .. } => schema,
+        }
+    }
+
+    /// Each leaf's bytes for all rows (a constant's single item), and the bytes per row
+    /// (0 for a constant: every row reads the same item).
+    fn leaf_slices(&self) -> Vec<(&[u8], usize)> {
+        match self {
+            FastRows::Batch(rows) => {
+                rows.views.iter().map(AsRef::as_ref).zip(rows.widths.iter().copied()).collect()
+            }
+            FastRows::Const { bytes, .. } => bytes.iter().map(|b| (b.as_slice(), 0)).collect(),
+        }
+    }
+}
+
+/// The common vector step, stored without converting anything per sub-env: every field
+/// (observation, action, reward, each extra) is a batch (or constant) whose layout equals
+/// the columns of the episodes that take this path. Episodes that differ (first steps,
+/// fields stored as objects, other dtypes) go through the per-episode conversion instead.
+struct FastStep<'py> {
+    /// Observation, action, reward, then the extras in `keys` order.
+    fields: Vec<FastRows<'py>>,
+    keys: Vec<String>,
+}
+
+impl<'py> FastStep<'py> {
+    /// Lays the batches out by the columns of `model` (a reset episode with a step);
+    /// `None` if some field of it is not stored typed or a batch does not convert.
+    fn new(
+        model: &SingleAgentEpisodePy,
+        fields: [&BatchField<'py>; 3],
+        extras: &[(Bound<'py, PyString>, BatchField<'py>)],
+    ) -> PyResult<Option<Self>> {
+        let mut out = FastStep { fields: Vec::new(), keys: Vec::new() };
+        for (k, _) in extras {
+            out.keys.push(k.to_str()?.to_owned());
+        }
+        let all = fields.into_iter().chain(extras.iter().map(|(_, f)| f));
+        for (slot, f) in all.enumerate() {
+            let Some(spec) = model.row_spec(out.name(slot)) else { return Ok(None) };
+            let rows = if f.value.cast::<PyUntypedArray>().is_ok() {
+                match f.convert(spec) {
+                    Ok(rows) => FastRows::Batch(rows),
+                    Err(_) => return Ok(None),
+                }
+            } else {
+                // A constant: its bytes for this layout (or no fast path if it has none).
+                match spec::to_leaf_views(spec, &f.value, None, &|| f.label()) {
+                    Ok(views) => FastRows::Const {
+                        schema: spec.schema(),
+                        bytes: views.into_iter().map(LeafBytes::into_owned).collect(),
+                    },
+                    Err(_) => return Ok(None),
+                }
+            };
+            out.fields.push(rows);
+        }
+        Ok(Some(out))
+    }
+
+    /// The field of slot `slot` (observation, action, reward, then the extras).
+    fn name(&self, slot: usize) -> FieldName<'_> {
+        match slot {
+            0 => FieldName::Observations,
+            1 => FieldName::Actions,
+            2 => FieldName::Rewards,
+            k => FieldName::Extra(&self.keys[k - 3]),
+        }
+    }
+
+    /// The rows' layouts in field order, for [`SingleAgentEpisodePy::fits_rows`].
+    fn layouts(&self) -> Vec<&Schema> {
+        self.fields.iter().map(FastRows::schema).collect()
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.keys.iter().map(String::as_str).collect()
+    }
+}
+
+/// Stores the steps of the episodes that take the fast path: row `i` of every batch,
+/// no conversion, no Python code run (the batches' bytes are read once for all rows).
+fn record_rows(
+    fast: &FastStep<'_>,
+    steps: Vec<(usize, Bound<'_, SingleAgentEpisodePy>, Option<PyObj>)>,
+    terminateds: &[bool],
+    truncateds: &[bool],
+    now: f64,
+) -> PyResult<()> {
+    let leaves: Vec<(&[u8], usize)> = fast.fields.iter().flat_map(FastRows::leaf_slices).collect();
+    let keys = fast.keys();
+    let mut row: Vec<&[u8]> = Vec::with_capacity(leaves.len());
+    for (i, ep, info) in steps {
+        row.clear();
+        for &(bytes, width) in &leaves {
+            let b = if width == 0 { Some(bytes) } else { bytes.get(i * width..(i + 1) * width) };
+            row.push(b.ok_or_else(|| {
+                PyValueError::new_err(format!("no row {i} in the batch (was it resized?)"))
+            })?);
+        }
+        ep.borrow_mut()
+            .add_row_step(&row, &keys, info, terminateds[i], truncateds[i], now)
+            .map_err(|err| for_env(ep.py(), i, err))?;
+    }
+    Ok(())
 }
 
 /// Row `i` of a batch as a Python value: `value[i]`, or for the dicts/tuples of batches
@@ -256,11 +385,22 @@ pub fn single_agent_record_vector_step<'py>(
             extras.push((k, BatchField::new(v, "extra", Some(key), n)));
         }
     }
-    let mut prepared = Vec::with_capacity(n);
-    for (i, ep) in episodes.iter().enumerate() {
-        let ep = ep.cast_into::<SingleAgentEpisodePy>()?;
+    let episodes: Vec<Bound<'py, SingleAgentEpisodePy>> =
+        episodes.iter().map(Bound::cast_into::<SingleAgentEpisodePy>).collect::<Result<_, _>>()?;
+    let fast = match episodes.iter().find(|e| e.borrow().chunk_len() > 0) {
+        Some(model) => FastStep::new(&model.borrow(), [&obs, &act, &rew], &extras)?,
+        None => None,
+    };
+    let layouts = fast.as_ref().map(|f| (f.layouts(), f.keys()));
+    // Everything is checked (and every Python call made) before anything is stored.
+    let mut rows = Vec::new();
+    let mut others = Vec::new();
+    let mut all = Vec::with_capacity(n);
+    for (i, (ep, info)) in episodes.into_iter().zip(&infos).enumerate() {
         let e = ep.borrow();
-        let p = if e.is_reset() {
+        let p = if layouts.as_ref().is_some_and(|(l, k)| e.fits_rows(l, k)) {
+            None
+        } else if e.is_reset() {
             let o = obs.input(&e, i).map_err(|err| for_env(py, i, err))?;
             let a = act.input(&e, i).map_err(|err| for_env(py, i, err))?;
             let r = rew.input(&e, i).map_err(|err| for_env(py, i, err))?;
@@ -268,33 +408,36 @@ pub fn single_agent_record_vector_step<'py>(
             for (k, f) in &mut extras {
                 x.push((k.clone(), f.input(&e, i).map_err(|err| for_env(py, i, err))?));
             }
-            Prepared::Step(
-                e.prepare_step_inputs(o, a, r, infos[i].as_ref(), x).map_err(|err| for_env(py, i, err))?,
-            )
+            Some(Prepared::Step(
+                e.prepare_step_inputs(o, a, r, info.as_ref(), x).map_err(|err| for_env(py, i, err))?,
+            ))
         } else {
             let o = row_object(observations, i)?;
-            Prepared::Reset(e.prepare_reset(&o).map_err(|err| for_env(py, i, err))?)
+            Some(Prepared::Reset(e.prepare_reset(&o).map_err(|err| for_env(py, i, err))?))
         };
         drop(e);
-        prepared.push((ep, p));
+        all.push(ep.clone());
+        match p {
+            None => rows.push((i, ep, super::single::info_or_absent(info.as_ref()))),
+            Some(p) => others.push((i, ep, p)),
+        }
+    }
+    let now = super::single::perf_counter();
+    if let Some(f) = &fast {
+        record_rows(f, rows, &terminateds, &truncateds, now)?;
     }
     let mut started = Vec::new();
-    let mut done = Vec::new();
-    for (i, ((ep, p), info)) in prepared.into_iter().zip(&infos).enumerate() {
+    for (i, ep, p) in others {
         let mut e = ep.borrow_mut();
         match p {
             Prepared::Reset(r) => {
-                e.apply_reset(py, r, info.as_ref())?;
+                e.apply_reset(py, r, infos[i].as_ref())?;
                 started.push(i);
             }
-            Prepared::Step(s) => {
-                e.apply_step(py, s, terminateds[i], truncateds[i])?;
-                if e.done() {
-                    done.push(i);
-                }
-            }
+            Prepared::Step(s) => e.apply_step(py, s, terminateds[i], truncateds[i])?,
         }
     }
+    let done = all.iter().enumerate().filter(|(_, e)| e.borrow().done()).map(|(i, _)| i).collect();
     Ok((started, done))
 }
 

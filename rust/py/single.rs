@@ -282,7 +282,7 @@ fn no_space_for_one_hot(name: FieldName<'_>) -> PyErr {
 /// a falsy value) was given. That dict is left absent (`None`) here and made when first
 /// read (see `SingleAgentEpisodePy::materialize_infos`): most envs give no infos, and a
 /// dict per step would cost more than the step's data.
-fn info_or_absent(infos: Option<&Bound<'_, PyAny>>) -> Option<PyObj> {
+pub fn info_or_absent(infos: Option<&Bound<'_, PyAny>>) -> Option<PyObj> {
     match infos {
         Some(i) if i.is_truthy().unwrap_or(true) => Some(PyObj(i.clone().unbind())),
         _ => None,
@@ -338,7 +338,7 @@ pub struct SingleAgentEpisodePy {
 
 /// Seconds on the clock `time.perf_counter()` reads (CLOCK_MONOTONIC on Linux), so the
 /// values stored in states compare with Python's.
-fn perf_counter() -> f64 {
+pub fn perf_counter() -> f64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: clock_gettime writes one timespec into the valid, exclusively borrowed `ts`.
     let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
@@ -1622,5 +1622,36 @@ impl SingleAgentEpisodePy {
 
     pub fn done(&self) -> bool {
         self.core.is_done()
+    }
+}
+
+/// The runners' fast path: a vector step whose fields all arrive as rows laid out like the
+/// episode's columns (see `runner::FastStep`).
+impl SingleAgentEpisodePy {
+    /// Whether [`Self::add_row_step`] takes a step with these field layouts (observation,
+    /// action, reward, then the extras `extra_keys`).
+    pub fn fits_rows(&self, layouts: &[&crate::schema::Schema], extra_keys: &[&str]) -> bool {
+        self.core.fits_rows(layouts, extra_keys)
+    }
+
+    /// Records one step from raw bytes, one slice per leaf of each field in
+    /// [`Self::fits_rows`] order; `info` is [`info_or_absent`]'s (decided by the caller
+    /// before any bytes are borrowed, since reading a value's truth may run Python code).
+    /// Nothing is stored on error.
+    pub fn add_row_step(
+        &mut self,
+        leaves: &[&[u8]],
+        extra_keys: &[&str],
+        info: Option<PyObj>,
+        terminated: bool,
+        truncated: bool,
+        now: f64,
+    ) -> PyResult<()> {
+        self.core
+            .add_row_step(leaves, extra_keys, info, terminated, truncated)
+            .map_err(|e| episode_error(&e))?;
+        self.last_step_time = Some(now);
+        self.start_time.get_or_insert(now);
+        Ok(())
     }
 }
