@@ -124,6 +124,18 @@ class SingleAgentEpisode(SingleAgentEpisodeCore):
             self._set_space("observations", observation_space)
         if action_space is not None:
             self._set_space("actions", action_space)
+        if (
+            observations is None
+            and infos is None
+            and actions is None
+            and rewards is None
+            and not extra_model_outputs
+            and not (terminated or truncated)
+        ):
+            # A blank episode (the runners make one per episode): nothing to load, and an
+            # empty episode always validates.
+            self.t_started = self.t = t_started or 0
+            return
 
         num_rewards = len(rewards) if rewards is not None else 0
         if len_lookback_buffer == "auto" or int(len_lookback_buffer) > num_rewards:
