@@ -86,6 +86,12 @@ impl StepMapPy {
         self.map.len()
     }
 
+    /// Whether the agent stepped at each of the last `n` env steps (look-back included).
+    #[pyo3(name = "_stepped_at_last")]
+    fn stepped_at_last(&self, n: usize) -> bool {
+        self.map.stepped_at_last(n)
+    }
+
     fn append(&mut self, value: &Bound<'_, PyAny>) -> PyResult<()> {
         self.map.push(step_from_py(value)?);
         Ok(())
