@@ -315,5 +315,6 @@ def test_fast_cut_equals_the_rebuilt_cut(
         data = planner.step()
         fast.add_env_step(**copy.deepcopy(data))
         rebuilt.add_env_step(**data)
-    assert_same_ma(rebuilt, fast, extra_keys(rebuilt))
-    assert_same_ma(rebuilt.to_numpy(), fast.to_numpy(), extra_keys(rebuilt))
+    # Agents that join now get random episode ids.
+    assert_same_ma(rebuilt, fast, extra_keys(rebuilt), ids=False)
+    assert_same_ma(rebuilt.to_numpy(), fast.to_numpy(), extra_keys(rebuilt), ids=False)
