@@ -256,34 +256,32 @@ impl<'py> Rows<'py> {
             return Ok(Some(hint));
         }
         let py = key.py();
-        let index = match &self.index {
-            Some(d) => d,
-            None => {
-                let d = PyDict::new(py);
-                for (i, r) in self.rows.iter().enumerate() {
-                    // The first row of equal keys wins, as with `dict.setdefault`.
-                    if !d.contains(&r.aid)? {
-                        d.set_item(&r.aid, i)?;
-                    }
+        let index = if let Some(d) = &self.index {
+            d
+        } else {
+            let d = PyDict::new(py);
+            for (i, r) in self.rows.iter().enumerate() {
+                // The first row of equal keys wins, as with `dict.setdefault`.
+                if !d.contains(&r.aid)? {
+                    d.set_item(&r.aid, i)?;
                 }
-                self.index.insert(d)
             }
+            self.index.insert(d)
         };
         index.get_item(key)?.map(|v| v.extract::<usize>()).transpose()
     }
 
     /// The row of `key`, appended if the step has not mentioned the agent yet.
     fn entry(&mut self, key: &Bound<'py, PyAny>, hint: usize) -> PyResult<&mut Row<'py>> {
-        let i = match self.find(key, hint)? {
-            Some(i) => i,
-            None => {
-                let i = self.rows.len();
-                if let Some(d) = &self.index {
-                    d.set_item(key, i)?;
-                }
-                self.rows.push(Row::new(key.clone()));
-                i
+        let i = if let Some(i) = self.find(key, hint)? {
+            i
+        } else {
+            let i = self.rows.len();
+            if let Some(d) = &self.index {
+                d.set_item(key, i)?;
             }
+            self.rows.push(Row::new(key.clone()));
+            i
         };
         Ok(&mut self.rows[i])
     }
@@ -438,7 +436,7 @@ pub fn multi_agent_add_env_step<'py>(
     let mut joins = false;
     for row in &rows {
         let eps =
-            agent_episodes.get_item(&row.aid)?.map(|e| e.cast_into::<SingleAgentEpisodePy>()).transpose()?;
+            agent_episodes.get_item(&row.aid)?.map(Bound::cast_into::<SingleAgentEpisodePy>).transpose()?;
         joins |= eps.is_none();
         existing.push(eps);
     }
@@ -516,7 +514,7 @@ pub fn multi_agent_add_env_step<'py>(
             Some(e) => e.borrow().done(),
             None => false,
         };
-        let step_map = step_maps.get_item(aid)?.map(|m| m.cast_into::<StepMapPy>()).transpose()?;
+        let step_map = step_maps.get_item(aid)?.map(Bound::cast_into::<StepMapPy>).transpose()?;
         if row.observation.is_some() && step_map.is_some() {
             observed_with_map += 1;
         }
@@ -552,16 +550,15 @@ pub fn multi_agent_add_env_step<'py>(
             None => 0.0,
         };
         let mut agent_episode = || -> PyResult<Bound<'py, SingleAgentEpisodePy>> {
-            Ok(match existing {
-                Some(e) => e.clone(),
-                None => {
-                    let make = match &new_agent_episode {
-                        Some(f) => f,
-                        None => new_agent_episode.insert(episode.getattr(intern!(py, "_new_agent_episode"))?),
-                    };
-                    make.call1((aid,))?.cast_into::<SingleAgentEpisodePy>()?
-                }
-            })
+            if let Some(e) = existing {
+                return Ok(e.clone());
+            }
+            // Looked up only when an agent joins (a bound method per lookup).
+            let make = match &new_agent_episode {
+                Some(f) => f,
+                None => new_agent_episode.insert(episode.getattr(intern!(py, "_new_agent_episode"))?),
+            };
+            Ok(make.call1((aid,))?.cast_into::<SingleAgentEpisodePy>()?)
         };
         let none = || py.None().into_bound(py);
         let prepared = match plan {
