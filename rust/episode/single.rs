@@ -475,7 +475,7 @@ mod tests {
     type Core = SingleAgentCore<String>;
 
     fn f32_item(v: f32) -> Item<String> {
-        Item::Bytes(vec![v.to_ne_bytes().to_vec()])
+        Item::Bytes(vec![v.to_ne_bytes().to_vec()].into())
     }
 
     fn new_episode() -> Core {
@@ -538,7 +538,7 @@ mod tests {
         let bad = Step {
             observation: f32_item(2.0),
             action: f32_item(2.0),
-            reward: Item::Bytes(vec![vec![0u8; 3]]),
+            reward: Item::Bytes(vec![vec![0u8; 3]].into()),
             info: String::new(),
             extra_model_outputs: vec![],
             terminated: false,
@@ -639,7 +639,7 @@ mod tests {
         e.add_reset(
             Item::FirstTyped {
                 schema: Schema::new(vec![Leaf::new(DType::I64, vec![])]),
-                leaves: vec![1i64.to_ne_bytes().to_vec()],
+                leaves: vec![1i64.to_ne_bytes().to_vec()].into(),
                 host_scalars: true,
             },
             String::new(),
@@ -659,7 +659,7 @@ mod tests {
         let s = Step {
             reward: Item::FirstTyped {
                 schema: Schema::new(vec![Leaf::new(DType::F32, vec![])]),
-                leaves: vec![1f32.to_ne_bytes().to_vec()],
+                leaves: vec![1f32.to_ne_bytes().to_vec()].into(),
                 host_scalars: true,
             },
             ..s

@@ -15,6 +15,7 @@ use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyTuple, PyType};
 
 use super::errors::SpaceMismatchError;
 use crate::column::{Column, Pos};
+use crate::episode::Leaves;
 use crate::schema::{DType, Kind, Leaf, OneHot, Schema};
 
 /// The nesting of a field's items.
@@ -259,7 +260,7 @@ impl LeafBytes<'_> {
     }
 
     /// The inline bytes of a scalar of up to 8 bytes.
-    fn scalar(value: &[u8]) -> LeafBytes<'static> {
+    pub(crate) fn scalar(value: &[u8]) -> LeafBytes<'static> {
         let mut bytes = [0u8; 8];
         let len = value.len().min(8);
         bytes[..len].copy_from_slice(&value[..len]);
@@ -474,7 +475,7 @@ pub fn to_leaves(
     batch: Option<Option<usize>>,
     field: &dyn Fn() -> String,
 ) -> PyResult<Vec<Vec<u8>>> {
-    Ok(to_leaf_views(spec, value, batch, field)?.into_iter().map(LeafBytes::into_owned).collect())
+    Ok(to_leaf_views(spec, value, batch, field)?.into_vec().into_iter().map(LeafBytes::into_owned).collect())
 }
 
 /// [`to_leaves`] without copying leaves that are already numpy arrays of the right dtype
@@ -484,18 +485,18 @@ pub fn to_leaf_views<'py>(
     value: &Bound<'py, PyAny>,
     batch: Option<Option<usize>>,
     field: &dyn Fn() -> String,
-) -> PyResult<Vec<LeafBytes<'py>>> {
+) -> PyResult<Leaves<LeafBytes<'py>>> {
     // One leaf (the common case: a Box, Discrete, a scalar) needs no tree walk.
     if let Tree::Leaf(0) = spec.tree {
         let leaf = &spec.leaves[0];
         let descr = spec.descrs[0].bind(value.py());
-        return Ok(vec![leaf_bytes(value, leaf, descr, batch, &|| field())?]);
+        return Ok(Leaves::One(leaf_bytes(value, leaf, descr, batch, &|| field())?));
     }
     let mut out: Vec<LeafBytes<'py>> = (0..spec.leaves.len()).map(|_| LeafBytes::Owned(Vec::new())).collect();
     let mut path = String::new();
     let mut batch = batch;
     flatten_into(spec, &spec.tree, value, &mut batch, field, &mut path, &mut out, value.py())?;
-    Ok(out)
+    Ok(Leaves::Many(out))
 }
 
 #[allow(clippy::too_many_arguments)]
