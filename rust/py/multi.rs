@@ -467,7 +467,7 @@ pub fn multi_agent_add_env_step<'py>(
     // them: that of the Python set it builds from the same dicts with the same set
     // operations (reads that combine agents, e.g. `return_list`, depend on the order).
     // Only then is that set built (about 1 µs); otherwise the order changes nothing.
-    let order: Vec<usize> = if joins {
+    let order: Option<Vec<usize>> = if joins {
         let empty = PyDict::new(py);
         let sources = [
             observations,
@@ -495,9 +495,9 @@ pub fn multi_agent_add_env_step<'py>(
                 order.push(i.extract::<usize>()?);
             }
         }
-        order
+        Some(order)
     } else {
-        (0..rows.len()).collect()
+        None
     };
 
     // Phase 1: decide and convert; nothing is stored yet.
@@ -506,7 +506,7 @@ pub fn multi_agent_add_env_step<'py>(
     let mut plans: Vec<(usize, Prepared<'py>, f64, Option<Bound<'py, StepMapPy>>)> =
         Vec::with_capacity(rows.len());
     let mut observed_with_map = 0usize;
-    for i in order {
+    for i in order.unwrap_or_else(|| (0..rows.len()).collect()) {
         let row = &rows[i];
         let aid = &row.aid;
         let existing = &existing[i];
