@@ -505,6 +505,8 @@ class MultiAgentEpisode:
                 or eps._is_finalized("observations")
                 # Without look-back the general path gives agents no extra-output keys.
                 or (lookback == 0 and eps._extra_keys())
+                # The general path asks the mapping function again for a falsy module id.
+                or not eps.module_id
             ):
                 return None
         successor = MultiAgentEpisode.__new__(MultiAgentEpisode)
