@@ -6,7 +6,7 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use fastrollout::column::{Column, Index, Pos, Resolved};
-use fastrollout::episode::{Field, FieldName, Item, SingleAgentCore, Step};
+use fastrollout::episode::{Field, FieldName, Item, Leaves, SingleAgentCore, Step};
 use fastrollout::schema::{DType, Leaf, Schema};
 
 const CARTPOLE_OBS: usize = 4;
@@ -30,17 +30,20 @@ fn episode(obs_numel: usize, obs_dtype: DType) -> SingleAgentCore<()> {
         ..SingleAgentCore::default()
     };
     let obs = vec![0u8; obs_numel * obs_dtype.size];
-    e.add_reset(Item::Bytes(vec![obs]), None, no_object).expect("reset");
+    e.add_reset(Item::Bytes(Leaves::One(obs)), None, no_object).expect("reset");
     e
 }
 
 fn step(obs: &[u8]) -> Step<'static, ()> {
     Step {
-        observation: Item::Bytes(vec![obs.to_vec()]),
-        action: Item::Bytes(vec![1i64.to_ne_bytes().to_vec()]),
-        reward: Item::Bytes(vec![1f64.to_ne_bytes().to_vec()]),
+        observation: Item::Bytes(Leaves::One(obs.to_vec())),
+        action: Item::Bytes(Leaves::One(1i64.to_ne_bytes().to_vec())),
+        reward: Item::Bytes(Leaves::One(1f64.to_ne_bytes().to_vec())),
         info: None,
-        extra_model_outputs: vec![("action_logp", Item::Bytes(vec![(-0.7f32).to_ne_bytes().to_vec()]))],
+        extra_model_outputs: vec![(
+            "action_logp",
+            Item::Bytes(Leaves::One((-0.7f32).to_ne_bytes().to_vec())),
+        )],
         terminated: false,
         truncated: false,
     }

@@ -7,7 +7,7 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use fastrollout::column::Column;
-use fastrollout::episode::{Field, FieldName, Item, SingleAgentCore, Step};
+use fastrollout::episode::{Field, FieldName, Item, Leaves, SingleAgentCore, Step};
 use fastrollout::runner::{scatter_plan, ModuleBatch, Rows};
 use fastrollout::schema::{DType, Leaf, Schema};
 
@@ -31,7 +31,7 @@ fn episode() -> SingleAgentCore<()> {
         extra_model_outputs: vec![("action_logp".into(), Field::typed(scalar(DType::F32), false))],
         ..SingleAgentCore::default()
     };
-    e.add_reset(Item::Bytes(vec![vec![0u8; OBS * 4]]), None, no_object).expect("reset");
+    e.add_reset(Item::Bytes(Leaves::One(vec![0u8; OBS * 4])), None, no_object).expect("reset");
     e
 }
 
@@ -58,7 +58,7 @@ fn bench_record_vector_step(c: &mut Criterion) {
                     Rows::new(&sl, &[&logp], n).expect("logp"),
                 ];
                 for (i, e) in eps.iter_mut().enumerate() {
-                    let r = |k: usize| Item::Bytes(rows[k].row(i).expect("row"));
+                    let r = |k: usize| Item::Bytes(rows[k].row(i).expect("row").into());
                     let step = Step {
                         observation: r(0),
                         action: r(1),

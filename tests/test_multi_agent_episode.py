@@ -1021,3 +1021,50 @@ def test_subject_is_the_configured_class() -> None:
     assert cls.__name__ == "MultiAgentEpisode"
     if IS_FASTROLLOUT:
         assert cls.__module__.startswith("fastrollout")
+
+
+def _fresh_key(aid: str) -> str:
+    """An agent id equal to `aid` but another object (what an env may build each step)."""
+    return "".join(list(aid))
+
+
+@pytest.mark.parametrize("ordering", ["fresh keys", "reversed dicts", "int ids"])
+def test_add_env_step_finds_agents_by_equality_not_identity_or_position(ordering: str) -> None:
+    """The native step matches each dict's agents to each other by key equality: equal
+    ids that are other objects, or dicts listing agents in other orders, record the same
+    episode as dicts sharing one key object per agent in one order."""
+    ids: list[Any] = [1000, 1001, 1002] if ordering == "int ids" else ["a0", "a1", "a2"]
+
+    def key(aid: Any) -> Any:
+        if ordering == "fresh keys":
+            return _fresh_key(aid)
+        if ordering == "int ids":
+            return int(str(aid))  # equal ints, built anew (not the small-int cache)
+        return aid
+
+    def dicts(step: int, shuffled: bool) -> dict[str, Any]:
+        acting = ids if step % 3 else ids[:2]  # ids[2] waits every third step
+        order = list(reversed(acting)) if shuffled and ordering == "reversed dicts" else acting
+        k = key if shuffled else (lambda a: a)
+        all_key = _fresh_key("__all__") if shuffled else "__all__"
+        return {
+            "observations": {k(a): np.full(2, step + ids.index(a), np.float32) for a in order},
+            "actions": {k(a): step for a in (reversed(order) if shuffled else order)},
+            "rewards": {k(a): float(step) for a in order},
+            "infos": {k(a): {"s": step} for a in order},
+            "terminateds": {all_key: False, k(ids[0]): False},
+            "truncateds": {all_key: False},
+            "extra_model_outputs": {k(a): {"logp": np.float32(-step)} for a in order},
+        }
+
+    episodes = []
+    for shuffled in (False, True):
+        ep = MAEpisode(id_="keys", agent_episode_ids={a: f"sa-{a}" for a in ids})
+        ep.add_env_reset(observations={a: np.zeros(2, np.float32) for a in ids})
+        for step in range(1, 7):
+            ep.add_env_step(**dicts(step, shuffled))
+        episodes.append(ep)
+    plain, other = episodes
+    assert_same_ma(plain, other, ("logp",), ids=False)
+    assert_same(plain.env_t_to_agent_t[ids[2]].data, other.env_t_to_agent_t[ids[2]].data)
+    assert other.env_t_to_agent_t[ids[2]].data.count("S") == 2

@@ -16,6 +16,7 @@ examples are reproducible from the printed seeds).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import pickle
 from typing import Any
 
@@ -30,7 +31,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from _helpers import IS_FASTROLLOUT, MAEpisode, assert_same
+from _helpers import IS_FASTROLLOUT, MAEpisode, assert_same, count
 from _ma_scripts import (
     EXTRA_KEYS,
     Planner,
@@ -241,3 +242,79 @@ def test_to_numpy_keeps_every_agents_items(ep: Any) -> None:
                     np.asarray(got[i]), np.asarray(item), f"{aid}.{what}[{i}]"
                 )
         assert after[aid]["infos"] == data["infos"]
+
+
+# --------------------------------------------------------------------------------------
+# The fast cut of simultaneous chunks against the general one.
+# --------------------------------------------------------------------------------------
+
+
+def _ordered_state(ep: Any) -> list:
+    """``get_state`` without the random parts, with every dict's key order kept."""
+    state = ep.get_state()
+    state.pop("_start_time")
+    state.pop("_last_step_time")
+    return [(k, list(v.items()) if isinstance(v, dict) else v) for k, v in state.items()]
+
+
+@given(
+    cfg_seed=SEEDS,
+    plan_seed=SEEDS,
+    steps=st.integers(0, 8),
+    k=st.integers(0, 4),
+    simultaneous=st.sampled_from([True, True, True, False]),
+    numpy=st.booleans(),
+    more=st.integers(0, 3),
+)
+def test_fast_cut_equals_the_rebuilt_cut(
+    cfg_seed: int, plan_seed: int, steps: int, k: int, simultaneous: bool, numpy: bool, more: int
+) -> None:
+    """``cut`` takes a shortcut for chunks whose agents all stepped at each kept env step;
+    its successor is the one the general path rebuilds from per-env-step reads (same
+    getters, same state in the same key order, same behaviour when stepped on)."""
+    if not IS_FASTROLLOUT:
+        return
+
+    cfg = ScriptConfig.draw(np.random.default_rng(cfg_seed))
+    if simultaneous:
+        agents = {a: dataclasses.replace(s, late=False) for a, s in cfg.agents.items()}
+        cfg = dataclasses.replace(cfg, agents=agents, mode="simultaneous", p_done=0.0, p_end=0.0)
+    note(f"config: {cfg.describe()}")
+    planner = Planner(cfg, np.random.default_rng(plan_seed))
+    ep = new_episode(cfg, "fast-cut")
+    observations, infos = planner.reset()
+    ep.add_env_reset(observations=observations, infos=infos)
+    everyone = set(observations) == set(cfg.agents)
+    for _ in range(steps):
+        if planner.done:
+            break
+        data = planner.step()
+        everyone &= set(data["observations"]) == set(data["actions"]) == set(cfg.agents)
+        everyone &= not any((data.get("terminateds") or {}).values())
+        ep.add_env_step(**data)
+    if planner.done:
+        return
+    ep.custom_data["note"] = {"n": [1]}
+    if numpy:
+        ep.to_numpy()
+    fast = ep._cut_simultaneous(k)
+    if fast is None:
+        # A chunk where every agent observed and acted at every step takes it.
+        assert not everyone or numpy or k > len(ep) or k == 0
+        return
+    count("fast cuts compared with rebuilt cuts")
+    rebuilt = ep._cut_rebuilt(k)
+    keys = extra_keys(rebuilt)
+    assert_same_ma(rebuilt, fast, keys)
+    assert_same(_ordered_state(rebuilt), _ordered_state(fast), "state")
+    assert list(fast.agent_episodes) == list(rebuilt.agent_episodes)
+    assert list(fast.env_t_to_agent_t) == list(rebuilt.env_t_to_agent_t)
+    for _ in range(more):
+        if planner.done:
+            break
+        data = planner.step()
+        fast.add_env_step(**copy.deepcopy(data))
+        rebuilt.add_env_step(**data)
+    # Agents that join now get random episode ids.
+    assert_same_ma(rebuilt, fast, extra_keys(rebuilt), ids=False)
+    assert_same_ma(rebuilt.to_numpy(), fast.to_numpy(), extra_keys(rebuilt), ids=False)

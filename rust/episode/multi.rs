@@ -55,6 +55,13 @@ impl StepMap {
         self.len() == 0
     }
 
+    /// Whether the map has at least `n` entries and the agent stepped at each of the
+    /// last `n` (look-back included).
+    #[must_use]
+    pub fn stepped_at_last(&self, n: usize) -> bool {
+        n <= self.steps.len() && self.steps[self.steps.len() - n..].iter().all(Option::is_some)
+    }
+
     pub fn push(&mut self, step: Option<i64>) {
         self.steps.push(step);
     }
@@ -347,6 +354,8 @@ mod tests {
         assert_eq!(m.get(&Index::Int(-1), true, false, false), Ok(MapRead::One(Some(0))));
         assert_eq!(m.get(&Index::Int(7), false, true, false), Ok(MapRead::One(None)));
         assert!(m.get(&Index::Int(7), false, false, false).is_err());
+        assert!(m.stepped_at_last(2) && m.stepped_at_last(0));
+        assert!(!m.stepped_at_last(3) && !m.stepped_at_last(5));
         let mut m = m;
         m.push(None);
         m.extend([Some(3)]);

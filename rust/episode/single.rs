@@ -665,7 +665,7 @@ mod tests {
     type Core = SingleAgentCore<String>;
 
     fn f32_item(v: f32) -> Item<String> {
-        Item::Bytes(vec![v.to_ne_bytes().to_vec()])
+        Item::Bytes(vec![v.to_ne_bytes().to_vec()].into())
     }
 
     fn new_episode() -> Core {
@@ -809,7 +809,7 @@ mod tests {
         let bad = Step {
             observation: f32_item(2.0),
             action: f32_item(2.0),
-            reward: Item::Bytes(vec![vec![0u8; 3]]),
+            reward: Item::Bytes(vec![vec![0u8; 3]].into()),
             info: None,
             extra_model_outputs: vec![],
             terminated: false,
@@ -942,7 +942,7 @@ mod tests {
         e.add_reset(
             Item::FirstTyped {
                 schema: Schema::new(vec![Leaf::new(DType::I64, vec![])]).into(),
-                leaves: vec![1i64.to_ne_bytes().to_vec()],
+                leaves: vec![1i64.to_ne_bytes().to_vec()].into(),
                 host_scalars: true,
             },
             None,
@@ -962,7 +962,7 @@ mod tests {
         let s = Step {
             reward: Item::FirstTyped {
                 schema: Schema::new(vec![Leaf::new(DType::F32, vec![])]).into(),
-                leaves: vec![1f32.to_ne_bytes().to_vec()],
+                leaves: vec![1f32.to_ne_bytes().to_vec()].into(),
                 host_scalars: true,
             },
             ..s

@@ -86,6 +86,12 @@ impl StepMapPy {
         self.map.len()
     }
 
+    /// Whether the agent stepped at each of the last `n` env steps (look-back included).
+    #[pyo3(name = "_stepped_at_last")]
+    fn stepped_at_last(&self, n: usize) -> bool {
+        self.map.stepped_at_last(n)
+    }
+
     fn append(&mut self, value: &Bound<'_, PyAny>) -> PyResult<()> {
         self.map.push(step_from_py(value)?);
         Ok(())
@@ -204,6 +210,109 @@ fn as_dict<'py>(value: Option<&Bound<'py, PyAny>>) -> PyResult<Option<Bound<'py,
     }
 }
 
+/// One agent that an env step mentions, with what the step holds for it.
+struct Row<'py> {
+    aid: Bound<'py, PyAny>,
+    observation: Option<Bound<'py, PyAny>>,
+    action: Option<Bound<'py, PyAny>>,
+    reward: Option<Bound<'py, PyAny>>,
+    /// The agent is a key of the rewards dict (its value may be None).
+    has_reward: bool,
+    info: Option<Bound<'py, PyAny>>,
+    extra: Option<Bound<'py, PyAny>>,
+    terminated: bool,
+    truncated: bool,
+}
+
+impl<'py> Row<'py> {
+    fn new(aid: Bound<'py, PyAny>) -> Self {
+        Row {
+            aid,
+            observation: None,
+            action: None,
+            reward: None,
+            has_reward: false,
+            info: None,
+            extra: None,
+            terminated: false,
+            truncated: false,
+        }
+    }
+}
+
+/// The agents an env step mentions, in first-seen order, found by key.
+///
+/// Env dicts usually list the same agent-id objects in the same order, so a key is
+/// first compared by identity with the row at the same position (no hashing); only when
+/// that fails is a dict from agent id to row built and used (Python's key equality).
+struct Rows<'py> {
+    rows: Vec<Row<'py>>,
+    index: Option<Bound<'py, PyDict>>,
+}
+
+impl<'py> Rows<'py> {
+    fn find(&mut self, key: &Bound<'py, PyAny>, hint: usize) -> PyResult<Option<usize>> {
+        if self.rows.get(hint).is_some_and(|r| r.aid.is(key)) {
+            return Ok(Some(hint));
+        }
+        let py = key.py();
+        let index = if let Some(d) = &self.index {
+            d
+        } else {
+            let d = PyDict::new(py);
+            for (i, r) in self.rows.iter().enumerate() {
+                // The first row of equal keys wins, as with `dict.setdefault`.
+                if !d.contains(&r.aid)? {
+                    d.set_item(&r.aid, i)?;
+                }
+            }
+            self.index.insert(d)
+        };
+        index.get_item(key)?.map(|v| v.extract::<usize>()).transpose()
+    }
+
+    /// The row of `key`, appended if the step has not mentioned the agent yet.
+    fn entry(&mut self, key: &Bound<'py, PyAny>, hint: usize) -> PyResult<&mut Row<'py>> {
+        let i = if let Some(i) = self.find(key, hint)? {
+            i
+        } else {
+            let i = self.rows.len();
+            if let Some(d) = &self.index {
+                d.set_item(key, i)?;
+            }
+            self.rows.push(Row::new(key.clone()));
+            i
+        };
+        Ok(&mut self.rows[i])
+    }
+}
+
+/// Whether `key` is `"__all__"` (identity or string comparison first: no rich compare
+/// for the usual str agent ids).
+fn is_all_key(key: &Bound<'_, PyAny>, all: &Bound<'_, PyAny>) -> PyResult<bool> {
+    if key.is(all) {
+        return Ok(true);
+    }
+    if let Ok(s) = key.cast_exact::<PyString>() {
+        return Ok(s.to_str().is_ok_and(|s| s == "__all__"));
+    }
+    key.eq(all)
+}
+
+/// The episode's attribute `name`: read from its instance dict (the attributes are
+/// plain instance attributes; a dict read skips the attribute protocol's type lookup),
+/// through `getattr` otherwise.
+fn attr<'py>(
+    episode: &Bound<'py, PyAny>,
+    vars: Option<&Bound<'py, PyDict>>,
+    name: &Bound<'py, PyString>,
+) -> PyResult<Bound<'py, PyAny>> {
+    if let Some(v) = vars.map(|d| d.get_item(name)).transpose()?.flatten() {
+        return Ok(v);
+    }
+    episode.getattr(name)
+}
+
 /// Records one env step of a `MultiAgentEpisode` for all agents in one call.
 ///
 /// Everything is checked and converted first (agent by agent, with RLlib's rules); only
@@ -227,36 +336,125 @@ pub fn multi_agent_add_env_step<'py>(
     let truncateds = as_dict(truncateds)?;
     let extras = as_dict(extra_model_outputs)?;
     let all = intern!(py, "__all__").clone().into_any();
-    let agent_episodes = episode.getattr(intern!(py, "agent_episodes"))?.cast_into::<PyDict>()?;
-    let step_maps = episode.getattr(intern!(py, "env_t_to_agent_t"))?.cast_into::<PyDict>()?;
-    let hanging_actions = episode.getattr(intern!(py, "_hanging_actions_end"))?.cast_into::<PyDict>()?;
-    let hanging_extras =
-        episode.getattr(intern!(py, "_hanging_extra_model_outputs_end"))?.cast_into::<PyDict>()?;
-    let rewards_end = episode.getattr(intern!(py, "_hanging_rewards_end"))?.cast_into::<PyDict>()?;
-    let rewards_begin = episode.getattr(intern!(py, "_hanging_rewards_begin"))?.cast_into::<PyDict>()?;
-    let t_started = episode.getattr(intern!(py, "agent_t_started"))?.cast_into::<PyDict>()?;
+    let vars = episode.getattr(intern!(py, "__dict__")).ok().and_then(|d| d.cast_into::<PyDict>().ok());
+    let vars = vars.as_ref();
+    let dict_attr = |name: &Bound<'py, PyString>| -> PyResult<Bound<'py, PyDict>> {
+        Ok(attr(episode, vars, name)?.cast_into::<PyDict>()?)
+    };
+    let agent_episodes = dict_attr(intern!(py, "agent_episodes"))?;
+    let step_maps = dict_attr(intern!(py, "env_t_to_agent_t"))?;
+    let hanging_actions = dict_attr(intern!(py, "_hanging_actions_end"))?;
+    let hanging_extras = dict_attr(intern!(py, "_hanging_extra_model_outputs_end"))?;
+    let rewards_end = dict_attr(intern!(py, "_hanging_rewards_end"))?;
+    let rewards_begin = dict_attr(intern!(py, "_hanging_rewards_begin"))?;
+    let t_started = dict_attr(intern!(py, "agent_t_started"))?;
 
-    if episode.getattr(intern!(py, "is_terminated"))?.is_truthy()?
-        || episode.getattr(intern!(py, "is_truncated"))?.is_truthy()?
+    if attr(episode, vars, intern!(py, "is_terminated"))?.is_truthy()?
+        || attr(episode, vars, intern!(py, "is_truncated"))?.is_truthy()?
     {
         return Err(multi_agent_env_error(
             py,
             "add_env_step: the multi-agent episode is already done".into(),
         ));
     }
-    let all_terminated = flag(terminateds.as_ref(), &all)?;
-    let all_truncated = flag(truncateds.as_ref(), &all)?;
+
+    // The agents this env step mentions: observations, actions, rewards, terminateds,
+    // truncateds and (on `__all__`) every agent with an episode, first in dict order;
+    // with what each dict holds for them.
+    let mut rows = Rows { rows: Vec::with_capacity(observations.len()), index: None };
+    for (i, (aid, obs)) in observations.iter().enumerate() {
+        if is_all_key(&aid, &all)? {
+            continue;
+        }
+        let row = rows.entry(&aid, i)?;
+        row.observation = Some(obs).filter(|v| !v.is_none());
+    }
+    for (i, (aid, action)) in actions.iter().enumerate() {
+        if is_all_key(&aid, &all)? {
+            continue;
+        }
+        rows.entry(&aid, i)?.action = Some(action).filter(|v| !v.is_none());
+    }
+    for (i, (aid, reward)) in rewards.iter().enumerate() {
+        if is_all_key(&aid, &all)? {
+            continue;
+        }
+        let row = rows.entry(&aid, i)?;
+        row.has_reward = true;
+        row.reward = Some(reward).filter(|v| !v.is_none());
+    }
+    let mut all_terminated = false;
+    let mut all_truncated = false;
+    for (flags, is_truncated) in [(terminateds.as_ref(), false), (truncateds.as_ref(), true)] {
+        let Some(flags) = flags else { continue };
+        for (i, (aid, value)) in flags.iter().enumerate() {
+            let on = !value.is_none() && value.is_truthy()?;
+            if is_all_key(&aid, &all)? {
+                if is_truncated {
+                    all_truncated = on;
+                } else {
+                    all_terminated = on;
+                }
+                continue;
+            }
+            let row = rows.entry(&aid, i)?;
+            if is_truncated {
+                row.truncated = on;
+            } else {
+                row.terminated = on;
+            }
+        }
+    }
+    if all_terminated || all_truncated {
+        for (i, aid) in agent_episodes.keys().iter().enumerate() {
+            if !is_all_key(&aid, &all)? {
+                rows.entry(&aid, i)?;
+            }
+        }
+    }
+    // Infos and extra model outputs count only for agents mentioned elsewhere.
+    for (dict, is_extra) in [(infos.as_ref(), false), (extras.as_ref(), true)] {
+        let Some(dict) = dict else { continue };
+        for (i, (aid, value)) in dict.iter().enumerate() {
+            if value.is_none() {
+                continue;
+            }
+            if let Some(r) = rows.find(&aid, i)? {
+                let row = &mut rows.rows[r];
+                if is_extra {
+                    row.extra = Some(value);
+                } else {
+                    row.info = Some(value);
+                }
+            }
+        }
+    }
+    let rows = rows.rows;
+
+    // Each mentioned agent's episode, and whether any agent joins now.
+    let mut existing: Vec<Option<Bound<'py, SingleAgentEpisodePy>>> = Vec::with_capacity(rows.len());
+    let mut joins = false;
+    for row in &rows {
+        let eps =
+            agent_episodes.get_item(&row.aid)?.map(Bound::cast_into::<SingleAgentEpisodePy>).transpose()?;
+        joins |= eps.is_none();
+        existing.push(eps);
+    }
+
     // The episode ends when `__all__` says so or every agent is done.
     let mut is_terminated = all_terminated;
     let is_truncated = all_truncated;
-    let done_now = |d: Option<&Bound<'py, PyDict>>, aid: &Bound<'py, PyAny>| flag(d, aid);
     let mut every_agent_done = true;
     for (aid, eps) in agent_episodes.iter() {
-        let eps = eps.cast::<SingleAgentEpisodePy>()?;
-        if !(eps.borrow().done()
-            || done_now(terminateds.as_ref(), &aid)?
-            || done_now(truncateds.as_ref(), &aid)?)
-        {
+        if eps.cast::<SingleAgentEpisodePy>()?.borrow().done() {
+            continue;
+        }
+        // Only the flags of agents this step mentions can be set.
+        let flagged = match rows.iter().position(|r| r.aid.is(&aid)) {
+            Some(i) => rows[i].terminated || rows[i].truncated,
+            None => flag(terminateds.as_ref(), &aid)? || flag(truncateds.as_ref(), &aid)?,
+        };
+        if !flagged {
             every_agent_done = false;
             break;
         }
@@ -265,78 +463,83 @@ pub fn multi_agent_add_env_step<'py>(
         is_terminated = true;
     }
 
-    // The agents this env step mentions: observations, actions, rewards, terminateds,
-    // truncateds and (on `__all__`) every agent with an episode, first in dict order.
-    let empty = PyDict::new(py);
-    let sources = [
-        observations,
-        actions,
-        rewards,
-        terminateds.as_ref().unwrap_or(&empty),
-        truncateds.as_ref().unwrap_or(&empty),
-        if all_terminated || all_truncated { &agent_episodes } else { &empty },
-    ];
-    // A dict keeps the first-seen order and drops repeats.
-    let mentioned = PyDict::new(py);
-    let mut joins = false;
-    for d in sources {
-        for key in d.keys() {
-            if !key.eq(&all)? && !mentioned.contains(&key)? {
-                joins |= !agent_episodes.contains(&key)?;
-                mentioned.set_item(&key, true)?;
-            }
-        }
-    }
     // Agents that join take their place in `agent_episodes` in the order RLlib visits
     // them: that of the Python set it builds from the same dicts with the same set
     // operations (reads that combine agents, e.g. `return_list`, depend on the order).
     // Only then is that set built (about 1 µs); otherwise the order changes nothing.
-    let with_data: Bound<'py, PyAny> = if joins {
+    let order: Option<Vec<usize>> = if joins {
+        let empty = PyDict::new(py);
+        let sources = [
+            observations,
+            actions,
+            rewards,
+            terminateds.as_ref().unwrap_or(&empty),
+            truncateds.as_ref().unwrap_or(&empty),
+            if all_terminated || all_truncated { &agent_episodes } else { &empty },
+        ];
         let key_set = |d: &Bound<'py, PyDict>| PySet::new(py, d.keys());
         let mut set = key_set(sources[0])?.into_any();
         for d in &sources[1..] {
             set = set.call_method1(intern!(py, "__or__"), (key_set(d)?,))?;
         }
-        set.call_method1(intern!(py, "__sub__"), (PySet::new(py, [&all])?,))?
+        let set = set.call_method1(intern!(py, "__sub__"), (PySet::new(py, [&all])?,))?;
+        let position = PyDict::new(py);
+        for (i, row) in rows.iter().enumerate() {
+            if !position.contains(&row.aid)? {
+                position.set_item(&row.aid, i)?;
+            }
+        }
+        let mut order = Vec::with_capacity(rows.len());
+        for aid in set.try_iter()? {
+            if let Some(i) = position.get_item(aid?)? {
+                order.push(i.extract::<usize>()?);
+            }
+        }
+        Some(order)
     } else {
-        mentioned.keys().into_any()
+        None
     };
 
     // Phase 1: decide and convert; nothing is stored yet.
-    let new_agent_episode = episode.getattr(intern!(py, "_new_agent_episode"))?;
-    let mut plans: Vec<(Bound<'py, PyAny>, Prepared<'py>, f64)> = Vec::with_capacity(mentioned.len());
-    for aid in with_data.try_iter()? {
-        let aid = aid?;
-        let obs = observations.get_item(&aid)?.filter(|v| !v.is_none());
-        let action = actions.get_item(&aid)?.filter(|v| !v.is_none());
-        let reward_value = rewards.get_item(&aid)?.filter(|v| !v.is_none());
-        let info = get_opt(infos.as_ref(), &aid)?;
-        let extra = get_opt(extras.as_ref(), &aid)?;
-        let existing = agent_episodes.get_item(&aid)?;
-        let episode_done = match &existing {
-            Some(e) => e.cast::<SingleAgentEpisodePy>()?.borrow().done(),
+    let mut new_agent_episode: Option<Bound<'py, PyAny>> = None;
+    let have_hanging_actions = !hanging_actions.is_empty();
+    let mut plans: Vec<(usize, Prepared<'py>, f64, Option<Bound<'py, StepMapPy>>)> =
+        Vec::with_capacity(rows.len());
+    let mut observed_with_map = 0usize;
+    for i in order.unwrap_or_else(|| (0..rows.len()).collect()) {
+        let row = &rows[i];
+        let aid = &row.aid;
+        let existing = &existing[i];
+        let episode_done = match existing {
+            Some(e) => e.borrow().done(),
             None => false,
         };
-        let terminated = flag(terminateds.as_ref(), &aid)? || is_terminated;
-        let truncated = flag(truncateds.as_ref(), &aid)? || is_truncated;
+        let step_map = step_maps.get_item(aid)?.map(Bound::cast_into::<StepMapPy>).transpose()?;
+        if row.observation.is_some() && step_map.is_some() {
+            observed_with_map += 1;
+        }
+        let terminated = row.terminated || is_terminated;
+        let truncated = row.truncated || is_truncated;
+        let hanging_action =
+            if have_hanging_actions { hanging_actions.get_item(aid)?.filter(|v| !v.is_none()) } else { None };
         let input = AgentStepInput {
-            has_observation: obs.is_some(),
-            has_action: action.is_some(),
-            has_reward: rewards.contains(&aid)?,
-            has_any_data: obs.is_some()
-                || action.is_some()
-                || reward_value.is_some()
-                || info.is_some()
-                || extra.is_some(),
+            has_observation: row.observation.is_some(),
+            has_action: row.action.is_some(),
+            has_reward: row.has_reward,
+            has_any_data: row.observation.is_some()
+                || row.action.is_some()
+                || row.reward.is_some()
+                || row.info.is_some()
+                || row.extra.is_some(),
             terminated,
             truncated,
             has_episode: existing.is_some(),
             episode_done,
-            has_step_map: step_maps.contains(&aid)?,
-            has_hanging_action: hanging_actions.get_item(&aid)?.is_some_and(|v| !v.is_none()),
+            has_step_map: step_map.is_some(),
+            has_hanging_action: hanging_action.is_some(),
         };
-        let plan = plan_agent_step(&input).map_err(|e| agent_error(&aid, e))?;
-        let reward = match &reward_value {
+        let plan = plan_agent_step(&input).map_err(|e| agent_error(aid, e))?;
+        let reward = match &row.reward {
             Some(r) => r.extract::<f64>().map_err(|_| {
                 pyo3::exceptions::PyTypeError::new_err(format!(
                     "the reward of agent {} must be a real number, got {}",
@@ -346,12 +549,18 @@ pub fn multi_agent_add_env_step<'py>(
             })?,
             None => 0.0,
         };
-        let agent_episode = || -> PyResult<Bound<'py, SingleAgentEpisodePy>> {
-            Ok(match &existing {
-                Some(e) => e.cast::<SingleAgentEpisodePy>()?.clone(),
-                None => new_agent_episode.call1((&aid,))?.cast_into::<SingleAgentEpisodePy>()?,
-            })
+        let mut agent_episode = || -> PyResult<Bound<'py, SingleAgentEpisodePy>> {
+            if let Some(e) = existing {
+                return Ok(e.clone());
+            }
+            // Looked up only when an agent joins (a bound method per lookup).
+            let make = match &new_agent_episode {
+                Some(f) => f,
+                None => new_agent_episode.insert(episode.getattr(intern!(py, "_new_agent_episode"))?),
+            };
+            Ok(make.call1((aid,))?.cast_into::<SingleAgentEpisodePy>()?)
         };
+        let none = || py.None().into_bound(py);
         let prepared = match plan {
             AgentPlan::Step { observation, action: action_src, extra_model_outputs, add_hanging_reward } => {
                 let eps = agent_episode()?;
@@ -359,21 +568,19 @@ pub fn multi_agent_add_env_step<'py>(
                     let (o, i) = eps.borrow_mut().last_observation_and_infos(py)?;
                     (o, Some(i))
                 } else {
-                    (obs.clone().unwrap_or_else(|| py.None().into_bound(py)), info.clone())
+                    (row.observation.clone().unwrap_or_else(none), row.info.clone())
                 };
                 let action_value = match action_src {
-                    Source::Hanging => {
-                        hanging_actions.get_item(&aid)?.unwrap_or_else(|| py.None().into_bound(py))
-                    }
-                    _ => action.clone().unwrap_or_else(|| py.None().into_bound(py)),
+                    Source::Hanging => hanging_action.clone().unwrap_or_else(none),
+                    _ => row.action.clone().unwrap_or_else(none),
                 };
                 let extras_value = match extra_model_outputs {
-                    Source::Hanging => hanging_extras.get_item(&aid)?,
-                    _ => extra.clone(),
+                    Source::Hanging => hanging_extras.get_item(aid)?,
+                    _ => row.extra.clone(),
                 };
                 let extras_dict = as_dict(extras_value.as_ref())?;
                 let hanging_reward = if add_hanging_reward {
-                    rewards_end.get_item(&aid)?.map(|v| v.extract::<f64>()).transpose()?.unwrap_or(0.0)
+                    rewards_end.get_item(aid)?.map(|v| v.extract::<f64>()).transpose()?.unwrap_or(0.0)
                 } else {
                     0.0
                 };
@@ -387,7 +594,7 @@ pub fn multi_agent_add_env_step<'py>(
                         info_value.as_ref(),
                         extras_dict.as_ref(),
                     )
-                    .map_err(|e| for_agent(py, &aid, e))?;
+                    .map_err(|e| for_agent(py, aid, e))?;
                 Prepared::Step {
                     episode: eps,
                     step,
@@ -398,74 +605,81 @@ pub fn multi_agent_add_env_step<'py>(
             }
             AgentPlan::Join => {
                 let eps = agent_episode()?;
-                let obs_value = obs.clone().unwrap_or_else(|| py.None().into_bound(py));
-                let reset = eps.borrow().prepare_reset(&obs_value).map_err(|e| for_agent(py, &aid, e))?;
-                Prepared::Join { episode: eps, reset, infos: info.clone() }
+                let obs_value = row.observation.clone().unwrap_or_else(none);
+                let reset = eps.borrow().prepare_reset(&obs_value).map_err(|e| for_agent(py, aid, e))?;
+                Prepared::Join { episode: eps, reset, infos: row.info.clone() }
             }
             AgentPlan::Hang => Prepared::Hang {
-                action: action.clone().unwrap_or_else(|| py.None().into_bound(py)),
-                extras: extra.clone().unwrap_or_else(|| py.None().into_bound(py)),
+                action: row.action.clone().unwrap_or_else(none),
+                extras: row.extra.clone().unwrap_or_else(none),
             },
             AgentPlan::AddReward { begin } => Prepared::AddReward { begin },
             AgentPlan::Drop => Prepared::Drop,
         };
-        plans.push((aid, prepared, reward));
+        plans.push((i, prepared, reward, step_map));
     }
 
     // Phase 2: store.
-    let env_t: i64 = episode.getattr(intern!(py, "env_t"))?.extract::<i64>()? + 1;
+    let env_t: i64 = attr(episode, vars, intern!(py, "env_t"))?.extract::<i64>()? + 1;
     episode.setattr(intern!(py, "env_t"), env_t)?;
     episode.setattr(intern!(py, "is_terminated"), is_terminated)?;
     episode.setattr(intern!(py, "is_truncated"), is_truncated)?;
-    for (aid, map) in step_maps.iter() {
-        if !observations.contains(&aid)? {
-            map.cast::<StepMapPy>()?.borrow_mut().map.push(None);
+    // Agents with a map but no observation now get a skip. When every map belongs to an
+    // agent that observed, there are none (and no lookups are needed to know).
+    if observed_with_map != step_maps.len() {
+        for (aid, map) in step_maps.iter() {
+            if !observations.contains(&aid)? {
+                map.cast::<StepMapPy>()?.borrow_mut().map.push(None);
+            }
         }
     }
-    let lookback: usize = episode.getattr(intern!(py, "_len_lookback_buffers"))?.extract()?;
-    let env_t_started: i64 = episode.getattr(intern!(py, "env_t_started"))?.extract()?;
     let add_to = |d: &Bound<'py, PyDict>, aid: &Bound<'py, PyAny>, r: f64| -> PyResult<()> {
         let old = d.get_item(aid)?.map(|v| v.extract::<f64>()).transpose()?.unwrap_or(0.0);
         d.set_item(aid, old + r)
     };
-    let drop_hanging = |aid: &Bound<'py, PyAny>| -> PyResult<()> {
-        for d in [&rewards_begin, &hanging_actions, &hanging_extras, &rewards_end] {
-            if d.contains(aid)? {
+    let remove = |dicts: &[&Bound<'py, PyDict>], aid: &Bound<'py, PyAny>| -> PyResult<()> {
+        for d in dicts {
+            if !d.is_empty() && d.contains(aid)? {
                 d.del_item(aid)?;
             }
         }
         Ok(())
     };
-    for (aid, prepared, reward) in plans {
+    let all_hanging = [&rewards_begin, &hanging_actions, &hanging_extras, &rewards_end];
+    for (i, prepared, reward, step_map) in plans {
+        let aid = &rows[i].aid;
         match prepared {
             Prepared::Step { episode: eps, step, pops_hanging, terminated, truncated } => {
                 eps.borrow_mut().apply_step(py, step, terminated, truncated)?;
                 if pops_hanging {
-                    for d in [&hanging_actions, &hanging_extras, &rewards_end] {
-                        if d.contains(&aid)? {
-                            d.del_item(&aid)?;
-                        }
-                    }
+                    remove(&[&hanging_actions, &hanging_extras, &rewards_end], aid)?;
                 }
                 // `agent_t_started` is a defaultdict(int): reading it records the agent.
-                let t0: i64 = if let Some(v) = t_started.get_item(&aid)? {
+                let t0: i64 = if let Some(v) = t_started.get_item(aid)? {
                     v.extract()?
                 } else {
-                    t_started.set_item(&aid, 0)?;
+                    t_started.set_item(aid, 0)?;
                     0
                 };
                 let agent_t = eps.borrow().chunk_len() as i64 + t0;
-                step_map_of(py, &step_maps, &aid)?.borrow_mut().map.push(Some(agent_t));
-                if agent_episodes.get_item(&aid)?.is_none() {
-                    agent_episodes.set_item(&aid, &eps)?;
+                let map = match step_map {
+                    Some(m) => m,
+                    None => step_map_of(py, &step_maps, aid)?,
+                };
+                map.borrow_mut().map.push(Some(agent_t));
+                if existing[i].is_none() && agent_episodes.get_item(aid)?.is_none() {
+                    agent_episodes.set_item(aid, &eps)?;
                 }
                 if terminated || truncated {
-                    drop_hanging(&aid)?;
+                    remove(&all_hanging, aid)?;
                 }
             }
             Prepared::Join { episode: eps, reset, infos } => {
                 {
-                    let map = step_map_of(py, &step_maps, &aid)?;
+                    let lookback: usize =
+                        attr(episode, vars, intern!(py, "_len_lookback_buffers"))?.extract()?;
+                    let env_t_started: i64 = attr(episode, vars, intern!(py, "env_t_started"))?.extract()?;
+                    let map = step_map_of(py, &step_maps, aid)?;
                     let mut map = map.borrow_mut();
                     // One skip per env step of this chunk before this one, look-back
                     // included. RLlib 2.60 counts from the episode's start (env_t), which
@@ -477,18 +691,18 @@ pub fn multi_agent_add_env_step<'py>(
                     map.map.set_lookback(lookback);
                 }
                 eps.borrow_mut().apply_reset(py, reset, infos.as_ref())?;
-                add_to(&rewards_begin, &aid, reward)?;
-                agent_episodes.set_item(&aid, &eps)?;
+                add_to(&rewards_begin, aid, reward)?;
+                agent_episodes.set_item(aid, &eps)?;
             }
             Prepared::Hang { action, extras } => {
-                hanging_actions.set_item(&aid, action)?;
-                rewards_end.set_item(&aid, reward)?;
-                hanging_extras.set_item(&aid, extras)?;
+                hanging_actions.set_item(aid, action)?;
+                rewards_end.set_item(aid, reward)?;
+                hanging_extras.set_item(aid, extras)?;
             }
             Prepared::AddReward { begin } => {
-                add_to(if begin { &rewards_begin } else { &rewards_end }, &aid, reward)?;
+                add_to(if begin { &rewards_begin } else { &rewards_end }, aid, reward)?;
             }
-            Prepared::Drop => drop_hanging(&aid)?,
+            Prepared::Drop => remove(&all_hanging, aid)?,
         }
     }
     Ok(())

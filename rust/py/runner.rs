@@ -42,8 +42,8 @@ impl BatchRows<'_> {
                     PyValueError::new_err(format!("no row {i} in the batch (was it resized?)"))
                 })?;
                 // One small copy per leaf: the column then copies it once more into its
-                // buffer (both are a few bytes for vector observations).
-                Ok(LeafBytes::Owned(b.to_vec()))
+                // buffer (both are a few bytes for vector observations; scalars inline).
+                Ok(if w <= 8 { LeafBytes::scalar(b) } else { LeafBytes::Owned(b.to_vec()) })
             })
             .collect()
     }
@@ -111,7 +111,7 @@ impl<'py> BatchField<'py> {
         let slices: Vec<&[u8]> = views.iter().map(AsRef::as_ref).collect();
         Rows::new(&schema, &slices, self.n).map_err(|e| PyValueError::new_err(format!("{label}: {e}")))?;
         let widths = schema.leaves.iter().map(crate::schema::Leaf::item_bytes).collect();
-        Ok(BatchRows { schema, views, widths })
+        Ok(BatchRows { schema, views: views.into_vec(), widths })
     }
 }
 
@@ -185,7 +185,7 @@ impl<'py> FastStep<'py> {
                 match spec::to_leaf_views(spec, &f.value, None, &|| f.label()) {
                     Ok(views) => FastRows::Const {
                         schema: spec.schema(),
-                        bytes: views.into_iter().map(LeafBytes::into_owned).collect(),
+                        bytes: views.into_vec().into_iter().map(LeafBytes::into_owned).collect(),
                     },
                     Err(_) => return Ok(None),
                 }

@@ -224,7 +224,7 @@ fn prepare_input<'py>(
 ) -> PyResult<Prepared<'py>> {
     match value {
         Input::Object(v) => prepare(&v, field, spec, name),
-        Input::Row(leaves) => Ok((Item::Bytes(leaves), None)),
+        Input::Row(leaves) => Ok((Item::Bytes(leaves.into()), None)),
     }
 }
 
@@ -1403,7 +1403,10 @@ pub struct PreparedStep<'py> {
     action: Item<PyObj, LeafBytes<'py>>,
     reward: Item<PyObj, LeafBytes<'py>>,
     info: Option<PyObj>,
-    extras: Vec<(Bound<'py, PyString>, Item<PyObj, LeafBytes<'py>>)>,
+    /// Extra model output keys and items, apart: the stored step borrows the keys' text
+    /// while it takes the items.
+    extra_keys: Vec<Bound<'py, PyString>>,
+    extra_items: Vec<Item<PyObj, LeafBytes<'py>>>,
     /// Specs inferred from first items, stored once the step is.
     specs: Vec<(SpecSlot, Arc<Spec>)>,
 }
@@ -1555,7 +1558,8 @@ impl SingleAgentEpisodePy {
         let (reward, s) =
             prepare_input(reward, &self.core.rewards, self.specs.rewards.as_deref(), FieldName::Rewards)?;
         keep(SpecSlot::Rewards, s);
-        let mut extras = Vec::with_capacity(extra_model_outputs.len());
+        let mut extra_keys = Vec::with_capacity(extra_model_outputs.len());
+        let mut extra_items = Vec::with_capacity(extra_model_outputs.len());
         let untyped = Field::untyped();
         for (k, v) in extra_model_outputs {
             let key = k.to_str()?;
@@ -1565,9 +1569,18 @@ impl SingleAgentEpisodePy {
             if s.is_some() {
                 keep(SpecSlot::Extra(key.to_string()), s);
             }
-            extras.push((k, item));
+            extra_keys.push(k);
+            extra_items.push(item);
         }
-        Ok(PreparedStep { observation, action, reward, info: info_or_absent(infos), extras, specs })
+        Ok(PreparedStep {
+            observation,
+            action,
+            reward,
+            info: info_or_absent(infos),
+            extra_keys,
+            extra_items,
+            specs,
+        })
     }
 
     /// Stores a prepared step (checked again by the core; nothing is stored on error).
@@ -1578,10 +1591,10 @@ impl SingleAgentEpisodePy {
         terminated: bool,
         truncated: bool,
     ) -> PyResult<()> {
-        let PreparedStep { observation, action, reward, info, extras, specs: new_specs } = prepared;
-        let (keys, items): (Vec<Bound<'_, PyString>>, Vec<_>) = extras.into_iter().unzip();
-        let mut extra_model_outputs = Vec::with_capacity(items.len());
-        for (k, item) in keys.iter().zip(items) {
+        let PreparedStep { observation, action, reward, info, extra_keys, extra_items, specs: new_specs } =
+            prepared;
+        let mut extra_model_outputs = Vec::with_capacity(extra_items.len());
+        for (k, item) in extra_keys.iter().zip(extra_items) {
             extra_model_outputs.push((k.to_str()?, item));
         }
         let step = Step { observation, action, reward, info, extra_model_outputs, terminated, truncated };

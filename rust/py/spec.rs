@@ -16,6 +16,7 @@ use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyTuple, PyType};
 
 use super::errors::SpaceMismatchError;
 use crate::column::{Column, Pos};
+use crate::episode::Leaves;
 use crate::schema::{DType, Kind, Leaf, OneHot, Schema};
 
 /// The nesting of a field's items.
@@ -274,6 +275,12 @@ fn castable(from: Kind, to: Kind) -> bool {
 pub enum LeafBytes<'py> {
     Owned(Vec<u8>),
     Array(Bound<'py, PyUntypedArray>),
+    /// A converted scalar (at most 8 bytes), kept inline: actions, rewards and log-probs
+    /// of every step, so no allocation per step and field.
+    Scalar {
+        bytes: [u8; 8],
+        len: u8,
+    },
 }
 
 impl LeafBytes<'_> {
@@ -281,7 +288,16 @@ impl LeafBytes<'_> {
         match self {
             LeafBytes::Owned(v) => v,
             LeafBytes::Array(a) => array_bytes(&a),
+            LeafBytes::Scalar { bytes, len } => bytes[..usize::from(len)].to_vec(),
         }
+    }
+
+    /// The inline bytes of a scalar of up to 8 bytes.
+    pub(crate) fn scalar(value: &[u8]) -> LeafBytes<'static> {
+        let mut bytes = [0u8; 8];
+        let len = value.len().min(8);
+        bytes[..len].copy_from_slice(&value[..len]);
+        LeafBytes::Scalar { bytes, len: len as u8 }
     }
 }
 
@@ -289,6 +305,7 @@ impl AsRef<[u8]> for LeafBytes<'_> {
     fn as_ref(&self) -> &[u8] {
         match self {
             LeafBytes::Owned(v) => v,
+            LeafBytes::Scalar { bytes, len } => &bytes[..usize::from(*len)],
             LeafBytes::Array(a) => {
                 // The array's layout is read now, not when the view was made: a reshape or
                 // resize in between changes the length (the column then rejects the item)
@@ -369,7 +386,7 @@ static SCALAR_TYPES: PyOnceLock<Vec<(Py<PyType>, Kind, usize)>> = PyOnceLock::ne
 
 /// The bytes of a numpy float/int/bool scalar for a scalar leaf of the same kind and a
 /// size at least as large; `None` when the fast path does not apply.
-fn numpy_scalar_bytes(value: &Bound<'_, PyAny>, leaf: &Leaf) -> PyResult<Option<Vec<u8>>> {
+fn numpy_scalar_bytes(value: &Bound<'_, PyAny>, leaf: &Leaf) -> PyResult<Option<LeafBytes<'static>>> {
     let py = value.py();
     let types = SCALAR_TYPES.get_or_try_init(py, || -> PyResult<_> {
         let np = numpy(py)?;
@@ -390,14 +407,16 @@ fn numpy_scalar_bytes(value: &Bound<'_, PyAny>, leaf: &Leaf) -> PyResult<Option<
     let (to, to_size) = (leaf.dtype.kind, leaf.dtype.size);
     Ok(match (kind, to, to_size) {
         (Kind::Float, Kind::Float, 4) if *size == 4 => {
-            Some((value.extract::<f64>()? as f32).to_ne_bytes().to_vec())
+            Some(LeafBytes::scalar(&(value.extract::<f64>()? as f32).to_ne_bytes()))
         }
-        (Kind::Float, Kind::Float, 8) => Some(value.extract::<f64>()?.to_ne_bytes().to_vec()),
-        (Kind::Int | Kind::Bool, Kind::Int, 8) => Some(value.extract::<i64>()?.to_ne_bytes().to_vec()),
+        (Kind::Float, Kind::Float, 8) => Some(LeafBytes::scalar(&value.extract::<f64>()?.to_ne_bytes())),
+        (Kind::Int | Kind::Bool, Kind::Int, 8) => {
+            Some(LeafBytes::scalar(&value.extract::<i64>()?.to_ne_bytes()))
+        }
         (Kind::Int | Kind::Bool, Kind::Int, 4) if *size <= 4 => {
-            Some((value.extract::<i64>()? as i32).to_ne_bytes().to_vec())
+            Some(LeafBytes::scalar(&(value.extract::<i64>()? as i32).to_ne_bytes()))
         }
-        (Kind::Bool, Kind::Bool, 1) => Some(vec![u8::from(value.is_truthy()?)]),
+        (Kind::Bool, Kind::Bool, 1) => Some(LeafBytes::scalar(&[u8::from(value.is_truthy()?)])),
         _ => None,
     })
 }
@@ -428,19 +447,19 @@ fn leaf_bytes<'py>(
     if batch.is_none() && leaf.shape.is_empty() {
         if value.is_exact_instance_of::<PyFloat>() && leaf.dtype.kind == Kind::Float && leaf.dtype.size >= 4 {
             let v: f64 = value.extract()?;
-            return Ok(LeafBytes::Owned(if leaf.dtype.size == 8 {
-                v.to_ne_bytes().to_vec()
+            return Ok(if leaf.dtype.size == 8 {
+                LeafBytes::scalar(&v.to_ne_bytes())
             } else {
-                (v as f32).to_ne_bytes().to_vec()
-            }));
+                LeafBytes::scalar(&(v as f32).to_ne_bytes())
+            });
         }
         if value.is_exact_instance_of::<PyInt>() && leaf.dtype == DType::I64 {
             if let Ok(v) = value.extract::<i64>() {
-                return Ok(LeafBytes::Owned(v.to_ne_bytes().to_vec()));
+                return Ok(LeafBytes::scalar(&v.to_ne_bytes()));
             }
         }
         if let Some(bytes) = numpy_scalar_bytes(value, leaf)? {
-            return Ok(LeafBytes::Owned(bytes));
+            return Ok(bytes);
         }
     }
     let array = match value.cast::<PyUntypedArray>() {
@@ -489,7 +508,7 @@ pub fn to_leaves(
     batch: Option<Option<usize>>,
     field: &dyn Fn() -> String,
 ) -> PyResult<Vec<Vec<u8>>> {
-    Ok(to_leaf_views(spec, value, batch, field)?.into_iter().map(LeafBytes::into_owned).collect())
+    Ok(to_leaf_views(spec, value, batch, field)?.into_vec().into_iter().map(LeafBytes::into_owned).collect())
 }
 
 /// [`to_leaves`] without copying leaves that are already numpy arrays of the right dtype
@@ -499,19 +518,19 @@ pub fn to_leaf_views<'py>(
     value: &Bound<'py, PyAny>,
     batch: Option<Option<usize>>,
     field: &dyn Fn() -> String,
-) -> PyResult<Vec<LeafBytes<'py>>> {
+) -> PyResult<Leaves<LeafBytes<'py>>> {
     // One leaf (the common case: a Box, Discrete, a scalar) needs no tree walk.
     if let Tree::Leaf(0) = spec.tree {
         let leaf = &spec.schema.leaves[0];
         let descr = spec.descrs[0].bind(value.py());
-        return Ok(vec![leaf_bytes(value, leaf, descr, batch, &|| field())?]);
+        return Ok(Leaves::One(leaf_bytes(value, leaf, descr, batch, &|| field())?));
     }
     let mut out: Vec<LeafBytes<'py>> =
         (0..spec.schema.leaves.len()).map(|_| LeafBytes::Owned(Vec::new())).collect();
     let mut path = String::new();
     let mut batch = batch;
     flatten_into(spec, &spec.tree, value, &mut batch, field, &mut path, &mut out, value.py())?;
-    Ok(out)
+    Ok(Leaves::Many(out))
 }
 
 #[allow(clippy::too_many_arguments)]

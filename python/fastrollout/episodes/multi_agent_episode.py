@@ -418,6 +418,13 @@ class MultiAgentEpisode:
                 if step_map.get(-i) != SKIP:
                     len_lookback_buffer = max(len_lookback_buffer, i - 1)
                     break
+        successor = self._cut_simultaneous(len_lookback_buffer)
+        if successor is None:
+            successor = self._cut_rebuilt(len_lookback_buffer)
+        return successor
+
+    def _cut_rebuilt(self, len_lookback_buffer: int) -> MultiAgentEpisode:
+        """``cut`` in general: the successor rebuilt from the per-env-step reads."""
         # Agents that finish exactly at this env step stay in the successor as done agent
         # episodes that start at their last step (RLlib 2.60 drops them, or restarts them
         # at t=0: ray issue 61602). They are cut like live agents, then marked done.
@@ -466,6 +473,67 @@ class MultiAgentEpisode:
             successor.agent_episodes[aid].is_truncated = truncated
         successor._hanging_rewards_begin = self._hanging_rewards_end.copy()
         successor._custom_data = copy.deepcopy(self._custom_data)
+        return successor
+
+    def _cut_simultaneous(self, lookback: int) -> MultiAgentEpisode | None:
+        """``cut`` for chunks whose agents all stepped at each env step kept, else None.
+
+        When no agent is done or numpy'd, nothing hangs and every agent stepped at each of the
+        ``lookback + 1`` last env steps (simultaneous agents, as a runner's chunks
+        usually are), each agent's successor is its own episode's cut with the same
+        look-back and its env-step map is a plain run of agent steps. That is what the
+        general path builds from the per-env-step reads, without building them.
+        """
+        episodes = self.agent_episodes
+        maps = self.env_t_to_agent_t
+        if (
+            not episodes
+            or self._hanging_actions_end
+            or self._hanging_extra_model_outputs_end
+            or lookback > self.env_t - self.env_t_started
+            or len(maps) != len(episodes)
+        ):
+            return None
+        for aid, eps in episodes.items():
+            step_map = maps.get(aid)
+            if (
+                step_map is None
+                or eps.is_done
+                or not step_map._stepped_at_last(lookback + 1)
+                # The general path rebuilds numpy'd data as lists.
+                or eps.is_numpy
+                or eps._is_finalized("observations")
+                # Without look-back the general path gives agents no extra-output keys.
+                or (lookback == 0 and eps._extra_keys())
+                # The general path asks the mapping function again for a falsy module id.
+                or not eps.module_id
+            ):
+                return None
+        successor = MultiAgentEpisode.__new__(MultiAgentEpisode)
+        successor.id_ = self.id_
+        successor.agent_to_module_mapping_fn = self.agent_to_module_mapping_fn
+        successor._agent_to_module_mapping = {aid: eps.module_id for aid, eps in episodes.items()}
+        successor._len_lookback_buffers = lookback
+        successor.observation_space = self.observation_space
+        successor.action_space = self.action_space
+        successor.env_t_started = successor.env_t = self.env_t
+        successor.agent_t_started = defaultdict(int)
+        successor.env_t_to_agent_t = defaultdict(StepMap)
+        successor._hanging_actions_end = {}
+        successor._hanging_extra_model_outputs_end = defaultdict(dict)
+        successor._hanging_rewards_end = defaultdict(float)
+        successor._hanging_rewards_begin = self._hanging_rewards_end.copy()
+        successor.is_terminated = successor.is_truncated = False
+        successor.agent_episodes = {}
+        for aid, eps in episodes.items():
+            agent = eps._successor()
+            eps._cut_into(agent, lookback)
+            t = agent.t_started
+            successor.agent_episodes[aid] = agent
+            successor.agent_t_started[aid] = t
+            successor.env_t_to_agent_t[aid] = StepMap(range(t - lookback, t + 1), lookback)
+        successor._custom_data = copy.deepcopy(self._custom_data)
+        successor._start_time = successor._last_step_time = None
         return successor
 
     def slice(
