@@ -29,12 +29,19 @@ from fastrollout.modules import (
 )
 from fastrollout.modules.device import to_tensor
 
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    from ray.rllib.algorithms.ppo.torch.default_ppo_torch_rl_module import (
-        DefaultPPOTorchRLModule,
-    )
-    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+
+def _rllib_ppo() -> tuple[type, type]:
+    """RLlib's default PPO torch module and model config.
+
+    Imported per test, so that the tests without RLlib (the CUDA ones among them) also run
+    where ray is not installed; the comparisons skip there.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ppo = pytest.importorskip("ray.rllib.algorithms.ppo.torch.default_ppo_torch_rl_module")
+        cfg = pytest.importorskip("ray.rllib.core.rl_module.default_model_config")
+    return ppo.DefaultPPOTorchRLModule, cfg.DefaultModelConfig
+
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 OBS = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
@@ -46,6 +53,7 @@ ACTION_SPACES = {
 
 
 def _rllib(action_space, inference_only=False, **cfg):
+    DefaultPPOTorchRLModule, DefaultModelConfig = _rllib_ppo()
     config = dataclasses.asdict(DefaultModelConfig(vf_share_layers=False, **cfg))
     return DefaultPPOTorchRLModule(
         observation_space=OBS,
@@ -62,6 +70,7 @@ def _rllib(action_space, inference_only=False, **cfg):
 @pytest.mark.parametrize("action", sorted(ACTION_SPACES))
 def test_default_module_same_layers_and_outputs_as_rllib(action, shared):
     space = ACTION_SPACES[action]
+    DefaultPPOTorchRLModule, DefaultModelConfig = _rllib_ppo()
     ref = DefaultPPOTorchRLModule(
         observation_space=OBS,
         action_space=space,
@@ -224,7 +233,7 @@ def test_model_config_options_and_errors():
     DefaultMLPModule(
         observation_space=OBS,
         action_space=gym.spaces.Discrete(2),
-        model_config=DefaultModelConfig(),
+        model_config=_rllib_ppo()[1](),
     )
     with pytest.raises(ValueError, match="fcnet_hidens"):
         DefaultMLPModule(

@@ -379,7 +379,7 @@ def test_rllib_lowers_weights_seq_no_to_an_older_one_it_refused():
     from types import SimpleNamespace
     from unittest import mock
 
-    from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner as RLlibRunner
+    RLlibRunner = pytest.importorskip("ray.rllib.env.single_agent_env_runner").SingleAgentEnvRunner
 
     fake = SimpleNamespace(module=mock.Mock(), _weights_seq_no=5)
     RLlibRunner.set_state(fake, {"rl_module": {"w": 1}, "weights_seq_no": 3})
