@@ -124,6 +124,12 @@ class SingleAgentEpisode(SingleAgentEpisodeCore):
             self._set_space("observations", observation_space)
         if action_space is not None:
             self._set_space("actions", action_space)
+
+        num_rewards = len(rewards) if rewards is not None else 0
+        if len_lookback_buffer == "auto" or int(len_lookback_buffer) > num_rewards:
+            lookback = num_rewards
+        else:
+            lookback = int(len_lookback_buffer)
         if (
             observations is None
             and infos is None
@@ -136,12 +142,6 @@ class SingleAgentEpisode(SingleAgentEpisodeCore):
             # empty episode always validates.
             self.t_started = self.t = t_started or 0
             return
-
-        num_rewards = len(rewards) if rewards is not None else 0
-        if len_lookback_buffer == "auto" or int(len_lookback_buffer) > num_rewards:
-            lookback = num_rewards
-        else:
-            lookback = int(len_lookback_buffer)
         for field, data in zip(_FIELDS, (observations, infos, actions, rewards), strict=True):
             if field == "infos" and not infos:
                 # RLlib's default: an empty dict per observation (made when first read).
