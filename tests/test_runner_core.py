@@ -513,3 +513,17 @@ def test_vector_record_after_a_failed_fast_row_leaves_all_unchanged():
             eps, np.full((n, 3), 2, np.float32), np.ones(n, np.int64), np.ones(n), z, z
         )
     assert [(len(e), len(e.get_observations())) for e in eps] == before
+
+
+def test_a_scalar_where_a_batch_belongs_is_an_error_not_a_broadcast():
+    """Only extra model outputs may be constants for all sub-envs (the weights' sequence
+    number); a scalar reward is refused, also once every episode could take raw rows."""
+    n = 2
+    eps = _episodes(n)
+    _reset(eps, np.zeros((n, 3), np.float32))
+    z = np.zeros(n, bool)
+    obs, act = np.ones((n, 3), np.float32), np.ones(n, np.int64)
+    single_agent_record_vector_step(eps, obs, act, np.ones(n), z, z)
+    with pytest.raises(SpaceMismatchError, match="rewards: expected a batch"):
+        single_agent_record_vector_step(eps, obs, act, 1.0, z, z)
+    assert [len(e) for e in eps] == [1, 1]

@@ -138,14 +138,14 @@ impl FastRows<'_> {
         }
     }
 
-    /// Each leaf's bytes for all rows (a constant's single item), and the bytes per row
-    /// (0 for a constant: every row reads the same item).
-    fn leaf_slices(&self) -> Vec<(&[u8], usize)> {
+    /// Each leaf's bytes for all rows with the bytes per row, or a constant's single item
+    /// (`None`: every row reads the same bytes).
+    fn leaf_slices(&self) -> Vec<(&[u8], Option<usize>)> {
         match self {
             FastRows::Batch(rows) => {
-                rows.views.iter().map(AsRef::as_ref).zip(rows.widths.iter().copied()).collect()
+                rows.views.iter().map(AsRef::as_ref).zip(rows.widths.iter().copied().map(Some)).collect()
             }
-            FastRows::Const { bytes, .. } => bytes.iter().map(|b| (b.as_slice(), 0)).collect(),
+            FastRows::Const { bytes, .. } => bytes.iter().map(|b| (b.as_slice(), None)).collect(),
         }
     }
 }
@@ -180,6 +180,10 @@ impl<'py> FastStep<'py> {
                     Ok(rows) => FastRows::Batch(rows),
                     Err(_) => return Ok(None),
                 }
+            } else if slot < 3 {
+                // Observations, actions and rewards are batches (dict/tuple batches of
+                // Dict/Tuple spaces take the per-row path); only extras may be constants.
+                return Ok(None);
             } else {
                 // A constant: its bytes for this layout (or no fast path if it has none).
                 match spec::to_leaf_views(spec, &f.value, None, &|| f.label()) {
@@ -224,13 +228,22 @@ fn record_rows(
     truncateds: &[bool],
     now: f64,
 ) -> PyResult<()> {
-    let leaves: Vec<(&[u8], usize)> = fast.fields.iter().flat_map(FastRows::leaf_slices).collect();
+    let leaves: Vec<(&[u8], Option<usize>)> = fast.fields.iter().flat_map(FastRows::leaf_slices).collect();
+    // The batches' sizes were checked when they were converted, but Python code ran since
+    // (the other sub-envs' conversions): check again, before any episode is stepped.
+    let rows = steps.iter().map(|(i, ..)| i + 1).max().unwrap_or(0);
+    if leaves.iter().any(|&(bytes, width)| width.is_some_and(|w| bytes.len() < rows * w)) {
+        return Err(PyValueError::new_err("a batch shrank while the step was recorded"));
+    }
     let keys = fast.keys();
     let mut row: Vec<&[u8]> = Vec::with_capacity(leaves.len());
     for (i, ep, info) in steps {
         row.clear();
         for &(bytes, width) in &leaves {
-            let b = if width == 0 { Some(bytes) } else { bytes.get(i * width..(i + 1) * width) };
+            let b = match width {
+                Some(w) => bytes.get(i * w..(i + 1) * w),
+                None => Some(bytes),
+            };
             row.push(b.ok_or_else(|| {
                 PyValueError::new_err(format!("no row {i} in the batch (was it resized?)"))
             })?);

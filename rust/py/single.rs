@@ -64,10 +64,11 @@ fn intern_set(set: SpecSet) -> Arc<SpecSet> {
         return Arc::clone(s);
     }
     let set = Arc::new(set);
-    if table.len() == MAX_INTERNED_SETS {
-        table.remove(0);
-    }
+    // Dropped after the lock is released: releasing its Python objects may run Python code.
+    let evicted = (table.len() == MAX_INTERNED_SETS).then(|| table.remove(0));
     table.push(Arc::clone(&set));
+    drop(table);
+    drop(evicted);
     set
 }
 

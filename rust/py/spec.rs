@@ -83,12 +83,13 @@ pub fn intern(spec: Spec) -> Arc<Spec> {
         return Arc::clone(s);
     }
     let spec = Arc::new(spec);
-    if table.len() == MAX_INTERNED {
-        // The oldest goes (its users keep their pointer): a long-lived process that has
-        // seen many layouts still shares the ones it uses now.
-        table.remove(0);
-    }
+    // The oldest goes (its users keep their pointer): a long-lived process that has seen
+    // many layouts still shares the ones it uses now. It is dropped after the lock is
+    // released: releasing its Python objects may run Python code.
+    let evicted = (table.len() == MAX_INTERNED).then(|| table.remove(0));
     table.push(Arc::clone(&spec));
+    drop(table);
+    drop(evicted);
     spec
 }
 
