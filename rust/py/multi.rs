@@ -242,9 +242,10 @@ impl<'py> Row<'py> {
 
 /// The agents an env step mentions, in first-seen order, found by key.
 ///
-/// Env dicts usually list the same agent-id objects in the same order, so a key is
-/// first compared by identity with the row at the same position (no hashing); only when
-/// that fails is a dict from agent id to row built and used (Python's key equality).
+/// The first dict (observations) fills the rows without lookups: a dict's keys are
+/// unique. Later dicts usually list the same agent-id objects in the same order, so a key
+/// is first compared by identity with the row at the same position (no hashing); only
+/// when that fails is a dict from agent id to row built and used (Python's key equality).
 struct Rows<'py> {
     rows: Vec<Row<'py>>,
     index: Option<Bound<'py, PyDict>>,
@@ -269,6 +270,13 @@ impl<'py> Rows<'py> {
             self.index.insert(d)
         };
         index.get_item(key)?.map(|v| v.extract::<usize>()).transpose()
+    }
+
+    /// A new row for `key`, for the keys of the first dict only (no row can equal it).
+    fn push_first(&mut self, key: &Bound<'py, PyAny>) -> &mut Row<'py> {
+        self.rows.push(Row::new(key.clone()));
+        let last = self.rows.len() - 1;
+        &mut self.rows[last]
     }
 
     /// The row of `key`, appended if the step has not mentioned the agent yet.
@@ -362,12 +370,11 @@ pub fn multi_agent_add_env_step<'py>(
     // truncateds and (on `__all__`) every agent with an episode, first in dict order;
     // with what each dict holds for them.
     let mut rows = Rows { rows: Vec::with_capacity(observations.len()), index: None };
-    for (i, (aid, obs)) in observations.iter().enumerate() {
+    for (aid, obs) in observations.iter() {
         if is_all_key(&aid, &all)? {
             continue;
         }
-        let row = rows.entry(&aid, i)?;
-        row.observation = Some(obs).filter(|v| !v.is_none());
+        rows.push_first(&aid).observation = Some(obs).filter(|v| !v.is_none());
     }
     for (i, (aid, action)) in actions.iter().enumerate() {
         if is_all_key(&aid, &all)? {
