@@ -342,7 +342,9 @@ def workloads(
     Returns:
         The workloads in table order.
     """
-    rllib = device == "cpu" and _rllib_available()
+    have_rllib = _rllib_available()
+    rllib = device == "cpu" and have_rllib
+    impls = ("rllib", "fastrollout") if have_rllib else ("fastrollout",)
     out = []
     for n in num_envs:
         k = max(steps, 50 * n)
@@ -381,7 +383,7 @@ def workloads(
             "µs/env step",
             100,
         )
-        for impl in ("rllib", "fastrollout") if _rllib_available() else ("fastrollout",):
+        for impl in impls:
             w.contenders[impl] = _episode(impl, agents, 100)
         out.append(w)
     for windowed in (False, True):
@@ -390,7 +392,7 @@ def workloads(
             "µs/call",
             1000,
         )
-        for impl in ("rllib", "fastrollout") if _rllib_available() else ("fastrollout",):
+        for impl in impls:
             w.contenders[impl] = _log_value(impl, 1000, windowed)
         out.append(w)
     return out

@@ -408,7 +408,6 @@ pub fn single_agent_record_vector_step<'py>(
     // Everything is checked (and every Python call made) before anything is stored.
     let mut rows = Vec::new();
     let mut others = Vec::new();
-    let mut all = Vec::with_capacity(n);
     for (i, (ep, info)) in episodes.into_iter().zip(&infos).enumerate() {
         let e = ep.borrow();
         let p = if layouts.as_ref().is_some_and(|(l, k)| e.fits_rows(l, k)) {
@@ -429,7 +428,6 @@ pub fn single_agent_record_vector_step<'py>(
             Some(Prepared::Reset(e.prepare_reset(&o).map_err(|err| for_env(py, i, err))?))
         };
         drop(e);
-        all.push(ep.clone());
         match p {
             None => rows.push((i, ep, super::single::info_or_absent(info.as_ref()))),
             Some(p) => others.push((i, ep, p)),
@@ -450,7 +448,10 @@ pub fn single_agent_record_vector_step<'py>(
             Prepared::Step(s) => e.apply_step(py, s, terminateds[i], truncateds[i])?,
         }
     }
-    let done = all.iter().enumerate().filter(|(_, e)| e.borrow().done()).map(|(i, _)| i).collect();
+    // A stepped episode is done exactly when its step says so (a reset one never is), so
+    // the episodes need not be borrowed again to tell.
+    let done =
+        (0..n).filter(|i| (terminateds[*i] || truncateds[*i]) && started.binary_search(i).is_err()).collect();
     Ok((started, done))
 }
 

@@ -1612,10 +1612,14 @@ impl SingleAgentEpisodePy {
             };
             self.specs.set(field, s);
         }
-        let now = perf_counter();
+        self.stamp_step(perf_counter());
+        Ok(())
+    }
+
+    /// Records `now` as the last step's time (and the start's, at the first step).
+    fn stamp_step(&mut self, now: f64) {
         self.last_step_time = Some(now);
         self.start_time.get_or_insert(now);
-        Ok(())
     }
 
     /// The last stored observation and infos (for an agent terminated right after acting).
@@ -1664,8 +1668,7 @@ impl SingleAgentEpisodePy {
         self.core
             .add_row_step(leaves, extra_keys, info, terminated, truncated)
             .map_err(|e| episode_error(&e))?;
-        self.last_step_time = Some(now);
-        self.start_time.get_or_insert(now);
+        self.stamp_step(now);
         Ok(())
     }
 }
