@@ -52,9 +52,13 @@ class GetActions(ConnectorV2):
         Raises:
             KeyError: If a module batch has neither actions nor distribution inputs.
         """
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled():  # the runners call this with no_grad already held
             with torch.no_grad():
-                return self(rl_module=rl_module, batch=batch, episodes=episodes, explore=explore)
+                return self._add_actions(rl_module, batch, explore)
+        return self._add_actions(rl_module, batch, explore)
+
+    @staticmethod
+    def _add_actions(rl_module: Any, batch: dict[Any, Any], explore: bool | None) -> dict[Any, Any]:
         for module_id, out in batch.items():
             if Columns.ACTIONS in out:
                 continue
