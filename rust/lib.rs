@@ -10,6 +10,7 @@
 //!   exceptions. It holds no logic of its own beyond that.
 
 pub mod column;
+pub mod dist;
 pub mod episode;
 pub mod metrics;
 pub mod runner;

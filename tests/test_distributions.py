@@ -261,16 +261,27 @@ def test_get_action_dist_cls():
             get_action_dist_cls(bad)
 
 
-@pytest.mark.parametrize("shape", [(8, 3), (5,), (2, 4, 6)])
-def test_categorical_sample_with_logp_draws_as_torch(shape: tuple[int, ...]) -> None:
-    """The runners' fast path draws exactly torch's Categorical samples for the same
-    random state, and returns their log-probabilities."""
+@pytest.mark.parametrize(
+    ("shape", "dtype", "grad"),
+    [
+        ((5,), torch.float32, False),
+        ((2, 4, 6), torch.float32, False),
+        ((8, 3), torch.float64, False),
+        ((8, 3), torch.float32, True),
+    ],
+)
+def test_categorical_sample_with_logp_draws_as_torch_off_the_native_path(
+    shape: tuple[int, ...], dtype: torch.dtype, grad: bool
+) -> None:
+    """Logits the native draw does not take (not 2-D, not float32, needing a gradient)
+    are drawn exactly as torch's Categorical draws for the same random state."""
     from torch.distributions import Categorical
 
     from fastrollout.modules.distributions import TorchCategorical
 
     for seed in range(20):
         logits = torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * 3
+        logits = logits.to(dtype).requires_grad_(grad)
         torch.manual_seed(seed)
         reference = Categorical(logits=logits)
         expected = reference.sample()
@@ -278,3 +289,52 @@ def test_categorical_sample_with_logp_draws_as_torch(shape: tuple[int, ...]) -> 
         actions, logp = TorchCategorical.from_logits(logits).sample_with_logp()
         assert torch.equal(actions, expected)
         torch.testing.assert_close(logp, reference.log_prob(expected))
+        assert logp.requires_grad == grad
+
+
+def test_categorical_native_draw_is_seeded_by_torch_and_follows_the_probabilities() -> None:
+    """Float32 (batch, n) CPU logits are drawn natively: torch's seed decides the draws,
+    the log-probabilities are the log-softmax of the drawn categories, and the
+    frequencies match the probabilities (chi-square, fixed seed)."""
+    from fastrollout.modules.distributions import TorchCategorical
+
+    probs = torch.tensor([0.05, 0.15, 0.3, 0.5])
+    logits = (probs.log() + 2.0).repeat(20_000, 1)
+    dist = TorchCategorical.from_logits(logits)
+    torch.manual_seed(3)
+    actions, logp = dist.sample_with_logp()
+    torch.manual_seed(3)
+    again, _ = dist.sample_with_logp()
+    assert torch.equal(actions, again)
+    assert actions.dtype == torch.int64 and logp.dtype == torch.float32
+    assert actions.shape == logp.shape == (20_000,)
+    torch.testing.assert_close(logp, probs.log()[actions])
+    counts = torch.bincount(actions, minlength=4).double()
+    expected = probs.double() * 20_000
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 16.27, (counts, expected)  # 3 dof, p = 0.001
+    torch.manual_seed(4)
+    assert not torch.equal(dist.sample_with_logp()[0], actions)
+
+
+@pytest.mark.parametrize(
+    "row",
+    [[0.0, float("nan")], [float("inf"), 1.0], [float("-inf"), float("-inf")]],
+    ids=["nan", "plus-inf", "all-minus-inf"],
+)
+def test_categorical_sample_with_logp_refuses_what_multinomial_refuses(row: list) -> None:
+    """Logits no category can be drawn from raise (as ``torch.multinomial`` does for
+    their probabilities), whichever row holds them; -inf beside finite logits is fine."""
+    from fastrollout.modules.distributions import TorchCategorical
+
+    logits = torch.tensor([[0.5, 0.1], row, [1.0, 2.0]])
+    with pytest.raises(ValueError, match=r"row 1 .*no category can be drawn"):
+        TorchCategorical.from_logits(logits).sample_with_logp()
+    with pytest.raises(ValueError, match="no category can be drawn"):  # the torch path
+        TorchCategorical.from_logits(logits.double()).sample_with_logp()
+    with pytest.raises(RuntimeError):
+        torch.distributions.Categorical(logits=logits, validate_args=False).sample()
+    masked = torch.tensor([[float("-inf"), 0.0]] * 50)
+    for logits in (masked, masked.double()):
+        actions, logp = TorchCategorical.from_logits(logits).sample_with_logp()
+        assert actions.tolist() == [1] * 50 and logp.tolist() == [0.0] * 50

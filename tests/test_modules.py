@@ -103,6 +103,42 @@ def test_default_module_same_layers_and_outputs_as_rllib(action, shared):
     )
 
 
+@pytest.mark.parametrize("shared", [False, True])
+def test_default_module_layer_by_layer_forward_is_the_wrapped_one(shared):
+    """``_forward`` calls the actor's layers one by one (skipping the wrappers' calls)
+    only while that is the same: a hook on a wrapper, a replaced layer or a head that
+    post-processes is honoured, and the outputs equal the wrapped path's."""
+    m = DefaultMLPModule(
+        observation_space=OBS,
+        action_space=ACTION_SPACES["discrete"],
+        model_config={"vf_share_layers": shared, "head_fcnet_hiddens": [8]},
+    )
+    obs = torch.randn(5, 4)
+
+    def wrapped() -> torch.Tensor:
+        return m.pi(m._actor_latent(obs))
+
+    with torch.no_grad():
+        assert m._plain_actor_layers() is not None
+        torch.testing.assert_close(
+            m._forward({Columns.OBS: obs})[Columns.ACTION_DIST_INPUTS], wrapped()
+        )
+        calls = []
+        encoder = m.encoder.encoder if shared else m.encoder.actor_encoder
+        for wrapper in (encoder, encoder.net, m.pi, m.pi.net.mlp):
+            handle = wrapper.register_forward_hook(lambda *a: calls.append(1))
+            assert m._plain_actor_layers() is None
+            m.forward_inference({Columns.OBS: obs})
+            handle.remove()
+        assert len(calls) == 4
+        m.pi.net.mlp[0] = torch.nn.Linear(256, 8)
+        torch.testing.assert_close(
+            m._forward({Columns.OBS: obs})[Columns.ACTION_DIST_INPUTS], wrapped()
+        )
+    gaussian = DefaultMLPModule(observation_space=OBS, action_space=ACTION_SPACES["box"])
+    assert gaussian._plain_actor_layers() is None  # log-std clipping happens in the head
+
+
 def test_default_module_default_shape_is_rllib_ppo():
     m = DefaultMLPModule(observation_space=OBS, action_space=gym.spaces.Discrete(2))
     shapes = {k: v.shape for k, v in m.get_state().items()}

@@ -2,6 +2,8 @@
 
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 from typing_extensions import Self, disjoint_base, final
 
 __all__ = [
@@ -13,6 +15,7 @@ __all__ = [
     "StatsSnapshot",
     "StepMap",
     "__version__",
+    "categorical_draw",
     "multi_agent_add_env_reset",
     "multi_agent_add_env_step",
     "multi_agent_record_steps",
@@ -21,6 +24,9 @@ __all__ = [
 ]
 __version__: str
 
+def categorical_draw(
+    logits: npt.NDArray[np.float32], uniforms: npt.NDArray[np.float64]
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]: ...
 def resolve_index(
     total: int,
     lookback: int,

@@ -3,6 +3,7 @@
 //! Everything here converts between Python/numpy values and the pure core's types, and maps
 //! core errors to Python exceptions; the bookkeeping itself lives in the core modules.
 
+mod dist;
 mod errors;
 mod index;
 mod metrics;
@@ -16,6 +17,8 @@ use pyo3::prelude::*;
 
 #[pymodule]
 mod _core {
+    #[pymodule_export]
+    use super::dist::categorical_draw;
     #[pymodule_export]
     use super::errors::EpisodeStateError;
     #[pymodule_export]

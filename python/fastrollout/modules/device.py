@@ -89,7 +89,8 @@ def to_tensor(value: Any, device: torch.device | None = None) -> torch.Tensor:
         tensor = torch.from_numpy(array)
     if tensor.dtype == torch.float64:
         tensor = tensor.float()
-    if device is None or tensor.device == device:
+    # (torch.device equality costs 0.3 µs; the cpu case is read off two flags)
+    if device is None or (tensor.is_cpu and device.type == "cpu") or tensor.device == device:
         return tensor
     if device.type == "cuda" and tensor.device.type == "cpu":
         # Pinned (page-locked) host memory lets the host-to-device copy run async.
@@ -120,6 +121,8 @@ def to_device(tree: Any, device: str | torch.device | None) -> Any:
 
 
 def _map(tree: Any, device: torch.device | None, path: tuple) -> Any:
+    if type(tree) is dict:  # the common case, without the ABC check of Mapping
+        return {k: _map(v, device, (*path, k)) for k, v in tree.items()}
     if isinstance(tree, Mapping):
         return {k: _map(v, device, (*path, k)) for k, v in tree.items()}
     if isinstance(tree, tuple | list):
