@@ -5,10 +5,14 @@ Usage::
     python benches/memory.py [--steps-rss 1000000] [--skip-rss] [--json out.json]
 
 1. **Bytes per stored step.** Each case runs in a fresh child process: it measures the
-   process's RSS, builds many finished episodes and holds them (after ``to_numpy``), and
-   measures again. The RSS growth divided by the steps held is compared with the raw bytes
+   process's memory, builds many finished episodes and holds them (after ``to_numpy``),
+   and measures again. The growth divided by the steps held is compared with the raw bytes
    of the data: the ``nbytes`` of the numpy arrays the episodes hand out (observations
-   including the reset one, actions, rewards, every extra model output). Cases: CartPole
+   including the reset one, actions, rewards, every extra model output). Two growths:
+   **RSS** (what the OS sees; it also counts the free holes the C heap keeps between live
+   blocks, which depend on everything else the process allocated meanwhile) and **live**
+   bytes (blocks in use: glibc's ``mallinfo2`` plus Python's small-object allocator,
+   which takes its arenas from ``mmap``, so the two do not overlap). Cases: CartPole
    episodes from fastrollout's runner, episodes recorded by hand (``add_env_step``) with
    CartPole and 84x84x4 uint8 observations, each with RLlib 2.60's episode alongside.
 2. **RSS over sampling.** fastrollout's ``SingleAgentEnvRunner`` (CartPole-v1, 8 sub-envs)
@@ -48,6 +52,54 @@ def rss_bytes() -> int:
     """
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def live_bytes() -> int | None:
+    """Bytes in live heap blocks: the C heap's (glibc) plus Python's small-object allocator's.
+
+    Returns:
+        Bytes, or None where glibc's ``mallinfo2`` is not available.
+    """
+    import ctypes
+    import tempfile
+
+    class _MallInfo2(ctypes.Structure):
+        _fields_ = [
+            (name, ctypes.c_size_t)
+            for name in [
+                "arena",
+                "ordblks",
+                "smblks",
+                "hblks",
+                "hblkhd",
+                "usmblks",
+                "fsmblks",
+                "uordblks",
+                "fordblks",
+                "keepcost",
+            ]
+        ]
+
+    try:
+        mallinfo2 = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return None
+    mallinfo2.restype = _MallInfo2
+    info = mallinfo2()
+    # sys._debugmallocstats() prints pymalloc's totals on the C stderr.
+    with tempfile.TemporaryFile(mode="w+") as out:
+        saved = os.dup(2)
+        try:
+            sys.stderr.flush()
+            os.dup2(out.fileno(), 2)
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        out.seek(0)
+        stats = out.read()
+    line = next(x for x in stats.splitlines() if x.startswith("# bytes in allocated blocks"))
+    return info.uordblks + info.hblkhd + int(line.split("=")[1].replace(",", ""))
 
 
 def _raw_bytes(episode: Any) -> int:
@@ -95,7 +147,7 @@ def _runner_episodes(steps: int):
     runner = fr.SingleAgentEnvRunner(config=c.env_runners(num_envs_per_env_runner=8))
     runner.sample(num_timesteps=1000)
     gc.collect()
-    before = rss_bytes()
+    before = rss_bytes(), live_bytes()
     held = []
     while sum(len(e) for e in held) < steps:
         held.extend(runner.sample(num_timesteps=1000))
@@ -110,7 +162,8 @@ def child(case: str) -> dict[str, Any]:
         case: A value of ``CASES``.
 
     Returns:
-        ``{"steps", "held_bytes", "raw_bytes"}``.
+        ``{"steps", "held_bytes", "live_bytes", "raw_bytes"}`` (``live_bytes`` None
+        where it cannot be measured).
     """
     warnings.simplefilter("ignore")
     import fastrollout as fr
@@ -125,16 +178,22 @@ def child(case: str) -> dict[str, Any]:
         # Import and warm up first, so that the measurement sees only the episodes.
         _by_hand(cls, (4,), np.float32, 2, 10)
         gc.collect()
-        before = rss_bytes()
+        before = rss_bytes(), live_bytes()
         if case.startswith("img"):
             held = _by_hand(cls, (84, 84, 4), np.uint8, 50, 100)
         else:
             held = _by_hand(cls, (4,), np.float32, 2000, 200)
     gc.collect()
-    after = rss_bytes()
+    after = rss_bytes(), live_bytes()
     steps = sum(len(e) for e in held)
     raw = sum(_raw_bytes(e) for e in held)
-    return {"steps": steps, "held_bytes": after - before, "raw_bytes": raw}
+    live = None if after[1] is None or before[1] is None else after[1] - before[1]
+    return {
+        "steps": steps,
+        "held_bytes": after[0] - before[0],
+        "live_bytes": live,
+        "raw_bytes": raw,
+    }
 
 
 def rss_over_sampling(total: int) -> list[tuple[int, int]]:
@@ -186,8 +245,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(child(args.child)))
         return 0
     out: dict[str, Any] = {"bytes_per_step": {}}
-    print("| case | steps held | held bytes / step | raw bytes / step | held / raw |")
-    print("|---|---:|---:|---:|---:|")
+    print(
+        "| case | steps held | raw bytes / step | RSS bytes / step | RSS / raw "
+        "| live bytes / step | live / raw |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for name, case in CASES.items():
         res = subprocess.run(
             [sys.executable, __file__, "--child", case],
@@ -198,7 +260,14 @@ def main(argv: list[str] | None = None) -> int:
         r = json.loads(res.stdout.strip().splitlines()[-1])
         held, raw = r["held_bytes"] / r["steps"], r["raw_bytes"] / r["steps"]
         out["bytes_per_step"][name] = r
-        print(f"| {name} | {r['steps']} | {held:.1f} | {raw:.1f} | {held / raw:.2f} |", flush=True)
+        live = "| - | - |"
+        if r["live_bytes"] is not None:
+            per_step = r["live_bytes"] / r["steps"]
+            live = f"| {per_step:.1f} | {per_step / raw:.2f} |"
+        print(
+            f"| {name} | {r['steps']} | {raw:.1f} | {held:.1f} | {held / raw:.2f} {live}",
+            flush=True,
+        )
     if not args.skip_rss:
         print(f"\nRSS while fastrollout samples {args.steps_rss} env steps (CartPole-v1, 8 envs):")
         points = rss_over_sampling(args.steps_rss)

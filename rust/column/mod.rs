@@ -376,22 +376,15 @@ impl Column {
     /// Gives back the buffers' spare capacity (growth by doubling leaves up to half of a
     /// buffer unused), for a column that is kept but no longer appended to.
     ///
-    /// Each buffer with spare room moves into an exact-size allocation and the old one is
-    /// freed whole, rather than shrunk in place (`Vec::shrink_to_fit`): an in-place shrink
-    /// leaves the tail as a free fragment right behind the kept data, too small for the
-    /// next episode's buffers of the same growth sizes, so held episodes would still cost
-    /// the slack (measured with `benches/memory.py`: ~870 of ~2000 bytes per 200-step
-    /// CartPole episode stayed); the whole freed block is reused by the next episode.
-    /// Large buffers (64 KiB and up: image observations) are shrunk in place, where the
-    /// allocator hands whole pages back and a copy would cost more than it saves.
+    /// Each buffer shrinks in place. Moving it into an exact-size allocation instead
+    /// (tried) kept one sequence of same-shaped episodes a little smaller, but where
+    /// several episodes grow at once, as a runner's sub-envs' do, the exact copies landed
+    /// between the freed growth buffers and left the C heap full of holes: a runner's held
+    /// CartPole episodes then cost 4.4x their raw bytes in RSS, against 2.2x shrunk in
+    /// place, with the same live bytes (`benches/memory.py`).
     pub fn shrink_to_fit(&mut self) {
-        const IN_PLACE_FROM: usize = 64 << 10;
         for buf in self.leaves.iter_mut() {
-            if buf.capacity() >= IN_PLACE_FROM {
-                buf.shrink_to_fit();
-            } else if buf.capacity() > buf.len() {
-                *buf = buf.as_slice().to_vec();
-            }
+            buf.shrink_to_fit();
         }
     }
 
@@ -483,7 +476,7 @@ mod tests {
         c.push(&[&item(5.0, 5.0)]).unwrap();
         assert_eq!(floats(c.item(0, 5)), vec![5.0, 5.0], "appending after a shrink grows again");
 
-        // Large buffers shrink in place; the data stays.
+        // Large buffers too; the data stays.
         let mut big = Column::new(Schema::new(vec![Leaf::new(DType::F32, vec![1000])]));
         let row = vec![7u8; 4000];
         for _ in 0..17 {
