@@ -637,6 +637,74 @@ def test_default_pipelines_continuous_multi_module_with_user_pieces():
     }
 
 
+class _Tag(ConnectorV2):
+    """A user piece before the default tail: marks every module batch."""
+
+    def __call__(self, *, rl_module, batch, episodes, **kwargs):
+        for out in batch.values():
+            out["tag"] = torch.ones(1)
+        return batch
+
+
+@pytest.mark.parametrize("explore", [True, False])
+@pytest.mark.parametrize("with_logp", [False, True])
+def test_default_tail_in_one_pass_gives_the_pieces_batch(explore, with_logp):
+    """The module-to-env pipeline runs its default tail (GetActions, TensorToNumpy,
+    NormalizeAndClipActions) as one pass: the same batch, value for value and dtype for
+    dtype, as calling the pieces one by one, for categorical, Gaussian and
+    multi-categorical modules, with a user piece first and with module-given logp."""
+    spaces = {
+        "c": gym.spaces.Discrete(3),
+        "g": gym.spaces.Box(np.array([-1.0, 0.0], np.float32), np.array([1.0, 10.0], np.float32)),
+        "m": gym.spaces.MultiDiscrete([2, 3]),
+    }
+    multi = MultiRLModuleSpec(
+        rl_module_specs={
+            mid: RLModuleSpec(
+                observation_space=OBS, action_space=space, model_config={"fcnet_hiddens": [8]}
+            )
+            for mid, space in spaces.items()
+        }
+    ).build()
+    obs = torch.as_tensor(np.random.default_rng(1).normal(size=(5, 2)).astype(np.float32))
+
+    def module_out() -> dict:
+        with torch.no_grad():
+            out = multi.forward_exploration({mid: {Columns.OBS: obs} for mid in spaces})
+        if with_logp:
+            for o in out.values():
+                o[Columns.ACTION_LOGP] = torch.zeros(5)
+        return out
+
+    fused = default_module_to_env_pipeline(connectors=[_Tag()])
+    pieces = list(fused)
+    torch.manual_seed(7)
+    got = fused(rl_module=multi, batch=module_out(), episodes=[], explore=explore)
+    torch.manual_seed(7)
+    want = module_out()
+    for piece in pieces:
+        want = piece(rl_module=multi, batch=want, episodes=[], explore=explore)
+    assert set(got) == set(want) == set(spaces)
+    for mid in spaces:
+        assert set(got[mid]) == set(want[mid])
+        assert Columns.ACTIONS_FOR_ENV in got[mid] and "tag" in got[mid]
+        for col, value in want[mid].items():
+            assert isinstance(got[mid][col], np.ndarray), (mid, col)
+            assert got[mid][col].dtype == value.dtype, (mid, col)
+            np.testing.assert_array_equal(got[mid][col], value, err_msg=f"{mid}/{col}")
+
+    # Not the exact default classes (a subclass): the pieces run one by one, same result.
+    class MyGetActions(GetActions):
+        pass
+
+    custom = default_module_to_env_pipeline()
+    custom.connectors[0] = MyGetActions()
+    torch.manual_seed(7)
+    out = custom(rl_module=multi, batch=module_out(), episodes=[], explore=explore)
+    for mid in spaces:
+        np.testing.assert_array_equal(out[mid][Columns.ACTIONS], got[mid][Columns.ACTIONS])
+
+
 def test_connector_base_defaults():
     piece = TensorToNumpy(input_observation_space=OBS, input_action_space=gym.spaces.Discrete(2))
     assert piece.observation_space is OBS and piece.action_space == gym.spaces.Discrete(2)

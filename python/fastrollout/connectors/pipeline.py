@@ -5,7 +5,14 @@ from __future__ import annotations
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
 
+import torch
+
 from fastrollout.connectors.connector_v2 import ConnectorV2
+from fastrollout.connectors.module_to_env.get_actions import GetActions, add_module_actions
+from fastrollout.connectors.module_to_env.normalize_and_clip_actions import (
+    NormalizeAndClipActions,
+)
+from fastrollout.connectors.module_to_env.tensor_to_numpy import TensorToNumpy, to_numpy
 
 __all__ = ["ConnectorPipelineV2", "EnvToModulePipeline", "ModuleToEnvPipeline"]
 
@@ -307,4 +314,85 @@ class EnvToModulePipeline(ConnectorPipelineV2):
 
 
 class ModuleToEnvPipeline(ConnectorPipelineV2):
-    """The pipeline from the module's output to the actions sent to the env."""
+    """The pipeline from the module's output to the actions sent to the env.
+
+    When it ends in the default tail (``GetActions``, ``TensorToNumpy``,
+    ``NormalizeAndClipActions``, these exact classes), the tail runs as one pass that
+    gives the same batch: sampled actions and log-probabilities are made as numpy arrays
+    directly instead of as tensors that ``TensorToNumpy`` converts next. The runners call
+    this once per vector step; the three piece calls and the tensor round trip cost about
+    6 µs of a CartPole step.
+    """
+
+    def __call__(
+        self,
+        *,
+        rl_module: Any,
+        batch: dict[Any, Any] | None = None,
+        episodes: Sequence[Any] = (),
+        explore: bool | None = None,
+        shared_data: dict[str, Any] | None = None,
+        metrics: Any = None,
+        **kwargs: Any,
+    ) -> dict[Any, Any]:
+        """Runs every piece (the default tail as one pass).
+
+        Args:
+            rl_module: The MultiRLModule.
+            batch: ``{module_id: module outputs}`` (None: an empty dict).
+            episodes: The runner's episodes.
+            explore: Whether the runner explores.
+            shared_data: Shared by the pieces of this call (a fresh dict if None).
+            metrics: The runner's MetricsLogger (or None).
+            **kwargs: Passed to every piece.
+
+        Returns:
+            The batch the last piece returned.
+        """
+        pieces = self.connectors
+        if (
+            len(pieces) < 3
+            or type(pieces[-3]) is not GetActions
+            or type(pieces[-2]) is not TensorToNumpy
+            or type(pieces[-1]) is not NormalizeAndClipActions
+        ):
+            return super().__call__(
+                rl_module=rl_module,
+                batch=batch,
+                episodes=episodes,
+                explore=explore,
+                shared_data=shared_data,
+                metrics=metrics,
+                **kwargs,
+            )
+        out: dict[Any, Any] = {} if batch is None else batch
+        shared = {} if shared_data is None else shared_data
+        for piece in pieces[:-3]:
+            out = piece(
+                rl_module=rl_module,
+                batch=out,
+                episodes=episodes,
+                explore=explore,
+                shared_data=shared,
+                metrics=metrics,
+                **kwargs,
+            )
+        # The three pieces' loops, in their order (so an error leaves the batch as the
+        # pieces would have).
+        if torch.is_grad_enabled():  # GetActions samples without gradient
+            with torch.no_grad():
+                _add_actions_as_numpy(rl_module, out, explore)
+        else:  # (the runners hold no_grad already)
+            _add_actions_as_numpy(rl_module, out, explore)
+        for module_id, module_out in out.items():
+            out[module_id] = to_numpy(module_out)
+        fit = pieces[-1]
+        assert isinstance(fit, NormalizeAndClipActions)
+        for module_id, module_out in out.items():
+            fit.fit_module(rl_module, module_id, module_out)
+        return out
+
+
+def _add_actions_as_numpy(rl_module: Any, batch: dict[Any, Any], explore: bool | None) -> None:
+    for module_id, module_out in batch.items():
+        add_module_actions(rl_module, module_id, module_out, explore, as_numpy=True)

@@ -113,6 +113,15 @@ class TorchDistribution(abc.ABC):
         actions = self.sample()
         return actions, self.logp(actions)
 
+    def sample_with_logp_numpy(self) -> tuple[np.ndarray, np.ndarray]:
+        """``sample_with_logp()`` as host numpy arrays (for a runner's default tail).
+
+        Returns:
+            ``(actions, logp)`` as numpy arrays, the values ``sample_with_logp`` draws.
+        """
+        actions, logp = self.sample_with_logp()
+        return actions.numpy(force=True), logp.numpy(force=True)
+
     @abc.abstractmethod
     def logp(self, value: torch.Tensor) -> torch.Tensor:
         """Log-probability (density) of ``value``, summed over action components.
@@ -225,15 +234,9 @@ class TorchCategorical(TorchDistribution):
         logits = self.logits
         if logits is None:
             return super().sample_with_logp()
-        if (
-            logits.dim() == 2
-            and logits.dtype == torch.float32
-            and logits.device.type == "cpu"
-            and not logits.requires_grad
-        ):
-            uniforms = torch.rand(logits.shape[0], dtype=torch.float64)
-            drawn, drawn_logp = categorical_draw(logits.contiguous().numpy(), uniforms.numpy())
-            return torch.from_numpy(drawn), torch.from_numpy(drawn_logp)
+        native = self._native_draw()
+        if native is not None:
+            return torch.from_numpy(native[0]), torch.from_numpy(native[1])
         log_probs = torch.log_softmax(logits, dim=-1)
         probs = log_probs.exp()
         flat = probs if probs.dim() == 2 else probs.reshape(-1, probs.shape[-1])
@@ -251,6 +254,34 @@ class TorchCategorical(TorchDistribution):
                 "no category can be drawn"
             )
         return index, logp
+
+    def sample_with_logp_numpy(self) -> tuple[np.ndarray, np.ndarray]:
+        """``sample_with_logp()`` as host numpy arrays (the native draw's own arrays).
+
+        Returns:
+            ``(indices, logp)``: int64 and float32 numpy arrays of shape ``batch_shape``.
+
+        Raises:
+            ValueError: As ``sample_with_logp``.
+        """
+        native = self._native_draw()
+        if native is not None:
+            return native
+        return super().sample_with_logp_numpy()
+
+    def _native_draw(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The native draw of ``sample_with_logp``, or None where it does not apply."""
+        logits = self.logits
+        if (
+            logits is None
+            or logits.dim() != 2
+            or logits.dtype != torch.float32
+            or logits.device.type != "cpu"
+            or logits.requires_grad
+        ):
+            return None
+        uniforms = torch.rand(logits.shape[0], dtype=torch.float64)
+        return categorical_draw(logits.contiguous().numpy(), uniforms.numpy())
 
     @classmethod
     def from_logits(

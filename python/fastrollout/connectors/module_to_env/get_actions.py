@@ -10,7 +10,7 @@ import torch
 from fastrollout.connectors.connector_v2 import ConnectorV2
 from fastrollout.core import Columns
 
-__all__ = ["GetActions"]
+__all__ = ["GetActions", "add_module_actions"]
 
 
 class GetActions(ConnectorV2):
@@ -60,25 +60,43 @@ class GetActions(ConnectorV2):
     @staticmethod
     def _add_actions(rl_module: Any, batch: dict[Any, Any], explore: bool | None) -> dict[Any, Any]:
         for module_id, out in batch.items():
-            if Columns.ACTIONS in out:
-                continue
-            if Columns.ACTION_DIST_INPUTS not in out:
-                raise KeyError(
-                    f"module {module_id!r} returned neither {Columns.ACTIONS!r} nor "
-                    f"{Columns.ACTION_DIST_INPUTS!r} (got {sorted(out)})"
-                )
-            module = rl_module[module_id]
-            if explore:
-                dist = module.get_exploration_action_dist_cls().from_logits(
-                    out[Columns.ACTION_DIST_INPUTS]
-                )
-                if Columns.ACTION_LOGP in out:
-                    out[Columns.ACTIONS] = dist.sample()
-                else:
-                    out[Columns.ACTIONS], out[Columns.ACTION_LOGP] = dist.sample_with_logp()
-            else:
-                dist = module.get_inference_action_dist_cls().from_logits(
-                    out[Columns.ACTION_DIST_INPUTS]
-                )
-                out[Columns.ACTIONS] = dist.to_deterministic().sample()
+            add_module_actions(rl_module, module_id, out, explore, as_numpy=False)
         return batch
+
+
+def add_module_actions(
+    rl_module: Any, module_id: Any, out: dict[str, Any], explore: bool | None, *, as_numpy: bool
+) -> None:
+    """What ``GetActions`` does to one module's outputs (in place).
+
+    Args:
+        rl_module: The MultiRLModule.
+        module_id: The module whose outputs ``out`` are.
+        out: The module's outputs.
+        explore: Sample stochastically (True) or greedily.
+        as_numpy: Put the sampled actions and log-probabilities in as host numpy arrays
+            (what ``TensorToNumpy`` would make of them) rather than tensors; for the
+            module-to-env pipeline's default tail, which converts them next anyway.
+
+    Raises:
+        KeyError: If ``out`` has neither actions nor distribution inputs.
+    """
+    if Columns.ACTIONS in out:
+        return
+    if Columns.ACTION_DIST_INPUTS not in out:
+        raise KeyError(
+            f"module {module_id!r} returned neither {Columns.ACTIONS!r} nor "
+            f"{Columns.ACTION_DIST_INPUTS!r} (got {sorted(out)})"
+        )
+    module = rl_module[module_id]
+    if explore:
+        dist = module.get_exploration_action_dist_cls().from_logits(out[Columns.ACTION_DIST_INPUTS])
+        if Columns.ACTION_LOGP in out:
+            out[Columns.ACTIONS] = dist.sample()
+        elif as_numpy:
+            out[Columns.ACTIONS], out[Columns.ACTION_LOGP] = dist.sample_with_logp_numpy()
+        else:
+            out[Columns.ACTIONS], out[Columns.ACTION_LOGP] = dist.sample_with_logp()
+    else:
+        dist = module.get_inference_action_dist_cls().from_logits(out[Columns.ACTION_DIST_INPUTS])
+        out[Columns.ACTIONS] = dist.to_deterministic().sample()

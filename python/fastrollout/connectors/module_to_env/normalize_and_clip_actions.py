@@ -115,20 +115,33 @@ class NormalizeAndClipActions(ConnectorV2):
             ValueError: If a module has no action space to fit the actions to.
         """
         for module_id, out in batch.items():
-            if Columns.ACTIONS not in out:
-                continue
-            actions = out[Columns.ACTIONS]
-            if not (self.normalize_actions or self.clip_actions):
-                out[Columns.ACTIONS_FOR_ENV] = actions
-                continue
-            space = self.space_for(self.input_action_space, module_id)
-            if space is None:
-                space = getattr(rl_module[module_id], "action_space", None)
-            if space is None:
-                raise ValueError(f"no action space known for module {module_id!r}")
-            fit = unsquash_action if self.normalize_actions else clip_action
-            out[Columns.ACTIONS_FOR_ENV] = fit(actions, space)
+            self.fit_module(rl_module, module_id, out)
         return batch
+
+    def fit_module(self, rl_module: Any, module_id: Any, out: dict[str, Any]) -> None:
+        """Adds ``ACTIONS_FOR_ENV`` to one module's outputs, if they have ``ACTIONS``.
+
+        Args:
+            rl_module: The MultiRLModule (action spaces).
+            module_id: The module whose outputs ``out`` are.
+            out: ``{Columns.ACTIONS: numpy (B, ...), ...}``, changed in place.
+
+        Raises:
+            ValueError: If the module has no action space to fit the actions to.
+        """
+        if Columns.ACTIONS not in out:
+            return
+        actions = out[Columns.ACTIONS]
+        if not (self.normalize_actions or self.clip_actions):
+            out[Columns.ACTIONS_FOR_ENV] = actions
+            return
+        space = self.space_for(self.input_action_space, module_id)
+        if space is None:
+            space = getattr(rl_module[module_id], "action_space", None)
+        if space is None:
+            raise ValueError(f"no action space known for module {module_id!r}")
+        fit = unsquash_action if self.normalize_actions else clip_action
+        out[Columns.ACTIONS_FOR_ENV] = fit(actions, space)
 
     def __repr__(self) -> str:
         return (
