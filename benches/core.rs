@@ -1,5 +1,5 @@
 //! Criterion benches of the pure core: column append, single- and multi-agent add_env_step,
-//! cut and the to_numpy gather. Run with `make bench-rust` (`cargo bench --bench core`); compare
+//! cut and the to_numpy gather, and the runners' categorical draw. Run with `make bench-rust` (`cargo bench --bench core`); compare
 //! against a saved baseline with `cargo bench --bench core -- --baseline main`.
 
 use std::hint::black_box;
@@ -217,12 +217,39 @@ fn bench_multi_agent_step_and_to_numpy(c: &mut Criterion) {
     }
 }
 
+fn bench_categorical_draw(c: &mut Criterion) {
+    let mut g = c.benchmark_group("categorical_draw");
+    for (rows, categories) in [(8, 2), (1024, 2), (1024, 18)] {
+        #[allow(clippy::cast_precision_loss)]
+        let logits: Vec<f32> = (0..rows * categories).map(|i| (i % 7) as f32 * 0.3 - 1.0).collect();
+        #[allow(clippy::cast_precision_loss)]
+        let uniforms: Vec<f64> = (0..rows).map(|i| (i as f64 + 0.5) / rows as f64).collect();
+        let mut actions = vec![0i64; rows];
+        let mut logp = vec![0f32; rows];
+        g.throughput(Throughput::Elements(rows as u64));
+        g.bench_function(format!("{rows}x{categories}"), |b| {
+            b.iter(|| {
+                fastrollout::dist::categorical_draw(
+                    black_box(&logits),
+                    categories,
+                    black_box(&uniforms),
+                    &mut actions,
+                    &mut logp,
+                )
+                .expect("draw");
+            });
+        });
+    }
+    g.finish();
+}
+
 criterion_group!(
     benches,
     bench_column_append,
     bench_add_env_step,
     bench_cut_and_gather,
     bench_multi_agent,
-    bench_multi_agent_step_and_to_numpy
+    bench_multi_agent_step_and_to_numpy,
+    bench_categorical_draw
 );
 criterion_main!(benches);

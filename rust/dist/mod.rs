@@ -58,8 +58,11 @@ pub fn categorical_draw(
     if categories == 0 || logits.len() != rows * categories || actions.len() != rows || logp.len() != rows {
         return Err(DrawError::Shape { values: logits.len(), categories, uniforms: rows });
     }
+    // The row's exponentials, computed once and read by the cumulative pass.
+    let mut weights = vec![0.0; categories];
     for (r, row) in logits.chunks_exact(categories).enumerate() {
-        let (index, log_prob) = draw_row(row, uniforms[r]).ok_or(DrawError::NoCategory { row: r })?;
+        let (index, log_prob) =
+            draw_row(row, uniforms[r], &mut weights).ok_or(DrawError::NoCategory { row: r })?;
         actions[r] = i64::try_from(index).unwrap_or(i64::MAX);
         #[allow(clippy::cast_possible_truncation)]
         {
@@ -70,7 +73,8 @@ pub fn categorical_draw(
 }
 
 /// One row's draw: (category, log-probability), or None when the row has no distribution.
-fn draw_row(row: &[f32], uniform: f64) -> Option<(usize, f64)> {
+/// `weights` (as long as `row`) is scratch space.
+fn draw_row(row: &[f32], uniform: f64, weights: &mut [f64]) -> Option<(usize, f64)> {
     let mut max = f32::NEG_INFINITY;
     for &x in row {
         // NaN fails every comparison: caught here with +inf.
@@ -83,7 +87,11 @@ fn draw_row(row: &[f32], uniform: f64) -> Option<(usize, f64)> {
         return None;
     }
     let max = f64::from(max);
-    let total: f64 = row.iter().map(|&x| (f64::from(x) - max).exp()).sum();
+    let mut total = 0.0;
+    for (w, &x) in weights.iter_mut().zip(row) {
+        *w = (f64::from(x) - max).exp();
+        total += *w;
+    }
     let target = uniform * total;
     let mut cumulative = 0.0;
     let mut chosen = None;
@@ -91,7 +99,7 @@ fn draw_row(row: &[f32], uniform: f64) -> Option<(usize, f64)> {
         if x == f32::NEG_INFINITY {
             continue;
         }
-        cumulative += (f64::from(x) - max).exp();
+        cumulative += weights[j];
         chosen = Some(j);
         if cumulative > target {
             break;
