@@ -280,7 +280,7 @@ class TorchCategorical(TorchDistribution):
             or logits.requires_grad
         ):
             return None
-        uniforms = torch.rand(logits.shape[0], dtype=torch.float64)
+        uniforms = torch.rand(logits.shape[0], dtype=torch.float64, device="cpu")
         return categorical_draw(logits.contiguous().numpy(), uniforms.numpy())
 
     @classmethod
