@@ -316,6 +316,33 @@ def test_gather_then_scatter_round_trips(obs_values):
     assert sum(len(x) for x in out.values()) == sum(len(d) for d in obs_values)
 
 
+def test_multi_agent_record_steps_counts_agent_and_module_steps():
+    """Each observing agent counts one step for itself and one for its module (None where
+    the episode maps it to none), added to the dicts given (Counters too)."""
+    from collections import Counter
+
+    eps = [
+        MultiAgentEpisode(agent_to_module_mapping_fn=lambda aid, ep: f"m_{aid}") for _ in range(2)
+    ]
+    for e in eps:
+        e.add_env_reset(observations={"a": 0, "b": 0})
+    agents, modules = Counter({"a": 5}), {}
+    multi_agent_record_steps(
+        eps,
+        [{"a": 1, "b": 1}, {"a": 2}],
+        [{"a": 0, "b": 1}, {"a": 1, "b": 0}],
+        [{"a": 1.0, "b": 2.0}, {"a": 3.0, "b": 4.0}],
+        [None, None],
+        [None, None],
+        [None, None],
+        [None, None],
+        agent_steps=agents,
+        module_steps=modules,
+    )
+    assert agents == {"a": 7, "b": 1}
+    assert modules == {"m_a": 2, "m_b": 1}
+
+
 def test_multi_agent_record_steps_records_each_sub_env():
     eps = [MultiAgentEpisode() for _ in range(2)]
     for e in eps:

@@ -232,6 +232,8 @@ def multi_agent_record_steps(
     terminateds: list[Any],
     truncateds: list[Any],
     extra_model_outputs: list[Any],
+    agent_steps: dict[Any, int] | None = None,
+    module_steps: dict[Any, int] | None = None,
 ) -> list[int]: ...
 
 @final

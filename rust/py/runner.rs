@@ -461,8 +461,13 @@ pub fn single_agent_record_vector_step<'py>(
 /// Each argument is a list with one per-agent dict (or None) per sub-env, as the sub-env
 /// returned it (the runner's scatter gives actions and extra model outputs in this form).
 /// Returns the indices of the sub-envs whose episode is done (`__all__`) after the step.
+///
+/// With `agent_steps` and `module_steps` (dicts, e.g. `Counter`s), each agent that
+/// observes in a sub-env counts one step for itself and one for its module (the
+/// episode's `_agent_to_module_mapping`; None where it has none): the runner's sampled
+/// step counts, kept here instead of in a Python loop over the sub-envs.
 #[pyfunction]
-#[pyo3(signature = (episodes, observations, actions, rewards, infos, terminateds, truncateds, extra_model_outputs))]
+#[pyo3(signature = (episodes, observations, actions, rewards, infos, terminateds, truncateds, extra_model_outputs, agent_steps=None, module_steps=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn multi_agent_record_steps<'py>(
     py: Python<'py>,
@@ -474,6 +479,8 @@ pub fn multi_agent_record_steps<'py>(
     terminateds: &Bound<'py, PyList>,
     truncateds: &Bound<'py, PyList>,
     extra_model_outputs: &Bound<'py, PyList>,
+    agent_steps: Option<&Bound<'py, PyDict>>,
+    module_steps: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Vec<usize>> {
     let n = episodes.len();
     for (what, l) in [
@@ -518,6 +525,9 @@ pub fn multi_agent_record_steps<'py>(
             get(extra_model_outputs)?.as_ref(),
         )
         .map_err(|err| for_env(py, i, err))?;
+        if let (Some(agents), Some(modules)) = (agent_steps, module_steps) {
+            count_steps(py, &ep, &dict(observations)?, agents, modules)?;
+        }
         ep.setattr(intern!(py, "_last_step_time"), &now)?;
         if ep.getattr(intern!(py, "_start_time"))?.is_none() {
             ep.setattr(intern!(py, "_start_time"), &now)?;
@@ -529,6 +539,33 @@ pub fn multi_agent_record_steps<'py>(
         }
     }
     Ok(done)
+}
+
+/// Adds one step per observing agent to `agents[aid]` and to `modules[its module]`.
+fn count_steps<'py>(
+    py: Python<'py>,
+    episode: &Bound<'py, PyAny>,
+    observations: &Bound<'py, PyDict>,
+    agents: &Bound<'py, PyDict>,
+    modules: &Bound<'py, PyDict>,
+) -> PyResult<()> {
+    if observations.is_empty() {
+        return Ok(());
+    }
+    let mapping = episode.getattr(intern!(py, "_agent_to_module_mapping"))?.cast_into::<PyDict>()?;
+    let add = |d: &Bound<'py, PyDict>, key: &Bound<'py, PyAny>| -> PyResult<()> {
+        let old = match d.get_item(key)? {
+            Some(v) => v.extract::<i64>()?,
+            None => 0,
+        };
+        d.set_item(key, old + 1)
+    };
+    for aid in observations.keys() {
+        add(agents, &aid)?;
+        let module = mapping.get_item(&aid)?.unwrap_or_else(|| py.None().into_bound(py));
+        add(modules, &module)?;
+    }
+    Ok(())
 }
 
 /// Whether `flags[aid]` is set (a done agent).

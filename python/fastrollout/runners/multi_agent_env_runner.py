@@ -344,14 +344,18 @@ class MultiAgentEnvRunner(EnvRunner):
             )
             if crashed:
                 columns = tuple([c[i] for i in active] for c in columns)
-            done_local = multi_agent_record_steps([self._episodes[i] for i in active], *columns)
+            # The native call also counts each observing agent's step for the agent and
+            # its module (a Python loop over the sub-envs cost about 3% at 8 sub-envs).
+            done_local = multi_agent_record_steps(
+                [self._episodes[i] for i in active],
+                *columns,
+                agent_steps=agent_steps,
+                module_steps=module_steps,
+            )
             done = [active[j] for j in done_local]
             env_ts += len(active)
             for i in active:
                 self._obs[i], self._terminateds[i], self._truncateds[i] = obs[i], term[i], trunc[i]
-                agent_steps.update(obs[i].keys())
-                mapping = self._episodes[i]._agent_to_module_mapping
-                module_steps.update(map(mapping.get, obs[i]))
                 if step_callbacks:
                     self._episode_callback("on_episode_step", i)
             if done and not random_actions:
