@@ -346,9 +346,16 @@ class MultiAgentEnvRunner(EnvRunner):
                 columns = tuple([c[i] for i in active] for c in columns)
             # The native call also counts each observing agent's step for the agent and
             # its module (a Python loop over the sub-envs cost about 3% at 8 sub-envs).
+            o, a, r, inf, te, tr, x = columns
             done_local = multi_agent_record_steps(
                 [self._episodes[i] for i in active],
-                *columns,
+                o,
+                a,
+                r,
+                inf,
+                te,
+                tr,
+                x,
                 agent_steps=agent_steps,
                 module_steps=module_steps,
             )
