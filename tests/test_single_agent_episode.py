@@ -1249,3 +1249,19 @@ def test_custom_data_is_a_mutable_dict() -> None:
     ep.custom_data["x"] = 1
     ep.custom_data.setdefault("y", []).append(2)
     assert ep.custom_data == {"x": 1, "y": [2]}
+
+
+def test_episode_ids_are_random_uuid4_hex():
+    """Single- and multi-agent episodes get RLlib's id format (``uuid.uuid4().hex``):
+    32 hex digits of a version-4, RFC 4122 UUID; distinct per episode."""
+    import uuid
+
+    from fastrollout import MultiAgentEpisode, SingleAgentEpisode
+
+    ids = [SingleAgentEpisode().id_ for _ in range(200)] + [
+        MultiAgentEpisode().id_ for _ in range(200)
+    ]
+    assert len(set(ids)) == len(ids)
+    for i in ids:
+        u = uuid.UUID(hex=i)
+        assert u.hex == i and u.version == 4 and u.variant == uuid.RFC_4122

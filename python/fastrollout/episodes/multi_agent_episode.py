@@ -16,7 +16,6 @@ from __future__ import annotations
 import builtins
 import copy
 import time
-import uuid
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -24,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from fastrollout._core import StepMap, multi_agent_add_env_reset, multi_agent_add_env_step
+from fastrollout.episodes._ids import new_episode_id
 from fastrollout.episodes.single_agent_episode import SingleAgentEpisode
 from fastrollout.errors import EpisodeDoneError, EpisodeStateError, IndexFormError
 
@@ -92,7 +92,7 @@ class MultiAgentEpisode:
         agent_module_ids: dict | None = None,
         agent_to_module_mapping_fn: Callable[[Any, Any], str] | None = None,
     ) -> None:
-        self.id_: str = id_ or uuid.uuid4().hex
+        self.id_: str = id_ or new_episode_id()
         self.agent_to_module_mapping_fn = (
             agent_to_module_mapping_fn or default_agent_to_module_mapping_fn
         )

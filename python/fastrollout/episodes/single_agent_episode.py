@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import builtins
 import copy
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,6 +19,7 @@ import gymnasium as gym
 import numpy as np
 
 from fastrollout._core import SingleAgentEpisodeCore
+from fastrollout.episodes._ids import new_episode_id
 from fastrollout.errors import EpisodeStateError
 
 Index = int | list[int] | slice | None
@@ -112,7 +112,7 @@ class SingleAgentEpisode(SingleAgentEpisodeCore):
         module_id: str | None = None,
         multi_agent_episode_id: str | None = None,
     ) -> None:
-        self.id_ = id_ or uuid.uuid4().hex
+        self.id_ = id_ or new_episode_id()
         self.agent_id = agent_id
         self.module_id = module_id
         self.multi_agent_episode_id = multi_agent_episode_id
