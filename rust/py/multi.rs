@@ -14,7 +14,7 @@ use pyo3::types::{PyDict, PyList, PySet, PyString};
 
 use super::errors::index_error;
 use super::index::to_index;
-use super::single::{PreparedReset, PreparedStep, SingleAgentEpisodePy};
+use super::single::{perf_counter, PreparedReset, PreparedStep, SingleAgentEpisodePy};
 use crate::episode::multi::{
     plan_agent_step, AgentPlan, AgentStepError, AgentStepInput, MapRead, Source, StepMap,
 };
@@ -711,6 +711,12 @@ pub fn multi_agent_add_env_step<'py>(
             }
             Prepared::Drop => remove(&all_hanging, aid)?,
         }
+    }
+    // The step's time, for `get_duration_s` (the clock of Python's `time.perf_counter`).
+    let now = perf_counter();
+    episode.setattr(intern!(py, "_last_step_time"), now)?;
+    if attr(episode, vars, intern!(py, "_start_time"))?.is_none() {
+        episode.setattr(intern!(py, "_start_time"), now)?;
     }
     Ok(())
 }

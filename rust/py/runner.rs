@@ -499,7 +499,6 @@ pub fn multi_agent_record_steps<'py>(
             )));
         }
     }
-    let now = py.import(intern!(py, "time"))?.getattr(intern!(py, "perf_counter"))?.call0()?;
     let mut done = Vec::new();
     for (i, ep) in episodes.iter().enumerate() {
         let get = |l: &Bound<'py, PyList>| -> PyResult<Option<Bound<'py, PyAny>>> {
@@ -527,10 +526,6 @@ pub fn multi_agent_record_steps<'py>(
         .map_err(|err| for_env(py, i, err))?;
         if let (Some(agents), Some(modules)) = (agent_steps, module_steps) {
             count_steps(py, &ep, &dict(observations)?, agents, modules)?;
-        }
-        ep.setattr(intern!(py, "_last_step_time"), &now)?;
-        if ep.getattr(intern!(py, "_start_time"))?.is_none() {
-            ep.setattr(intern!(py, "_start_time"), &now)?;
         }
         if ep.getattr(intern!(py, "is_terminated"))?.is_truthy()?
             || ep.getattr(intern!(py, "is_truncated"))?.is_truthy()?

@@ -199,8 +199,8 @@ class MultiAgentEpisode:
                 an agent acted and observed without a reward, or an agent acted and was
                 truncated without a last observation. The message names the agent.
         """
-        # One native call decides and records the step for every agent; it checks and
-        # converts everything before it stores anything.
+        # One native call decides and records the step for every agent (and its time);
+        # it checks and converts everything before it stores anything.
         multi_agent_add_env_step(
             self,
             observations,
@@ -211,9 +211,6 @@ class MultiAgentEpisode:
             truncateds,
             extra_model_outputs,
         )
-        self._last_step_time = time.perf_counter()
-        if self._start_time is None:
-            self._start_time = self._last_step_time
 
     def validate(self) -> None:
         """Checks every agent episode's lengths.
