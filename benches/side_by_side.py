@@ -6,7 +6,8 @@ Usage::
 
 For every workload the three contenders run the same work in this process, one after the
 other, each warmed up and then timed over several repeats; the table shows the median.
-Torch runs on one thread for all three (``torch.set_num_threads(1)``), on the CPU unless
+Torch runs on one thread for all three (``torch.set_num_threads(1)``), and numpy's OpenBLAS
+too (``OPENBLAS_NUM_THREADS=1`` unless set), on the CPU unless
 ``--device`` names another (``cuda``: RLlib's local runner has no device option, so its
 column is left out there, and it is also left out where ray is not installed).
 ``--num-envs`` sets the sub-env counts of the CartPole rows (default 1 and 8) and
@@ -46,6 +47,11 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+# numpy's OpenBLAS threads spin in the background after each BLAS call and take a core of
+# this 2-core machine from whichever contender runs next; none of the workloads needs
+# them (torch runs on one thread too). Set before numpy is imported.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import gymnasium as gym
 import numpy as np
