@@ -5,10 +5,8 @@ from __future__ import annotations
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
 
-import torch
-
 from fastrollout.connectors.connector_v2 import ConnectorV2
-from fastrollout.connectors.module_to_env.get_actions import GetActions, add_module_actions
+from fastrollout.connectors.module_to_env.get_actions import GetActions, add_actions
 from fastrollout.connectors.module_to_env.normalize_and_clip_actions import (
     NormalizeAndClipActions,
 )
@@ -77,17 +75,26 @@ class ConnectorPipelineV2(ConnectorV2):
         """
         out: dict[Any, Any] = {} if batch is None else batch
         shared = {} if shared_data is None else shared_data
-        for piece in self.connectors:
-            out = piece(
+        return self._run(
+            self.connectors,
+            dict(
                 rl_module=rl_module,
-                batch=out,
                 episodes=episodes,
                 explore=explore,
                 shared_data=shared,
                 metrics=metrics,
                 **kwargs,
-            )
-        return out
+            ),
+            out,
+        )
+
+    def _run(
+        self, pieces: Sequence[ConnectorV2], call: dict[str, Any], batch: dict[Any, Any]
+    ) -> dict[Any, Any]:
+        """Runs ``pieces`` in order on ``batch``, each called with ``call`` as keywords."""
+        for piece in pieces:
+            batch = piece(batch=batch, **call)
+        return batch
 
     # -- editing ----------------------------------------------------------------------
 
@@ -324,66 +331,21 @@ class ModuleToEnvPipeline(ConnectorPipelineV2):
     6 µs of a CartPole step.
     """
 
-    def __call__(
-        self,
-        *,
-        rl_module: Any,
-        batch: dict[Any, Any] | None = None,
-        episodes: Sequence[Any] = (),
-        explore: bool | None = None,
-        shared_data: dict[str, Any] | None = None,
-        metrics: Any = None,
-        **kwargs: Any,
+    def _run(
+        self, pieces: Sequence[ConnectorV2], call: dict[str, Any], batch: dict[Any, Any]
     ) -> dict[Any, Any]:
-        """Runs every piece (the default tail as one pass).
-
-        Args:
-            rl_module: The MultiRLModule.
-            batch: ``{module_id: module outputs}`` (None: an empty dict).
-            episodes: The runner's episodes.
-            explore: Whether the runner explores.
-            shared_data: Shared by the pieces of this call (a fresh dict if None).
-            metrics: The runner's MetricsLogger (or None).
-            **kwargs: Passed to every piece.
-
-        Returns:
-            The batch the last piece returned.
-        """
-        pieces = self.connectors
         if (
             len(pieces) < 3
             or type(pieces[-3]) is not GetActions
             or type(pieces[-2]) is not TensorToNumpy
             or type(pieces[-1]) is not NormalizeAndClipActions
         ):
-            return super().__call__(
-                rl_module=rl_module,
-                batch=batch,
-                episodes=episodes,
-                explore=explore,
-                shared_data=shared_data,
-                metrics=metrics,
-                **kwargs,
-            )
-        out: dict[Any, Any] = {} if batch is None else batch
-        shared = {} if shared_data is None else shared_data
-        for piece in pieces[:-3]:
-            out = piece(
-                rl_module=rl_module,
-                batch=out,
-                episodes=episodes,
-                explore=explore,
-                shared_data=shared,
-                metrics=metrics,
-                **kwargs,
-            )
+            return super()._run(pieces, call, batch)
+        out = super()._run(pieces[:-3], call, batch)
+        rl_module = call["rl_module"]
         # The three pieces' loops, in their order (so an error leaves the batch as the
         # pieces would have).
-        if torch.is_grad_enabled():  # GetActions samples without gradient
-            with torch.no_grad():
-                _add_actions_as_numpy(rl_module, out, explore)
-        else:  # (the runners hold no_grad already)
-            _add_actions_as_numpy(rl_module, out, explore)
+        add_actions(rl_module, out, call["explore"], as_numpy=True)
         for module_id, module_out in out.items():
             out[module_id] = to_numpy(module_out)
         fit = pieces[-1]
@@ -391,8 +353,3 @@ class ModuleToEnvPipeline(ConnectorPipelineV2):
         for module_id, module_out in out.items():
             fit.fit_module(rl_module, module_id, module_out)
         return out
-
-
-def _add_actions_as_numpy(rl_module: Any, batch: dict[Any, Any], explore: bool | None) -> None:
-    for module_id, module_out in batch.items():
-        add_module_actions(rl_module, module_id, module_out, explore, as_numpy=True)

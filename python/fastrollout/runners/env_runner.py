@@ -236,6 +236,26 @@ class EnvRunner(abc.ABC):
             self._timers_ready.add(key)
         self.metrics.log_value(key, time.perf_counter() - start)
 
+    def _connect(self, pipeline: Any, batch: dict[Any, Any], explore: bool) -> dict[Any, Any]:
+        """Runs a connector pipeline with this runner's module, episodes and metrics.
+
+        Args:
+            pipeline: The env-to-module or module-to-env pipeline.
+            batch: ``{module_id: {column: value}}``.
+            explore: Whether the runner explores.
+
+        Returns:
+            The pipeline's output batch.
+        """
+        return pipeline(
+            batch=batch,
+            rl_module=self.module,
+            episodes=self._episodes,
+            explore=explore,
+            shared_data=self._shared_data,
+            metrics=self.metrics,
+        )
+
     def _forward(self, batch: Any, explore: bool, ts: int) -> Any:
         """One forward pass of the module on an env-to-module batch.
 

@@ -209,15 +209,9 @@ class MultiAgentEnvRunner(EnvRunner):
         gathered = self._batcher.gather(
             self._episodes, self._obs, self._terminateds, self._truncateds
         )
-        shared = self._shared_data
-        shared["agent_rows"] = {mid: self._batcher.index_map(mid) for mid in gathered}
-        batch = conn.env_to_module(
-            batch={mid: {Columns.OBS: obs} for mid, obs in gathered.items()},
-            rl_module=self.module,
-            episodes=self._episodes,
-            explore=explore,
-            shared_data=shared,
-            metrics=self.metrics,
+        self._shared_data["agent_rows"] = {mid: self._batcher.index_map(mid) for mid in gathered}
+        batch = self._connect(
+            conn.env_to_module, {mid: {Columns.OBS: obs} for mid, obs in gathered.items()}, explore
         )
         self._log_time_since(s.ENV_TO_MODULE_CONNECTOR, start)
         if not batch:
@@ -225,14 +219,7 @@ class MultiAgentEnvRunner(EnvRunner):
         with torch.no_grad():
             out = self._forward(batch, explore, ts)
             start = time.perf_counter()
-            to_env = conn.module_to_env(
-                batch=out,
-                rl_module=self.module,
-                episodes=self._episodes,
-                explore=explore,
-                shared_data=shared,
-                metrics=self.metrics,
-            )
+            to_env = self._connect(conn.module_to_env, out, explore)
             per_env = self._batcher.scatter(
                 to_env, extra_constants={s.WEIGHTS_SEQ_NO: self._weights_seq_no}
             )

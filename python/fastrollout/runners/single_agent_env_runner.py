@@ -174,16 +174,10 @@ class SingleAgentEnvRunner(EnvRunner):
         episode's last observation, the terminal one included.
         """
         assert self.module is not None
-        shared = self._shared_data
-        shared["agent_rows"] = self._agent_rows
+        self._shared_data["agent_rows"] = self._agent_rows
         start = time.perf_counter()
-        self._cached_to_module = self._connectors.env_to_module(
-            batch={DEFAULT_MODULE_ID: {Columns.OBS: self._obs}},
-            rl_module=self.module,
-            episodes=self._episodes,
-            explore=explore,
-            shared_data=shared,
-            metrics=self.metrics,
+        self._cached_to_module = self._connect(
+            self._connectors.env_to_module, {DEFAULT_MODULE_ID: {Columns.OBS: self._obs}}, explore
         )
         self._log_time_since(s.ENV_TO_MODULE_CONNECTOR, start)
 
@@ -195,14 +189,7 @@ class SingleAgentEnvRunner(EnvRunner):
         with torch.no_grad():
             out = self._forward(batch, explore, ts)
             start = time.perf_counter()
-            to_env = self._connectors.module_to_env(
-                batch=out,
-                rl_module=self.module,
-                episodes=self._episodes,
-                explore=explore,
-                shared_data=self._shared_data,
-                metrics=self.metrics,
-            )[DEFAULT_MODULE_ID]
+            to_env = self._connect(self._connectors.module_to_env, out, explore)[DEFAULT_MODULE_ID]
             self._log_time_since(s.MODULE_TO_ENV_CONNECTOR, start)
         actions = to_env.pop(Columns.ACTIONS)
         env_actions = to_env.pop(Columns.ACTIONS_FOR_ENV, actions)

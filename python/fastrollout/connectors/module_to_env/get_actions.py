@@ -10,7 +10,7 @@ import torch
 from fastrollout.connectors.connector_v2 import ConnectorV2
 from fastrollout.core import Columns
 
-__all__ = ["GetActions", "add_module_actions"]
+__all__ = ["GetActions", "add_actions"]
 
 
 class GetActions(ConnectorV2):
@@ -52,35 +52,39 @@ class GetActions(ConnectorV2):
         Raises:
             KeyError: If a module batch has neither actions nor distribution inputs.
         """
-        if torch.is_grad_enabled():  # the runners call this with no_grad already held
-            with torch.no_grad():
-                return self._add_actions(rl_module, batch, explore)
-        return self._add_actions(rl_module, batch, explore)
-
-    @staticmethod
-    def _add_actions(rl_module: Any, batch: dict[Any, Any], explore: bool | None) -> dict[Any, Any]:
-        for module_id, out in batch.items():
-            add_module_actions(rl_module, module_id, out, explore, as_numpy=False)
-        return batch
+        return add_actions(rl_module, batch, explore, as_numpy=False)
 
 
-def add_module_actions(
-    rl_module: Any, module_id: Any, out: dict[str, Any], explore: bool | None, *, as_numpy: bool
-) -> None:
-    """What ``GetActions`` does to one module's outputs (in place).
+def add_actions(
+    rl_module: Any, batch: dict[Any, Any], explore: bool | None, *, as_numpy: bool
+) -> dict[Any, Any]:
+    """What ``GetActions`` does to every module batch (in place), without gradient.
 
     Args:
         rl_module: The MultiRLModule.
-        module_id: The module whose outputs ``out`` are.
-        out: The module's outputs.
+        batch: ``{module_id: module outputs}``.
         explore: Sample stochastically (True) or greedily.
         as_numpy: Put the sampled actions and log-probabilities in as host numpy arrays
             (what ``TensorToNumpy`` would make of them) rather than tensors; for the
             module-to-env pipeline's default tail, which converts them next anyway.
 
+    Returns:
+        The batch.
+
     Raises:
-        KeyError: If ``out`` has neither actions nor distribution inputs.
+        KeyError: If a module batch has neither actions nor distribution inputs.
     """
+    if torch.is_grad_enabled():  # the runners call this with no_grad already held
+        with torch.no_grad():
+            return add_actions(rl_module, batch, explore, as_numpy=as_numpy)
+    for module_id, out in batch.items():
+        _add_module_actions(rl_module, module_id, out, explore, as_numpy)
+    return batch
+
+
+def _add_module_actions(
+    rl_module: Any, module_id: Any, out: dict[str, Any], explore: bool | None, as_numpy: bool
+) -> None:
     if Columns.ACTIONS in out:
         return
     if Columns.ACTION_DIST_INPUTS not in out:
