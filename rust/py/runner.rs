@@ -500,22 +500,24 @@ pub fn multi_agent_record_steps<'py>(
         }
     }
     let mut done = Vec::new();
+    // Stands for a None dict (one for all sub-envs: nothing writes to it).
+    let empty = PyDict::new(py);
     for (i, ep) in episodes.iter().enumerate() {
         let get = |l: &Bound<'py, PyList>| -> PyResult<Option<Bound<'py, PyAny>>> {
             let v = l.get_item(i)?;
             Ok(if v.is_none() { None } else { Some(v) })
         };
-        let empty = PyDict::new(py);
         let dict = |l: &Bound<'py, PyList>| -> PyResult<Bound<'py, PyDict>> {
             match get(l)? {
                 Some(v) => Ok(v.cast_into::<PyDict>()?),
                 None => Ok(empty.clone()),
             }
         };
+        let obs = dict(observations)?;
         multi_agent_add_env_step(
             py,
             &ep,
-            &dict(observations)?,
+            &obs,
             &dict(actions)?,
             &dict(rewards)?,
             get(infos)?.as_ref(),
@@ -525,7 +527,7 @@ pub fn multi_agent_record_steps<'py>(
         )
         .map_err(|err| for_env(py, i, err))?;
         if let (Some(agents), Some(modules)) = (agent_steps, module_steps) {
-            count_steps(py, &ep, &dict(observations)?, agents, modules)?;
+            count_steps(py, &ep, &obs, agents, modules)?;
         }
         if ep.getattr(intern!(py, "is_terminated"))?.is_truthy()?
             || ep.getattr(intern!(py, "is_truncated"))?.is_truthy()?

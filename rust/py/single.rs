@@ -1087,33 +1087,13 @@ impl SingleAgentEpisodePy {
                 column.overwrite_many(&positions, &refs).map_err(|e| column_error(&e))
             }
             (Storage::Objects { items, .. }, _) => {
-                let vals = match values {
-                    Some(v) => v,
-                    None => new_data.try_iter()?.collect::<PyResult<Vec<_>>>()?,
-                };
-                if vals.len() != positions.len() {
-                    return Err(column_error(&crate::column::ColumnError::SetLength {
-                        selected: positions.len(),
-                        given: vals.len(),
-                    }));
-                }
-                for (p, v) in positions.iter().zip(vals) {
+                for (p, v) in positions.iter().zip(object_values(values, new_data, positions.len())?) {
                     items[*p] = PyObj(v.unbind());
                 }
                 Ok(())
             }
             (Storage::Sparse { .. }, _) => {
-                let vals = match values {
-                    Some(v) => v,
-                    None => new_data.try_iter()?.collect::<PyResult<Vec<_>>>()?,
-                };
-                if vals.len() != positions.len() {
-                    return Err(column_error(&crate::column::ColumnError::SetLength {
-                        selected: positions.len(),
-                        given: vals.len(),
-                    }));
-                }
-                for (p, v) in positions.iter().zip(vals) {
+                for (p, v) in positions.iter().zip(object_values(values, new_data, positions.len())?) {
                     f.set_object(*p, PyObj(v.unbind()));
                 }
                 Ok(())
@@ -1130,6 +1110,26 @@ impl SingleAgentEpisodePy {
             }
         }
     }
+}
+
+/// The values a set writes into a field of Python objects: `values` if the caller split
+/// them already, else the items of `new_data`; exactly one per position.
+fn object_values<'py>(
+    values: Option<Vec<Bound<'py, PyAny>>>,
+    new_data: &Bound<'py, PyAny>,
+    positions: usize,
+) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    let vals = match values {
+        Some(v) => v,
+        None => new_data.try_iter()?.collect::<PyResult<Vec<_>>>()?,
+    };
+    if vals.len() != positions {
+        return Err(column_error(&crate::column::ColumnError::SetLength {
+            selected: positions,
+            given: vals.len(),
+        }));
+    }
+    Ok(vals)
 }
 
 /// How a batched read treats its fill positions (RLlib's rules).
