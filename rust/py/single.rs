@@ -54,22 +54,9 @@ impl SpecSet {
 /// the episodes of one runner all end up with the same set, so each holds one pointer
 /// instead of its own (about 300 bytes per episode with three extra model outputs).
 static INTERNED_SETS: std::sync::Mutex<Vec<Arc<SpecSet>>> = std::sync::Mutex::new(Vec::new());
-const MAX_INTERNED_SETS: usize = 64;
 
 fn intern_set(set: SpecSet) -> Arc<SpecSet> {
-    // A poisoned lock only means a panic elsewhere while it was held; the table (complete
-    // entries) is still valid.
-    let mut table = INTERNED_SETS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    if let Some(s) = table.iter().find(|s| s.same_as(&set)) {
-        return Arc::clone(s);
-    }
-    let set = Arc::new(set);
-    // Dropped after the lock is released: releasing its Python objects may run Python code.
-    let evicted = (table.len() == MAX_INTERNED_SETS).then(|| table.remove(0));
-    table.push(Arc::clone(&set));
-    drop(table);
-    drop(evicted);
-    set
+    spec::intern_in(&INTERNED_SETS, set, SpecSet::same_as)
 }
 
 /// An episode's [`SpecSet`], shared copy-on-write: reads go through `Deref`, changes

@@ -72,25 +72,32 @@ impl Spec {
 
 /// Specs built so far, so that equal ones are shared; bounded (the oldest goes first).
 static INTERNED: Mutex<Vec<Arc<Spec>>> = Mutex::new(Vec::new());
+/// How many entries an intern table keeps.
 const MAX_INTERNED: usize = 64;
 
 /// The shared spec equal to `spec` (see [`Spec::same_as`]), interning it if it is new.
 pub fn intern(spec: Spec) -> Arc<Spec> {
+    intern_in(&INTERNED, spec, Spec::same_as)
+}
+
+/// The entry of `table` that `same` finds equal to `item`, else `item`, added.
+///
+/// The oldest entry goes when the table is full (its users keep their pointer): a
+/// long-lived process that has seen many layouts still shares the ones it uses now. It is
+/// dropped after the lock is released: releasing its Python objects may run Python code.
+pub fn intern_in<T>(table: &Mutex<Vec<Arc<T>>>, item: T, same: fn(&T, &T) -> bool) -> Arc<T> {
     // A poisoned lock only means a panic elsewhere while it was held; the table itself
     // (a Vec of complete entries) is still valid.
-    let mut table = INTERNED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    if let Some(s) = table.iter().find(|s| s.same_as(&spec)) {
+    let mut entries = table.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(s) = entries.iter().find(|s| same(s, &item)) {
         return Arc::clone(s);
     }
-    let spec = Arc::new(spec);
-    // The oldest goes (its users keep their pointer): a long-lived process that has seen
-    // many layouts still shares the ones it uses now. It is dropped after the lock is
-    // released: releasing its Python objects may run Python code.
-    let evicted = (table.len() == MAX_INTERNED).then(|| table.remove(0));
-    table.push(Arc::clone(&spec));
-    drop(table);
+    let item = Arc::new(item);
+    let evicted = (entries.len() == MAX_INTERNED).then(|| entries.remove(0));
+    entries.push(Arc::clone(&item));
+    drop(entries);
     drop(evicted);
-    spec
+    item
 }
 
 fn kind_of(descr: &Bound<'_, PyArrayDescr>) -> Option<Kind> {
