@@ -88,3 +88,132 @@ def test_train_rejects_a_non_bool_mode(bad):
     with pytest.raises(ValueError, match="boolean"):
         m.train(bad)
     assert all(sub.training for sub in m.modules())
+
+
+# -- to_tensor: arrays torch can share are shared as the general path shares them -------
+
+_SHARED_DTYPES = [np.float32, np.float16, np.uint8, np.int8, np.int16, np.int32, np.int64, np.bool_]
+
+
+class _Sub(np.ndarray):
+    """An ndarray subclass: ``to_tensor`` takes its general path for it."""
+
+
+def _general_to_tensor(array: np.ndarray) -> torch.Tensor:
+    from fastrollout.modules.device import to_tensor
+
+    return to_tensor(array.view(_Sub))
+
+
+@pytest.mark.parametrize("dtype", _SHARED_DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("layout", ["contiguous", "strided", "readonly", "swapped"])
+def test_to_tensor_fast_path_equals_the_general_path(dtype, layout):
+    """Arrays of the dtypes torch shares take a fast path; every layout gives the same
+    tensor as the general path (an ndarray subclass takes that one), and only writable
+    C-contiguous native arrays share memory."""
+    from fastrollout.modules.device import to_tensor
+
+    array = (np.arange(12) % 3).astype(dtype).reshape(3, 4)
+    if layout == "strided":
+        array = array[:, ::2]
+    elif layout == "readonly":
+        array.setflags(write=False)
+    elif layout == "swapped":
+        array = array.astype(array.dtype.newbyteorder())
+    fast = to_tensor(array, torch.device("cpu"))
+    general = _general_to_tensor(array)
+    assert fast.dtype == general.dtype and fast.shape == general.shape
+    assert torch.equal(fast, general)
+    assert fast.is_contiguous()
+    # (one-byte types have no byte order: "swapped" leaves them native)
+    shared = layout == "contiguous" or (layout == "swapped" and array.itemsize == 1)
+    assert (fast.data_ptr() == array.__array_interface__["data"][0]) == shared
+
+
+def test_to_tensor_device_memo_tells_cpu_from_other_devices():
+    """The CPU test of a device is remembered per device object; a device that is not
+    the CPU is still moved to (meta: no GPU needed)."""
+    from fastrollout.modules.device import _CPU_BY_DEVICE, to_tensor
+
+    array = np.ones((2, 3), np.float32)
+    cpu = torch.device("cpu")
+    assert to_tensor(array, cpu).device == cpu
+    assert _CPU_BY_DEVICE[id(cpu)] == (cpu, True)
+    meta = torch.device("meta")
+    out = to_tensor(array, meta)
+    assert out.device == meta and out.shape == (2, 3)
+    for _ in range(100):  # devices made per call do not grow the memo without bound
+        to_tensor(array, torch.device("cpu"))
+    assert len(_CPU_BY_DEVICE) <= 65
+
+
+# -- grad_off / grad_restore: torch.no_grad's switch ----------------------------------
+
+
+def test_grad_off_and_restore_as_no_grad():
+    from fastrollout.modules._grad import grad_off, grad_restore
+
+    assert torch.is_grad_enabled()
+    was_on = grad_off()
+    assert was_on and not torch.is_grad_enabled()
+    assert not grad_off()  # already off: nothing to restore for the inner one
+    grad_restore(False)
+    assert not torch.is_grad_enabled()
+    grad_restore(was_on)
+    assert torch.is_grad_enabled()
+
+
+def test_runner_restores_grad_mode_when_the_module_raises():
+    """The runners switch autograd off per vector step; an error in the forward pass
+    leaves it as it was."""
+    import fastrollout as fr
+
+    config = fr.RunnerConfig().environment("CartPole-v1").debugging(seed=0)
+    runner = fr.SingleAgentEnvRunner(config=config)
+    module = runner.module["default_policy"]
+
+    def broken(batch, **kwargs):
+        assert not torch.is_grad_enabled()
+        raise RuntimeError("broken forward")
+
+    module._forward_exploration = broken
+    with pytest.raises(RuntimeError, match="broken forward"):
+        runner.sample(num_timesteps=4)
+    assert torch.is_grad_enabled()
+
+
+# -- the native categorical draw's uniforms -------------------------------------------
+
+
+@given(st.lists(st.integers(1, 9), min_size=1, max_size=6), st.integers(0, 2**31 - 1))
+def test_native_draw_uses_torch_rand_numbers_whatever_the_batch_sizes(sizes, seed):
+    """The kept uniform buffers (one per batch size) give each draw the numbers
+    ``torch.rand(n, dtype=float64)`` would give at that point of torch's stream."""
+    from fastrollout._core import categorical_draw
+    from fastrollout.modules.distributions import TorchCategorical
+
+    gen = torch.Generator().manual_seed(seed)
+    all_logits = [torch.randn(n, 3, generator=gen) for n in sizes]
+    torch.manual_seed(seed)
+    got = [TorchCategorical.from_logits(lg).sample_with_logp_numpy() for lg in all_logits]
+    torch.manual_seed(seed)
+    for lg, (actions, logp) in zip(all_logits, got, strict=True):
+        uniforms = torch.rand(lg.shape[0], dtype=torch.float64)
+        want_actions, want_logp = categorical_draw(lg.numpy(), uniforms.numpy())
+        np.testing.assert_array_equal(actions, want_actions)
+        np.testing.assert_array_equal(logp, want_logp)
+
+
+def test_native_draw_uniform_buffers_are_per_thread():
+    import threading
+
+    from fastrollout.modules.distributions import _uniform_buffer
+
+    mine = _uniform_buffer(5)
+    assert _uniform_buffer(5)[0] is mine[0]
+    theirs: list = []
+    worker = threading.Thread(target=lambda: theirs.append(_uniform_buffer(5)))
+    worker.start()
+    worker.join()
+    assert theirs[0][0] is not mine[0]
+    assert theirs[0][1].base is not None  # the numpy view shares the tensor's memory

@@ -69,6 +69,16 @@ def to_tensor(value: Any, device: torch.device | None = None) -> torch.Tensor:
     Raises:
         TypeError: If the value is an object array or not numeric.
     """
+    if type(value) is np.ndarray and id(value.dtype) in _SHARED_DTYPE_IDS:
+        # The common case (an env's float32 or uint8 observations), in 0.7 instead of
+        # 1.8 µs: a native dtype torch shares as it is, checked by identity, so only
+        # the layout is left to check.
+        flags = value.flags
+        if flags.writeable and flags.c_contiguous:
+            tensor = torch.from_numpy(value)
+            if device is None or _is_cpu(device):
+                return tensor
+            return _moved(tensor, device)
     if isinstance(value, torch.Tensor):
         tensor = value
     else:
@@ -90,8 +100,47 @@ def to_tensor(value: Any, device: torch.device | None = None) -> torch.Tensor:
     if tensor.dtype == torch.float64:
         tensor = tensor.float()
     # (torch.device equality costs 0.3 µs; the cpu case is read off two flags)
-    if device is None or (tensor.is_cpu and device.type == "cpu") or tensor.device == device:
+    if device is None or (tensor.is_cpu and _is_cpu(device)) or tensor.device == device:
         return tensor
+    return _moved(tensor, device)
+
+
+# Numpy's own dtype objects for the native-order types that torch.from_numpy shares
+# without a cast (float64 is cast to float32 and takes the general path). Arrays of
+# these types carry these very objects, so membership is an identity test.
+_SHARED_DTYPE_IDS = frozenset(
+    id(np.dtype(t))
+    for t in (
+        np.float32,
+        np.float16,
+        np.uint8,
+        np.int8,
+        np.int16,
+        np.int32,
+        np.int64,
+        np.bool_,
+    )
+)
+
+# torch.device.type builds a new string on every read (0.3 µs); whether a device is
+# the CPU is remembered per device object (the runners reuse one object per module).
+_CPU_BY_DEVICE: dict[int, tuple[torch.device, bool]] = {}
+
+
+def _is_cpu(device: torch.device) -> bool:
+    known = _CPU_BY_DEVICE.get(id(device))
+    if known is not None and known[0] is device:
+        return known[1]
+    if len(_CPU_BY_DEVICE) > 64:  # devices made per call: keep the memo small
+        _CPU_BY_DEVICE.clear()
+    is_cpu = device.type == "cpu"
+    # The device is kept alive with its answer, so its id cannot be reused meanwhile.
+    _CPU_BY_DEVICE[id(device)] = (device, is_cpu)
+    return is_cpu
+
+
+def _moved(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``tensor`` on ``device`` (not the CPU); host memory is pinned for CUDA targets."""
     if device.type == "cuda" and tensor.device.type == "cpu":
         # Pinned (page-locked) host memory lets the host-to-device copy run async.
         return tensor.pin_memory().to(device, non_blocking=True)
@@ -121,14 +170,15 @@ def to_device(tree: Any, device: str | torch.device | None) -> Any:
 
 
 def _map(tree: Any, device: torch.device | None, path: tuple) -> Any:
-    if type(tree) is dict:  # the common case, without the ABC check of Mapping
-        return {k: _map(v, device, (*path, k)) for k, v in tree.items()}
-    if isinstance(tree, Mapping):
-        return {k: _map(v, device, (*path, k)) for k, v in tree.items()}
-    if isinstance(tree, tuple | list):
-        return type(tree)(_map(v, device, (*path, i)) for i, v in enumerate(tree))
-    if tree is None:
-        return None
+    if type(tree) is not np.ndarray:  # (the common leaf skips the ABC checks below)
+        if type(tree) is dict:  # the common case, without the ABC check of Mapping
+            return {k: _map(v, device, (*path, k)) for k, v in tree.items()}
+        if isinstance(tree, Mapping):
+            return {k: _map(v, device, (*path, k)) for k, v in tree.items()}
+        if isinstance(tree, tuple | list):
+            return type(tree)(_map(v, device, (*path, i)) for i, v in enumerate(tree))
+        if tree is None:
+            return None
     try:
         return to_tensor(tree, device)
     except TypeError as err:

@@ -145,12 +145,17 @@ class MultiRLModule(Mapping[str, RLModule]):
     # -- forward passes --------------------------------------------------------
 
     def _forward_each(self, method: str, batch: Mapping[str, Any], **kwargs: Any) -> dict:
-        if not isinstance(batch, Mapping):
+        if type(batch) is not dict and not isinstance(batch, Mapping):  # (dict: no ABC check)
             raise TypeError(
                 "a MultiRLModule takes batches keyed by module id ({module_id: {column: "
                 f"tensor}}), got {type(batch).__name__}"
             )
-        return {mid: getattr(self[mid], method)(b, **kwargs) for mid, b in batch.items()}
+        modules = self._rl_modules
+        return {
+            # (self[mid] only for its error message when the module is unknown)
+            mid: getattr(modules[mid] if mid in modules else self[mid], method)(b, **kwargs)
+            for mid, b in batch.items()
+        }
 
     def forward_inference(self, batch: Mapping[str, Any], **kwargs: Any) -> dict[str, Any]:
         """``forward_inference`` of every module named in ``batch``.

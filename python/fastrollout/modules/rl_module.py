@@ -121,6 +121,8 @@ class RLModule(nn.Module):
         Returns:
             Output tensors keyed by column (e.g. ``Columns.ACTION_DIST_INPUTS``).
         """
+        if not self.training and not torch.is_grad_enabled():  # the runners' case
+            return self._forward_inference(batch, **kwargs)
         return self._without_grad_in_eval(self._forward_inference, batch, kwargs)
 
     def forward_exploration(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
@@ -133,6 +135,8 @@ class RLModule(nn.Module):
         Returns:
             Output tensors keyed by column.
         """
+        if not self.training and not torch.is_grad_enabled():  # the runners' case
+            return self._forward_exploration(batch, **kwargs)
         return self._without_grad_in_eval(self._forward_exploration, batch, kwargs)
 
     def _without_grad_in_eval(self, forward: Any, batch: dict[str, Any], kwargs: dict) -> Any:
@@ -143,8 +147,6 @@ class RLModule(nn.Module):
         step), so it happens only when the module is in train mode.
         """
         if not self.training:
-            if not torch.is_grad_enabled():  # the runners hold no_grad already
-                return forward(batch, **kwargs)
             with torch.no_grad():
                 return forward(batch, **kwargs)
         self.eval()

@@ -17,8 +17,6 @@ import time
 from collections import Counter, defaultdict
 from typing import Any
 
-import torch
-
 from fastrollout._core import ModuleBatcher, multi_agent_record_steps
 from fastrollout.core import DEFAULT_MODULE_ID, Columns
 from fastrollout.episodes import MultiAgentEpisode
@@ -216,14 +214,11 @@ class MultiAgentEnvRunner(EnvRunner):
         self._log_time_since(s.ENV_TO_MODULE_CONNECTOR, start)
         if not batch:
             return [({}, {}, {}) for _ in range(self.num_envs)]
-        with torch.no_grad():
-            out = self._forward(batch, explore, ts)
-            start = time.perf_counter()
-            to_env = self._connect(conn.module_to_env, out, explore)
-            per_env = self._batcher.scatter(
-                to_env, extra_constants={s.WEIGHTS_SEQ_NO: self._weights_seq_no}
-            )
-            self._log_time_since(s.MODULE_TO_ENV_CONNECTOR, start)
+        to_env, start = self._act(batch, explore, ts)
+        per_env = self._batcher.scatter(
+            to_env, extra_constants={s.WEIGHTS_SEQ_NO: self._weights_seq_no}
+        )
+        self._log_time_since(s.MODULE_TO_ENV_CONNECTOR, start)
         return per_env
 
     def _env_to_module_done(

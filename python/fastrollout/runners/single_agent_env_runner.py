@@ -13,7 +13,6 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-import torch
 
 from fastrollout._core import single_agent_record_vector_step
 from fastrollout.core import DEFAULT_MODULE_ID, Columns
@@ -186,13 +185,11 @@ class SingleAgentEnvRunner(EnvRunner):
         self._cached_to_module = None
         if batch is None:
             raise RuntimeError("internal error: no env-to-module batch for this step")
-        with torch.no_grad():
-            out = self._forward(batch, explore, ts)
-            start = time.perf_counter()
-            to_env = self._connect(self._connectors.module_to_env, out, explore)[DEFAULT_MODULE_ID]
-            self._log_time_since(s.MODULE_TO_ENV_CONNECTOR, start)
+        out, start = self._act(batch, explore, ts)
+        to_env = out[DEFAULT_MODULE_ID]
         actions = to_env.pop(Columns.ACTIONS)
         env_actions = to_env.pop(Columns.ACTIONS_FOR_ENV, actions)
+        self._log_time_since(s.MODULE_TO_ENV_CONNECTOR, start)
         return actions, env_actions, to_env
 
     def _sample(
