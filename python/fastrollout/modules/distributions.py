@@ -273,19 +273,7 @@ class TorchCategorical(TorchDistribution):
     def _native_draw(self) -> tuple[np.ndarray, np.ndarray] | None:
         """The native draw of ``sample_with_logp``, or None where it does not apply."""
         logits = self.logits
-        if (
-            logits is None
-            or logits.dim() != 2
-            or logits.dtype is not torch.float32
-            or not logits.is_cpu  # (device.type makes a string per read: 0.4 µs)
-            or logits.requires_grad
-        ):
-            return None
-        uniforms, uniforms_np = _uniform_buffer(logits.shape[0])
-        # Filling a kept buffer draws the same numbers as torch.rand(n, float64) (both
-        # are the generator's uniform_), without a new tensor and its numpy view.
-        uniforms.uniform_()
-        return categorical_draw(logits.contiguous().numpy(), uniforms_np)
+        return None if logits is None else native_categorical_draw(logits)
 
     @classmethod
     def from_logits(
@@ -807,6 +795,48 @@ class TorchMultiCategorical(TorchDistribution):
         """
         loc = torch.stack([c.to_deterministic().loc for c in self._cats], dim=-1)
         return TorchDeterministic(loc=loc, event_ndims=1)
+
+
+def native_draw_applies(logits: torch.Tensor) -> bool:
+    """Whether :func:`native_categorical_draw` takes ``logits``.
+
+    Args:
+        logits: Categorical logits.
+
+    Returns:
+        True for float32 CPU tensors of shape ``(batch, n)`` that need no gradient.
+    """
+    return (
+        logits.dim() == 2
+        and logits.dtype is torch.float32
+        and logits.is_cpu  # (device.type makes a string per read: 0.4 µs)
+        and not logits.requires_grad
+    )
+
+
+def native_categorical_draw(logits: torch.Tensor) -> tuple[np.ndarray, np.ndarray] | None:
+    """One category per row of ``logits`` and its log-probability, drawn natively.
+
+    What ``TorchCategorical.from_logits(logits).sample_with_logp_numpy()`` returns for
+    logits the native draw takes: float32 CPU tensors of shape ``(batch, n)`` that need
+    no gradient (module outputs under the runners' no-grad). The uniforms are torch's.
+
+    Args:
+        logits: The logits.
+
+    Returns:
+        ``(indices, logp)`` (int64 and float32 numpy arrays), or None for other logits.
+
+    Raises:
+        ValueError: If a row holds NaN or +inf, or is all -inf.
+    """
+    if not native_draw_applies(logits):
+        return None
+    uniforms, uniforms_np = _uniform_buffer(logits.shape[0])
+    # Filling a kept buffer draws the same numbers as torch.rand(n, float64) (both are
+    # the generator's uniform_), without a new tensor and its numpy view.
+    uniforms.uniform_()
+    return categorical_draw(logits.contiguous().numpy(), uniforms_np)
 
 
 # Per thread, per batch size: a float64 CPU tensor for the native draw's uniforms and

@@ -16,10 +16,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from fastrollout.connectors.pipeline import EnvToModulePipeline
 from fastrollout.core import DEFAULT_MODULE_ID
 from fastrollout.modules import MultiRLModule, MultiRLModuleSpec, RLModuleSpec, resolve_device
 from fastrollout.modules._grad import grad_off, grad_restore
 from fastrollout.runners import _support as s
+from fastrollout.runners._default_act import DefaultAct
 
 __all__ = ["EnvRunner"]
 
@@ -63,6 +65,7 @@ class EnvRunner(abc.ABC):
         self._device = resolve_device(s.cfg(config, "device", "auto"))
         self._weights_seq_no = 0
         self.num_env_steps_sampled_lifetime = 0
+        self._default_act: DefaultAct | None = None
         seed = s.cfg(config, "seed")
         self._seed: int | None = None if seed is None else int(seed) + self.worker_index
         if self._seed is not None:
@@ -192,6 +195,13 @@ class EnvRunner(abc.ABC):
             self._timers_ready.clear()
             if explore is None:
                 explore = bool(s.cfg(self.config, "explore", True))
+            # The default module and pieces' step in one pass (see _default_act); built
+            # per call, as the module and the pipelines may change between calls.
+            self._default_act = (
+                DefaultAct.of(self.module, self._connectors.module_to_env)
+                if explore and self._conn is not None
+                else None
+            )
             if num_timesteps is None and num_episodes is None:
                 if s.cfg(self.config, "batch_mode", "truncate_episodes") == "truncate_episodes":
                     fragment = s.cfg(self.config, "rollout_fragment_length", 200)
@@ -248,6 +258,10 @@ class EnvRunner(abc.ABC):
         Returns:
             The pipeline's output batch.
         """
+        if type(pipeline) is EnvToModulePipeline:
+            only = pipeline.only_numpy_to_tensor()
+            if only is not None:
+                return only.convert(self.module, batch)
         return pipeline(
             batch=batch,
             rl_module=self.module,
@@ -272,6 +286,10 @@ class EnvRunner(abc.ABC):
         """
         grad_was_on = grad_off()
         try:
+            if explore and self._default_act is not None:
+                direct = self._default_act(self, batch)
+                if direct is not None:
+                    return direct
             out = self._forward(batch, explore, ts)
             start = time.perf_counter()
             return self._connect(self._connectors.module_to_env, out, explore), start

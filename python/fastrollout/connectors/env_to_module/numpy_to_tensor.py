@@ -58,6 +58,25 @@ class NumpyToTensor(ConnectorV2):
         Raises:
             TypeError: If a column cannot become a tensor (module and column named).
         """
+        return self.convert(rl_module, batch)
+
+    def convert(self, rl_module: Any, batch: dict[Any, Any]) -> dict[Any, Any]:
+        """Converts the batch in place, as ``__call__`` does.
+
+        The runners call this directly when this is the pipeline's only piece (see
+        ``EnvToModulePipeline.only_numpy_to_tensor``).
+
+        Args:
+            rl_module: The MultiRLModule (its modules' devices are used if no device
+                was given).
+            batch: ``{module_id: {column: array}}``, converted in place.
+
+        Returns:
+            The batch with tensors.
+
+        Raises:
+            TypeError: If a column cannot become a tensor (module and column named).
+        """
         for module_id, module_batch in batch.items():
             device = self.device if self.device is not None else rl_module[module_id].device
             batch[module_id] = _map(module_batch, device, (module_id,))

@@ -1,0 +1,249 @@
+"""The runners' direct step for the default module and pieces (``DefaultAct``) samples
+exactly what the general path samples, and steps aside wherever it would differ."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from tests._helpers import assert_same_outcome, snapshot
+
+import fastrollout as fr
+from fastrollout.connectors.connector_v2 import ConnectorV2
+from fastrollout.core import Columns
+from fastrollout.modules import DefaultMLPModule
+from fastrollout.runners._default_act import DefaultAct
+
+EXTRAS = (Columns.ACTION_LOGP, Columns.ACTION_DIST_INPUTS, "weights_seq_no")
+
+
+def assert_same_episode(expected: Any, actual: Any) -> None:
+    """Everything observable but the random ids."""
+    a, b = snapshot(expected, EXTRAS), snapshot(actual, EXTRAS)
+    for key in a.keys() - {"id_", "multi_agent_episode_id"}:
+        assert_same_outcome(a[key], b[key], key)
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Counts the steps the direct path took and handed back."""
+    counts = {"direct": 0, "handed back": 0}
+    call = DefaultAct.__call__
+
+    def counted(self: DefaultAct, runner: Any, batch: Any) -> Any:
+        out = call(self, runner, batch)
+        counts["direct" if out is not None else "handed back"] += 1
+        return out
+
+    monkeypatch.setattr(DefaultAct, "__call__", counted)
+    return counts
+
+
+def _general_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(DefaultAct, "of", classmethod(lambda cls, *args: None))
+
+
+def _single(num_envs: int, **config: Any) -> fr.SingleAgentEnvRunner:
+    c = fr.RunnerConfig().environment("CartPole-v1").debugging(seed=3)
+    c = c.env_runners(num_envs_per_env_runner=num_envs, **config)
+    return fr.SingleAgentEnvRunner(config=c)
+
+
+def _multi(num_envs: int) -> fr.MultiAgentEnvRunner:
+    c = fr.RunnerConfig().debugging(seed=3).env_runners(num_envs_per_env_runner=num_envs)
+    c = c.environment(fr.env.make_multi_agent("CartPole-v1"), env_config={"num_agents": 3})
+    c = c.multi_agent(
+        policies={"p0", "p1"}, policy_mapping_fn=lambda aid, *a, **k: f"p{int(aid) % 2}"
+    )
+    return fr.MultiAgentEnvRunner(config=c)
+
+
+def _sample_twice(make: Any, monkeypatch: pytest.MonkeyPatch, **kw: Any) -> tuple[list, list]:
+    with monkeypatch.context() as m:
+        counts = _counting(m)
+        direct = make().sample(**kw)
+        assert counts["direct"] > 0 and counts["handed back"] == 0
+    with monkeypatch.context() as m:
+        _general_only(m)
+        general = make().sample(**kw)
+    return direct, general
+
+
+@pytest.mark.parametrize("num_envs", [1, 4])
+def test_single_agent_direct_step_samples_what_the_general_path_samples(
+    monkeypatch: pytest.MonkeyPatch, num_envs: int
+) -> None:
+    direct, general = _sample_twice(lambda: _single(num_envs), monkeypatch, num_timesteps=120)
+    assert len(direct) == len(general)
+    for a, b in zip(direct, general, strict=True):
+        assert_same_episode(b, a)
+        assert list(a.extra_model_outputs) == list(b.extra_model_outputs)
+
+
+def test_multi_agent_direct_step_samples_what_the_general_path_samples(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    direct, general = _sample_twice(lambda: _multi(2), monkeypatch, num_timesteps=80)
+    assert len(direct) == len(general)
+    for a, b in zip(direct, general, strict=True):
+        assert a.env_t == b.env_t and sorted(a.agent_episodes) == sorted(b.agent_episodes)
+        for aid, ae in a.agent_episodes.items():
+            assert_same_episode(b.agent_episodes[aid], ae)
+
+
+def test_direct_step_metrics_keys_are_the_general_paths(monkeypatch: pytest.MonkeyPatch) -> None:
+    runners = []
+    for direct in (True, False):
+        with monkeypatch.context() as m:
+            if not direct:
+                _general_only(m)
+            runner = _single(2)
+            runner.sample(num_timesteps=40)
+            runners.append(runner)
+    assert sorted(runners[0].get_metrics()) == sorted(runners[1].get_metrics())
+
+
+class _Noop(ConnectorV2):
+    def __call__(self, *, rl_module: Any, batch: Any, episodes: Any, **kwargs: Any) -> Any:
+        return batch
+
+
+def test_user_module_to_env_piece_turns_the_direct_step_off() -> None:
+    c = fr.RunnerConfig().environment("CartPole-v1").debugging(seed=0)
+    c = c.env_runners(module_to_env_connector=lambda *args, **kwargs: [_Noop()])
+    runner = fr.SingleAgentEnvRunner(config=c)
+    runner.sample(num_timesteps=5)
+    assert runner._default_act is None
+
+
+def test_greedy_sampling_takes_the_general_path() -> None:
+    runner = _single(1)
+    runner.sample(num_timesteps=5, explore=False)
+    assert runner._default_act is None
+
+
+def test_hook_replaced_layer_and_subclass_are_honoured(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forward hook on a wrapper or a replaced layer is seen from the next step on; a
+    subclass that overrides ``_forward`` never gets the direct step."""
+    runner = _single(1)
+    counts = _counting(monkeypatch)
+    module = runner.module["default_policy"]
+    calls: list[int] = []
+    module.pi.register_forward_hook(lambda *args: calls.append(1))
+    runner.sample(num_timesteps=6)
+    assert calls and counts["direct"] == 0 and counts["handed back"] > 0
+
+    class Doubled(DefaultMLPModule):
+        def _forward(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+            out = super()._forward(batch, **kwargs)
+            return {Columns.ACTION_DIST_INPUTS: out[Columns.ACTION_DIST_INPUTS] * 2}
+
+    sub = Doubled(observation_space=module.observation_space, action_space=module.action_space)
+    assert DefaultAct.of(runner.module, runner._connectors.module_to_env) is not None
+    runner.module._rl_modules["default_policy"] = sub
+    assert DefaultAct.of(runner.module, runner._connectors.module_to_env) is None
+
+
+def test_a_piece_added_during_sampling_is_used_from_the_next_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The direct step re-checks the pipeline every step: a piece a callback adds in the
+    middle of ``sample`` runs from then on."""
+    runner = _single(1)
+    counts = _counting(monkeypatch)
+    seen: list[int] = []
+
+    class Spy(ConnectorV2):
+        def __call__(self, *, rl_module: Any, batch: Any, episodes: Any, **kw: Any) -> Any:
+            seen.append(1)
+            return batch
+
+    steps = {"n": 0}
+    act = runner._act
+
+    def act_then_add(batch: Any, explore: bool, ts: int) -> Any:
+        steps["n"] += 1
+        if steps["n"] == 3:
+            runner._connectors.module_to_env.prepend(Spy())
+        return act(batch, explore, ts)
+
+    monkeypatch.setattr(runner, "_act", act_then_add)
+    runner.sample(num_timesteps=8)
+    assert counts["direct"] == 2 and counts["handed back"] >= 5 and len(seen) >= 5
+
+
+class _ToDouble(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.double()
+
+
+def test_logits_the_native_draw_does_not_take_go_through_the_pipeline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """float64 logits (a layer appended to the head) are drawn by the pipeline from the
+    outputs already computed: one forward pass per vector step all the same."""
+    runner = _single(2)
+    module = runner.module["default_policy"]
+    module.pi.net.mlp.append(_ToDouble())
+    forwards: list[int] = []
+    acts: list[int] = []
+    module._plain_actor_layers()[-1].register_forward_hook(lambda *a: forwards.append(1))
+    act = runner._act
+    monkeypatch.setattr(runner, "_act", lambda *a: (acts.append(1), act(*a))[1])
+    episodes = runner.sample(num_timesteps=10)
+    assert sum(len(e) for e in episodes) >= 10
+    assert runner._default_act is not None
+    for e in episodes:
+        assert e.get_extra_model_outputs(Columns.ACTION_LOGP).dtype == np.float64
+    assert len(forwards) == len(acts) > 0
+
+
+def test_default_env_to_module_is_converted_directly_as_the_pipeline_converts() -> None:
+    """With only the default piece, the runner converts without the pipeline's call
+    layers; the result is the pipeline's. A user piece makes the pipeline run."""
+    from fastrollout.connectors.env_to_module.numpy_to_tensor import NumpyToTensor
+
+    runner = _single(3)
+    pipeline = runner._connectors.env_to_module
+    piece = pipeline.only_numpy_to_tensor()
+    assert isinstance(piece, NumpyToTensor)
+    obs = np.arange(12, dtype=np.float64).reshape(3, 4)
+    direct = runner._connect(pipeline, {"default_policy": {Columns.OBS: obs}}, True)
+    general = pipeline(
+        batch={"default_policy": {Columns.OBS: obs}},
+        rl_module=runner.module,
+        episodes=[],
+        explore=True,
+    )
+    assert torch.equal(
+        direct["default_policy"][Columns.OBS], general["default_policy"][Columns.OBS]
+    )
+    assert direct["default_policy"][Columns.OBS].dtype == torch.float32
+
+    seen: list[int] = []
+
+    class Spy(ConnectorV2):
+        def __call__(self, *, rl_module: Any, batch: Any, episodes: Any, **kw: Any) -> Any:
+            seen.append(1)
+            return batch
+
+    pipeline.prepend(Spy())
+    assert pipeline.only_numpy_to_tensor() is None
+    runner.sample(num_timesteps=6)
+    assert seen
+
+
+def test_a_method_set_on_the_module_instance_is_honoured() -> None:
+    runner = _single(1)
+    module = runner.module["default_policy"]
+    forward = module._forward
+    calls: list[int] = []
+
+    def patched(batch: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return forward(batch, **kwargs)
+
+    module._forward = patched
+    runner.sample(num_timesteps=4)
+    assert runner._default_act is None and calls
