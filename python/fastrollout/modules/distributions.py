@@ -832,11 +832,28 @@ def native_categorical_draw(logits: torch.Tensor) -> tuple[np.ndarray, np.ndarra
     """
     if not native_draw_applies(logits):
         return None
+    return categorical_draw_numpy(logits.contiguous().numpy())
+
+
+def categorical_draw_numpy(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`native_categorical_draw` of logits already viewed as numpy.
+
+    Args:
+        logits: float32 ``(batch, n)`` (the numpy view of logits the native draw takes).
+
+    Returns:
+        ``(indices, logp)``: int64 and float32 numpy arrays of shape ``(batch,)``.
+
+    Raises:
+        ValueError: If a row holds NaN or +inf, or is all -inf.
+    """
     uniforms, uniforms_np = _uniform_buffer(logits.shape[0])
     # Filling a kept buffer draws the same numbers as torch.rand(n, float64) (both are
     # the generator's uniform_), without a new tensor and its numpy view.
     uniforms.uniform_()
-    return categorical_draw(logits.contiguous().numpy(), uniforms_np)
+    if not logits.flags.c_contiguous:
+        logits = np.ascontiguousarray(logits)
+    return categorical_draw(logits, uniforms_np)
 
 
 # Per thread, per batch size: a float64 CPU tensor for the native draw's uniforms and

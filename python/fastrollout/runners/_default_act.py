@@ -22,6 +22,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import gymnasium as gym
+
 from fastrollout.connectors.module_to_env.get_actions import GetActions
 from fastrollout.connectors.module_to_env.normalize_and_clip_actions import (
     NormalizeAndClipActions,
@@ -32,7 +34,7 @@ from fastrollout.core import Columns
 from fastrollout.modules.default import DefaultMLPModule
 from fastrollout.modules.distributions import (
     TorchCategorical,
-    native_categorical_draw,
+    categorical_draw_numpy,
     native_draw_applies,
 )
 from fastrollout.modules.multi_rl_module import MultiRLModule
@@ -71,6 +73,12 @@ def _is_default_module(module: Any) -> bool:
     )
 
 
+def _fit_space(fit: NormalizeAndClipActions, module_id: Any, module: Any) -> Any:
+    """The action space ``fit.fit_module`` fits a module's actions to."""
+    space = fit.space_for(fit.input_action_space, module_id)
+    return space if space is not None else getattr(module, "action_space", None)
+
+
 class DefaultAct:
     """One exploring vector step's forward pass and module-to-env pipeline, direct.
 
@@ -79,7 +87,7 @@ class DefaultAct:
         pipeline: The runner's module-to-env pipeline.
     """
 
-    __slots__ = ("_fit", "_modules", "_multi_module", "_pieces", "_pipeline")
+    __slots__ = ("_fit", "_fit_is_identity", "_modules", "_multi_module", "_pieces", "_pipeline")
 
     def __init__(self, multi_module: MultiRLModule, pipeline: ModuleToEnvPipeline) -> None:
         self._multi_module = multi_module
@@ -89,6 +97,14 @@ class DefaultAct:
         fit = self._pieces[-1]
         assert isinstance(fit, NormalizeAndClipActions)
         self._fit = fit
+        # Modules whose env actions are their actions (what fit_module works out per
+        # step): unsquashing and clipping change Box actions only.
+        self._fit_is_identity = {
+            module_id
+            for module_id, module in self._modules.items()
+            if not (fit.normalize_actions or fit.clip_actions)
+            or type(_fit_space(fit, module_id, module)) is gym.spaces.Discrete
+        }
 
     @classmethod
     def of(cls, multi_module: Any, pipeline: Any) -> DefaultAct | None:
@@ -159,16 +175,19 @@ class DefaultAct:
             return runner._connect(self._pipeline, out, True), start
         out = {}
         for module_id, x in logits.items():
-            drawn = native_categorical_draw(x)
-            assert drawn is not None
-            actions, logp = drawn
+            # (one numpy view of the logits serves the draw and the output)
+            x_np = x.numpy(force=True)
+            actions, logp = categorical_draw_numpy(x_np)
             # The general path's keys in its order: the module's output, then GetActions'
             # two, then NormalizeAndClipActions' one.
             module_out = {
-                Columns.ACTION_DIST_INPUTS: x.numpy(force=True),
+                Columns.ACTION_DIST_INPUTS: x_np,
                 Columns.ACTIONS: actions,
                 Columns.ACTION_LOGP: logp,
             }
-            self._fit.fit_module(self._multi_module, module_id, module_out)
+            if module_id in self._fit_is_identity:
+                module_out[Columns.ACTIONS_FOR_ENV] = actions
+            else:
+                self._fit.fit_module(self._multi_module, module_id, module_out)
             out[module_id] = module_out
         return out, start
