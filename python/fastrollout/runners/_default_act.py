@@ -43,7 +43,7 @@ from fastrollout.runners import _support as s
 
 __all__ = ["DefaultAct"]
 
-_DEFAULT_TAIL = (GetActions, TensorToNumpy, NormalizeAndClipActions)
+_DEFAULT_TAIL: tuple[type, ...] = (GetActions, TensorToNumpy, NormalizeAndClipActions)
 
 
 # The methods the direct step stands in for, or calls: a module whose class or instance
@@ -93,7 +93,8 @@ class DefaultAct:
         self._multi_module = multi_module
         self._pipeline = pipeline
         self._pieces = list(pipeline.connectors)
-        self._modules = dict(multi_module._rl_modules)
+        # (DefaultAct.of admits only DefaultMLPModules)
+        self._modules: dict[Any, Any] = dict(multi_module._rl_modules)
         fit = self._pieces[-1]
         assert isinstance(fit, NormalizeAndClipActions)
         self._fit = fit
@@ -160,7 +161,7 @@ class DefaultAct:
                 return None
             plan.append((module_id, module, module_batch, layers))
         start = time.perf_counter()
-        logits = {}
+        logits: dict[Any, Any] = {}
         for module_id, module, module_batch, layers in plan:
             x = module._obs(module_batch)
             for layer in layers:
@@ -171,9 +172,9 @@ class DefaultAct:
         if not all(native_draw_applies(x) for x in logits.values()):
             # Logits the native draw does not take (another dtype or device): the
             # pipeline draws them, from these very outputs (no second forward pass).
-            out = {mid: {Columns.ACTION_DIST_INPUTS: x} for mid, x in logits.items()}
-            return runner._connect(self._pipeline, out, True), start
-        out = {}
+            outputs = {mid: {Columns.ACTION_DIST_INPUTS: x} for mid, x in logits.items()}
+            return runner._connect(self._pipeline, outputs, True), start
+        out: dict[Any, dict[str, Any]] = {}
         for module_id, x in logits.items():
             # (one numpy view of the logits serves the draw and the output)
             x_np = x.numpy(force=True)
