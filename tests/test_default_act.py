@@ -247,3 +247,23 @@ def test_a_method_set_on_the_module_instance_is_honoured() -> None:
     module._forward = patched
     runner.sample(num_timesteps=4)
     assert runner._default_act is None and calls
+
+
+class _Strided(torch.nn.Module):
+    """Returns the same logits as a non-contiguous view."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x, x], dim=-1)[:, ::2]
+
+
+def test_non_contiguous_logits_are_drawn_as_the_general_path_draws_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def make() -> fr.SingleAgentEnvRunner:
+        runner = _single(3)
+        runner.module["default_policy"].pi.net.mlp.append(_Strided())
+        return runner
+
+    direct, general = _sample_twice(make, monkeypatch, num_timesteps=30)
+    for a, b in zip(direct, general, strict=True):
+        assert_same_episode(b, a)
