@@ -5,7 +5,8 @@ layers on the observations, one categorical draw, the outputs as numpy, and the 
 fitted to the env. Going through the interfaces RLlib defines (``MultiRLModule`` ->
 ``RLModule.forward_exploration`` -> ``_forward_exploration`` -> ``_forward``, then the
 pipeline's ``__call__`` and its three pieces) costs about twenty Python calls per vector
-step on top of that work: at one CartPole sub-env, about a fifth of ``sample()``.
+step on top of that work: at one CartPole sub-env, about 15% of ``sample()`` (127 against
+107 µs per env step with this class and the direct env-to-module conversion).
 
 :class:`DefaultAct` does the same work directly, and only where it is the same work: the
 module is a ``MultiRLModule`` of ``DefaultMLPModule``s whose phase methods are the
