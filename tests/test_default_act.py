@@ -41,7 +41,7 @@ def _counting(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
 
 
 def _general_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(DefaultAct, "of", classmethod(lambda cls, *args: None))
+    monkeypatch.setattr(DefaultAct, "of", classmethod(lambda cls, *args, **kw: None))
 
 
 def _single(num_envs: int, **config: Any) -> fr.SingleAgentEnvRunner:
@@ -117,10 +117,23 @@ def test_user_module_to_env_piece_turns_the_direct_step_off() -> None:
     assert runner._default_act is None
 
 
-def test_greedy_sampling_takes_the_general_path() -> None:
-    runner = _single(1)
-    runner.sample(num_timesteps=5, explore=False)
-    assert runner._default_act is None
+@pytest.mark.parametrize("agents", [0, 3], ids=["single-agent", "multi-agent"])
+def test_greedy_direct_step_samples_what_the_general_path_samples(
+    monkeypatch: pytest.MonkeyPatch, agents: int
+) -> None:
+    """Not exploring, the direct step takes the argmax as ``GetActions`` does."""
+    make = (lambda: _multi(2)) if agents else (lambda: _single(2))
+    direct, general = _sample_twice(make, monkeypatch, num_timesteps=40, explore=False)
+    assert len(direct) == len(general)
+    for a, b in zip(direct, general, strict=True):
+        pairs = (
+            [(b.agent_episodes[aid], ae) for aid, ae in a.agent_episodes.items()]
+            if agents
+            else [(b, a)]
+        )
+        for expected, actual in pairs:
+            assert_same_episode(expected, actual)
+            assert Columns.ACTION_LOGP not in actual.extra_model_outputs
 
 
 def test_hook_replaced_layer_and_subclass_are_honoured(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -140,9 +153,9 @@ def test_hook_replaced_layer_and_subclass_are_honoured(monkeypatch: pytest.Monke
             return {Columns.ACTION_DIST_INPUTS: out[Columns.ACTION_DIST_INPUTS] * 2}
 
     sub = Doubled(observation_space=module.observation_space, action_space=module.action_space)
-    assert DefaultAct.of(runner.module, runner._connectors.module_to_env) is not None
+    assert DefaultAct.of(runner.module, runner._connectors.module_to_env, True) is not None
     runner.module._rl_modules["default_policy"] = sub
-    assert DefaultAct.of(runner.module, runner._connectors.module_to_env) is None
+    assert DefaultAct.of(runner.module, runner._connectors.module_to_env, True) is None
 
 
 def test_a_piece_added_during_sampling_is_used_from_the_next_step(

@@ -10,7 +10,7 @@ step on top of that work: at one CartPole sub-env, about 15% of ``sample()`` (12
 
 :class:`DefaultAct` does the same work directly, and only where it is the same work: the
 module is a ``MultiRLModule`` of ``DefaultMLPModule``s whose phase methods are the
-defaults and whose exploration distribution is ``TorchCategorical``, and the
+defaults and whose distribution is ``TorchCategorical``, and the
 module-to-env pipeline holds exactly the default pieces. It is built at the start of
 every ``sample()`` call; each step re-checks what can change meanwhile (the pipeline's
 pieces, the modules, hooks and replaced layers, train mode) and hands the step back to
@@ -39,7 +39,6 @@ from fastrollout.modules.distributions import (
     native_draw_applies,
 )
 from fastrollout.modules.multi_rl_module import MultiRLModule
-from fastrollout.modules.rl_module import RLModule
 from fastrollout.runners import _support as s
 
 __all__ = ["DefaultAct"]
@@ -47,31 +46,31 @@ __all__ = ["DefaultAct"]
 _DEFAULT_TAIL: tuple[type, ...] = (GetActions, TensorToNumpy, NormalizeAndClipActions)
 
 
-# The methods the direct step stands in for, or calls: a module whose class or instance
-# (a method assigned to it) has its own takes the general path.
-_METHODS = (
-    "forward_exploration",
-    "_forward_exploration",
-    "_forward",
-    "_obs",
-    "_plain_actor_layers",
-    "get_exploration_action_dist_cls",
-)
+# The methods the direct step stands in for, or calls, per phase (exploring, greedy): a
+# module whose class or instance (a method assigned to it) has its own takes the general
+# path.
+_SHARED_METHODS = ("_forward", "_obs", "_plain_actor_layers")
+_PHASE_METHODS = {
+    True: ("forward_exploration", "_forward_exploration", "get_exploration_action_dist_cls"),
+    False: ("forward_inference", "_forward_inference", "get_inference_action_dist_cls"),
+}
 
 
-def _is_default_module(module: Any) -> bool:
+def _is_default_module(module: Any, explore: bool) -> bool:
+    if not isinstance(module, DefaultMLPModule):
+        return False
     cls = type(module)
-    return (
-        isinstance(module, DefaultMLPModule)
-        and not any(name in module.__dict__ for name in _METHODS)
-        and cls.forward_exploration is RLModule.forward_exploration
-        and cls._forward_exploration is RLModule._forward_exploration
-        and cls._forward is DefaultMLPModule._forward
-        and cls._obs is DefaultMLPModule._obs
-        and cls._plain_actor_layers is DefaultMLPModule._plain_actor_layers
-        and cls.get_exploration_action_dist_cls is RLModule.get_exploration_action_dist_cls
-        and module.get_exploration_action_dist_cls() is TorchCategorical
+    names = (*_SHARED_METHODS, *_PHASE_METHODS[explore])
+    if any(name in module.__dict__ for name in names):
+        return False
+    if any(getattr(cls, name) is not getattr(DefaultMLPModule, name) for name in names):
+        return False
+    dist_cls = (
+        module.get_exploration_action_dist_cls()
+        if explore
+        else module.get_inference_action_dist_cls()
     )
+    return dist_cls is TorchCategorical
 
 
 def _fit_space(fit: NormalizeAndClipActions, module_id: Any, module: Any) -> Any:
@@ -81,16 +80,28 @@ def _fit_space(fit: NormalizeAndClipActions, module_id: Any, module: Any) -> Any
 
 
 class DefaultAct:
-    """One exploring vector step's forward pass and module-to-env pipeline, direct.
+    """One vector step's forward pass and module-to-env pipeline, direct.
 
     Args:
         multi_module: The runner's ``MultiRLModule``.
         pipeline: The runner's module-to-env pipeline.
+        explore: Sample, or act greedily (what the runner's ``sample`` call does).
     """
 
-    __slots__ = ("_fit", "_fit_is_identity", "_modules", "_multi_module", "_pieces", "_pipeline")
+    __slots__ = (
+        "_explore",
+        "_fit",
+        "_fit_is_identity",
+        "_modules",
+        "_multi_module",
+        "_pieces",
+        "_pipeline",
+    )
 
-    def __init__(self, multi_module: MultiRLModule, pipeline: ModuleToEnvPipeline) -> None:
+    def __init__(
+        self, multi_module: MultiRLModule, pipeline: ModuleToEnvPipeline, explore: bool
+    ) -> None:
+        self._explore = explore
         self._multi_module = multi_module
         self._pipeline = pipeline
         self._pieces = list(pipeline.connectors)
@@ -109,19 +120,21 @@ class DefaultAct:
         }
 
     @classmethod
-    def of(cls, multi_module: Any, pipeline: Any) -> DefaultAct | None:
+    def of(cls, multi_module: Any, pipeline: Any, explore: bool) -> DefaultAct | None:
         """The direct step for this module and pipeline, or None where it would differ.
 
         Args:
             multi_module: The runner's module.
             pipeline: The runner's module-to-env pipeline.
+            explore: Sample (``forward_exploration``) or act greedily
+                (``forward_inference``, the distribution's argmax).
 
         Returns:
             A ``DefaultAct``, or None.
         """
         if (
             type(multi_module) is not MultiRLModule
-            or "forward_exploration" in multi_module.__dict__  # (set on the instance)
+            or _PHASE_METHODS[explore][0] in multi_module.__dict__  # (set on the instance)
             or type(pipeline) is not ModuleToEnvPipeline
         ):
             return None
@@ -130,9 +143,9 @@ class DefaultAct:
             type(p) is not t for p, t in zip(pieces, _DEFAULT_TAIL, strict=True)
         ):
             return None
-        if not all(_is_default_module(m) for m in multi_module._rl_modules.values()):
+        if not all(_is_default_module(m, explore) for m in multi_module._rl_modules.values()):
             return None
-        return cls(multi_module, pipeline)
+        return cls(multi_module, pipeline, explore)
 
     def __call__(self, runner: Any, batch: dict[Any, Any]) -> tuple[dict[Any, Any], float] | None:
         """Runs the step on an env-to-module batch, or hands it back.
@@ -170,11 +183,13 @@ class DefaultAct:
             logits[module_id] = x
         runner._log_time_since(s.RLMODULE_INFERENCE_TIMER, start)
         start = time.perf_counter()
+        if not self._explore:
+            return self._greedy(logits), start
         if not all(native_draw_applies(x) for x in logits.values()):
             # Logits the native draw does not take (another dtype or device): the
             # pipeline draws them, from these very outputs (no second forward pass).
             outputs = {mid: {Columns.ACTION_DIST_INPUTS: x} for mid, x in logits.items()}
-            return runner._connect(self._pipeline, outputs, True), start
+            return runner._connect(self._pipeline, outputs, self._explore), start
         out: dict[Any, dict[str, Any]] = {}
         for module_id, x in logits.items():
             # (one numpy view of the logits serves the draw and the output)
@@ -187,9 +202,25 @@ class DefaultAct:
                 Columns.ACTIONS: actions,
                 Columns.ACTION_LOGP: logp,
             }
-            if module_id in self._fit_is_identity:
-                module_out[Columns.ACTIONS_FOR_ENV] = actions
-            else:
-                self._fit.fit_module(self._multi_module, module_id, module_out)
+            self._fit_actions(module_id, module_out)
             out[module_id] = module_out
         return out, start
+
+    def _greedy(self, logits: dict[Any, Any]) -> dict[Any, dict[str, Any]]:
+        """The greedy step's module-to-env output: ``GetActions``' argmax, as numpy."""
+        out: dict[Any, dict[str, Any]] = {}
+        for module_id, x in logits.items():
+            actions = TorchCategorical(logits=x).to_deterministic().sample()
+            module_out = {
+                Columns.ACTION_DIST_INPUTS: x.numpy(force=True),
+                Columns.ACTIONS: actions.numpy(force=True),
+            }
+            self._fit_actions(module_id, module_out)
+            out[module_id] = module_out
+        return out
+
+    def _fit_actions(self, module_id: Any, module_out: dict[str, Any]) -> None:
+        if module_id in self._fit_is_identity:
+            module_out[Columns.ACTIONS_FOR_ENV] = module_out[Columns.ACTIONS]
+        else:
+            self._fit.fit_module(self._multi_module, module_id, module_out)

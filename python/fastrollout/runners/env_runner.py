@@ -198,8 +198,8 @@ class EnvRunner(abc.ABC):
             # The default module and pieces' step in one pass (see _default_act); built
             # per call, as the module and the pipelines may change between calls.
             self._default_act = (
-                DefaultAct.of(self.module, self._connectors.module_to_env)
-                if explore and self._conn is not None
+                DefaultAct.of(self.module, self._connectors.module_to_env, explore)
+                if self._conn is not None
                 else None
             )
             if num_timesteps is None and num_episodes is None:
@@ -286,7 +286,7 @@ class EnvRunner(abc.ABC):
         """
         grad_was_on = grad_off()
         try:
-            if explore and self._default_act is not None:
+            if self._default_act is not None:
                 direct = self._default_act(self, batch)
                 if direct is not None:
                     return direct
