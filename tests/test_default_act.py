@@ -44,8 +44,8 @@ def _general_only(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(DefaultAct, "of", classmethod(lambda cls, *args, **kw: None))
 
 
-def _single(num_envs: int, **config: Any) -> fr.SingleAgentEnvRunner:
-    c = fr.RunnerConfig().environment("CartPole-v1").debugging(seed=3)
+def _single(num_envs: int, env: str = "CartPole-v1", **config: Any) -> fr.SingleAgentEnvRunner:
+    c = fr.RunnerConfig().environment(env).debugging(seed=3)
     c = c.env_runners(num_envs_per_env_runner=num_envs, **config)
     return fr.SingleAgentEnvRunner(config=c)
 
@@ -70,11 +70,14 @@ def _sample_twice(make: Any, monkeypatch: pytest.MonkeyPatch, **kw: Any) -> tupl
     return direct, general
 
 
-@pytest.mark.parametrize("num_envs", [1, 4])
+@pytest.mark.parametrize(
+    ("num_envs", "env"), [(1, "CartPole-v1"), (4, "CartPole-v1"), (3, "FrozenLake-v1")]
+)
 def test_single_agent_direct_step_samples_what_the_general_path_samples(
-    monkeypatch: pytest.MonkeyPatch, num_envs: int
+    monkeypatch: pytest.MonkeyPatch, num_envs: int, env: str
 ) -> None:
-    direct, general = _sample_twice(lambda: _single(num_envs), monkeypatch, num_timesteps=120)
+    """FrozenLake's Discrete observations go through the module's one-hot encoding."""
+    direct, general = _sample_twice(lambda: _single(num_envs, env), monkeypatch, num_timesteps=120)
     assert len(direct) == len(general)
     for a, b in zip(direct, general, strict=True):
         assert_same_episode(b, a)
@@ -278,5 +281,25 @@ def test_non_contiguous_logits_are_drawn_as_the_general_path_draws_them(
         return runner
 
     direct, general = _sample_twice(make, monkeypatch, num_timesteps=30)
+    for a, b in zip(direct, general, strict=True):
+        assert_same_episode(b, a)
+
+
+def test_shared_layers_and_other_hiddens_sample_as_the_general_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def make() -> fr.SingleAgentEnvRunner:
+        c = fr.RunnerConfig().environment("CartPole-v1").debugging(seed=5)
+        c = c.env_runners(num_envs_per_env_runner=2).rl_module(
+            model_config={
+                "vf_share_layers": True,
+                "fcnet_hiddens": [32, 16],
+                "head_fcnet_hiddens": [8],
+                "fcnet_activation": "relu",
+            }
+        )
+        return fr.SingleAgentEnvRunner(config=c)
+
+    direct, general = _sample_twice(make, monkeypatch, num_timesteps=40)
     for a, b in zip(direct, general, strict=True):
         assert_same_episode(b, a)
