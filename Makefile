@@ -54,7 +54,7 @@ bench-rust:
 	cargo bench --benches
 
 bench-python: build
-	$(PY) -m pytest benches -q --benchmark-only --benchmark-group-by=group --benchmark-columns=min,median,mean,ops
+	OPENBLAS_NUM_THREADS=1 $(PY) -m pytest benches -q --benchmark-only --benchmark-group-by=group --benchmark-columns=min,median,mean,ops
 
 bench: bench-rust bench-python
 
