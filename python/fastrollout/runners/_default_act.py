@@ -1,21 +1,22 @@
 """The default module and module-to-env pipeline's part of a vector step, in one pass.
 
-With the default pieces, a runner's exploring step is: for each module, the MLP's actor
-layers on the observations, one categorical draw, the outputs as numpy, and the actions
-fitted to the env. Going through the interfaces RLlib defines (``MultiRLModule`` ->
-``RLModule.forward_exploration`` -> ``_forward_exploration`` -> ``_forward``, then the
-pipeline's ``__call__`` and its three pieces) costs about twenty Python calls per vector
-step on top of that work: at one CartPole sub-env, about 15% of ``sample()`` (127 against
-107 µs per env step with this class and the direct env-to-module conversion).
+With the default pieces, a runner's step is: for each module, the MLP's actor layers on
+the observations, one categorical draw (the argmax when not exploring), the outputs as
+numpy, and the actions fitted to the env. Going through the interfaces RLlib defines
+(``MultiRLModule`` -> ``RLModule.forward_exploration`` -> ``_forward_exploration`` ->
+``_forward``, or their inference twins, then the pipeline's ``__call__`` and its three
+pieces) costs about twenty Python calls per vector step on top of that work: at one
+CartPole sub-env, about 15% of ``sample()`` (127 against 107 µs per env step with this
+class and the direct env-to-module conversion).
 
 :class:`DefaultAct` does the same work directly, and only where it is the same work: the
 module is a ``MultiRLModule`` of ``DefaultMLPModule``s whose phase methods are the
-defaults and whose distribution is ``TorchCategorical``, and the
-module-to-env pipeline holds exactly the default pieces. It is built at the start of
-every ``sample()`` call; each step re-checks what can change meanwhile (the pipeline's
-pieces, the modules, hooks and replaced layers, train mode) and hands the step back to
-the general path (returns None) where anything differs. The outputs are those of the
-general path, key for key and bit for bit (tests compare whole sampled episodes).
+defaults and whose distribution is ``TorchCategorical``, and the module-to-env pipeline
+holds exactly the default pieces. It is built at the start of every ``sample()`` call;
+each step re-checks what can change meanwhile (the pipeline's pieces, the modules, hooks
+and replaced layers, train mode) and hands the step back to the general path (returns
+None) where anything differs. The outputs are those of the general path, key for key and
+bit for bit (tests compare whole sampled episodes).
 """
 
 from __future__ import annotations
