@@ -215,22 +215,25 @@ def test_logits_the_native_draw_does_not_take_go_through_the_pipeline(
     assert len(forwards) == len(acts) > 0
 
 
-def test_default_env_to_module_is_converted_directly_as_the_pipeline_converts() -> None:
-    """With only the default piece, the runner converts without the pipeline's call
-    layers; the result is the pipeline's. A user piece makes the pipeline run."""
+def test_default_env_to_module_is_converted_directly_as_the_pipeline_converts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The pipeline's last ``NumpyToTensor`` converts without its keyword call; the result
+    is the piece's own. Pieces before it still run as pieces."""
     from fastrollout.connectors.env_to_module.numpy_to_tensor import NumpyToTensor
 
     runner = _single(3)
     pipeline = runner._connectors.env_to_module
-    piece = pipeline.only_numpy_to_tensor()
-    assert isinstance(piece, NumpyToTensor)
+    piece = pipeline.connectors[-1]
+    assert type(piece) is NumpyToTensor
+    calls: list[str] = []
+    monkeypatch.setattr(NumpyToTensor, "__call__", lambda *a, **k: calls.append("call"))
     obs = np.arange(12, dtype=np.float64).reshape(3, 4)
     direct = runner._connect(pipeline, {"default_policy": {Columns.OBS: obs}}, True)
-    general = pipeline(
-        batch={"default_policy": {Columns.OBS: obs}},
-        rl_module=runner.module,
-        episodes=[],
-        explore=True,
+    assert calls == []
+    monkeypatch.undo()
+    general = piece(
+        batch={"default_policy": {Columns.OBS: obs}}, rl_module=runner.module, episodes=[]
     )
     assert torch.equal(
         direct["default_policy"][Columns.OBS], general["default_policy"][Columns.OBS]
@@ -245,7 +248,6 @@ def test_default_env_to_module_is_converted_directly_as_the_pipeline_converts() 
             return batch
 
     pipeline.prepend(Spy())
-    assert pipeline.only_numpy_to_tensor() is None
     runner.sample(num_timesteps=6)
     assert seen
 

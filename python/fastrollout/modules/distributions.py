@@ -273,7 +273,9 @@ class TorchCategorical(TorchDistribution):
     def _native_draw(self) -> tuple[np.ndarray, np.ndarray] | None:
         """The native draw of ``sample_with_logp``, or None where it does not apply."""
         logits = self.logits
-        return None if logits is None else native_categorical_draw(logits)
+        if logits is None or not native_draw_applies(logits):
+            return None
+        return categorical_draw_numpy(logits.numpy())
 
     @classmethod
     def from_logits(
@@ -798,7 +800,7 @@ class TorchMultiCategorical(TorchDistribution):
 
 
 def native_draw_applies(logits: torch.Tensor) -> bool:
-    """Whether :func:`native_categorical_draw` takes ``logits``.
+    """Whether the native draw (:func:`categorical_draw_numpy`) takes ``logits``.
 
     Args:
         logits: Categorical logits.
@@ -814,29 +816,12 @@ def native_draw_applies(logits: torch.Tensor) -> bool:
     )
 
 
-def native_categorical_draw(logits: torch.Tensor) -> tuple[np.ndarray, np.ndarray] | None:
+def categorical_draw_numpy(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """One category per row of ``logits`` and its log-probability, drawn natively.
 
-    What ``TorchCategorical.from_logits(logits).sample_with_logp_numpy()`` returns for
-    logits the native draw takes: float32 CPU tensors of shape ``(batch, n)`` that need
-    no gradient (module outputs under the runners' no-grad). The uniforms are torch's.
-
-    Args:
-        logits: The logits.
-
-    Returns:
-        ``(indices, logp)`` (int64 and float32 numpy arrays), or None for other logits.
-
-    Raises:
-        ValueError: If a row holds NaN or +inf, or is all -inf.
-    """
-    if not native_draw_applies(logits):
-        return None
-    return categorical_draw_numpy(logits.contiguous().numpy())
-
-
-def categorical_draw_numpy(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`native_categorical_draw` of logits already viewed as numpy.
+    What ``TorchCategorical.from_logits(t).sample_with_logp_numpy()`` returns for logits
+    ``t`` that :func:`native_draw_applies` to, given their numpy view. The uniforms are
+    torch's.
 
     Args:
         logits: float32 ``(batch, n)`` (the numpy view of logits the native draw takes).

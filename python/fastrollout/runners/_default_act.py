@@ -1,13 +1,12 @@
 """The default module and module-to-env pipeline's part of a vector step, in one pass.
 
-With the default pieces, a runner's step is: for each module, the MLP's actor layers on
-the observations, one categorical draw (the argmax when not exploring), the outputs as
-numpy, and the actions fitted to the env. Going through the interfaces RLlib defines
-(``MultiRLModule`` -> ``RLModule.forward_exploration`` -> ``_forward_exploration`` ->
-``_forward``, or their inference twins, then the pipeline's ``__call__`` and its three
-pieces) costs about twenty Python calls per vector step on top of that work: at one
-CartPole sub-env, about 15% of ``sample()`` (127 against 107 µs per env step with this
-class and the direct env-to-module conversion).
+With the default pieces, a runner's exploring step is: for each module, the MLP's actor
+layers on the observations, one categorical draw, the outputs as numpy, and the actions
+fitted to the env. Going through the interfaces RLlib defines (``MultiRLModule`` ->
+``RLModule.forward_exploration`` -> ``_forward_exploration`` -> ``_forward``, then the
+pipeline's ``__call__`` and its three pieces) costs about twenty Python calls per vector
+step on top of that work: at one CartPole sub-env, about 15% of ``sample()`` (127 against
+107 µs per env step with this class and the direct env-to-module conversion).
 
 :class:`DefaultAct` does the same work directly, and only where it is the same work: the
 module is a ``MultiRLModule`` of ``DefaultMLPModule``s whose phase methods are the
@@ -15,16 +14,16 @@ defaults and whose distribution is ``TorchCategorical``, and the module-to-env p
 holds exactly the default pieces. It is built at the start of every ``sample()`` call;
 each step re-checks what can change meanwhile (the pipeline's pieces, the modules, hooks
 and replaced layers, train mode) and hands the step back to the general path (returns
-None) where anything differs. The outputs are those of the general path, key for key and
-bit for bit (tests compare whole sampled episodes).
+None) where anything differs. Greedy steps (``forward_inference``'s twins of the methods
+above), and logits the native draw does not take, go from the direct forward pass
+through the pipeline. The outputs are those of the general path, key for key and bit for
+bit (tests compare whole sampled episodes).
 """
 
 from __future__ import annotations
 
 import time
 from typing import Any
-
-import gymnasium as gym
 
 from fastrollout.connectors.module_to_env.get_actions import GetActions
 from fastrollout.connectors.module_to_env.normalize_and_clip_actions import (
@@ -74,12 +73,6 @@ def _is_default_module(module: Any, explore: bool) -> bool:
     return dist_cls is TorchCategorical
 
 
-def _fit_space(fit: NormalizeAndClipActions, module_id: Any, module: Any) -> Any:
-    """The action space ``fit.fit_module`` fits a module's actions to."""
-    space = fit.space_for(fit.input_action_space, module_id)
-    return space if space is not None else getattr(module, "action_space", None)
-
-
 class DefaultAct:
     """One vector step's forward pass and module-to-env pipeline, direct.
 
@@ -92,7 +85,6 @@ class DefaultAct:
     __slots__ = (
         "_explore",
         "_fit",
-        "_fit_is_identity",
         "_modules",
         "_multi_module",
         "_pieces",
@@ -111,14 +103,6 @@ class DefaultAct:
         fit = self._pieces[-1]
         assert isinstance(fit, NormalizeAndClipActions)
         self._fit = fit
-        # Modules whose env actions are their actions (what fit_module works out per
-        # step): unsquashing and clipping change Box actions only.
-        self._fit_is_identity = {
-            module_id
-            for module_id, module in self._modules.items()
-            if not (fit.normalize_actions or fit.clip_actions)
-            or type(_fit_space(fit, module_id, module)) is gym.spaces.Discrete
-        }
 
     @classmethod
     def of(cls, multi_module: Any, pipeline: Any, explore: bool) -> DefaultAct | None:
@@ -184,11 +168,9 @@ class DefaultAct:
             logits[module_id] = x
         runner._log_time_since(s.RLMODULE_INFERENCE_TIMER, start)
         start = time.perf_counter()
-        if not self._explore:
-            return self._greedy(logits), start
-        if not all(native_draw_applies(x) for x in logits.values()):
-            # Logits the native draw does not take (another dtype or device): the
-            # pipeline draws them, from these very outputs (no second forward pass).
+        if not self._explore or not all(native_draw_applies(x) for x in logits.values()):
+            # The argmax, or logits the native draw does not take (another dtype or
+            # device): the pipeline acts on these very outputs (no second forward pass).
             outputs = {mid: {Columns.ACTION_DIST_INPUTS: x} for mid, x in logits.items()}
             return runner._connect(self._pipeline, outputs, self._explore), start
         out: dict[Any, dict[str, Any]] = {}
@@ -203,25 +185,6 @@ class DefaultAct:
                 Columns.ACTIONS: actions,
                 Columns.ACTION_LOGP: logp,
             }
-            self._fit_actions(module_id, module_out)
+            self._fit.fit_module(self._multi_module, module_id, module_out)
             out[module_id] = module_out
         return out, start
-
-    def _greedy(self, logits: dict[Any, Any]) -> dict[Any, dict[str, Any]]:
-        """The greedy step's module-to-env output: ``GetActions``' argmax, as numpy."""
-        out: dict[Any, dict[str, Any]] = {}
-        for module_id, x in logits.items():
-            actions = TorchCategorical(logits=x).to_deterministic().sample()
-            module_out = {
-                Columns.ACTION_DIST_INPUTS: x.numpy(force=True),
-                Columns.ACTIONS: actions.numpy(force=True),
-            }
-            self._fit_actions(module_id, module_out)
-            out[module_id] = module_out
-        return out
-
-    def _fit_actions(self, module_id: Any, module_out: dict[str, Any]) -> None:
-        if module_id in self._fit_is_identity:
-            module_out[Columns.ACTIONS_FOR_ENV] = module_out[Columns.ACTIONS]
-        else:
-            self._fit.fit_module(self._multi_module, module_id, module_out)

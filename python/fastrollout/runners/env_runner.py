@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastrollout.connectors.pipeline import EnvToModulePipeline
 from fastrollout.core import DEFAULT_MODULE_ID
 from fastrollout.modules import MultiRLModule, MultiRLModuleSpec, RLModuleSpec, resolve_device
 from fastrollout.modules._grad import grad_off, grad_restore
@@ -258,10 +257,6 @@ class EnvRunner(abc.ABC):
         Returns:
             The pipeline's output batch.
         """
-        if type(pipeline) is EnvToModulePipeline:
-            only = pipeline.only_numpy_to_tensor()
-            if only is not None:
-                return only.convert(self.module, batch)
         return pipeline(
             batch=batch,
             rl_module=self.module,

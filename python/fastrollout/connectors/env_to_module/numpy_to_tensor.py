@@ -63,8 +63,7 @@ class NumpyToTensor(ConnectorV2):
     def convert(self, rl_module: Any, batch: dict[Any, Any]) -> dict[Any, Any]:
         """Converts the batch in place, as ``__call__`` does.
 
-        The runners call this directly when this is the pipeline's only piece (see
-        ``EnvToModulePipeline.only_numpy_to_tensor``).
+        ``EnvToModulePipeline`` calls this directly when this piece ends it.
 
         Args:
             rl_module: The MultiRLModule (its modules' devices are used if no device

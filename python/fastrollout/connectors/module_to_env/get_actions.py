@@ -74,12 +74,17 @@ def add_actions(
     Raises:
         KeyError: If a module batch has neither actions nor distribution inputs.
     """
-    if torch.is_grad_enabled():  # the runners call this with no_grad already held
+    if torch.is_grad_enabled():  # the runners call this with autograd off already
         with torch.no_grad():
-            return add_actions(rl_module, batch, explore, as_numpy=as_numpy)
+            _add_all(rl_module, batch, explore, as_numpy)
+    else:
+        _add_all(rl_module, batch, explore, as_numpy)
+    return batch
+
+
+def _add_all(rl_module: Any, batch: dict[Any, Any], explore: bool | None, as_numpy: bool) -> None:
     for module_id, out in batch.items():
         _add_module_actions(rl_module, module_id, out, explore, as_numpy)
-    return batch
 
 
 def _add_module_actions(
