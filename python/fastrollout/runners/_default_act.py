@@ -14,16 +14,18 @@ defaults and whose distribution is ``TorchCategorical``, and the module-to-env p
 holds exactly the default pieces. It is built at the start of every ``sample()`` call;
 each step re-checks what can change meanwhile (the pipeline's pieces, the modules, hooks
 and replaced layers, train mode) and hands the step back to the general path (returns
-None) where anything differs. Greedy steps (``forward_inference``'s twins of the methods
-above), and logits the native draw does not take, go from the direct forward pass
-through the pipeline. The outputs are those of the general path, key for key and bit for
-bit (tests compare whole sampled episodes).
+None) where anything differs. Greedy steps take the argmax (with ``forward_inference``'s
+twins of the methods above); logits the native draw does not take go from the direct
+forward pass through the pipeline. The outputs are those of the general path, key for
+key and bit for bit (tests compare whole sampled episodes).
 """
 
 from __future__ import annotations
 
 import time
 from typing import Any
+
+import gymnasium as gym
 
 from fastrollout.connectors.module_to_env.get_actions import GetActions
 from fastrollout.connectors.module_to_env.normalize_and_clip_actions import (
@@ -73,6 +75,12 @@ def _is_default_module(module: Any, explore: bool) -> bool:
     return dist_cls is TorchCategorical
 
 
+def _fit_space(fit: NormalizeAndClipActions, module_id: Any, module: Any) -> Any:
+    """The action space ``fit.fit_module`` fits a module's actions to."""
+    space = fit.space_for(fit.input_action_space, module_id)
+    return space if space is not None else getattr(module, "action_space", None)
+
+
 class DefaultAct:
     """One vector step's forward pass and module-to-env pipeline, direct.
 
@@ -85,6 +93,7 @@ class DefaultAct:
     __slots__ = (
         "_explore",
         "_fit",
+        "_fit_is_identity",
         "_modules",
         "_multi_module",
         "_pieces",
@@ -103,6 +112,14 @@ class DefaultAct:
         fit = self._pieces[-1]
         assert isinstance(fit, NormalizeAndClipActions)
         self._fit = fit
+        # Modules whose env actions are their actions, as fit_module finds per step (1 µs
+        # of space lookups): unsquashing and clipping change Box actions only.
+        self._fit_is_identity = {
+            module_id
+            for module_id, module in self._modules.items()
+            if not (fit.normalize_actions or fit.clip_actions)
+            or type(_fit_space(fit, module_id, module)) is gym.spaces.Discrete
+        }
 
     @classmethod
     def of(cls, multi_module: Any, pipeline: Any, explore: bool) -> DefaultAct | None:
@@ -168,23 +185,29 @@ class DefaultAct:
             logits[module_id] = x
         runner._log_time_since(s.RLMODULE_INFERENCE_TIMER, start)
         start = time.perf_counter()
-        if not self._explore or not all(native_draw_applies(x) for x in logits.values()):
-            # The argmax, or logits the native draw does not take (another dtype or
-            # device): the pipeline acts on these very outputs (no second forward pass).
+        explore = self._explore
+        if explore and not all(native_draw_applies(x) for x in logits.values()):
+            # Logits the native draw does not take (another dtype or device): the
+            # pipeline draws them, from these very outputs (no second forward pass).
             outputs = {mid: {Columns.ACTION_DIST_INPUTS: x} for mid, x in logits.items()}
-            return runner._connect(self._pipeline, outputs, self._explore), start
+            return runner._connect(self._pipeline, outputs, explore), start
         out: dict[Any, dict[str, Any]] = {}
         for module_id, x in logits.items():
             # (one numpy view of the logits serves the draw and the output)
             x_np = x.numpy(force=True)
-            actions, logp = categorical_draw_numpy(x_np)
             # The general path's keys in its order: the module's output, then GetActions'
-            # two, then NormalizeAndClipActions' one.
-            module_out = {
-                Columns.ACTION_DIST_INPUTS: x_np,
-                Columns.ACTIONS: actions,
-                Columns.ACTION_LOGP: logp,
-            }
-            self._fit.fit_module(self._multi_module, module_id, module_out)
+            # (actions and, exploring, their log-probabilities), then the env actions.
+            module_out: dict[str, Any] = {Columns.ACTION_DIST_INPUTS: x_np}
+            if explore:
+                module_out[Columns.ACTIONS], module_out[Columns.ACTION_LOGP] = (
+                    categorical_draw_numpy(x_np)
+                )
+            else:  # GetActions' argmax
+                greedy = TorchCategorical(logits=x).to_deterministic().sample()
+                module_out[Columns.ACTIONS] = greedy.numpy(force=True)
+            if module_id in self._fit_is_identity:
+                module_out[Columns.ACTIONS_FOR_ENV] = module_out[Columns.ACTIONS]
+            else:
+                self._fit.fit_module(self._multi_module, module_id, module_out)
             out[module_id] = module_out
         return out, start
