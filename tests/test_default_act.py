@@ -305,3 +305,25 @@ def test_shared_layers_and_other_hiddens_sample_as_the_general_path(
     direct, general = _sample_twice(make, monkeypatch, num_timesteps=40)
     for a, b in zip(direct, general, strict=True):
         assert_same_episode(b, a)
+
+
+def test_runner_calls_a_pipeline_that_overrides_call() -> None:
+    """The runner runs a pipeline's pieces without ``__call__``'s keyword packing, unless
+    the pipeline's class has its own ``__call__``: then that is called, with the
+    runner's module, episodes, explore flag, shared data and metrics."""
+    from fastrollout.connectors.pipeline import EnvToModulePipeline
+
+    calls: list[dict[str, Any]] = []
+
+    class Logged(EnvToModulePipeline):
+        def __call__(self, **kwargs: Any) -> Any:
+            calls.append(kwargs)
+            return super().__call__(**kwargs)
+
+    runner = _single(2)
+    default = runner._connectors.env_to_module
+    runner._connectors.env_to_module = Logged(connectors=list(default.connectors))
+    runner.sample(num_timesteps=4)
+    assert calls
+    assert set(calls[0]) == {"batch", "rl_module", "episodes", "explore", "shared_data", "metrics"}
+    assert calls[0]["rl_module"] is runner.module and calls[0]["explore"] is True
