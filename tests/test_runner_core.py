@@ -294,6 +294,28 @@ def test_scatter_splits_outputs_back_per_env_and_agent():
         b.scatter({"x": {"actions": np.zeros(2)}})
 
 
+@pytest.mark.parametrize("env_first", [False, True])
+def test_scatter_reads_shared_env_actions_once_with_the_same_result(env_first):
+    """When ``actions_for_env`` is the ``actions`` array itself (every Discrete module),
+    the env gets the same actions as when it is an equal copy, in either column order."""
+    b = ModuleBatcher({"even": OBS})
+    eps = _ma_episodes(2)
+    b.gather(eps, [{0: np.zeros(3, np.float32)}, {2: np.zeros(3, np.float32)}])
+    acts = np.array([4, 6])
+
+    def outputs(env_actions):
+        cols = [("actions", acts), ("actions_for_env", env_actions), ("action_logp", acts * 0.5)]
+        return {"even": dict(cols[::-1] if env_first else cols)}
+
+    shared, copied = b.scatter(outputs(acts)), b.scatter(outputs(acts.copy()))
+    assert [p[0] for p in shared] == [p[0] for p in copied] == [{0: 4}, {2: 6}]
+    assert [p[1] for p in shared] == [p[1] for p in copied]
+    assert [p[2] for p in shared] == [p[2] for p in copied] == [
+        {0: {"action_logp": 2.0}},
+        {2: {"action_logp": 3.0}},
+    ]
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     st.lists(

@@ -793,11 +793,11 @@ impl ModuleBatcherPy {
                 .ok_or_else(|| PyKeyError::new_err(format!("outputs for unknown module {mid:?}")))?;
             let batch = &self.modules[m].2;
             let cols = cols.cast_into::<PyDict>()?;
-            if cols.get_item(actions_key)?.is_none() {
+            let Some(action_values) = cols.get_item(actions_key)? else {
                 return Err(PyKeyError::new_err(format!(
                     "module {mid:?}'s outputs have no {actions_key:?} column"
                 )));
-            }
+            };
             let plan = scatter_plan(batch.index(), n);
             for (col, value) in cols.iter() {
                 let name = col.cast::<PyString>()?.to_str()?.to_string();
@@ -807,6 +807,11 @@ impl ModuleBatcherPy {
                         "module {mid:?}: output {name:?} has {len} rows, the batch has {}",
                         batch.len()
                     )));
+                }
+                if name == actions_for_env_key && value.is(&action_values) {
+                    // The env's actions are the module's (every Discrete module): the
+                    // actions column gives them, one read per row instead of two.
+                    continue;
                 }
                 for (env, rows) in plan.iter().enumerate() {
                     for &(row, slot) in rows {
