@@ -139,6 +139,44 @@ def test_default_module_layer_by_layer_forward_is_the_wrapped_one(shared):
     assert gaussian._plain_actor_layers() is None  # log-std clipping happens in the head
 
 
+def test_run_layers_is_the_sequential_forward_and_honours_layer_hooks():
+    """``run_layers`` gives ``nn.Sequential``'s output bit for bit (the layers it runs
+    directly and those it calls), and calls a layer through ``nn.Module.__call__``
+    whenever that does more than forward: hooks on the layer, a compiled layer."""
+    from fastrollout.modules.default import run_layers
+
+    torch.manual_seed(0)
+    layers = [
+        torch.nn.Linear(4, 16),
+        torch.nn.Tanh(),
+        torch.nn.Linear(16, 16, bias=False),
+        torch.nn.ReLU(),
+        torch.nn.Linear(16, 8),
+        torch.nn.ReLU(inplace=True),
+        torch.nn.ELU(),
+        torch.nn.Linear(8, 3),
+    ]
+    x = torch.randn(5, 4)
+    with torch.no_grad():
+        assert torch.equal(run_layers(layers, x), torch.nn.Sequential(*layers)(x))
+        calls = []
+        layers[0].register_forward_pre_hook(lambda mod, args: (args[0] * 2,))
+        layers[1].register_forward_hook(lambda *a: calls.append("tanh"))
+        layers[3].register_forward_hook(lambda *a: calls.append("relu"))
+        compiled = layers[4]
+
+        def compiled_call(*args, **kwargs):
+            calls.append("compiled")
+            return compiled.forward(*args)
+
+        compiled._compiled_call_impl = compiled_call
+        out = run_layers(layers, x)
+        assert calls == ["tanh", "relu", "compiled"]
+        calls.clear()
+        assert torch.equal(out, torch.nn.Sequential(*layers)(x))
+        assert calls == ["tanh", "relu", "compiled"]
+
+
 def test_default_module_default_shape_is_rllib_ppo():
     m = DefaultMLPModule(observation_space=OBS, action_space=gym.spaces.Discrete(2))
     shapes = {k: v.shape for k, v in m.get_state().items()}

@@ -310,10 +310,14 @@ def test_scatter_reads_shared_env_actions_once_with_the_same_result(env_first):
     shared, copied = b.scatter(outputs(acts)), b.scatter(outputs(acts.copy()))
     assert [p[0] for p in shared] == [p[0] for p in copied] == [{0: 4}, {2: 6}]
     assert [p[1] for p in shared] == [p[1] for p in copied]
-    assert [p[2] for p in shared] == [p[2] for p in copied] == [
-        {0: {"action_logp": 2.0}},
-        {2: {"action_logp": 3.0}},
-    ]
+    assert (
+        [p[2] for p in shared]
+        == [p[2] for p in copied]
+        == [
+            {0: {"action_logp": 2.0}},
+            {2: {"action_logp": 3.0}},
+        ]
+    )
 
 
 @settings(max_examples=40, deadline=None)

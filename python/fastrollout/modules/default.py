@@ -29,7 +29,7 @@ from fastrollout.core import Columns
 from fastrollout.modules.distributions import TorchDiagGaussian, get_action_dist_cls
 from fastrollout.modules.rl_module import RLModule
 
-__all__ = ["DEFAULT_MODEL_CONFIG", "DefaultMLPModule"]
+__all__ = ["DEFAULT_MODEL_CONFIG", "DefaultMLPModule", "run_layers"]
 
 #: The settings this module reads, with their defaults (RLlib's DefaultModelConfig
 #: names; ``vf_share_layers`` is False as PPO sets it).
@@ -364,9 +364,7 @@ class DefaultMLPModule(RLModule):
         layers = self._plain_actor_layers()
         if layers is None:
             return {Columns.ACTION_DIST_INPUTS: self.pi(self._actor_latent(x))}
-        for layer in layers:
-            x = layer(x)
-        return {Columns.ACTION_DIST_INPUTS: x}
+        return {Columns.ACTION_DIST_INPUTS: run_layers(layers, x)}
 
     def _plain_actor_layers(self) -> tuple[nn.Module, ...] | None:
         """The actor's layers in order, or None where calling them one by one differs.
@@ -437,3 +435,49 @@ class DefaultMLPModule(RLModule):
         if embeddings is None:
             embeddings = self._critic_latent(self._obs(batch))
         return self.vf(embeddings).squeeze(-1)
+
+
+# What nn.Linear's forward calls (torch.nn.functional.linear is this builtin).
+_linear = torch._C._nn.linear
+
+
+def run_layers(layers: Sequence[nn.Module], x: torch.Tensor) -> torch.Tensor:
+    """Applies ``layers`` in order, as ``nn.Sequential(*layers)(x)`` does.
+
+    An ``nn.Linear``, ``nn.Tanh`` or (not in-place) ``nn.ReLU`` of exactly that class,
+    without hooks and not compiled in place, runs its forward's one call directly: going
+    through ``nn.Module.__call__`` costs about 1 µs per layer, and reading ``layer.weight``
+    (``nn.Module.__getattr__``) about 1 µs per parameter, which is a quarter of a
+    256x256 MLP's forward on a small batch (41 against 30 µs for CartPole's five layers,
+    8 rows). Every other layer is called as usual. The caller checks the containers and
+    the global hooks (see ``DefaultMLPModule._plain_actor_layers``).
+
+    Args:
+        layers: The layers, in order.
+        x: Their input.
+
+    Returns:
+        The last layer's output.
+    """
+    for layer in layers:
+        cls = type(layer)
+        if (
+            (cls is nn.Linear or cls is nn.Tanh or (cls is nn.ReLU and not layer.inplace))
+            and not (
+                layer._forward_hooks
+                or layer._forward_pre_hooks
+                or layer._backward_hooks
+                or layer._backward_pre_hooks
+            )
+            and layer._compiled_call_impl is None
+        ):
+            if cls is nn.Linear:
+                params: Any = layer._parameters  # (torch types the values Parameter | None)
+                x = _linear(x, params["weight"], params["bias"])
+            elif cls is nn.Tanh:
+                x = torch.tanh(x)
+            else:
+                x = torch.relu(x)
+        else:
+            x = layer(x)
+    return x

@@ -34,7 +34,7 @@ from fastrollout.connectors.module_to_env.normalize_and_clip_actions import (
 from fastrollout.connectors.module_to_env.tensor_to_numpy import TensorToNumpy
 from fastrollout.connectors.pipeline import ModuleToEnvPipeline
 from fastrollout.core import Columns
-from fastrollout.modules.default import DefaultMLPModule
+from fastrollout.modules.default import DefaultMLPModule, run_layers
 from fastrollout.modules.distributions import (
     TorchCategorical,
     categorical_draw_numpy,
@@ -179,10 +179,7 @@ class DefaultAct:
         start = time.perf_counter()
         logits: dict[Any, Any] = {}
         for module_id, module, module_batch, layers in plan:
-            x = module._obs(module_batch)
-            for layer in layers:
-                x = layer(x)
-            logits[module_id] = x
+            logits[module_id] = run_layers(layers, module._obs(module_batch))
         runner._log_time_since(s.RLMODULE_INFERENCE_TIMER, start)
         start = time.perf_counter()
         explore = self._explore
