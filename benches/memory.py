@@ -11,8 +11,9 @@ Usage::
    including the reset one, actions, rewards, every extra model output). Two growths:
    **RSS** (what the OS sees; it also counts the free holes the C heap keeps between live
    blocks, which depend on everything else the process allocated meanwhile) and **live**
-   bytes (blocks in use: glibc's ``mallinfo2`` plus Python's small-object allocator,
-   which takes its arenas from ``mmap``, so the two do not overlap). Cases: CartPole
+   bytes (blocks in use: glibc's ``mallinfo2``, Python's small-object allocator, which
+   takes its arenas from ``mmap``, and fastrollout's native allocator, mimalloc, which
+   counts its own; the three do not overlap). Cases: CartPole
    episodes from fastrollout's runner, episodes recorded by hand (``add_env_step``) with
    CartPole and 84x84x4 uint8 observations, each with RLlib 2.60's episode alongside.
 2. **RSS over sampling.** fastrollout's ``SingleAgentEnvRunner`` (CartPole-v1, 8 sub-envs)
@@ -55,7 +56,8 @@ def rss_bytes() -> int:
 
 
 def live_bytes() -> int | None:
-    """Bytes in live heap blocks: the C heap's (glibc) plus Python's small-object allocator's.
+    """Bytes in live heap blocks: the C heap's (glibc), Python's small-object allocator's
+    and fastrollout's native allocator's.
 
     Returns:
         Bytes, or None where glibc's ``mallinfo2`` is not available.
@@ -99,7 +101,11 @@ def live_bytes() -> int | None:
         out.seek(0)
         stats = out.read()
     line = next(x for x in stats.splitlines() if x.startswith("# bytes in allocated blocks"))
-    return info.uordblks + info.hblkhd + int(line.split("=")[1].replace(",", ""))
+    # fastrollout's own blocks come from its allocator (mimalloc), which keeps the count.
+    from fastrollout._core import native_heap_bytes
+
+    pymalloc = int(line.split("=")[1].replace(",", ""))
+    return info.uordblks + info.hblkhd + pymalloc + native_heap_bytes()
 
 
 def _raw_bytes(episode: Any) -> int:

@@ -17,4 +17,10 @@ pub mod runner;
 pub mod schema;
 
 #[cfg(feature = "python")]
+mod alloc;
+#[cfg(feature = "python")]
 mod py;
+
+#[cfg(feature = "python")]
+#[global_allocator]
+static ALLOCATOR: alloc::SplitAllocator = alloc::SplitAllocator;

@@ -19,6 +19,7 @@ __all__ = [
     "multi_agent_add_env_reset",
     "multi_agent_add_env_step",
     "multi_agent_record_steps",
+    "native_heap_bytes",
     "resolve_index",
     "single_agent_record_vector_step",
 ]
@@ -27,6 +28,9 @@ __version__: str
 def categorical_draw(
     logits: npt.NDArray[np.float32], uniforms: npt.NDArray[np.float64]
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]: ...
+def native_heap_bytes() -> int:
+    """Bytes in the extension's live heap blocks (not in the C heap's statistics)."""
+
 def resolve_index(
     total: int,
     lookback: int,

@@ -384,7 +384,7 @@ impl Column {
     /// place, with the same live bytes (`benches/memory.py`).
     pub fn shrink_to_fit(&mut self) {
         for buf in self.leaves.iter_mut() {
-            buf.shrink_to_fit();
+            shrink(buf);
         }
     }
 
@@ -392,6 +392,25 @@ impl Column {
     #[must_use]
     pub fn capacity_bytes(&self) -> usize {
         self.leaves.iter().map(Vec::capacity).sum()
+    }
+}
+
+/// Buffers of at least this many bytes are moved to an exact block when they shrink with
+/// more than an eighth of spare room. The extension's allocator takes such blocks from
+/// mimalloc (`rust/alloc.rs`), which shrinks a block in place only when it loses more
+/// than half of it: `Vec::shrink_to_fit` alone would keep up to twice the bytes stored.
+/// Smaller buffers shrink in place (moving those left the C heap full of holes, see
+/// [`Column::shrink_to_fit`]).
+const MOVE_ON_SHRINK_BYTES: usize = 64 * 1024;
+
+/// Gives back a buffer's spare capacity (see [`MOVE_ON_SHRINK_BYTES`]).
+fn shrink(buf: &mut Vec<u8>) {
+    if buf.capacity() >= MOVE_ON_SHRINK_BYTES && buf.capacity() - buf.len() > buf.len() / 8 {
+        let mut exact = Vec::with_capacity(buf.len());
+        exact.extend_from_slice(buf);
+        *buf = exact;
+    } else {
+        buf.shrink_to_fit();
     }
 }
 

@@ -46,6 +46,14 @@ mod _core {
 
     use pyo3::prelude::*;
 
+    /// Bytes in the extension's live heap blocks (its episodes' columns, metric windows,
+    /// ...), which the C heap's and Python's own statistics do not count (see
+    /// `rust/alloc.rs`).
+    #[pyfunction]
+    fn native_heap_bytes() -> usize {
+        crate::alloc::live_bytes()
+    }
+
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;

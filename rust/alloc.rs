@@ -1,0 +1,140 @@
+//! The extension's allocator: big blocks from mimalloc, the others from the system
+//! allocator; the mimalloc blocks' bytes are counted.
+//!
+//! Why big blocks do not come from the system allocator: the columns of image episodes
+//! grow to megabytes, and glibc's malloc gives blocks that large back to the OS when they
+//! are freed (its mmap threshold and heap trimming). The next episodes' columns then fault
+//! their pages in again, each zeroed by the kernel: recording a vector step of eight
+//! 84x84x4 uint8 observations (225 KB) took about 140 µs, mostly page faults, where
+//! copying the bytes takes about 20. mimalloc keeps freed memory for the next
+//! allocations: the image workload went from 76-94 to 57-61 µs per env step
+//! (`benches/side_by_side.py`).
+//!
+//! Why small blocks stay with the system allocator: mimalloc rounds sizes up to its size
+//! classes (up to a fifth more), which for the many small columns of short episodes
+//! costs more than it saves (`benches/memory.py`: 1.24x against 1.13x the raw bytes for
+//! 200-step CartPole episodes).
+//!
+//! Only the extension's own (Rust) allocations use this; Python and numpy keep theirs.
+//! The count of live mimalloc bytes is what `benches/memory.py` adds to the C heap's and
+//! Python's own statistics, which do not see those blocks.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use mimalloc::MiMalloc;
+
+/// Blocks of at least this many bytes come from mimalloc (below glibc's default mmap
+/// threshold of 128 KiB). `Column::shrink_to_fit` moves buffers of this size to exact
+/// blocks, since mimalloc does not shrink them in place (see `rust/column/mod.rs`).
+pub const BIG_BLOCK: usize = 64 * 1024;
+
+/// Bytes in the mimalloc blocks handed out and not yet freed.
+static LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);
+
+/// The allocator: [`MiMalloc`] for blocks of [`BIG_BLOCK`] bytes or more (counted),
+/// [`System`] for the others. A block's size tells which one owns it: Rust hands every
+/// `dealloc` and `realloc` the layout the block was allocated with.
+pub struct SplitAllocator;
+
+/// The usable size of a live mimalloc block.
+///
+/// # Safety
+/// `ptr` must be a block allocated by mimalloc and not yet freed.
+unsafe fn usable(ptr: *mut u8) -> usize {
+    // SAFETY: the caller's contract: a live mimalloc block.
+    unsafe { libmimalloc_sys::mi_usable_size(ptr.cast::<c_void>().cast_const()) }
+}
+
+/// Counts a block mimalloc just handed out (or nothing for a failed allocation).
+///
+/// # Safety
+/// `ptr` must be null or a live mimalloc block.
+unsafe fn counted(ptr: *mut u8) -> *mut u8 {
+    if !ptr.is_null() {
+        // SAFETY: the caller's contract.
+        LIVE_BYTES.fetch_add(unsafe { usable(ptr) }, Ordering::Relaxed);
+    }
+    ptr
+}
+
+// SAFETY: each block is allocated, resized and freed by the same allocator (chosen by
+// its size, which the layouts Rust passes always give); a resize across the threshold
+// moves the bytes to a block of the other allocator and frees the old one.
+unsafe impl GlobalAlloc for SplitAllocator {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if layout.size() >= BIG_BLOCK {
+            // SAFETY: forwarded as received; the result is null or a new mimalloc block.
+            unsafe { counted(MiMalloc.alloc(layout)) }
+        } else {
+            // SAFETY: forwarded as received.
+            unsafe { System.alloc(layout) }
+        }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        if layout.size() >= BIG_BLOCK {
+            // SAFETY: forwarded as received; the result is null or a new mimalloc block.
+            unsafe { counted(MiMalloc.alloc_zeroed(layout)) }
+        } else {
+            // SAFETY: forwarded as received.
+            unsafe { System.alloc_zeroed(layout) }
+        }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        if layout.size() >= BIG_BLOCK {
+            // SAFETY: a live mimalloc block (its size says so), freed just after.
+            LIVE_BYTES.fetch_sub(unsafe { usable(ptr) }, Ordering::Relaxed);
+            // SAFETY: forwarded as received.
+            unsafe { MiMalloc.dealloc(ptr, layout) };
+        } else {
+            // SAFETY: forwarded as received.
+            unsafe { System.dealloc(ptr, layout) };
+        }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        match (layout.size() >= BIG_BLOCK, new_size >= BIG_BLOCK) {
+            (false, false) => {
+                // SAFETY: forwarded as received.
+                unsafe { System.realloc(ptr, layout, new_size) }
+            }
+            (true, true) => {
+                // SAFETY: a live mimalloc block (its size says so).
+                let old = unsafe { usable(ptr) };
+                // SAFETY: forwarded as received.
+                let new = unsafe { MiMalloc.realloc(ptr, layout, new_size) };
+                if !new.is_null() {
+                    // (On failure the old block stays live, and counted.)
+                    LIVE_BYTES.fetch_sub(old, Ordering::Relaxed);
+                    // SAFETY: `new` is a live mimalloc block.
+                    unsafe { counted(new) };
+                }
+                new
+            }
+            _ => {
+                // SAFETY: `new_size` is non-zero and, rounded up to `layout.align()`, does
+                // not overflow isize (GlobalAlloc::realloc's contract).
+                let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
+                // SAFETY: a non-zero size (above).
+                let new = unsafe { self.alloc(new_layout) };
+                if !new.is_null() {
+                    // SAFETY: both blocks are live, distinct, and hold at least the
+                    // smaller size; the old one is then freed with its own layout.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(ptr, new, layout.size().min(new_size));
+                        self.dealloc(ptr, layout);
+                    }
+                }
+                new
+            }
+        }
+    }
+}
+
+/// Bytes in the live mimalloc blocks (the big ones).
+pub fn live_bytes() -> usize {
+    LIVE_BYTES.load(Ordering::Relaxed)
+}
