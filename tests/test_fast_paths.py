@@ -217,3 +217,41 @@ def test_native_draw_uniform_buffers_are_per_thread():
     worker.join()
     assert theirs[0][0] is not mine[0]
     assert theirs[0][1].base is not None  # the numpy view shares the tensor's memory
+
+
+@pytest.mark.parametrize("episode_len", [3, 7])
+def test_runner_length_guess_reserves_room_without_changing_episodes(monkeypatch, episode_len):
+    """The single-agent runner passes the longest recent episode length to the record,
+    which reserves room in columns of big items (the image observations here); the
+    episodes sampled are the same as without the guess, across chunk cuts, and the guess
+    follows the episodes that ended."""
+    from tests.test_default_act import assert_same_episode
+
+    import fastrollout as fr
+    import fastrollout.runners.single_agent_env_runner as sar
+    from fastrollout.env.examples import SyntheticImageEnv
+
+    record = sar.single_agent_record_vector_step
+    guesses: list = []
+
+    def without_guess(*args):
+        guesses.append(args[-1])
+        return record(*args[:-1], None)
+
+    def sample(guess: bool) -> list:
+        c = fr.RunnerConfig().debugging(seed=5).env_runners(num_envs_per_env_runner=3)
+        c = c.environment(
+            SyntheticImageEnv, env_config={"episode_len": episode_len, "shape": (16, 16, 4)}
+        )
+        runner = fr.SingleAgentEnvRunner(config=c)
+        with monkeypatch.context() as m:
+            if not guess:
+                m.setattr(sar, "single_agent_record_vector_step", without_guess)
+            return [e for _ in range(4) for e in runner.sample(num_timesteps=10)]
+
+    expected = sample(guess=False)
+    actual = sample(guess=True)
+    assert len(expected) == len(actual)
+    for e, a in zip(expected, actual, strict=True):
+        assert_same_episode(e, a)
+    assert guesses[0] is None and set(guesses[1:]) >= {episode_len}

@@ -226,6 +226,7 @@ def single_agent_record_vector_step(
     truncateds: Any,
     infos: Any = None,
     extra_model_outputs: dict[str, Any] | None = None,
+    expected_len: int | None = None,
 ) -> tuple[list[int], list[int]]: ...
 def multi_agent_record_steps(
     episodes: list[Any],

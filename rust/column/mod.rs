@@ -373,6 +373,13 @@ impl Column {
         Ok(())
     }
 
+    /// Makes room for `items` more items without reallocating, in every leaf buffer.
+    pub fn reserve(&mut self, items: usize) {
+        for (buf, leaf) in self.leaves.iter_mut().zip(&self.schema.leaves) {
+            buf.reserve_exact(items.saturating_mul(leaf.item_bytes()));
+        }
+    }
+
     /// Gives back the buffers' spare capacity (growth by doubling leaves up to half of a
     /// buffer unused), for a column that is kept but no longer appended to.
     ///

@@ -174,6 +174,30 @@ impl<O: Clone> SingleAgentCore<O> {
         Ok(())
     }
 
+    /// Makes room in the typed columns whose items take at least `min_item_bytes` for
+    /// the steps left until the episode is `expected_len` env steps long (its env step
+    /// now is `t`), so that they are not copied as they grow by doubling and, when the
+    /// guess is right, not copied again when `to_numpy` shrinks them (runners pass the
+    /// length of the episodes they saw end; see `single_agent_record_vector_step`).
+    /// Small columns grow as usual: for them a reservation costs more heap than the
+    /// copies it saves.
+    pub fn reserve_until(&mut self, expected_len: i64, min_item_bytes: usize) {
+        let Ok(left) = usize::try_from(expected_len - self.t) else { return };
+        if left == 0 {
+            return;
+        }
+        let fields = [&mut self.observations, &mut self.actions, &mut self.rewards]
+            .into_iter()
+            .chain(self.extra_model_outputs.iter_mut().map(|(_, f)| f));
+        for field in fields {
+            if let Storage::Typed { column, .. } = &mut field.storage {
+                if column.schema().item_bytes() >= min_item_bytes {
+                    column.reserve(left);
+                }
+            }
+        }
+    }
+
     /// Gives back the spare capacity of every field's buffers.
     pub fn shrink_to_fit(&mut self) {
         self.observations.shrink_to_fit();
@@ -713,6 +737,37 @@ mod tests {
         by_items.is_truncated = true;
         assert_eq!(by_rows, by_items);
         assert_eq!(read(&by_rows.extra("logp").unwrap().clone()), vec![-1.0, -2.0, -3.0, -4.0]);
+    }
+
+    #[test]
+    fn reserve_until_makes_room_in_big_columns_only() {
+        let capacity = |f: &Field<String>| match &f.storage {
+            Storage::Typed { column, .. } => column.capacity_bytes(),
+            _ => unreachable!(),
+        };
+        let mut e = new_episode();
+        step(&mut e, 1.0);
+        let before = [capacity(&e.observations), capacity(&e.actions)];
+        // Items of 4 bytes are below a threshold of 8: nothing reserved.
+        e.reserve_until(100, 8);
+        assert_eq!([capacity(&e.observations), capacity(&e.actions)], before);
+        // Room for the 99 steps left (t is 1), in every column of big enough items.
+        e.reserve_until(100, 4);
+        for f in [&e.observations, &e.actions, &e.rewards, e.extra("logp").unwrap()] {
+            let stored = match &f.storage {
+                Storage::Typed { column, .. } => column.total() * 4,
+                _ => unreachable!(),
+            };
+            assert!(capacity(f) >= stored + 99 * 4, "{} < {}", capacity(f), stored + 99 * 4);
+        }
+        // No room asked for at or past the expected length; the data is unchanged.
+        let reserved = capacity(&e.observations);
+        e.reserve_until(1, 4);
+        e.reserve_until(-5, 4);
+        assert_eq!(capacity(&e.observations), reserved);
+        let mut plain = new_episode();
+        step(&mut plain, 1.0);
+        assert_eq!(e, plain);
     }
 
     #[test]

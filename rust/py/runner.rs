@@ -358,6 +358,10 @@ enum Prepared<'py> {
     Step(super::single::PreparedStep<'py>),
 }
 
+/// Columns whose items take fewer bytes grow by doubling (see
+/// `SingleAgentCore::reserve_until`).
+pub const RESERVE_MIN_ITEM_BYTES: usize = 1024;
+
 /// Records one vector-env step into the N sub-envs' `SingleAgentEpisode`s in one call.
 ///
 /// Row `i` of every batch belongs to `episodes[i]`. An episode that was not reset yet
@@ -365,10 +369,16 @@ enum Prepared<'py> {
 /// infos as its reset; the others get a step. Everything is converted and checked first;
 /// only then is anything stored, so an error leaves every episode as it was.
 ///
+/// With `expected_len` (the runner's guess of an episode's length, from those that
+/// ended), an episode whose chunk has just made its first step reserves room in its
+/// columns of big items (observations of at least [`RESERVE_MIN_ITEM_BYTES`], such as
+/// images) for the steps left to that length: they then neither copy themselves as they
+/// grow nor, when the guess is right, when `to_numpy` shrinks them.
+///
 /// Returns `(started, done)`: the sub-env indices whose episode was reset now, and those
 /// whose episode is done after this step.
 #[pyfunction]
-#[pyo3(signature = (episodes, observations, actions, rewards, terminateds, truncateds, infos=None, extra_model_outputs=None))]
+#[pyo3(signature = (episodes, observations, actions, rewards, terminateds, truncateds, infos=None, extra_model_outputs=None, expected_len=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn single_agent_record_vector_step<'py>(
     py: Python<'py>,
@@ -380,7 +390,9 @@ pub fn single_agent_record_vector_step<'py>(
     truncateds: &Bound<'py, PyAny>,
     infos: Option<&Bound<'py, PyAny>>,
     extra_model_outputs: Option<&Bound<'py, PyDict>>,
+    expected_len: Option<i64>,
 ) -> PyResult<(Vec<usize>, Vec<usize>)> {
+    let episodes_list = episodes;
     let n = episodes.len();
     let terminateds = flags(terminateds, n, "terminateds")?;
     let truncateds = flags(truncateds, n, "truncateds")?;
@@ -446,6 +458,16 @@ pub fn single_agent_record_vector_step<'py>(
                 started.push(i);
             }
             Prepared::Step(s) => e.apply_step(py, s, terminateds[i], truncateds[i])?,
+        }
+    }
+    if let Some(expected_len) = expected_len {
+        // After a chunk's first step every field has its column: room for the rest.
+        for ep in episodes_list.iter() {
+            let ep = ep.cast_into::<SingleAgentEpisodePy>()?;
+            let mut e = ep.borrow_mut();
+            if e.chunk_len() == 1 {
+                e.reserve_until(expected_len, RESERVE_MIN_ITEM_BYTES);
+            }
         }
     }
     // A stepped episode is done exactly when its step says so (a reset one never is), so

@@ -1609,6 +1609,11 @@ impl SingleAgentEpisodePy {
         self.start_time.get_or_insert(now);
     }
 
+    /// See [`crate::episode::SingleAgentCore::reserve_until`].
+    pub fn reserve_until(&mut self, expected_len: i64, min_item_bytes: usize) {
+        self.core.reserve_until(expected_len, min_item_bytes);
+    }
+
     /// The last stored observation and infos (for an agent terminated right after acting).
     pub fn last_observation_and_infos<'py>(
         &mut self,

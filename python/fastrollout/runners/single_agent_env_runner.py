@@ -7,6 +7,7 @@ and the next inference batch is the env's own observation array.
 
 from __future__ import annotations
 
+import collections
 import functools
 import time
 from typing import Any
@@ -47,6 +48,10 @@ class SingleAgentEnvRunner(EnvRunner):
         )
         self._obs: Any = None
         self._cached_to_module: dict[str, Any] | None = None
+        # The lengths of the last episodes that ended; their longest is the record's
+        # guess for new chunks (columns of big items reserve room up to it).
+        self._recent_lengths: collections.deque[int] = collections.deque(maxlen=8)
+        self._expected_len: int | None = None
         self.make_env()
         self.make_module()
 
@@ -244,7 +249,15 @@ class SingleAgentEnvRunner(EnvRunner):
                 # new episodes' infos.
                 infos = {k: v for k, v in infos.items() if k not in _RESTART_KEYS}
             started, done = single_agent_record_vector_step(
-                self._episodes, obs, actions, rewards, terminateds, truncateds, infos, extras
+                self._episodes,
+                obs,
+                actions,
+                rewards,
+                terminateds,
+                truncateds,
+                infos,
+                extras,
+                self._expected_len,
             )
             ts += self.num_envs - len(started)
             self._obs = obs
@@ -259,6 +272,8 @@ class SingleAgentEnvRunner(EnvRunner):
                 eps += 1
                 self._episode_callback("on_episode_end", i)
                 e = self._episodes[i]
+                self._recent_lengths.append(e.t)
+                self._expected_len = max(self._recent_lengths)
                 done_out.append(self._episode_out(e, to_numpy))
                 self._new_episode(i)
                 if num_episodes is not None and eps >= num_episodes:
