@@ -7,8 +7,13 @@
 //! their pages in again, each zeroed by the kernel: recording a vector step of eight
 //! 84x84x4 uint8 observations (225 KB) took about 140 µs, mostly page faults, where
 //! copying the bytes takes about 20. mimalloc keeps freed memory for the next
-//! allocations: the image workload went from 76-94 to 57-61 µs per env step
-//! (`benches/side_by_side.py`).
+//! allocations: the image runner went from 76-94 to 59-67 µs per env step (8 sub-envs,
+//! metrics reduced after every `sample` call).
+//!
+//! mimalloc is built without transparent huge pages (its `no_thp` feature, Cargo.toml):
+//! with them, a runner whose held episodes keep growing (metrics never reduced) spent a
+//! third of its time in the kernel clearing 2 MiB pages, 110-240 against 64-71 µs per
+//! env step without.
 //!
 //! Why small blocks stay with the system allocator: mimalloc rounds sizes up to its size
 //! classes (up to a fifth more), which for the many small columns of short episodes
