@@ -373,10 +373,14 @@ impl Column {
         Ok(())
     }
 
-    /// Makes room for `items` more items without reallocating, in every leaf buffer.
+    /// Makes room for `items` more items in every leaf buffer, as a hint: at most
+    /// [`MAX_RESERVE_BYTES`] per buffer, and nothing where the allocator refuses (an
+    /// allocation failure here must not abort the process; the buffers then grow as
+    /// usual).
     pub fn reserve(&mut self, items: usize) {
         for (buf, leaf) in self.leaves.iter_mut().zip(&self.schema.leaves) {
-            buf.reserve_exact(items.saturating_mul(leaf.item_bytes()));
+            let bytes = items.saturating_mul(leaf.item_bytes()).min(MAX_RESERVE_BYTES);
+            let _ = buf.try_reserve_exact(bytes);
         }
     }
 
@@ -401,6 +405,10 @@ impl Column {
         self.leaves.iter().map(Vec::capacity).sum()
     }
 }
+
+/// The most [`Column::reserve`] adds to one buffer (a guessed episode length times a big
+/// item could otherwise ask for gigabytes at once).
+pub const MAX_RESERVE_BYTES: usize = 256 * 1024 * 1024;
 
 /// Buffers of at least this many bytes are moved to an exact block when they shrink with
 /// more than an eighth of spare room. The extension's allocator takes such blocks from
@@ -485,6 +493,22 @@ mod tests {
         }
         assert_eq!(c.capacity_bytes(), cap, "steady state reuses the storage");
         assert_eq!(c.leaf_bytes(0).as_ptr(), ptr);
+    }
+
+    #[test]
+    fn reserve_is_a_capped_hint() {
+        let mut c = f32_col();
+        c.push(&[&item(1.0, 2.0)]).unwrap();
+        c.reserve(10);
+        assert!(c.capacity_bytes() >= 11 * 8);
+        assert_eq!((c.total(), floats(c.item(0, 0))), (1, vec![1.0, 2.0]));
+        // A request past the cap (here, past any address space) is cut to the cap, and
+        // one the allocator refuses is dropped: no abort, the column still works.
+        let mut huge = Column::new(Schema::new(vec![Leaf::new(DType::F32, vec![1 << 20])]));
+        huge.reserve(usize::MAX / 2);
+        assert!(huge.capacity_bytes() <= MAX_RESERVE_BYTES);
+        huge.push(&[&vec![0u8; 4 << 20]]).unwrap();
+        assert_eq!(huge.total(), 1);
     }
 
     #[test]
