@@ -1068,3 +1068,61 @@ def test_add_env_step_finds_agents_by_equality_not_identity_or_position(ordering
     assert_same_ma(plain, other, ("logp",), ids=False)
     assert_same(plain.env_t_to_agent_t[ids[2]].data, other.env_t_to_agent_t[ids[2]].data)
     assert other.env_t_to_agent_t[ids[2]].data.count("S") == 2
+
+
+@fastrollout_only
+def test_agent_steps_store_what_single_agent_episodes_store() -> None:
+    """Each agent's steps hold what a ``SingleAgentEpisode`` given the same values holds,
+    whether they take the typed-row path (every field of the agent already typed) or the
+    general one: an extra output key that appears late, an extra whose values stop
+    converting (its column turns into objects), float64 observations cast into a float32
+    space, and a value that does not fit the space (raises, naming the agent, and
+    stores nothing)."""
+    from fastrollout import SingleAgentEpisode
+    from fastrollout.errors import SpaceMismatchError
+
+    obs_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    act_space = gym.spaces.Discrete(3)
+    ma = MAEpisode(
+        observation_space={"a": obs_space, "b": obs_space},
+        action_space={"a": act_space, "b": act_space},
+    )
+    spaces = {"observation_space": obs_space, "action_space": act_space}
+    sa = {aid: SingleAgentEpisode(**spaces) for aid in "ab"}
+    first = {"a": vec(0.0), "b": vec(0.5)}
+    ma.add_env_reset(observations=first)
+    for aid, e in sa.items():
+        e.add_env_reset(observation=first[aid])
+    for t in range(1, 8):
+        obs = {"a": vec(t / 10), "b": vec(t / 10).astype(np.float64)}
+        extras: dict[str, dict[str, Any]] = {
+            aid: {"logp": np.float32(-t), "vf": float(t)} for aid in "ab"
+        }
+        if t >= 3:
+            extras["a"]["late"] = np.arange(2, dtype=np.int64) * t
+        if t >= 5:
+            extras["b"]["vf"] = f"not a number {t}"
+        actions = {"a": t % 3, "b": np.int64((t + 1) % 3)}
+        rewards = {"a": float(t), "b": np.float32(t / 2)}
+        ma.add_env_step(obs, actions, rewards, extra_model_outputs=extras)
+        for aid, e in sa.items():
+            e.add_env_step(obs[aid], actions[aid], rewards[aid], extra_model_outputs=extras[aid])
+        if t == 6:
+            with pytest.raises(SpaceMismatchError, match="'a'"):
+                ma.add_env_step(
+                    {"a": np.zeros(3, np.float32), "b": vec(0.0)},
+                    {"a": 0, "b": 0},
+                    {"a": 0.0, "b": 0.0},
+                )
+    for aid, e in sa.items():
+        agent = ma.agent_episodes[aid]
+        assert_same(e.get_observations(), agent.get_observations(), f"{aid} observations")
+        assert_same(e.get_actions(), agent.get_actions(), f"{aid} actions")
+        assert_same(e.get_rewards(), agent.get_rewards(), f"{aid} rewards")
+        for key in e.extra_model_outputs:
+            assert_same(
+                e.get_extra_model_outputs(key),
+                agent.get_extra_model_outputs(key),
+                f"{aid} extra {key}",
+            )
+        assert len(agent) == 7

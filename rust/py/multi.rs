@@ -14,7 +14,10 @@ use pyo3::types::{PyDict, PyList, PySet, PyString};
 
 use super::errors::index_error;
 use super::index::to_index;
-use super::single::{perf_counter, PreparedReset, PreparedStep, SingleAgentEpisodePy};
+use super::object::PyObj;
+use super::single::{
+    info_or_absent, perf_counter, PreparedReset, PreparedStep, RowStep, SingleAgentEpisodePy,
+};
 use crate::episode::multi::{
     plan_agent_step, AgentPlan, AgentStepError, AgentStepInput, MapRead, Source, StepMap,
 };
@@ -143,11 +146,18 @@ impl StepMapPy {
     }
 }
 
+/// An agent's step, prepared: as rows of its typed columns (the common case) or as the
+/// general path's items.
+enum StepData<'py> {
+    Rows { row: RowStep<'py>, info: Option<PyObj> },
+    Items(PreparedStep<'py>),
+}
+
 /// What one agent's step will do, prepared before anything is stored.
 enum Prepared<'py> {
     Step {
         episode: Bound<'py, SingleAgentEpisodePy>,
-        step: PreparedStep<'py>,
+        step: StepData<'py>,
         /// The action came from the agent's hanging data, which is used up.
         pops_hanging: bool,
         terminated: bool,
@@ -591,17 +601,35 @@ pub fn multi_agent_add_env_step<'py>(
                 } else {
                     0.0
                 };
-                let total = (hanging_reward + reward).into_pyobject(py)?.into_any();
-                let step = eps
-                    .borrow()
-                    .prepare_step(
+                // This step's own values (not the agent's last observation or its hanging
+                // ones) go straight into the columns where they fit them.
+                let given = observation == Source::Given && action_src == Source::Given;
+                let row = if given && extra_model_outputs == Source::Given {
+                    eps.borrow().prepare_row_step(
                         &obs_value,
                         &action_value,
-                        &total,
-                        info_value.as_ref(),
+                        hanging_reward + reward,
                         extras_dict.as_ref(),
-                    )
-                    .map_err(|e| for_agent(py, aid, e))?;
+                    )?
+                } else {
+                    None
+                };
+                let step = if let Some(row) = row {
+                    StepData::Rows { row, info: info_or_absent(info_value.as_ref()) }
+                } else {
+                    let total = (hanging_reward + reward).into_pyobject(py)?.into_any();
+                    let step = eps
+                        .borrow()
+                        .prepare_step(
+                            &obs_value,
+                            &action_value,
+                            &total,
+                            info_value.as_ref(),
+                            extras_dict.as_ref(),
+                        )
+                        .map_err(|e| for_agent(py, aid, e))?;
+                    StepData::Items(step)
+                };
                 Prepared::Step {
                     episode: eps,
                     step,
@@ -627,6 +655,9 @@ pub fn multi_agent_add_env_step<'py>(
     }
 
     // Phase 2: store.
+    // The step's time, for `get_duration_s` (the clock of Python's `time.perf_counter`),
+    // of the episode and of the agents that step.
+    let now = perf_counter();
     let env_t: i64 = attr(episode, vars, intern!(py, "env_t"))?.extract::<i64>()? + 1;
     episode.setattr(intern!(py, "env_t"), env_t)?;
     episode.setattr(intern!(py, "is_terminated"), is_terminated)?;
@@ -657,7 +688,12 @@ pub fn multi_agent_add_env_step<'py>(
         let aid = &rows[i].aid;
         match prepared {
             Prepared::Step { episode: eps, step, pops_hanging, terminated, truncated } => {
-                eps.borrow_mut().apply_step(py, step, terminated, truncated)?;
+                match step {
+                    StepData::Rows { row, info } => {
+                        row.apply(&mut eps.borrow_mut(), info, terminated, truncated, now)?;
+                    }
+                    StepData::Items(step) => eps.borrow_mut().apply_step(py, step, terminated, truncated)?,
+                }
                 if pops_hanging {
                     remove(&[&hanging_actions, &hanging_extras, &rewards_end], aid)?;
                 }
@@ -712,8 +748,6 @@ pub fn multi_agent_add_env_step<'py>(
             Prepared::Drop => remove(&all_hanging, aid)?,
         }
     }
-    // The step's time, for `get_duration_s` (the clock of Python's `time.perf_counter`).
-    let now = perf_counter();
     episode.setattr(intern!(py, "_last_step_time"), now)?;
     if attr(episode, vars, intern!(py, "_start_time"))?.is_none() {
         episode.setattr(intern!(py, "_start_time"), now)?;

@@ -15,6 +15,7 @@ use super::object::PyObj;
 use super::spec::{self, LeafBytes, Spec};
 use crate::column::{Column, Index, Pos, Resolved};
 use crate::episode::{EpisodeError, Field, FieldName, Item, SingleAgentCore, Step, Storage};
+use crate::schema::DType;
 
 /// Specs of the typed fields, parallel to the core's fields.
 #[derive(Default, Clone)]
@@ -1399,6 +1400,30 @@ pub struct PreparedStep<'py> {
     specs: Vec<(SpecSlot, Arc<Spec>)>,
 }
 
+/// One step's values as raw rows laid out like an episode's typed columns (observation,
+/// action, reward, then the extras `keys`), for [`SingleAgentEpisodePy::add_row_step`]:
+/// what [`SingleAgentEpisodePy::prepare_row_step`] makes.
+pub struct RowStep<'py> {
+    leaves: Vec<LeafBytes<'py>>,
+    keys: Vec<Bound<'py, PyString>>,
+}
+
+impl RowStep<'_> {
+    /// Stores the step (nothing is stored on error); `info` as [`info_or_absent`] gives it.
+    pub fn apply(
+        &self,
+        episode: &mut SingleAgentEpisodePy,
+        info: Option<PyObj>,
+        terminated: bool,
+        truncated: bool,
+        now: f64,
+    ) -> PyResult<()> {
+        let leaves: Vec<&[u8]> = self.leaves.iter().map(AsRef::as_ref).collect();
+        let keys = self.keys.iter().map(|k| k.to_str()).collect::<PyResult<Vec<&str>>>()?;
+        episode.add_row_step(&leaves, &keys, info, terminated, truncated, now)
+    }
+}
+
 /// A reset observation, converted and checked against an episode, not yet stored.
 pub struct PreparedReset<'py> {
     observation: Item<PyObj, LeafBytes<'py>>,
@@ -1486,6 +1511,54 @@ impl SingleAgentEpisodePy {
             infos,
             extras,
         )
+    }
+
+    /// [`Self::prepare_step`] for the common step of an episode whose fields are all
+    /// typed (every step after an agent's first): each value converted straight to the
+    /// bytes of its column's layout, for [`RowStep::apply`], without the per-field items
+    /// of the general path. `None` wherever the general path does something else (a field
+    /// or extra key without a typed column, a value that does not convert, a reward column
+    /// that is not one f32/f64 scalar): the caller then takes that path, which also raises
+    /// its errors.
+    pub fn prepare_row_step<'py>(
+        &self,
+        observation: &Bound<'py, PyAny>,
+        action: &Bound<'py, PyAny>,
+        reward: f64,
+        extra_model_outputs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Option<RowStep<'py>>> {
+        if self.core.is_done() || !self.core.is_reset() {
+            return Ok(None);
+        }
+        let extras = extra_model_outputs.map_or(0, PyDictMethods::len);
+        let mut leaves = Vec::with_capacity(3 + extras);
+        for (name, value) in [(FieldName::Observations, observation), (FieldName::Actions, action)] {
+            let Some(spec) = self.row_spec(name) else { return Ok(None) };
+            let Ok(views) = spec::to_leaf_views(spec, value, None, &|| label(name)) else { return Ok(None) };
+            leaves.extend(views.into_vec());
+        }
+        let Some(spec) = self.row_spec(FieldName::Rewards) else { return Ok(None) };
+        match spec.schema.leaves.as_slice() {
+            [leaf] if leaf.shape.is_empty() && leaf.dtype == DType::F64 => {
+                leaves.push(LeafBytes::scalar(&reward.to_ne_bytes()));
+            }
+            [leaf] if leaf.shape.is_empty() && leaf.dtype == DType::F32 => {
+                leaves.push(LeafBytes::scalar(&(reward as f32).to_ne_bytes()));
+            }
+            _ => return Ok(None),
+        }
+        let mut keys = Vec::with_capacity(extras);
+        if let Some(d) = extra_model_outputs {
+            for (k, v) in d.iter() {
+                let Ok(k) = k.cast_into::<PyString>() else { return Ok(None) };
+                let name = FieldName::Extra(k.to_str()?);
+                let Some(spec) = self.row_spec(name) else { return Ok(None) };
+                let Ok(views) = spec::to_leaf_views(spec, &v, None, &|| label(name)) else { return Ok(None) };
+                leaves.extend(views.into_vec());
+                keys.push(k);
+            }
+        }
+        Ok(Some(RowStep { leaves, keys }))
     }
 
     /// The spec of `name` if the field stores typed items laid out by it, so that a row
