@@ -314,3 +314,56 @@ def test_state_round_trip_same_greedy_actions(tmp_path):
     assert set(a.get_spaces()) == {"__env__", "p0", "p1"}
     a.assert_healthy()
     a.stop()
+
+
+def test_terminal_observations_go_through_a_user_env_to_module_pipeline_only():
+    """As RLlib does, the env-to-module pipeline also runs on the last observations of
+    episodes that end (its output thrown away), so that a piece that reads or rewrites
+    episodes sees them; the default pipeline, which only converts its batch, is not run
+    for them."""
+    from fastrollout.connectors.connector_v2 import ConnectorV2
+
+    class Seen(ConnectorV2):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.episode_ends = 0
+
+        def __call__(self, *, batch, episodes, **kwargs):
+            self.episode_ends += sum(e.is_done for e in episodes)
+            return batch
+
+    env = make_multi_agent("CartPole-v1")
+    piece = Seen()
+    c = config(env, n=2, env_config={"num_agents": 2})
+    runner = fr.MultiAgentEnvRunner(
+        config=c.env_runners(env_to_module_connector=lambda *args: piece)
+    )
+    episodes = runner.sample(num_episodes=3)
+    assert piece.episode_ends == len(episodes) == 3
+
+    class CountingBatcher:
+        """The runner's batcher, counting gathers of ended episodes' observations (the
+        only ones without done flags)."""
+
+        def __init__(self, batcher):
+            self.batcher, self.terminal_gathers = batcher, 0
+
+        def __getattr__(self, name):
+            return getattr(self.batcher, name)
+
+        def gather(self, episodes, observations, *flags):
+            self.terminal_gathers += not flags
+            return self.batcher.gather(episodes, observations, *flags)
+
+    default = fr.MultiAgentEnvRunner(config=config(env, n=2, env_config={"num_agents": 2}))
+    default.sample(num_timesteps=10)
+    counting = default._batcher = CountingBatcher(default._batcher)
+    assert len(default.sample(num_episodes=3)) == 3
+    assert counting.terminal_gathers == 0
+    user = fr.MultiAgentEnvRunner(
+        config=c.env_runners(env_to_module_connector=lambda *args: Seen())
+    )
+    user.sample(num_timesteps=10)
+    counting = user._batcher = CountingBatcher(user._batcher)
+    user.sample(num_episodes=3)
+    assert counting.terminal_gathers >= 1

@@ -190,8 +190,10 @@ class DefaultAct:
             return runner._connect(self._pipeline, outputs, explore), start
         out: dict[Any, dict[str, Any]] = {}
         for module_id, x in logits.items():
-            # (one numpy view of the logits serves the draw and the output)
-            x_np = x.numpy(force=True)
+            # One numpy view of the logits serves the draw and the output. Exploring, the
+            # logits are float32 CPU tensors without grad (checked above), for which
+            # numpy() is the view numpy(force=True) gives, in 0.75 instead of 1.8 µs.
+            x_np = x.numpy() if explore else x.numpy(force=True)
             # The general path's keys in its order: the module's output, then GetActions'
             # (actions and, exploring, their log-probabilities), then the env actions.
             module_out: dict[str, Any] = {Columns.ACTION_DIST_INPUTS: x_np}
