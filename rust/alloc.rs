@@ -30,15 +30,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use mimalloc::MiMalloc;
 
-/// Blocks of at least this many bytes come from mimalloc (below glibc's default mmap
-/// threshold of 128 KiB). `Column::shrink_to_fit` moves buffers of this size to exact
-/// blocks, since mimalloc does not shrink them in place (see `rust/column/mod.rs`).
-pub const BIG_BLOCK: usize = 64 * 1024;
+// Blocks of at least this many bytes come from mimalloc (below glibc's default mmap
+// threshold of 128 KiB); the columns' shrink policy depends on the same split.
+use crate::column::BIG_BUFFER_BYTES;
 
 /// Bytes in the mimalloc blocks handed out and not yet freed.
 static LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);
 
-/// The allocator: [`MiMalloc`] for blocks of [`BIG_BLOCK`] bytes or more (counted),
+/// The allocator: [`MiMalloc`] for blocks of [`BIG_BUFFER_BYTES`] bytes or more (counted),
 /// [`System`] for the others. A block's size tells which one owns it: Rust hands every
 /// `dealloc` and `realloc` the layout the block was allocated with.
 pub struct SplitAllocator;
@@ -69,7 +68,7 @@ unsafe fn counted(ptr: *mut u8) -> *mut u8 {
 // moves the bytes to a block of the other allocator and frees the old one.
 unsafe impl GlobalAlloc for SplitAllocator {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if layout.size() >= BIG_BLOCK {
+        if layout.size() >= BIG_BUFFER_BYTES {
             // SAFETY: forwarded as received; the result is null or a new mimalloc block.
             unsafe { counted(MiMalloc.alloc(layout)) }
         } else {
@@ -79,7 +78,7 @@ unsafe impl GlobalAlloc for SplitAllocator {
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        if layout.size() >= BIG_BLOCK {
+        if layout.size() >= BIG_BUFFER_BYTES {
             // SAFETY: forwarded as received; the result is null or a new mimalloc block.
             unsafe { counted(MiMalloc.alloc_zeroed(layout)) }
         } else {
@@ -89,7 +88,7 @@ unsafe impl GlobalAlloc for SplitAllocator {
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        if layout.size() >= BIG_BLOCK {
+        if layout.size() >= BIG_BUFFER_BYTES {
             // SAFETY: a live mimalloc block (its size says so), freed just after.
             LIVE_BYTES.fetch_sub(unsafe { usable(ptr) }, Ordering::Relaxed);
             // SAFETY: forwarded as received.
@@ -101,7 +100,7 @@ unsafe impl GlobalAlloc for SplitAllocator {
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        match (layout.size() >= BIG_BLOCK, new_size >= BIG_BLOCK) {
+        match (layout.size() >= BIG_BUFFER_BYTES, new_size >= BIG_BUFFER_BYTES) {
             (false, false) => {
                 // SAFETY: forwarded as received.
                 unsafe { System.realloc(ptr, layout, new_size) }

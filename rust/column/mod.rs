@@ -410,17 +410,18 @@ impl Column {
 /// item could otherwise ask for gigabytes at once).
 pub const MAX_RESERVE_BYTES: usize = 256 * 1024 * 1024;
 
-/// Buffers of at least this many bytes are moved to an exact block when they shrink with
-/// more than an eighth of spare room. The extension's allocator takes such blocks from
-/// mimalloc (`rust/alloc.rs`), which shrinks a block in place only when it loses more
-/// than half of it: `Vec::shrink_to_fit` alone would keep up to twice the bytes stored.
-/// Smaller buffers shrink in place (moving those left the C heap full of holes, see
+/// Where a buffer counts as big: the extension's allocator takes blocks of this many
+/// bytes or more from mimalloc and smaller ones from the system allocator
+/// (`rust/alloc.rs`). mimalloc shrinks a block in place only when it loses more than half
+/// of it, so big buffers move to an exact block when they shrink with more than an eighth
+/// of spare room (`Vec::shrink_to_fit` alone would keep up to twice the bytes stored);
+/// smaller buffers shrink in place (moving those left the C heap full of holes, see
 /// [`Column::shrink_to_fit`]).
-const MOVE_ON_SHRINK_BYTES: usize = 64 * 1024;
+pub const BIG_BUFFER_BYTES: usize = 64 * 1024;
 
-/// Gives back a buffer's spare capacity (see [`MOVE_ON_SHRINK_BYTES`]).
+/// Gives back a buffer's spare capacity (see [`BIG_BUFFER_BYTES`]).
 fn shrink(buf: &mut Vec<u8>) {
-    if buf.capacity() >= MOVE_ON_SHRINK_BYTES && buf.capacity() - buf.len() > buf.len() / 8 {
+    if buf.capacity() >= BIG_BUFFER_BYTES && buf.capacity() - buf.len() > buf.len() / 8 {
         let mut exact = Vec::with_capacity(buf.len());
         exact.extend_from_slice(buf);
         *buf = exact;
