@@ -220,7 +220,7 @@ def test_native_draw_uniform_buffers_are_per_thread():
 
 
 @pytest.mark.parametrize("episode_len", [3, 7])
-def test_runner_length_guess_reserves_room_without_changing_episodes(monkeypatch, episode_len):
+def test_runner_length_guess_changes_no_episode(monkeypatch, episode_len):
     """The single-agent runner passes the longest recent episode length to the record,
     which reserves room in columns of big items (the image observations here); the
     episodes sampled are the same as without the guess, across chunk cuts, and the guess
@@ -255,3 +255,32 @@ def test_runner_length_guess_reserves_room_without_changing_episodes(monkeypatch
     for e, a in zip(expected, actual, strict=True):
         assert_same_episode(e, a)
     assert guesses[0] is None and set(guesses[1:]) >= {episode_len}
+
+
+def test_length_guess_reserves_room_for_big_items_only_after_a_chunks_first_step():
+    """With ``expected_len``, a chunk's columns of items of 1 KiB or more take room for
+    the steps left to that length right after its first step (seen in the native heap's
+    count: the room is a mimalloc block), and none for smaller items or without a guess."""
+    from fastrollout import SingleAgentEpisode
+    from fastrollout._core import native_heap_bytes, single_agent_record_vector_step
+
+    def first_step_growth(item_bytes: int, expected_len: int | None) -> int:
+        space = gym.spaces.Box(0, 255, (item_bytes,), np.uint8)
+        eps = [SingleAgentEpisode(observation_space=space, action_space=gym.spaces.Discrete(2))]
+        obs = np.ones((1, item_bytes), np.uint8)
+        flags = np.zeros(1, bool)
+
+        def step() -> None:
+            single_agent_record_vector_step(
+                eps, obs, np.zeros(1, np.int64), np.ones(1), flags, flags,
+                expected_len=expected_len,
+            )  # fmt: skip
+
+        step()  # the reset
+        before = native_heap_bytes()
+        step()
+        return native_heap_bytes() - before
+
+    assert first_step_growth(1024, 200) >= 198 * 1024
+    assert first_step_growth(1024, None) < 64 * 1024
+    assert first_step_growth(512, 200) < 64 * 1024

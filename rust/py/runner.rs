@@ -227,6 +227,7 @@ fn record_rows(
     terminateds: &[bool],
     truncateds: &[bool],
     now: f64,
+    expected_len: Option<i64>,
 ) -> PyResult<()> {
     let leaves: Vec<(&[u8], Option<usize>)> = fast.fields.iter().flat_map(FastRows::leaf_slices).collect();
     // The batches' sizes were checked when they were converted, but Python code ran since
@@ -248,9 +249,10 @@ fn record_rows(
                 PyValueError::new_err(format!("no row {i} in the batch (was it resized?)"))
             })?);
         }
-        ep.borrow_mut()
-            .add_row_step(&row, &keys, info, terminateds[i], truncateds[i], now)
+        let mut e = ep.borrow_mut();
+        e.add_row_step(&row, &keys, info, terminateds[i], truncateds[i], now)
             .map_err(|err| for_env(ep.py(), i, err))?;
+        e.reserve_after_first_step(expected_len);
     }
     Ok(())
 }
@@ -358,10 +360,6 @@ enum Prepared<'py> {
     Step(super::single::PreparedStep<'py>),
 }
 
-/// Columns whose items take fewer bytes grow by doubling (see
-/// `SingleAgentCore::reserve_until`).
-pub const RESERVE_MIN_ITEM_BYTES: usize = 1024;
-
 /// Records one vector-env step into the N sub-envs' `SingleAgentEpisode`s in one call.
 ///
 /// Row `i` of every batch belongs to `episodes[i]`. An episode that was not reset yet
@@ -371,7 +369,7 @@ pub const RESERVE_MIN_ITEM_BYTES: usize = 1024;
 ///
 /// With `expected_len` (the runner's guess of an episode's length, from those that
 /// ended), an episode whose chunk has just made its first step reserves room in its
-/// columns of big items (observations of at least [`RESERVE_MIN_ITEM_BYTES`], such as
+/// columns of big items (observations of at least `RESERVE_MIN_ITEM_BYTES`, such as
 /// images) for the steps left to that length: they then neither copy themselves as they
 /// grow nor, when the guess is right, when `to_numpy` shrinks them.
 ///
@@ -392,7 +390,6 @@ pub fn single_agent_record_vector_step<'py>(
     extra_model_outputs: Option<&Bound<'py, PyDict>>,
     expected_len: Option<i64>,
 ) -> PyResult<(Vec<usize>, Vec<usize>)> {
-    let episodes_list = episodes;
     let n = episodes.len();
     let terminateds = flags(terminateds, n, "terminateds")?;
     let truncateds = flags(truncateds, n, "truncateds")?;
@@ -447,7 +444,7 @@ pub fn single_agent_record_vector_step<'py>(
     }
     let now = super::single::perf_counter();
     if let Some(f) = &fast {
-        record_rows(f, rows, &terminateds, &truncateds, now)?;
+        record_rows(f, rows, &terminateds, &truncateds, now, expected_len)?;
     }
     let mut started = Vec::new();
     for (i, ep, p) in others {
@@ -457,16 +454,9 @@ pub fn single_agent_record_vector_step<'py>(
                 e.apply_reset(py, r, infos[i].as_ref())?;
                 started.push(i);
             }
-            Prepared::Step(s) => e.apply_step(py, s, terminateds[i], truncateds[i])?,
-        }
-    }
-    if let Some(expected_len) = expected_len {
-        // After a chunk's first step every field has its column: room for the rest.
-        for ep in episodes_list.iter() {
-            let ep = ep.cast_into::<SingleAgentEpisodePy>()?;
-            let mut e = ep.borrow_mut();
-            if e.chunk_len() == 1 {
-                e.reserve_until(expected_len, RESERVE_MIN_ITEM_BYTES);
+            Prepared::Step(s) => {
+                e.apply_step(py, s, terminateds[i], truncateds[i])?;
+                e.reserve_after_first_step(expected_len);
             }
         }
     }

@@ -1400,6 +1400,10 @@ pub struct PreparedStep<'py> {
     specs: Vec<(SpecSlot, Arc<Spec>)>,
 }
 
+/// Columns whose items take fewer bytes grow by doubling, guess or not (see
+/// [`SingleAgentEpisodePy::reserve_after_first_step`]).
+pub const RESERVE_MIN_ITEM_BYTES: usize = 1024;
+
 /// One step's values as raw rows laid out like an episode's typed columns (observation,
 /// action, reward, then the extras `keys`), for [`SingleAgentEpisodePy::add_row_step`]:
 /// what [`SingleAgentEpisodePy::prepare_row_step`] makes.
@@ -1532,10 +1536,10 @@ impl SingleAgentEpisodePy {
         }
         let extras = extra_model_outputs.map_or(0, PyDictMethods::len);
         let mut leaves = Vec::with_capacity(3 + extras);
-        for (name, value) in [(FieldName::Observations, observation), (FieldName::Actions, action)] {
-            let Some(spec) = self.row_spec(name) else { return Ok(None) };
-            let Ok(views) = spec::to_leaf_views(spec, value, None, &|| label(name)) else { return Ok(None) };
-            leaves.extend(views.into_vec());
+        if !self.push_row_bytes(&mut leaves, FieldName::Observations, observation)
+            || !self.push_row_bytes(&mut leaves, FieldName::Actions, action)
+        {
+            return Ok(None);
         }
         let Some(spec) = self.row_spec(FieldName::Rewards) else { return Ok(None) };
         match spec.schema.leaves.as_slice() {
@@ -1551,14 +1555,27 @@ impl SingleAgentEpisodePy {
         if let Some(d) = extra_model_outputs {
             for (k, v) in d.iter() {
                 let Ok(k) = k.cast_into::<PyString>() else { return Ok(None) };
-                let name = FieldName::Extra(k.to_str()?);
-                let Some(spec) = self.row_spec(name) else { return Ok(None) };
-                let Ok(views) = spec::to_leaf_views(spec, &v, None, &|| label(name)) else { return Ok(None) };
-                leaves.extend(views.into_vec());
+                if !self.push_row_bytes(&mut leaves, FieldName::Extra(k.to_str()?), &v) {
+                    return Ok(None);
+                }
                 keys.push(k);
             }
         }
         Ok(Some(RowStep { leaves, keys }))
+    }
+
+    /// Appends `value`'s bytes in the layout of `name`'s typed column; false (nothing
+    /// appended) where the field has no such column or the value does not convert.
+    fn push_row_bytes<'py>(
+        &self,
+        leaves: &mut Vec<LeafBytes<'py>>,
+        name: FieldName<'_>,
+        value: &Bound<'py, PyAny>,
+    ) -> bool {
+        let Some(spec) = self.row_spec(name) else { return false };
+        let Ok(views) = spec::to_leaf_views(spec, value, None, &|| label(name)) else { return false };
+        leaves.extend(views.into_vec());
+        true
     }
 
     /// The spec of `name` if the field stores typed items laid out by it, so that a row
@@ -1682,9 +1699,16 @@ impl SingleAgentEpisodePy {
         self.start_time.get_or_insert(now);
     }
 
-    /// See [`crate::episode::SingleAgentCore::reserve_until`].
-    pub fn reserve_until(&mut self, expected_len: i64, min_item_bytes: usize) {
-        self.core.reserve_until(expected_len, min_item_bytes);
+    /// Right after a chunk's first step (when every field has its column), reserves room
+    /// in the columns of items of at least [`RESERVE_MIN_ITEM_BYTES`] for the steps left
+    /// until the episode is `expected_len` long (see
+    /// [`crate::episode::SingleAgentCore::reserve_until`]); nothing otherwise.
+    pub fn reserve_after_first_step(&mut self, expected_len: Option<i64>) {
+        if let Some(expected_len) = expected_len {
+            if self.core.len() == 1 {
+                self.core.reserve_until(expected_len, RESERVE_MIN_ITEM_BYTES);
+            }
+        }
     }
 
     /// The last stored observation and infos (for an agent terminated right after acting).
