@@ -717,3 +717,22 @@ def test_connector_base_defaults():
     assert ConnectorV2.space_for({"a": OBS}, "b") is None and ConnectorV2.space_for(OBS, "b") is OBS
     assert isinstance(MultiRLModule(), MultiRLModule)
     assert isinstance(DefaultMLPModule, type)
+
+
+def test_env_to_module_pipeline_only_converts_with_only_numpy_to_tensor():
+    """``only_converts`` holds for the default pipeline and for NumpyToTensor pieces
+    alone, and not where a call could do more: another piece, a subclass of the piece,
+    or a pipeline class with its own ``_run``."""
+
+    class MyNumpyToTensor(NumpyToTensor):
+        pass
+
+    class MyPipeline(EnvToModulePipeline):
+        def _run(self, pieces, call, batch):
+            return super()._run(pieces, call, batch)
+
+    assert default_env_to_module_pipeline().only_converts()
+    assert EnvToModulePipeline(connectors=[NumpyToTensor(), NumpyToTensor()]).only_converts()
+    assert not default_env_to_module_pipeline(connectors=[FlattenObservations()]).only_converts()
+    assert not EnvToModulePipeline(connectors=[MyNumpyToTensor()]).only_converts()
+    assert not MyPipeline(connectors=[NumpyToTensor()]).only_converts()

@@ -325,6 +325,23 @@ class EnvToModulePipeline(ConnectorPipelineV2):
     vector step; the piece's keyword call is about 1 µs of a CartPole step).
     """
 
+    def only_converts(self) -> bool:
+        """Whether a call does nothing but convert its batch.
+
+        That is: every piece is a ``NumpyToTensor`` (this exact class) and the pipeline's
+        class runs them as this one does. A caller that throws the output away then need
+        not call it.
+
+        Returns:
+            True or False.
+        """
+        cls = type(self)
+        return (
+            cls.__call__ is ConnectorPipelineV2.__call__
+            and cls._run is EnvToModulePipeline._run
+            and all(type(piece) is NumpyToTensor for piece in self.connectors)
+        )
+
     def _run(
         self, pieces: Sequence[ConnectorV2], call: dict[str, Any], batch: dict[Any, Any]
     ) -> dict[Any, Any]:

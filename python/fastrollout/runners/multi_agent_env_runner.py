@@ -18,8 +18,6 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from fastrollout._core import ModuleBatcher, multi_agent_record_steps
-from fastrollout.connectors.env_to_module import NumpyToTensor
-from fastrollout.connectors.pipeline import EnvToModulePipeline
 from fastrollout.core import DEFAULT_MODULE_ID, Columns
 from fastrollout.episodes import MultiAgentEpisode
 from fastrollout.runners import _support as s
@@ -233,10 +231,7 @@ class MultiAgentEnvRunner(EnvRunner):
         The default pipeline, which only converts the batch, has nothing to do there.
         """
         assert self.module is not None and self._batcher is not None
-        pipeline = self._connectors.env_to_module
-        if type(pipeline) is EnvToModulePipeline and all(
-            type(piece) is NumpyToTensor for piece in pipeline.connectors
-        ):
+        if self._connectors.env_to_module.only_converts():
             return
         gathered = self._batcher.gather(episodes, observations)
         if not gathered:
