@@ -446,9 +446,7 @@ def measure(
     for run in runs.values():
         for _ in range(warmup):
             run()
-            between = getattr(run, "between", None)
-            if between is not None:
-                between()
+            _between(run)
     times: dict[str, list[float]] = {who: [] for who in runs}
     gc.collect()
     for _ in range(repeats):
@@ -456,10 +454,15 @@ def measure(
             t0 = time.perf_counter()
             units = run()
             times[who].append((time.perf_counter() - t0) / units * 1e6)
-            between = getattr(run, "between", None)
-            if between is not None:
-                between()
+            _between(run)
     return {who: statistics.median(t) for who, t in times.items()}
+
+
+def _between(run: Callable[[], int]) -> None:
+    """The untimed work a contender does between two runs (see ``_sampler``)."""
+    between = getattr(run, "between", None)
+    if between is not None:
+        between()
 
 
 def machine() -> dict[str, Any]:
