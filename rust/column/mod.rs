@@ -7,6 +7,7 @@
 //! with a single copy.
 
 pub mod index;
+pub mod stream;
 
 use std::fmt;
 use std::sync::Arc;
@@ -228,7 +229,7 @@ impl Column {
     /// checked).
     pub fn push_unchecked<B: AsRef<[u8]>>(&mut self, item: &[B]) {
         for (buf, bytes) in self.leaves.iter_mut().zip(item) {
-            buf.extend_from_slice(bytes.as_ref());
+            stream::extend(buf, bytes.as_ref());
         }
         self.total += 1;
     }
@@ -423,7 +424,7 @@ pub const BIG_BUFFER_BYTES: usize = 64 * 1024;
 fn shrink(buf: &mut Vec<u8>) {
     if buf.capacity() >= BIG_BUFFER_BYTES && buf.capacity() - buf.len() > buf.len() / 8 {
         let mut exact = Vec::with_capacity(buf.len());
-        exact.extend_from_slice(buf);
+        stream::extend(&mut exact, buf);
         *buf = exact;
     } else {
         buf.shrink_to_fit();
