@@ -3,7 +3,7 @@ exactly what the general path samples, and steps aside wherever it would differ.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -31,8 +31,8 @@ def _counting(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     counts = {"direct": 0, "handed back": 0}
     call = DefaultAct.__call__
 
-    def counted(self: DefaultAct, runner: Any, batch: Any) -> Any:
-        out = call(self, runner, batch)
+    def counted(self: DefaultAct, runner: Any, batch: Any, ts: int) -> Any:
+        out = call(self, runner, batch, ts)
         counts["direct" if out is not None else "handed back"] += 1
         return out
 
@@ -140,25 +140,119 @@ def test_greedy_direct_step_samples_what_the_general_path_samples(
 
 
 def test_hook_replaced_layer_and_subclass_are_honoured(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A forward hook on a wrapper or a replaced layer is seen from the next step on; a
-    subclass that overrides ``_forward`` never gets the direct step."""
+    """A forward hook on a wrapper is seen (the module's own forward pass runs, the draw
+    stays direct); a subclass that overrides ``_forward`` gets its own forward pass."""
     runner = _single(1)
     counts = _counting(monkeypatch)
     module = runner.module["default_policy"]
     calls: list[int] = []
-    module.pi.register_forward_hook(lambda *args: calls.append(1))
+    handle = module.pi.register_forward_hook(lambda *args: calls.append(1))
     runner.sample(num_timesteps=6)
-    assert calls and counts["direct"] == 0 and counts["handed back"] > 0
+    assert len(calls) == counts["direct"] >= 6 and counts["handed back"] == 0
+    handle.remove()
 
     class Doubled(DefaultMLPModule):
         def _forward(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
             out = super()._forward(batch, **kwargs)
             return {Columns.ACTION_DIST_INPUTS: out[Columns.ACTION_DIST_INPUTS] * 2}
 
-    sub = Doubled(observation_space=module.observation_space, action_space=module.action_space)
-    assert DefaultAct.of(runner.module, runner._connectors.module_to_env, True) is not None
+    sub = Doubled(
+        observation_space=module.observation_space,
+        action_space=module.action_space,
+        inference_only=module.inference_only,
+    )
+    sub.load_state_dict(module.state_dict())
+    sub.eval()
     runner.module._rl_modules["default_policy"] = sub
-    assert DefaultAct.of(runner.module, runner._connectors.module_to_env, True) is None
+    episodes = runner.sample(num_timesteps=6, force_reset=True)
+    for e in episodes:
+        obs = torch.from_numpy(np.asarray(e.get_observations(slice(0, len(e)))))
+        with torch.no_grad():
+            plain = module.forward_inference({Columns.OBS: obs})[Columns.ACTION_DIST_INPUTS]
+        logits = e.get_extra_model_outputs(Columns.ACTION_DIST_INPUTS, slice(0, len(e)))
+        np.testing.assert_allclose(logits, 2 * plain.numpy(), rtol=1e-6)
+
+
+class _WithExtra(fr.modules.RLModule):
+    """A user module (not a DefaultMLPModule) with a categorical head and an extra output."""
+
+    def setup(self) -> None:
+        self.net = torch.nn.Linear(4, 2)
+
+    def _forward(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        logits = self.net(batch[Columns.OBS])
+        return {Columns.ACTION_DIST_INPUTS: logits, "embeddings": logits.detach() * 3}
+
+
+class _OwnActions(_WithExtra):
+    """Gives its own actions: the pipeline's GetActions leaves them."""
+
+    def _forward(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        out = super()._forward(batch, **kwargs)
+        out[Columns.ACTIONS] = out[Columns.ACTION_DIST_INPUTS].argmax(-1)
+        return out
+
+
+class _OwnLogp(_WithExtra):
+    """Gives its own log-probabilities: the pipeline only samples."""
+
+    def _forward(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        out = super()._forward(batch, **kwargs)
+        out[Columns.ACTION_LOGP] = torch.zeros(out[Columns.ACTION_DIST_INPUTS].shape[0])
+        return out
+
+
+class _KwargsSeen(_WithExtra):
+    """Records the keywords of its exploration forward pass."""
+
+    seen: ClassVar[list[dict[str, Any]]] = []
+
+    def _forward_exploration(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        _KwargsSeen.seen.append(dict(kwargs))
+        return self._forward(batch)
+
+
+@pytest.mark.parametrize("module_class", [_WithExtra, _OwnActions, _OwnLogp])
+@pytest.mark.parametrize("explore", [True, False])
+def test_user_module_steps_as_the_general_path(
+    monkeypatch: pytest.MonkeyPatch, module_class: type, explore: bool
+) -> None:
+    """A user module with a categorical distribution takes the direct step with its own
+    forward pass; its outputs, the pipeline's draws (own actions or log-probabilities)
+    and the episodes are the general path's."""
+    from fastrollout.modules import RLModuleSpec
+
+    def make() -> fr.SingleAgentEnvRunner:
+        c = fr.RunnerConfig().environment("CartPole-v1").debugging(seed=4)
+        c = c.env_runners(num_envs_per_env_runner=3)
+        c = c.rl_module(rl_module_spec=RLModuleSpec(module_class=module_class))
+        return fr.SingleAgentEnvRunner(config=c)
+
+    direct, general = _sample_twice(make, monkeypatch, num_timesteps=45, explore=explore)
+    assert len(direct) == len(general)
+    for a, b in zip(direct, general, strict=True):
+        assert_same_episode(b, a)
+        assert list(a.extra_model_outputs) == list(b.extra_model_outputs)
+        assert "embeddings" in a.extra_model_outputs
+
+
+def test_user_module_gets_the_exploration_step_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fastrollout.modules import RLModuleSpec
+
+    seen: dict[bool, list] = {}
+    for direct in (True, False):
+        with monkeypatch.context() as m:
+            if not direct:
+                _general_only(m)
+            _KwargsSeen.seen = []
+            c = fr.RunnerConfig().environment("CartPole-v1").debugging(seed=4)
+            c = c.rl_module(rl_module_spec=RLModuleSpec(module_class=_KwargsSeen))
+            runner = fr.SingleAgentEnvRunner(config=c)
+            runner.sample(num_timesteps=5)
+            runner.sample(num_timesteps=5)
+            assert (runner._default_act is not None) == direct
+            seen[direct] = _KwargsSeen.seen
+    assert seen[True] == seen[False] == [{"t": t} for t in range(10)]
 
 
 def test_a_piece_added_during_sampling_is_used_from_the_next_step(
@@ -264,7 +358,11 @@ def test_a_method_set_on_the_module_instance_is_honoured() -> None:
 
     module._forward = patched
     runner.sample(num_timesteps=4)
-    assert runner._default_act is None and calls
+    # The module's own forward pass runs (the direct step only skips it for the
+    # default one).
+    assert runner._default_act is not None
+    assert "default_policy" not in runner._default_act._direct_forward
+    assert len(calls) >= 4
 
 
 class _Strided(torch.nn.Module):

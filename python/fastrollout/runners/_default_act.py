@@ -1,23 +1,25 @@
-"""The default module and module-to-env pipeline's part of a vector step, in one pass.
+"""The default module-to-env pipeline's part of a vector step, in one pass.
 
-With the default pieces, a runner's exploring step is: for each module, the MLP's actor
-layers on the observations, one categorical draw, the outputs as numpy, and the actions
-fitted to the env. Going through the interfaces RLlib defines (``MultiRLModule`` ->
+With the default pieces, a runner's exploring step is: for each module, its forward pass
+on the observations, one categorical draw, the outputs as numpy, and the actions fitted to
+the env. Going through the interfaces RLlib defines (``MultiRLModule`` ->
 ``RLModule.forward_exploration`` -> ``_forward_exploration`` -> ``_forward``, then the
 pipeline's ``__call__`` and its three pieces) costs about twenty Python calls per vector
 step on top of that work: at one CartPole sub-env, about 15% of ``sample()`` (127 against
 107 µs per env step with this class and the direct env-to-module conversion).
 
 :class:`DefaultAct` does the same work directly, and only where it is the same work: the
-module is a ``MultiRLModule`` of ``DefaultMLPModule``s whose phase methods are the
-defaults and whose distribution is ``TorchCategorical``, and the module-to-env pipeline
-holds exactly the default pieces. It is built at the start of every ``sample()`` call;
-each step re-checks what can change meanwhile (the pipeline's pieces, the modules, hooks
-and replaced layers, train mode) and hands the step back to the general path (returns
-None) where anything differs. Greedy steps take the argmax (with ``forward_inference``'s
-twins of the methods above); logits the native draw does not take go from the direct
-forward pass through the pipeline. The outputs are those of the general path, key for
-key and bit for bit (tests compare whole sampled episodes).
+module is a ``MultiRLModule`` whose modules' distribution is ``TorchCategorical``, and the
+module-to-env pipeline holds exactly the default pieces. Each module's forward pass is
+its own ``forward_exploration`` (``forward_inference``), the call ``MultiRLModule`` makes,
+except for a ``DefaultMLPModule`` whose phase methods are the defaults: its actor layers
+run directly. It is built at the start of every ``sample()`` call; each step re-checks
+what can change meanwhile (the pipeline's pieces, the modules, hooks and replaced layers,
+train mode) and hands the step back to the general path (returns None) where anything
+differs. Greedy steps take the argmax. Outputs the direct draw does not take (logits of
+another dtype or device, a module that gives its own actions or log-probabilities) go from
+the forward pass already made through the pipeline. The outputs are those of the general
+path, key for key and bit for bit (tests compare whole sampled episodes).
 """
 
 from __future__ import annotations
@@ -26,12 +28,13 @@ import time
 from typing import Any
 
 import gymnasium as gym
+import torch
 
 from fastrollout.connectors.module_to_env.get_actions import GetActions
 from fastrollout.connectors.module_to_env.normalize_and_clip_actions import (
     NormalizeAndClipActions,
 )
-from fastrollout.connectors.module_to_env.tensor_to_numpy import TensorToNumpy
+from fastrollout.connectors.module_to_env.tensor_to_numpy import TensorToNumpy, to_numpy
 from fastrollout.connectors.pipeline import ModuleToEnvPipeline
 from fastrollout.core import Columns
 from fastrollout.modules.default import DefaultMLPModule, run_layers
@@ -59,20 +62,33 @@ _PHASE_METHODS = {
 
 
 def _is_default_module(module: Any, explore: bool) -> bool:
+    """Whether ``module``'s forward pass is ``DefaultMLPModule``'s own (its actor layers)."""
     if not isinstance(module, DefaultMLPModule):
         return False
     cls = type(module)
     names = (*_SHARED_METHODS, *_PHASE_METHODS[explore])
     if any(name in module.__dict__ for name in names):
         return False
-    if any(getattr(cls, name) is not getattr(DefaultMLPModule, name) for name in names):
+    return all(getattr(cls, name) is getattr(DefaultMLPModule, name) for name in names)
+
+
+def _draws_categorical(module: Any, explore: bool) -> bool:
+    """Whether the phase's distribution of ``module`` is ``TorchCategorical``."""
+    getter = _PHASE_METHODS[explore][2]
+    try:
+        return getattr(module, getter)() is TorchCategorical
+    except (AttributeError, TypeError):  # (no such method, or no default for the space)
         return False
-    dist_cls = (
-        module.get_exploration_action_dist_cls()
-        if explore
-        else module.get_inference_action_dist_cls()
-    )
-    return dist_cls is TorchCategorical
+
+
+def _drawable(out: Any, explore: bool) -> bool:
+    """Whether the direct tail makes of a module's outputs what the pipeline makes."""
+    if type(out) is not dict or Columns.ACTIONS in out or Columns.ACTION_LOGP in out:
+        return False
+    logits = out.get(Columns.ACTION_DIST_INPUTS)
+    if not isinstance(logits, torch.Tensor):
+        return False
+    return native_draw_applies(logits) if explore else True
 
 
 def _fit_space(fit: NormalizeAndClipActions, module_id: Any, module: Any) -> Any:
@@ -91,11 +107,13 @@ class DefaultAct:
     """
 
     __slots__ = (
+        "_direct_forward",
         "_explore",
         "_fit",
         "_fit_is_identity",
         "_modules",
         "_multi_module",
+        "_phase",
         "_pieces",
         "_pipeline",
     )
@@ -104,11 +122,17 @@ class DefaultAct:
         self, multi_module: MultiRLModule, pipeline: ModuleToEnvPipeline, explore: bool
     ) -> None:
         self._explore = explore
+        self._phase = _PHASE_METHODS[explore][0]
         self._multi_module = multi_module
         self._pipeline = pipeline
         self._pieces = list(pipeline.connectors)
-        # (DefaultAct.of admits only DefaultMLPModules)
         self._modules: dict[Any, Any] = dict(multi_module._rl_modules)
+        # Modules whose actor layers the step runs itself (see _is_default_module).
+        self._direct_forward = {
+            module_id
+            for module_id, module in self._modules.items()
+            if _is_default_module(module, explore)
+        }
         fit = self._pieces[-1]
         assert isinstance(fit, NormalizeAndClipActions)
         self._fit = fit
@@ -145,16 +169,19 @@ class DefaultAct:
             type(p) is not t for p, t in zip(pieces, _DEFAULT_TAIL, strict=True)
         ):
             return None
-        if not all(_is_default_module(m, explore) for m in multi_module._rl_modules.values()):
+        if not all(_draws_categorical(m, explore) for m in multi_module._rl_modules.values()):
             return None
         return cls(multi_module, pipeline, explore)
 
-    def __call__(self, runner: Any, batch: dict[Any, Any]) -> tuple[dict[Any, Any], float] | None:
+    def __call__(
+        self, runner: Any, batch: dict[Any, Any], ts: int
+    ) -> tuple[dict[Any, Any], float] | None:
         """Runs the step on an env-to-module batch, or hands it back.
 
         Args:
-            runner: The runner (its timers).
-            batch: ``{module_id: {Columns.OBS: tensor}}``, the env-to-module output.
+            runner: The runner (its timers, the exploration step count).
+            batch: ``{module_id: {column: tensor}}``, the env-to-module output.
+            ts: Env steps sampled so far in this ``sample`` call.
 
         Returns:
             What ``EnvRunner._act`` returns (the module-to-env output and the time its
@@ -172,31 +199,42 @@ class DefaultAct:
             module = self._modules.get(module_id)
             if module is None or modules.get(module_id) is not module or module.training:
                 return None
-            layers = module._plain_actor_layers()  # (None: hooks, replaced head, ...)
-            if layers is None:
-                return None
+            layers = (
+                module._plain_actor_layers()  # (None: hooks, replaced head, ...)
+                if module_id in self._direct_forward
+                else None
+            )
             plan.append((module_id, module, module_batch, layers))
+        explore = self._explore
         start = time.perf_counter()
-        logits: dict[Any, Any] = {}
+        kwargs = {"t": runner._exploration_t(ts)} if explore else {}
+        outputs: dict[Any, Any] = {}
         for module_id, module, module_batch, layers in plan:
-            logits[module_id] = run_layers(layers, module._obs(module_batch))
+            if layers is None:  # the module's own forward pass, as MultiRLModule calls it
+                outputs[module_id] = getattr(module, self._phase)(module_batch, **kwargs)
+            else:
+                outputs[module_id] = {
+                    Columns.ACTION_DIST_INPUTS: run_layers(layers, module._obs(module_batch))
+                }
         runner._log_time_since(s.RLMODULE_INFERENCE_TIMER, start)
         start = time.perf_counter()
-        explore = self._explore
-        if explore and not all(native_draw_applies(x) for x in logits.values()):
-            # Logits the native draw does not take (another dtype or device): the
-            # pipeline draws them, from these very outputs (no second forward pass).
-            outputs = {mid: {Columns.ACTION_DIST_INPUTS: x} for mid, x in logits.items()}
+        if not all(_drawable(o, explore) for o in outputs.values()):
+            # The pipeline draws (or takes) these from the very outputs (no second
+            # forward pass).
             return runner._connect(self._pipeline, outputs, explore), start
         out: dict[Any, dict[str, Any]] = {}
-        for module_id, x in logits.items():
+        for module_id, module_output in outputs.items():
+            x = module_output[Columns.ACTION_DIST_INPUTS]
             # One numpy view of the logits serves the draw and the output. Exploring, the
             # logits are float32 CPU tensors without grad (checked above), for which
             # numpy() is the view numpy(force=True) gives, in 0.75 instead of 1.8 µs.
             x_np = x.numpy() if explore else x.numpy(force=True)
-            # The general path's keys in its order: the module's output, then GetActions'
+            # The general path's keys in its order: the module's outputs, then GetActions'
             # (actions and, exploring, their log-probabilities), then the env actions.
-            module_out: dict[str, Any] = {Columns.ACTION_DIST_INPUTS: x_np}
+            module_out: dict[str, Any] = {
+                k: x_np if k == Columns.ACTION_DIST_INPUTS else to_numpy(v)
+                for k, v in module_output.items()
+            }
             if explore:
                 module_out[Columns.ACTIONS], module_out[Columns.ACTION_LOGP] = (
                     categorical_draw_numpy(x_np)

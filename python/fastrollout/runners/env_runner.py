@@ -287,7 +287,7 @@ class EnvRunner(abc.ABC):
         grad_was_on = grad_off()
         try:
             if self._default_act is not None:
-                direct = self._default_act(self, batch)
+                direct = self._default_act(self, batch, ts)
                 if direct is not None:
                     return direct
             out = self._forward(batch, explore, ts)
@@ -314,13 +314,24 @@ class EnvRunner(abc.ABC):
         if not explore:
             out = self.module.forward_inference(batch)
         else:
-            # Exploration schedules read the global step count, which RLlib estimates
-            # from this runner's count as if all runners sampled at the same rate.
-            runners = int(s.cfg(self.config, "num_env_runners", 0)) or 1
-            t = (self.num_env_steps_sampled_lifetime // runners + ts) * runners
-            out = self.module.forward_exploration(batch, t=t)
+            out = self.module.forward_exploration(batch, t=self._exploration_t(ts))
         self._log_time_since(s.RLMODULE_INFERENCE_TIMER, start)
         return out
+
+    def _exploration_t(self, ts: int) -> int:
+        """The global env step count passed to ``forward_exploration`` as ``t``.
+
+        Exploration schedules read it; RLlib estimates it from this runner's count as if
+        all runners sampled at the same rate.
+
+        Args:
+            ts: Env steps sampled so far in this ``sample`` call.
+
+        Returns:
+            The estimate.
+        """
+        runners = int(s.cfg(self.config, "num_env_runners", 0)) or 1
+        return (self.num_env_steps_sampled_lifetime // runners + ts) * runners
 
     def _episode_out(self, episode: Any, to_numpy: bool) -> Any:
         """An episode (done or a chunk) as ``sample`` returns it."""
