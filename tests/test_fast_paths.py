@@ -221,8 +221,9 @@ def test_native_draw_uniform_buffers_are_per_thread():
 
 @pytest.mark.parametrize("episode_len", [3, 7])
 def test_runner_length_guess_changes_no_episode(monkeypatch, episode_len):
-    """The single-agent runner passes the longest recent episode length to the record,
-    which reserves room in columns of big items (the image observations here); the
+    """The single-agent runner passes the longest recent episode length (and the vector
+    steps it has left) to the record, which reserves room in columns of big items (the
+    image observations here); the
     episodes sampled are the same as without the guess, across chunk cuts, and the guess
     follows the episodes that ended."""
     from tests.test_default_act import assert_same_episode
@@ -235,8 +236,9 @@ def test_runner_length_guess_changes_no_episode(monkeypatch, episode_len):
     guesses: list = []
 
     def without_guess(*args):
-        guesses.append(args[-1])
-        return record(*args[:-1], None)
+        args = args + (None,) * (10 - len(args))  # (the reset passes no guess)
+        guesses.append(args[8:])  # (expected_len, steps_left)
+        return record(*args[:8], None, None)
 
     def sample(guess: bool) -> list:
         c = fr.RunnerConfig().debugging(seed=5).env_runners(num_envs_per_env_runner=3)
@@ -254,17 +256,24 @@ def test_runner_length_guess_changes_no_episode(monkeypatch, episode_len):
     assert len(expected) == len(actual)
     for e, a in zip(expected, actual, strict=True):
         assert_same_episode(e, a)
-    assert guesses[0] is None and set(guesses[1:]) >= {episode_len}
+    lengths = [g[0] for g in guesses]
+    assert lengths[0] is None and set(lengths[1:]) >= {episode_len}
+    # After the reset, the first step: the vector steps left in the call (10 env steps,
+    # 3 sub-envs) plus two.
+    assert guesses[0] == (None, None) and guesses[1][1] == 5
 
 
 def test_length_guess_reserves_room_for_big_items_only_after_a_chunks_first_step():
     """With ``expected_len``, a chunk's columns of items of 1 KiB or more take room for
-    the steps left to that length right after its first step (seen in the native heap's
-    count: the room is a mimalloc block), and none for smaller items or without a guess."""
+    the steps left to that length (at most ``steps_left``) right after its first step
+    (seen in the native heap's count: the room is a mimalloc block), and none for smaller
+    items or without a guess."""
     from fastrollout import SingleAgentEpisode
     from fastrollout._core import native_heap_bytes, single_agent_record_vector_step
 
-    def first_step_growth(item_bytes: int, expected_len: int | None) -> int:
+    def first_step_growth(
+        item_bytes: int, expected_len: int | None, steps_left: int | None = None
+    ) -> int:
         space = gym.spaces.Box(0, 255, (item_bytes,), np.uint8)
         eps = [SingleAgentEpisode(observation_space=space, action_space=gym.spaces.Discrete(2))]
         obs = np.ones((1, item_bytes), np.uint8)
@@ -273,7 +282,7 @@ def test_length_guess_reserves_room_for_big_items_only_after_a_chunks_first_step
         def step() -> None:
             single_agent_record_vector_step(
                 eps, obs, np.zeros(1, np.int64), np.ones(1), flags, flags,
-                expected_len=expected_len,
+                expected_len=expected_len, steps_left=steps_left,
             )  # fmt: skip
 
         step()  # the reset
@@ -284,3 +293,5 @@ def test_length_guess_reserves_room_for_big_items_only_after_a_chunks_first_step
     assert first_step_growth(1024, 200) >= 198 * 1024
     assert first_step_growth(1024, None) < 64 * 1024
     assert first_step_growth(512, 200) < 64 * 1024
+    # No more room than the steps the runner has left before it cuts the chunk.
+    assert 10 * 8192 <= first_step_growth(8192, 200, steps_left=10) < 20 * 8192

@@ -227,6 +227,7 @@ def single_agent_record_vector_step(
     infos: Any = None,
     extra_model_outputs: dict[str, Any] | None = None,
     expected_len: int | None = None,
+    steps_left: int | None = None,
 ) -> tuple[list[int], list[int]]: ...
 def multi_agent_record_steps(
     episodes: list[Any],

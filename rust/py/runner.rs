@@ -15,7 +15,7 @@ use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 
 use super::multi::multi_agent_add_env_step;
 use super::object::PyObj;
-use super::single::{Input, SingleAgentEpisodePy};
+use super::single::{Input, LengthGuess, SingleAgentEpisodePy};
 use super::spec::{self, LeafBytes, Spec};
 use crate::episode::FieldName;
 use crate::runner::{scatter_plan, ModuleBatch, Rows};
@@ -227,7 +227,7 @@ fn record_rows(
     terminateds: &[bool],
     truncateds: &[bool],
     now: f64,
-    expected_len: Option<i64>,
+    guess: Option<LengthGuess>,
 ) -> PyResult<()> {
     let leaves: Vec<(&[u8], Option<usize>)> = fast.fields.iter().flat_map(FastRows::leaf_slices).collect();
     // The batches' sizes were checked when they were converted, but Python code ran since
@@ -252,7 +252,7 @@ fn record_rows(
         let mut e = ep.borrow_mut();
         e.add_row_step(&row, &keys, info, terminateds[i], truncateds[i], now)
             .map_err(|err| for_env(ep.py(), i, err))?;
-        e.reserve_after_first_step(expected_len);
+        e.reserve_after_first_step(guess);
     }
     Ok(())
 }
@@ -370,13 +370,15 @@ enum Prepared<'py> {
 /// With `expected_len` (the runner's guess of an episode's length, from those that
 /// ended), an episode whose chunk has just made its first step reserves room in its
 /// columns of big items (observations of at least `RESERVE_MIN_ITEM_BYTES`, such as
-/// images) for the steps left to that length: they then neither copy themselves as they
-/// grow nor, when the guess is right, when `to_numpy` shrinks them.
+/// images) for the steps left to that length, and no more than `steps_left` (the vector
+/// steps the runner may still take before it cuts its chunks; none: no bound): they then
+/// neither copy themselves as they grow nor, when the guess is right, when `to_numpy`
+/// shrinks them.
 ///
 /// Returns `(started, done)`: the sub-env indices whose episode was reset now, and those
 /// whose episode is done after this step.
 #[pyfunction]
-#[pyo3(signature = (episodes, observations, actions, rewards, terminateds, truncateds, infos=None, extra_model_outputs=None, expected_len=None))]
+#[pyo3(signature = (episodes, observations, actions, rewards, terminateds, truncateds, infos=None, extra_model_outputs=None, expected_len=None, steps_left=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn single_agent_record_vector_step<'py>(
     py: Python<'py>,
@@ -389,7 +391,10 @@ pub fn single_agent_record_vector_step<'py>(
     infos: Option<&Bound<'py, PyAny>>,
     extra_model_outputs: Option<&Bound<'py, PyDict>>,
     expected_len: Option<i64>,
+    steps_left: Option<usize>,
 ) -> PyResult<(Vec<usize>, Vec<usize>)> {
+    let guess = expected_len
+        .map(|expected_len| LengthGuess { expected_len, steps_left: steps_left.unwrap_or(usize::MAX) });
     let n = episodes.len();
     let terminateds = flags(terminateds, n, "terminateds")?;
     let truncateds = flags(truncateds, n, "truncateds")?;
@@ -444,7 +449,7 @@ pub fn single_agent_record_vector_step<'py>(
     }
     let now = super::single::perf_counter();
     if let Some(f) = &fast {
-        record_rows(f, rows, &terminateds, &truncateds, now, expected_len)?;
+        record_rows(f, rows, &terminateds, &truncateds, now, guess)?;
     }
     let mut started = Vec::new();
     for (i, ep, p) in others {
@@ -456,7 +461,7 @@ pub fn single_agent_record_vector_step<'py>(
             }
             Prepared::Step(s) => {
                 e.apply_step(py, s, terminateds[i], truncateds[i])?;
-                e.reserve_after_first_step(expected_len);
+                e.reserve_after_first_step(guess);
             }
         }
     }

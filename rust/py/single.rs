@@ -1404,6 +1404,16 @@ pub struct PreparedStep<'py> {
 /// [`SingleAgentEpisodePy::reserve_after_first_step`]).
 pub const RESERVE_MIN_ITEM_BYTES: usize = 1024;
 
+/// A runner's guess of how long its chunks get (see
+/// [`SingleAgentEpisodePy::reserve_after_first_step`]).
+#[derive(Clone, Copy, Debug)]
+pub struct LengthGuess {
+    /// The length of the episodes the runner saw end.
+    pub expected_len: i64,
+    /// The most steps a chunk can take before the runner cuts it (`usize::MAX`: no bound).
+    pub steps_left: usize,
+}
+
 /// One step's values as raw rows laid out like an episode's typed columns (observation,
 /// action, reward, then the extras `keys`), for [`SingleAgentEpisodePy::add_row_step`]:
 /// what [`SingleAgentEpisodePy::prepare_row_step`] makes.
@@ -1701,12 +1711,13 @@ impl SingleAgentEpisodePy {
 
     /// Right after a chunk's first step (when every field has its column), reserves room
     /// in the columns of items of at least [`RESERVE_MIN_ITEM_BYTES`] for the steps left
-    /// until the episode is `expected_len` long (see
-    /// [`crate::episode::SingleAgentCore::reserve_until`]); nothing otherwise.
-    pub fn reserve_after_first_step(&mut self, expected_len: Option<i64>) {
-        if let Some(expected_len) = expected_len {
+    /// until the episode is `guess.expected_len` long, and no more than
+    /// `guess.steps_left` (see [`crate::episode::SingleAgentCore::reserve_until`]);
+    /// nothing otherwise.
+    pub fn reserve_after_first_step(&mut self, guess: Option<LengthGuess>) {
+        if let Some(g) = guess {
             if self.core.len() == 1 {
-                self.core.reserve_until(expected_len, RESERVE_MIN_ITEM_BYTES);
+                self.core.reserve_until(g.expected_len, g.steps_left, RESERVE_MIN_ITEM_BYTES);
             }
         }
     }

@@ -217,6 +217,7 @@ class SingleAgentEnvRunner(EnvRunner):
         per_step_callbacks = self._has_callbacks("on_episode_start") or self._has_callbacks(
             "on_episode_step"
         )
+        n = self.num_envs
         while (ts < num_timesteps) if num_timesteps is not None else (eps < (num_episodes or 0)):
             if random_actions:
                 actions = env_actions = self.env.action_space.sample()
@@ -258,6 +259,10 @@ class SingleAgentEnvRunner(EnvRunner):
                 infos,
                 extras,
                 self._expected_len,
+                # The vector steps this call takes after this one, plus two (next-step
+                # resets add about one per episode length): a chunk's reservation stops
+                # about where the call cuts it, which to_numpy then need not move.
+                None if num_timesteps is None else (num_timesteps - ts + n - 1) // n + 1,
             )
             ts += self.num_envs - len(started)
             self._obs = obs
