@@ -263,35 +263,56 @@ def _ordered_state(ep: Any) -> list:
     steps=st.integers(0, 8),
     k=st.integers(0, 4),
     simultaneous=st.sampled_from([True, True, True, False]),
+    dones=st.booleans(),
     numpy=st.booleans(),
     more=st.integers(0, 3),
 )
 def test_fast_cut_equals_the_rebuilt_cut(
-    cfg_seed: int, plan_seed: int, steps: int, k: int, simultaneous: bool, numpy: bool, more: int
+    cfg_seed: int,
+    plan_seed: int,
+    steps: int,
+    k: int,
+    simultaneous: bool,
+    dones: bool,
+    numpy: bool,
+    more: int,
 ) -> None:
-    """``cut`` takes a shortcut for chunks whose agents all stepped at each kept env step;
-    its successor is the one the general path rebuilds from per-env-step reads (same
-    getters, same state in the same key order, same behaviour when stepped on)."""
+    """``cut`` takes a shortcut for chunks whose live agents all stepped at each kept env
+    step (agents that finished before the last env step are left out); its successor is
+    the one the general path rebuilds from per-env-step reads (same getters, same state
+    in the same key order, same behaviour when stepped on)."""
     if not IS_FASTROLLOUT:
         return
 
     cfg = ScriptConfig.draw(np.random.default_rng(cfg_seed))
     if simultaneous:
         agents = {a: dataclasses.replace(s, late=False) for a, s in cfg.agents.items()}
-        cfg = dataclasses.replace(cfg, agents=agents, mode="simultaneous", p_done=0.0, p_end=0.0)
+        p_done = max(cfg.p_done, 0.15) if dones else 0.0
+        cfg = dataclasses.replace(cfg, agents=agents, mode="simultaneous", p_done=p_done, p_end=0.0)
     note(f"config: {cfg.describe()}")
     planner = Planner(cfg, np.random.default_rng(plan_seed))
     ep = new_episode(cfg, "fast-cut")
     observations, infos = planner.reset()
     ep.add_env_reset(observations=observations, infos=infos)
-    everyone = set(observations) == set(cfg.agents)
+    # Whether every live agent observed and acted at every step (an agent that finishes
+    # does so with its last observation) and none finished in the last k + 1.
+    alive = set(cfg.agents)
+    everyone = set(observations) == alive
+    last_finish = -1
+    n = 0
     for _ in range(steps):
         if planner.done:
             break
         data = planner.step()
-        everyone &= set(data["observations"]) == set(data["actions"]) == set(cfg.agents)
-        everyone &= not any((data.get("terminateds") or {}).values())
+        n += 1
+        terminateds, truncateds = data.get("terminateds") or {}, data.get("truncateds") or {}
+        finished = {a for a in alive if terminateds.get(a) or truncateds.get(a)}
+        everyone &= set(data["observations"]) == set(data["actions"]) == alive
+        alive -= finished
+        if finished:
+            last_finish = n
         ep.add_env_step(**data)
+    everyone &= last_finish < n - k
     if planner.done:
         return
     ep.custom_data["note"] = {"n": [1]}
@@ -299,10 +320,12 @@ def test_fast_cut_equals_the_rebuilt_cut(
         ep.to_numpy()
     fast = ep._cut_simultaneous(k)
     if fast is None:
-        # A chunk where every agent observed and acted at every step takes it.
+        # A chunk where every live agent observed and acted at every step takes it.
         assert not everyone or numpy or k > len(ep) or k == 0
         return
     count("fast cuts compared with rebuilt cuts")
+    if any(e.is_done for e in ep.agent_episodes.values()):
+        count("fast cuts with done agents compared with rebuilt cuts")
     rebuilt = ep._cut_rebuilt(k)
     keys = extra_keys(rebuilt)
     assert_same_ma(rebuilt, fast, keys)
@@ -316,5 +339,73 @@ def test_fast_cut_equals_the_rebuilt_cut(
         fast.add_env_step(**copy.deepcopy(data))
         rebuilt.add_env_step(**data)
     # Agents that join now get random episode ids.
+    assert_same_ma(rebuilt, fast, extra_keys(rebuilt), ids=False)
+    assert_same_ma(rebuilt.to_numpy(), fast.to_numpy(), extra_keys(rebuilt), ids=False)
+
+
+def _simultaneous_step(t: int, alive: list[str], finish: dict[str, tuple[int, bool]]) -> dict:
+    """One env step of simultaneous agents: every live agent acts, observes and is
+    rewarded; those whose finish step is ``t`` end (truncated or terminated)."""
+    ends = {a: trunc for a, (f, trunc) in finish.items() if f == t and a in alive}
+    return {
+        "observations": {a: np.full(2, t + i, np.float32) for i, a in enumerate(alive)},
+        "actions": {a: (t + i) % 3 for i, a in enumerate(alive)},
+        "rewards": {a: float(t * 10 + i) for i, a in enumerate(alive)},
+        "terminateds": {a: True for a, trunc in ends.items() if not trunc},
+        "truncateds": {a: True for a, trunc in ends.items() if trunc},
+        "extra_model_outputs": {a: {"logp": np.float32(-t - i)} for i, a in enumerate(alive)},
+    }
+
+
+@given(
+    n_agents=st.integers(2, 5),
+    finishes=st.lists(st.tuples(st.integers(1, 10), st.booleans()), min_size=5, max_size=5),
+    never=st.lists(st.booleans(), min_size=5, max_size=5),
+    steps=st.integers(1, 10),
+    k=st.integers(0, 3),
+)
+def test_fast_cut_with_done_agents_equals_the_rebuilt_cut(
+    n_agents: int,
+    finishes: list[tuple[int, bool]],
+    never: list[bool],
+    steps: int,
+    k: int,
+) -> None:
+    """Simultaneous agents, some of which finish: the shortcut applies exactly when every
+    done agent finished before the kept env steps, at the first of them or at the last,
+    and its successor is the rebuilt one (state, key order, and the steps that follow)."""
+    if not IS_FASTROLLOUT:
+        return
+    agents = [f"a{i}" for i in range(n_agents)]
+    finish = {a: f for a, f, skip in zip(agents, finishes, never, strict=False) if not skip}
+    ep = MAEpisode(id_="done-agents")
+    ep.add_env_reset(observations={a: np.zeros(2, np.float32) for a in agents})
+    alive = list(agents)
+    for t in range(1, steps + 1):
+        ep.add_env_step(**_simultaneous_step(t, alive, finish))
+        alive = [a for a in alive if finish.get(a, (0, False))[0] != t]
+        if not alive:
+            return  # (the episode is done)
+    fast = ep._cut_simultaneous(k)
+    # A done agent finished before the kept env steps (left out), at the first of them
+    # (dropped), or at the last (kept, done); in between, the general path cuts.
+    handled = all(
+        f < steps - k or f == steps - k > 0 or f == steps
+        for f, _ in finish.values()
+        if f <= steps
+    )
+    assert (fast is not None) == (handled and 0 < k <= steps), (handled, k, steps)
+    if fast is None:
+        return
+    done = len(alive) < len(agents)
+    count("fast cuts with done agents" if done else "fast cuts without done agents")
+    rebuilt = ep._cut_rebuilt(k)
+    assert_same_ma(rebuilt, fast, extra_keys(rebuilt))
+    assert_same(_ordered_state(rebuilt), _ordered_state(fast), "state")
+    assert list(fast.agent_episodes) == list(rebuilt.agent_episodes)
+    for t in range(steps + 1, steps + 3):
+        data = _simultaneous_step(t, alive, {})
+        fast.add_env_step(**copy.deepcopy(data))
+        rebuilt.add_env_step(**data)
     assert_same_ma(rebuilt, fast, extra_keys(rebuilt), ids=False)
     assert_same_ma(rebuilt.to_numpy(), fast.to_numpy(), extra_keys(rebuilt), ids=False)

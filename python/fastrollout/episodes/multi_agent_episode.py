@@ -473,13 +473,18 @@ class MultiAgentEpisode:
         return successor
 
     def _cut_simultaneous(self, lookback: int) -> MultiAgentEpisode | None:
-        """``cut`` for chunks whose agents all stepped at each env step kept, else None.
+        """``cut`` for chunks whose live agents all stepped at each env step kept, else None.
 
-        When no agent is done or numpy'd, nothing hangs and every agent stepped at each of the
-        ``lookback + 1`` last env steps (simultaneous agents, as a runner's chunks
-        usually are), each agent's successor is its own episode's cut with the same
-        look-back and its env-step map is a plain run of agent steps. That is what the
-        general path builds from the per-env-step reads, without building them.
+        When nothing hangs, no agent is numpy'd and every agent that is not done stepped
+        at each of the ``lookback + 1`` last env steps (simultaneous agents, as a runner's
+        chunks usually are), each agent's successor is its own episode's cut with the
+        same look-back and its env-step map is a plain run of agent steps. That is what the
+        general path builds from the per-env-step reads (about 250 µs at 8 agents),
+        without building them. Done agents are handled as the general path handles them:
+        one that finished at the last env step (having stepped at each kept one) stays as
+        a done agent, cut like a live one; one whose last step is the first kept env step
+        is dropped, from the module map too; one that finished before is left out. Any
+        other done agent takes the general path.
         """
         episodes = self.agent_episodes
         maps = self.env_t_to_agent_t
@@ -491,25 +496,49 @@ class MultiAgentEpisode:
             or len(maps) != len(episodes)
         ):
             return None
+        kept: list[tuple[Any, SingleAgentEpisode, bool]] = []  # (id, episode, finished now)
+        dropped: set = set()
+        gone: set = set()
         for aid, eps in episodes.items():
             step_map = maps.get(aid)
             if (
                 step_map is None
-                or eps.is_done
-                or not step_map._stepped_at_last(lookback + 1)
                 # The general path rebuilds numpy'd data as lists.
                 or eps.is_numpy
                 or eps._is_finalized("observations")
-                # Without look-back the general path gives agents no extra-output keys.
-                or (lookback == 0 and eps._extra_keys())
                 # The general path asks the mapping function again for a falsy module id.
                 or not eps.module_id
             ):
                 return None
+            done = eps.is_done
+            if done:
+                # How many env steps back it last stepped (None: before the kept ones).
+                last = next(
+                    (i for i in range(1, lookback + 2) if step_map.get(-i) != SKIP), None
+                )
+                if last is None:
+                    gone.add(aid)
+                    continue
+                if last == lookback + 1 and last > 1:
+                    dropped.add(aid)
+                    continue
+                if last != 1:
+                    return None
+            if (
+                not step_map._stepped_at_last(lookback + 1)
+                # Without look-back the general path gives agents no extra-output keys.
+                or (lookback == 0 and eps._extra_keys())
+            ):
+                return None
+            kept.append((aid, eps, done))
+        if not kept:
+            return None
         successor = MultiAgentEpisode.__new__(MultiAgentEpisode)
         successor.id_ = self.id_
         successor.agent_to_module_mapping_fn = self.agent_to_module_mapping_fn
-        successor._agent_to_module_mapping = {aid: eps.module_id for aid, eps in episodes.items()}
+        successor._agent_to_module_mapping = {
+            aid: eps.module_id for aid, eps in episodes.items() if aid not in dropped
+        }
         successor._len_lookback_buffers = lookback
         successor.observation_space = self.observation_space
         successor.action_space = self.action_space
@@ -522,13 +551,23 @@ class MultiAgentEpisode:
         successor._hanging_rewards_begin = self._hanging_rewards_end.copy()
         successor.is_terminated = successor.is_truncated = False
         successor.agent_episodes = {}
-        for aid, eps in episodes.items():
+        for aid, eps, finished_now in kept:
             agent = eps._successor()
-            eps._cut_into(agent, lookback)
+            if finished_now:
+                _cut_done_as_live(eps, agent, lookback)
+            else:
+                eps._cut_into(agent, lookback)
             t = agent.t_started
             successor.agent_episodes[aid] = agent
             successor.agent_t_started[aid] = t
             successor.env_t_to_agent_t[aid] = StepMap(range(t - lookback, t + 1), lookback)
+        if gone:
+            # The general path's per-env-step reads leave each agent that finished before
+            # them an empty hanging reward (done agents get no rewards), in the order in
+            # which it visits the set of agent ids.
+            for aid in set(self.agent_episode_ids):
+                if aid in gone:
+                    successor._hanging_rewards_end[aid] += 0.0
         successor._custom_data = copy.deepcopy(self._custom_data)
         successor._start_time = successor._last_step_time = None
         return successor
@@ -1419,6 +1458,18 @@ class MultiAgentEpisode:
                 t_started=self.agent_t_started[agent_id],
                 len_lookback_buffer=max(lookback_per_agent[agent_id], 0),
             )
+
+
+def _cut_done_as_live(eps: SingleAgentEpisode, target: SingleAgentEpisode, lookback: int) -> None:
+    """Cuts the done ``eps`` into ``target`` as if it were not done, then gives ``target``
+    its flags: the successor of an agent that finished at a chunk's last env step."""
+    flags = (eps.is_terminated, eps.is_truncated)
+    eps.is_terminated = eps.is_truncated = False
+    try:
+        eps._cut_into(target, lookback)
+    finally:
+        eps.is_terminated, eps.is_truncated = flags
+    target.is_terminated, target.is_truncated = flags
 
 
 def _without_empty_reads(per_key: dict) -> dict:
