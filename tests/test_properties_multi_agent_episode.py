@@ -390,9 +390,7 @@ def test_fast_cut_with_done_agents_equals_the_rebuilt_cut(
     # A done agent finished before the kept env steps (left out), at the first of them
     # (dropped), or at the last (kept, done); in between, the general path cuts.
     handled = all(
-        f < steps - k or f == steps - k > 0 or f == steps
-        for f, _ in finish.values()
-        if f <= steps
+        f < steps - k or f == steps - k > 0 or f == steps for f, _ in finish.values() if f <= steps
     )
     assert (fast is not None) == (handled and 0 < k <= steps), (handled, k, steps)
     if fast is None:

@@ -513,9 +513,7 @@ class MultiAgentEpisode:
             done = eps.is_done
             if done:
                 # How many env steps back it last stepped (None: before the kept ones).
-                last = next(
-                    (i for i in range(1, lookback + 2) if step_map.get(-i) != SKIP), None
-                )
+                last = next((i for i in range(1, lookback + 2) if step_map.get(-i) != SKIP), None)
                 if last is None:
                     gone.add(aid)
                     continue
@@ -1461,8 +1459,11 @@ class MultiAgentEpisode:
 
 
 def _cut_done_as_live(eps: SingleAgentEpisode, target: SingleAgentEpisode, lookback: int) -> None:
-    """Cuts the done ``eps`` into ``target`` as if it were not done, then gives ``target``
-    its flags: the successor of an agent that finished at a chunk's last env step."""
+    """Cuts the done ``eps`` into ``target`` as if it were not done.
+
+    ``target`` then gets ``eps``'s flags: the successor of an agent that finished at a
+    chunk's last env step.
+    """
     flags = (eps.is_terminated, eps.is_truncated)
     eps.is_terminated = eps.is_truncated = False
     try:
