@@ -81,14 +81,17 @@ def _draws_categorical(module: Any, explore: bool) -> bool:
         return False
 
 
-def _drawable(out: Any, explore: bool) -> bool:
-    """Whether the direct tail makes of a module's outputs what the pipeline makes."""
+def _own_logits(out: Any) -> torch.Tensor | None:
+    """A module's logits, where the direct tail makes of its outputs what the pipeline makes.
+
+    Returns:
+        The logits tensor; None where the module gave its own actions or
+        log-probabilities, or outputs of another form.
+    """
     if type(out) is not dict or Columns.ACTIONS in out or Columns.ACTION_LOGP in out:
-        return False
+        return None
     logits = out.get(Columns.ACTION_DIST_INPUTS)
-    if not isinstance(logits, torch.Tensor):
-        return False
-    return native_draw_applies(logits) if explore else True
+    return logits if isinstance(logits, torch.Tensor) else None
 
 
 def _fit_space(fit: NormalizeAndClipActions, module_id: Any, module: Any) -> Any:
@@ -207,34 +210,45 @@ class DefaultAct:
             plan.append((module_id, module, module_batch, layers))
         explore = self._explore
         start = time.perf_counter()
-        kwargs = {"t": runner._exploration_t(ts)} if explore else {}
-        outputs: dict[Any, Any] = {}
+        kwargs: dict[str, Any] | None = None
+        logits: dict[Any, Any] = {}  # (None: outputs the direct draw does not take)
+        own: dict[Any, Any] = {}  # the outputs of the modules that ran their own forward
         for module_id, module, module_batch, layers in plan:
             if layers is None:  # the module's own forward pass, as MultiRLModule calls it
-                outputs[module_id] = getattr(module, self._phase)(module_batch, **kwargs)
+                if kwargs is None:
+                    kwargs = {"t": runner._exploration_t(ts)} if explore else {}
+                output = own[module_id] = getattr(module, self._phase)(module_batch, **kwargs)
+                logits[module_id] = _own_logits(output)
             else:
-                outputs[module_id] = {
-                    Columns.ACTION_DIST_INPUTS: run_layers(layers, module._obs(module_batch))
-                }
+                logits[module_id] = run_layers(layers, module._obs(module_batch))
         runner._log_time_since(s.RLMODULE_INFERENCE_TIMER, start)
         start = time.perf_counter()
-        if not all(_drawable(o, explore) for o in outputs.values()):
+        if not all(
+            x is not None and (not explore or native_draw_applies(x)) for x in logits.values()
+        ):
             # The pipeline draws (or takes) these from the very outputs (no second
             # forward pass).
+            outputs = {
+                mid: own.get(mid, {Columns.ACTION_DIST_INPUTS: x}) for mid, x in logits.items()
+            }
             return runner._connect(self._pipeline, outputs, explore), start
         out: dict[Any, dict[str, Any]] = {}
-        for module_id, module_output in outputs.items():
-            x = module_output[Columns.ACTION_DIST_INPUTS]
+        for module_id, x in logits.items():
             # One numpy view of the logits serves the draw and the output. Exploring, the
             # logits are float32 CPU tensors without grad (checked above), for which
             # numpy() is the view numpy(force=True) gives, in 0.75 instead of 1.8 µs.
             x_np = x.numpy() if explore else x.numpy(force=True)
             # The general path's keys in its order: the module's outputs, then GetActions'
             # (actions and, exploring, their log-probabilities), then the env actions.
-            module_out: dict[str, Any] = {
-                k: x_np if k == Columns.ACTION_DIST_INPUTS else to_numpy(v)
-                for k, v in module_output.items()
-            }
+            output = own.get(module_id)
+            module_out: dict[str, Any] = (
+                {Columns.ACTION_DIST_INPUTS: x_np}
+                if output is None
+                else {
+                    k: x_np if k == Columns.ACTION_DIST_INPUTS else to_numpy(v)
+                    for k, v in output.items()
+                }
+            )
             if explore:
                 module_out[Columns.ACTIONS], module_out[Columns.ACTION_LOGP] = (
                     categorical_draw_numpy(x_np)
