@@ -9,6 +9,7 @@ classes, ``finalize``), which RLlib does not have.
 from __future__ import annotations
 
 import copy
+import os
 import pickle
 import re
 from collections.abc import Callable
@@ -1258,10 +1259,31 @@ def test_episode_ids_are_random_uuid4_hex():
 
     from fastrollout import MultiAgentEpisode, SingleAgentEpisode
 
-    ids = [SingleAgentEpisode().id_ for _ in range(200)] + [
-        MultiAgentEpisode().id_ for _ in range(200)
+    # (more than one batch of the random bytes drawn 256 ids at a time)
+    ids = [SingleAgentEpisode().id_ for _ in range(300)] + [
+        MultiAgentEpisode().id_ for _ in range(300)
     ]
     assert len(set(ids)) == len(ids)
     for i in ids:
         u = uuid.UUID(hex=i)
         assert u.hex == i and u.version == 4 and u.variant == uuid.RFC_4122
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_process_draws_its_own_episode_ids():
+    """The ids' random bytes are drawn ahead; a forked child must not repeat its parent's."""
+    from fastrollout.episodes._ids import new_episode_id
+
+    new_episode_id()  # (the parent holds drawn bytes now)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        os.close(read)
+        os.write(write, "".join(new_episode_id() for _ in range(3)).encode())
+        os._exit(0)
+    os.close(write)
+    child = os.read(read, 1024).decode()
+    os.close(read)
+    os.waitpid(pid, 0)
+    parent = "".join(new_episode_id() for _ in range(3))
+    assert len(child) == len(parent) == 96 and child != parent
