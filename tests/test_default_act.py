@@ -425,3 +425,70 @@ def test_runner_calls_a_pipeline_that_overrides_call() -> None:
     assert calls
     assert set(calls[0]) == {"batch", "rl_module", "episodes", "explore", "shared_data", "metrics"}
     assert calls[0]["rl_module"] is runner.module and calls[0]["explore"] is True
+
+
+def _same_tree(a: Any, b: Any) -> None:
+    assert type(a) is type(b)
+    if isinstance(a, dict):
+        assert list(a) == list(b)
+        for k in a:
+            _same_tree(a[k], b[k])
+    elif isinstance(a, tuple | list):
+        for x, y in zip(a, b, strict=True):
+            _same_tree(x, y)
+    else:
+        assert a.dtype == b.dtype and a.device == b.device and torch.equal(a, b)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        np.arange(6.0).reshape(2, 3),
+        np.zeros((2, 2), np.uint8),
+        np.arange(4, dtype=np.float32)[::2],
+        {"a": np.ones((2, 1)), "b": (np.zeros(2, np.int64), np.ones(2, bool))},
+    ],
+    ids=["float64", "uint8", "strided", "nested"],
+)
+def test_convert_leaf_is_what_convert_makes_of_the_column(value: Any) -> None:
+    from fastrollout.connectors.env_to_module.numpy_to_tensor import NumpyToTensor
+
+    module = _single(1).module
+    piece = NumpyToTensor()
+    leaf = piece.convert_leaf(module, "default_policy", Columns.OBS, value)
+    whole = piece.convert(module, {"default_policy": {Columns.OBS: value}})
+    _same_tree(whole["default_policy"][Columns.OBS], leaf)
+    with pytest.raises(TypeError, match="default_policy/obs"):
+        piece.convert_leaf(module, "default_policy", Columns.OBS, np.array([object()]))
+
+
+def test_default_env_to_module_pipeline_is_not_called_per_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With the default env-to-module pipeline (one ``NumpyToTensor``), the single-agent
+    runner converts its observations with the piece's ``convert_leaf``; the episodes are
+    those the pipeline call gives, and a second piece brings the call back."""
+    from fastrollout.runners.env_runner import EnvRunner
+
+    connected: list[Any] = []
+    connect = EnvRunner._connect
+
+    def counted(self: Any, pipeline: Any, batch: Any, explore: bool) -> Any:
+        connected.append(pipeline)
+        return connect(self, pipeline, batch, explore)
+
+    def sample(direct: bool) -> list:
+        runner = _single(2)
+        if not direct:
+            runner._connectors.env_to_module.prepend(_Noop())
+        with monkeypatch.context() as m:
+            m.setattr(EnvRunner, "_connect", counted)
+            episodes = runner.sample(num_timesteps=30)
+        e2m = [p for p in connected if p is runner._connectors.env_to_module]
+        assert bool(e2m) != direct
+        connected.clear()
+        return episodes
+
+    direct, general = sample(True), sample(False)
+    for a, b in zip(direct, general, strict=True):
+        assert_same_episode(b, a)

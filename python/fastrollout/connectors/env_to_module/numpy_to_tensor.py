@@ -81,5 +81,27 @@ class NumpyToTensor(ConnectorV2):
             batch[module_id] = _map(module_batch, device, (module_id,))
         return batch
 
+    def convert_leaf(self, rl_module: Any, module_id: Any, column: str, value: Any) -> Any:
+        """What ``convert`` makes of ``value`` in ``{module_id: {column: value}}``.
+
+        The single-agent runner converts its one observation column this way when this
+        piece is its whole env-to-module pipeline, without the batch dicts around it.
+
+        Args:
+            rl_module: The MultiRLModule (the module's device is used if no device was
+                given).
+            module_id: The module the value is for.
+            column: The value's column (for error messages).
+            value: A numpy array (or nested arrays).
+
+        Returns:
+            The value as tensors.
+
+        Raises:
+            TypeError: If the value cannot become a tensor (module and column named).
+        """
+        device = self.device if self.device is not None else rl_module[module_id].device
+        return _map(value, device, (module_id, column))
+
     def __repr__(self) -> str:
         return f"NumpyToTensor(device={self.device})"
