@@ -14,21 +14,30 @@ pub const STREAM_MIN_BYTES: usize = 4096;
 
 /// Appends `src` to `buf` (non-temporal stores for `src` of [`STREAM_MIN_BYTES`] or more
 /// on x86-64; an ordinary copy otherwise).
+#[inline]
 pub fn extend(buf: &mut Vec<u8>, src: &[u8]) {
     #[cfg(target_arch = "x86_64")]
     if src.len() >= STREAM_MIN_BYTES {
-        buf.reserve(src.len());
-        // SAFETY: `reserve` made room for `src.len()` bytes after `len`, which `src` (a
-        // separate borrow) cannot overlap; the copy writes exactly those bytes before
-        // `set_len` exposes them.
-        unsafe {
-            let len = buf.len();
-            stream_copy(buf.as_mut_ptr().add(len), src.as_ptr(), src.len());
-            buf.set_len(len + src.len());
-        }
+        extend_streaming(buf, src);
         return;
     }
     buf.extend_from_slice(src);
+}
+
+/// The big-item half of [`extend`], kept out of line so that small appends stay a plain
+/// `extend_from_slice` where they are inlined.
+#[cfg(target_arch = "x86_64")]
+#[inline(never)]
+fn extend_streaming(buf: &mut Vec<u8>, src: &[u8]) {
+    buf.reserve(src.len());
+    // SAFETY: `reserve` made room for `src.len()` bytes after `len`, which `src` (a
+    // separate borrow) cannot overlap; the copy writes exactly those bytes before
+    // `set_len` exposes them.
+    unsafe {
+        let len = buf.len();
+        stream_copy(buf.as_mut_ptr().add(len), src.as_ptr(), src.len());
+        buf.set_len(len + src.len());
+    }
 }
 
 /// Copies `n` bytes with SSE2 non-temporal stores (16-byte aligned ones; the unaligned
