@@ -462,12 +462,13 @@ def test_convert_leaf_is_what_convert_makes_of_the_column(value: Any) -> None:
         piece.convert_leaf(module, "default_policy", Columns.OBS, np.array([object()]))
 
 
+@pytest.mark.parametrize("agents", [0, 3], ids=["single-agent", "multi-agent"])
 def test_default_env_to_module_pipeline_is_not_called_per_step(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, agents: int
 ) -> None:
-    """With the default env-to-module pipeline (one ``NumpyToTensor``), the single-agent
-    runner converts its observations with the piece's ``convert_leaf``; the episodes are
-    those the pipeline call gives, and a second piece brings the call back."""
+    """With the default env-to-module pipeline (one ``NumpyToTensor``), the runners convert
+    the observations with the piece's ``convert_leaf``; the episodes are those the pipeline
+    call gives, and a second piece brings the call back."""
     from fastrollout.runners.env_runner import EnvRunner
 
     connected: list[Any] = []
@@ -478,7 +479,7 @@ def test_default_env_to_module_pipeline_is_not_called_per_step(
         return connect(self, pipeline, batch, explore)
 
     def sample(direct: bool) -> list:
-        runner = _single(2)
+        runner: Any = _multi(2) if agents else _single(2)
         if not direct:
             runner._connectors.env_to_module.prepend(_Noop())
         with monkeypatch.context() as m:
@@ -490,5 +491,12 @@ def test_default_env_to_module_pipeline_is_not_called_per_step(
         return episodes
 
     direct, general = sample(True), sample(False)
+    assert len(direct) == len(general)
     for a, b in zip(direct, general, strict=True):
-        assert_same_episode(b, a)
+        pairs = (
+            [(b.agent_episodes[aid], ae) for aid, ae in a.agent_episodes.items()]
+            if agents
+            else [(b, a)]
+        )
+        for expected, actual in pairs:
+            assert_same_episode(expected, actual)

@@ -16,8 +16,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from fastrollout.connectors.env_to_module.numpy_to_tensor import NumpyToTensor
 from fastrollout.connectors.pipeline import ConnectorPipelineV2
-from fastrollout.core import DEFAULT_MODULE_ID
+from fastrollout.core import DEFAULT_MODULE_ID, Columns
 from fastrollout.modules import MultiRLModule, MultiRLModuleSpec, RLModuleSpec, resolve_device
 from fastrollout.modules._grad import grad_off, grad_restore
 from fastrollout.runners import _support as s
@@ -270,6 +271,35 @@ class EnvRunner(abc.ABC):
             # (about 1 µs per call; the runners make two per vector step).
             return pipeline._run(pipeline.connectors, call, batch)
         return pipeline(batch=batch, **call)
+
+    def _observations_to_module(
+        self, observations: dict[Any, Any], explore: bool
+    ) -> dict[Any, Any]:
+        """Runs the env-to-module pipeline on ``{module_id: observations}``.
+
+        Where the pipeline is one ``NumpyToTensor`` (the default), its conversion of each
+        module's one column is made directly (``convert_leaf``), without the pipeline call
+        and the dicts around it: about 2.5 µs per vector step in isolation, several times
+        that in a loop that also copies big observations.
+
+        Args:
+            observations: The observations batched per module.
+            explore: Whether the runner explores.
+
+        Returns:
+            ``{module_id: {column: tensor, ...}}``, the pipeline's output.
+        """
+        pipeline = self._connectors.env_to_module
+        pieces = pipeline.connectors
+        if len(pieces) == 1 and pipeline.only_converts():
+            piece = pieces[0]
+            assert isinstance(piece, NumpyToTensor)
+            return {
+                mid: {Columns.OBS: piece.convert_leaf(self.module, mid, Columns.OBS, obs)}
+                for mid, obs in observations.items()
+            }
+        batch = {mid: {Columns.OBS: obs} for mid, obs in observations.items()}
+        return self._connect(pipeline, batch, explore)
 
     def _act(self, batch: Any, explore: bool, ts: int) -> tuple[dict[Any, Any], float]:
         """The module's forward pass and the module-to-env pipeline, without gradient.

@@ -202,15 +202,12 @@ class MultiAgentEnvRunner(EnvRunner):
 
     def _compute_actions(self, explore: bool, ts: int) -> list[Any]:
         assert self.module is not None and self._batcher is not None
-        conn = self._connectors
         start = time.perf_counter()
         gathered = self._batcher.gather(
             self._episodes, self._obs, self._terminateds, self._truncateds
         )
         self._shared_data["agent_rows"] = {mid: self._batcher.index_map(mid) for mid in gathered}
-        batch = self._connect(
-            conn.env_to_module, {mid: {Columns.OBS: obs} for mid, obs in gathered.items()}, explore
-        )
+        batch = self._observations_to_module(gathered, explore)
         self._log_time_since(s.ENV_TO_MODULE_CONNECTOR, start)
         if not batch:
             return [({}, {}, {}) for _ in range(self.num_envs)]

@@ -180,18 +180,9 @@ class SingleAgentEnvRunner(EnvRunner):
         assert self.module is not None
         self._shared_data["agent_rows"] = self._agent_rows
         start = time.perf_counter()
-        pipeline = self._connectors.env_to_module
-        pieces = pipeline.connectors
-        if len(pieces) == 1 and pipeline.only_converts():
-            # The default pipeline: its one NumpyToTensor's conversion of the one column,
-            # without the calls and dicts around it (about 2.5 µs per vector step in
-            # isolation, several times that in a loop that also copies big observations).
-            obs = pieces[0].convert_leaf(self.module, DEFAULT_MODULE_ID, Columns.OBS, self._obs)
-            self._cached_to_module = {DEFAULT_MODULE_ID: {Columns.OBS: obs}}
-        else:
-            self._cached_to_module = self._connect(
-                pipeline, {DEFAULT_MODULE_ID: {Columns.OBS: self._obs}}, explore
-            )
+        self._cached_to_module = self._observations_to_module(
+            {DEFAULT_MODULE_ID: self._obs}, explore
+        )
         self._log_time_since(s.ENV_TO_MODULE_CONNECTOR, start)
 
     def _compute_actions(self, explore: bool, ts: int) -> tuple[Any, Any, dict[str, Any]]:
