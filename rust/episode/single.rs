@@ -449,6 +449,13 @@ impl<O: Clone> SingleAgentCore<O> {
         if self.is_done() {
             return Err(EpisodeError::Done { what: "cut" });
         }
+        self.cut_as_live(len_lookback_buffer)
+    }
+
+    /// [`Self::cut`] without the check that the episode is not done: the successor of a
+    /// done episode as if it were not (its flags are cleared). A multi-agent episode's cut
+    /// keeps an agent that finished at its last env step that way.
+    pub fn cut_as_live(&self, len_lookback_buffer: usize) -> Result<SingleAgentCore<O>, EpisodeError> {
         let k = len_lookback_buffer as i64;
         let tail = |field: &Field<O>, n: i64| -> Result<Vec<usize>, EpisodeError> {
             let index = if n > 0 {
@@ -937,6 +944,18 @@ mod tests {
             assert_eq!(joined.t, 7);
         }
         assert_eq!(e, original, "cut leaves the episode unchanged");
+    }
+
+    #[test]
+    fn cut_as_live_cuts_a_done_episode_as_if_it_were_not() {
+        let mut e = new_episode();
+        for t in 1..=4 {
+            step(&mut e, t as f32);
+        }
+        let live = e.cut(2).unwrap();
+        e.is_truncated = true;
+        assert!(e.cut(2).is_err());
+        assert_eq!(e.cut_as_live(2).unwrap(), live);
     }
 
     /// The infos by position within the chunk and look-back (absent ones as `None`).

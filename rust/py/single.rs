@@ -643,21 +643,34 @@ impl SingleAgentEpisodePy {
     }
 
     /// Writes the successor chunk of `cut(len_lookback_buffer)` into `target`, a fresh
-    /// episode object.
-    #[pyo3(name = "_cut_into")]
+    /// episode object. With `keep_done`, a done episode is cut as if it were not, and
+    /// the successor gets its flags (a multi-agent cut's agent that finished at the last
+    /// env step).
+    #[pyo3(name = "_cut_into", signature = (target, len_lookback_buffer, keep_done=false))]
     fn cut_into(
         &mut self,
         py: Python<'_>,
         target: &Bound<'_, SingleAgentEpisodePy>,
         len_lookback_buffer: usize,
+        keep_done: bool,
     ) -> PyResult<()> {
+        let as_live = keep_done || !self.core.is_done();
         // RLlib's successor holds the very info dicts of its look-back: make the absent
         // ones here first, so both episodes share them (a handful per cut).
-        if !self.core.is_done() {
+        if as_live {
             let shared = self.core.cut_info_positions(len_lookback_buffer).map_err(|e| episode_error(&e))?;
             self.core.infos.materialize(&shared, || empty_info(py));
         }
-        let core = self.core.cut(len_lookback_buffer).map_err(|e| episode_error(&e))?;
+        let mut core = if keep_done {
+            self.core.cut_as_live(len_lookback_buffer)
+        } else {
+            self.core.cut(len_lookback_buffer)
+        }
+        .map_err(|e| episode_error(&e))?;
+        if keep_done {
+            core.is_terminated = self.core.is_terminated;
+            core.is_truncated = self.core.is_truncated;
+        }
         self.fill_target(target, core)
     }
 

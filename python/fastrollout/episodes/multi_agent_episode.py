@@ -551,10 +551,8 @@ class MultiAgentEpisode:
         successor.agent_episodes = {}
         for aid, eps, finished_now in kept:
             agent = eps._successor()
-            if finished_now:
-                _cut_done_as_live(eps, agent, lookback)
-            else:
-                eps._cut_into(agent, lookback)
+            # (An agent that finished now is cut as live and keeps its flags.)
+            eps._cut_into(agent, lookback, keep_done=finished_now)
             t = agent.t_started
             successor.agent_episodes[aid] = agent
             successor.agent_t_started[aid] = t
@@ -1456,21 +1454,6 @@ class MultiAgentEpisode:
                 t_started=self.agent_t_started[agent_id],
                 len_lookback_buffer=max(lookback_per_agent[agent_id], 0),
             )
-
-
-def _cut_done_as_live(eps: SingleAgentEpisode, target: SingleAgentEpisode, lookback: int) -> None:
-    """Cuts the done ``eps`` into ``target`` as if it were not done.
-
-    ``target`` then gets ``eps``'s flags: the successor of an agent that finished at a
-    chunk's last env step.
-    """
-    flags = (eps.is_terminated, eps.is_truncated)
-    eps.is_terminated = eps.is_truncated = False
-    try:
-        eps._cut_into(target, lookback)
-    finally:
-        eps.is_terminated, eps.is_truncated = flags
-    target.is_terminated, target.is_truncated = flags
 
 
 def _without_empty_reads(per_key: dict) -> dict:
