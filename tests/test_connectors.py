@@ -736,3 +736,35 @@ def test_env_to_module_pipeline_only_converts_with_only_numpy_to_tensor():
     assert not default_env_to_module_pipeline(connectors=[FlattenObservations()]).only_converts()
     assert not EnvToModulePipeline(connectors=[MyNumpyToTensor()]).only_converts()
     assert not MyPipeline(connectors=[NumpyToTensor()]).only_converts()
+
+
+@pytest.mark.parametrize("pieces", [1, 2], ids=["one piece", "two pieces"])
+def test_convert_observations_is_the_pipeline_call(pieces: int) -> None:
+    """Where the pipeline only converts, ``convert_observations`` gives what a call gives
+    (float64 observations become float32; a second piece converts the first's tensors);
+    otherwise it gives None and the caller calls the pipeline."""
+    multi = MultiRLModule(
+        rl_modules={
+            mid: DefaultMLPModule(observation_space=OBS, action_space=gym.spaces.Discrete(2))
+            for mid in ("p0", "p1")
+        }
+    )
+    pipeline = EnvToModulePipeline(connectors=[NumpyToTensor() for _ in range(pieces)])
+    observations = {"p0": np.arange(8.0).reshape(2, 4), "p1": np.ones((3, 4), np.float32)}
+    direct = pipeline.convert_observations(multi, observations)
+    called = pipeline(
+        rl_module=multi,
+        batch={mid: {Columns.OBS: o} for mid, o in observations.items()},
+        episodes=[],
+    )
+    assert direct is not None and list(direct) == list(called) == ["p0", "p1"]
+    for mid in called:
+        assert list(direct[mid]) == [Columns.OBS]
+        a, b = direct[mid][Columns.OBS], called[mid][Columns.OBS]
+        assert a.dtype == b.dtype == torch.float32 and torch.equal(a, b)
+    assert (
+        default_env_to_module_pipeline(connectors=[FlattenObservations()]).convert_observations(
+            multi, observations
+        )
+        is None
+    )

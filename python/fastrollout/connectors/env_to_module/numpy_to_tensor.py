@@ -84,8 +84,8 @@ class NumpyToTensor(ConnectorV2):
     def convert_leaf(self, rl_module: Any, module_id: Any, column: str, value: Any) -> Any:
         """What ``convert`` makes of ``value`` in ``{module_id: {column: value}}``.
 
-        The single-agent runner converts its one observation column this way when this
-        piece is its whole env-to-module pipeline, without the batch dicts around it.
+        ``EnvToModulePipeline.convert_observations`` converts the runners' observation
+        columns this way, without the batch dicts around them.
 
         Args:
             rl_module: The MultiRLModule (the module's device is used if no device was
