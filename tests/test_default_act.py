@@ -26,6 +26,14 @@ def assert_same_episode(expected: Any, actual: Any) -> None:
         assert_same_outcome(a[key], b[key], key)
 
 
+def episode_pairs(expected: Any, actual: Any) -> list[tuple[Any, Any]]:
+    """``(expected, actual)`` single-agent episodes: the pair itself, or each agent's pair
+    of two multi-agent episodes (by the actual episode's agents)."""
+    if hasattr(actual, "agent_episodes"):
+        return [(expected.agent_episodes[aid], ae) for aid, ae in actual.agent_episodes.items()]
+    return [(expected, actual)]
+
+
 def _counting(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """Counts the steps the direct path took and handed back."""
     counts = {"direct": 0, "handed back": 0}
@@ -91,8 +99,8 @@ def test_multi_agent_direct_step_samples_what_the_general_path_samples(
     assert len(direct) == len(general)
     for a, b in zip(direct, general, strict=True):
         assert a.env_t == b.env_t and sorted(a.agent_episodes) == sorted(b.agent_episodes)
-        for aid, ae in a.agent_episodes.items():
-            assert_same_episode(b.agent_episodes[aid], ae)
+        for expected, actual in episode_pairs(b, a):
+            assert_same_episode(expected, actual)
 
 
 def test_direct_step_metrics_keys_are_the_general_paths(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -129,12 +137,7 @@ def test_greedy_direct_step_samples_what_the_general_path_samples(
     direct, general = _sample_twice(make, monkeypatch, num_timesteps=40, explore=False)
     assert len(direct) == len(general)
     for a, b in zip(direct, general, strict=True):
-        pairs = (
-            [(b.agent_episodes[aid], ae) for aid, ae in a.agent_episodes.items()]
-            if agents
-            else [(b, a)]
-        )
-        for expected, actual in pairs:
+        for expected, actual in episode_pairs(b, a):
             assert_same_episode(expected, actual)
             assert Columns.ACTION_LOGP not in actual.extra_model_outputs
 
@@ -467,8 +470,8 @@ def test_default_env_to_module_pipeline_is_not_called_per_step(
     monkeypatch: pytest.MonkeyPatch, agents: int
 ) -> None:
     """With the default env-to-module pipeline (one ``NumpyToTensor``), the runners convert
-    the observations with the piece's ``convert_leaf``; the episodes are those the pipeline
-    call gives, and a second piece brings the call back."""
+    the observations through ``convert_observations``, without calling the pipeline; the
+    episodes are those the pipeline call gives, and another piece brings the call back."""
     from fastrollout.runners.env_runner import EnvRunner
 
     connected: list[Any] = []
@@ -493,10 +496,5 @@ def test_default_env_to_module_pipeline_is_not_called_per_step(
     direct, general = sample(True), sample(False)
     assert len(direct) == len(general)
     for a, b in zip(direct, general, strict=True):
-        pairs = (
-            [(b.agent_episodes[aid], ae) for aid, ae in a.agent_episodes.items()]
-            if agents
-            else [(b, a)]
-        )
-        for expected, actual in pairs:
+        for expected, actual in episode_pairs(b, a):
             assert_same_episode(expected, actual)

@@ -264,7 +264,7 @@ class SingleAgentEnvRunner(EnvRunner):
                 # about where the call cuts it, which to_numpy then need not move.
                 None if num_timesteps is None else (num_timesteps - ts + n - 1) // n + 1,
             )
-            ts += self.num_envs - len(started)
+            ts += n - len(started)
             self._obs = obs
             self._env_to_module(explore)
             if per_step_callbacks:
