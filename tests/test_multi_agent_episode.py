@@ -280,6 +280,38 @@ def test_simultaneous_steps() -> None:
     assert ep.get_duration_s() >= 0.0 and isinstance(ep.get_duration_s(), float)
 
 
+@fastrollout_only  # RLlib's validate rejects an extra key that appears mid-episode
+@pytest.mark.parametrize("odd_one", ["a", "b", "c"])
+def test_an_agent_off_the_row_path_leaves_the_others_steps_whole(odd_one: str) -> None:
+    # The native record converts every agent's step into one shared list of rows before it
+    # stores any; an agent whose step goes in only through the general path (an extra
+    # model output it never had, found after its observation, action, reward and log-prob
+    # were converted) must give back what it added, or the next agent's step would start
+    # with its leftovers.
+    agents = ["a", "b", "c"]
+    ep = MAEpisode(
+        observation_space={a: gym.spaces.Box(-10.0, 10.0, (2,), np.float32) for a in agents},
+        action_space={a: gym.spaces.Discrete(2) for a in agents},
+    )
+    ep.add_env_reset(observations={a: np.zeros(2, F) for a in agents})
+    for t in (1, 2):
+        extras: dict = {a: {"logp": F(-10 * t - i)} for i, a in enumerate(agents)}
+        if t == 2:
+            extras[odd_one]["new"] = F(7)
+        ep.add_env_step(
+            {a: np.full(2, 10 * t + i, F) for i, a in enumerate(agents)},
+            {a: i % 2 for i, a in enumerate(agents)},
+            {a: float(i) for i, a in enumerate(agents)},
+            extra_model_outputs=extras,
+        )
+    for i, a in enumerate(agents):
+        observations = [np.zeros(2, F), np.full(2, 10 + i, F), np.full(2, 20 + i, F)]
+        assert_same(observations, ep.get_observations(agent_ids=a)[a])
+        assert [int(x) for x in ep.get_actions(agent_ids=a)[a]] == [i % 2, i % 2]
+        assert ep.get_rewards(agent_ids=a)[a] == [float(i), float(i)]
+        assert_same([F(-10 - i), F(-20 - i)], ep.get_extra_model_outputs("logp", agent_ids=a)[a])
+
+
 def test_turn_based_steps_hang_actions_and_rewards() -> None:
     ep = turn_episode()
     assert (len(ep), ep.env_steps(), ep.agent_steps()) == (3, 3, 2)

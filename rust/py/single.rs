@@ -8,13 +8,14 @@ use std::sync::Arc;
 use pyo3::exceptions::{PyKeyError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
+use smallvec::SmallVec;
 
 use super::errors::{column_error, episode_error, index_error};
 use super::index::to_index;
 use super::object::PyObj;
 use super::spec::{self, LeafBytes, Spec};
 use crate::column::{Column, Index, Pos, Resolved};
-use crate::episode::{EpisodeError, Field, FieldName, Item, SingleAgentCore, Step, Storage};
+use crate::episode::{EpisodeError, Field, FieldName, Item, Leaves, SingleAgentCore, Step, Storage};
 use crate::schema::DType;
 
 /// Specs of the typed fields, parallel to the core's fields.
@@ -1427,26 +1428,53 @@ pub struct LengthGuess {
     pub steps_left: usize,
 }
 
-/// One step's values as raw rows laid out like an episode's typed columns (observation,
-/// action, reward, then the extras `keys`), for [`SingleAgentEpisodePy::add_row_step`]:
-/// what [`SingleAgentEpisodePy::prepare_row_step`] makes.
-pub struct RowStep<'py> {
-    leaves: Vec<LeafBytes<'py>>,
-    keys: Vec<Bound<'py, PyString>>,
+/// Steps of several episodes (one env step's agents) as raw rows laid out like each
+/// episode's typed columns (observation, action, reward, then its extras), for
+/// [`SingleAgentEpisodePy::add_row_step`]: what [`SingleAgentEpisodePy::prepare_row_step`]
+/// adds to.
+///
+/// All steps share two lists (the multi-agent record prepares every agent's step before
+/// it stores any): a list per step cost a heap block, and moving a step with inline
+/// buffers through the record's plans cost as much, each about a tenth of the record.
+/// The lists are inline up to eight agents' usual steps.
+pub struct RowSteps<'py> {
+    leaves: SmallVec<[LeafBytes<'py>; 48]>,
+    keys: SmallVec<[Bound<'py, PyString>; 24]>,
+    /// Per step, where its leaves and its extras' keys end.
+    ends: SmallVec<[(usize, usize); 8]>,
 }
 
-impl RowStep<'_> {
-    /// Stores the step (nothing is stored on error); `info` as [`info_or_absent`] gives it.
+/// The most leaves and extra keys of one row step kept on the stack while it is stored.
+const ROW_LEAVES: usize = 8;
+
+impl RowSteps<'_> {
+    pub fn new() -> Self {
+        RowSteps { leaves: SmallVec::new(), keys: SmallVec::new(), ends: SmallVec::new() }
+    }
+
+    /// Where step `step`'s leaves and keys start.
+    fn starts(&self, step: usize) -> (usize, usize) {
+        step.checked_sub(1).map_or((0, 0), |p| self.ends[p])
+    }
+
+    /// Stores step `step` into `episode` (nothing is stored on error); `info` as
+    /// [`info_or_absent`] gives it.
     pub fn apply(
         &self,
+        step: usize,
         episode: &mut SingleAgentEpisodePy,
         info: Option<PyObj>,
         terminated: bool,
         truncated: bool,
         now: f64,
     ) -> PyResult<()> {
-        let leaves: Vec<&[u8]> = self.leaves.iter().map(AsRef::as_ref).collect();
-        let keys = self.keys.iter().map(|k| k.to_str()).collect::<PyResult<Vec<&str>>>()?;
+        let (l0, k0) = self.starts(step);
+        let (l1, k1) = self.ends[step];
+        let leaves: SmallVec<[&[u8]; ROW_LEAVES]> = self.leaves[l0..l1].iter().map(AsRef::as_ref).collect();
+        let keys = self.keys[k0..k1]
+            .iter()
+            .map(|k| k.to_str())
+            .collect::<PyResult<SmallVec<[&str; ROW_LEAVES]>>>()?;
         episode.add_row_step(&leaves, &keys, info, terminated, truncated, now)
     }
 }
@@ -1542,29 +1570,51 @@ impl SingleAgentEpisodePy {
 
     /// [`Self::prepare_step`] for the common step of an episode whose fields are all
     /// typed (every step after an agent's first): each value converted straight to the
-    /// bytes of its column's layout, for [`RowStep::apply`], without the per-field items
-    /// of the general path. `None` wherever the general path does something else (a field
-    /// or extra key without a typed column, a value that does not convert, a reward column
-    /// that is not one f32/f64 scalar): the caller then takes that path, which also raises
-    /// its errors.
+    /// bytes of its column's layout, added to `steps` for [`RowSteps::apply`], without the
+    /// per-field items of the general path. Returns the step's index in `steps`, or
+    /// `None` (and `steps` as it was) wherever the general path does something else (a
+    /// field or extra key without a typed column, a value that does not convert, a reward
+    /// column that is not one f32/f64 scalar): the caller then takes that path, which also
+    /// raises its errors.
     pub fn prepare_row_step<'py>(
         &self,
+        steps: &mut RowSteps<'py>,
         observation: &Bound<'py, PyAny>,
         action: &Bound<'py, PyAny>,
         reward: f64,
         extra_model_outputs: Option<&Bound<'py, PyDict>>,
-    ) -> PyResult<Option<RowStep<'py>>> {
+    ) -> PyResult<Option<usize>> {
+        let (leaves0, keys0) = (steps.leaves.len(), steps.keys.len());
+        let added = self.push_row_step(steps, observation, action, reward, extra_model_outputs);
+        if !matches!(added, Ok(true)) {
+            steps.leaves.truncate(leaves0);
+            steps.keys.truncate(keys0);
+            return added.map(|_| None);
+        }
+        steps.ends.push((steps.leaves.len(), steps.keys.len()));
+        Ok(Some(steps.ends.len() - 1))
+    }
+
+    /// [`Self::prepare_row_step`]'s conversion: false where a value does not go in as a
+    /// row (the caller then takes back what was added).
+    fn push_row_step<'py>(
+        &self,
+        steps: &mut RowSteps<'py>,
+        observation: &Bound<'py, PyAny>,
+        action: &Bound<'py, PyAny>,
+        reward: f64,
+        extra_model_outputs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<bool> {
         if self.core.is_done() || !self.core.is_reset() {
-            return Ok(None);
+            return Ok(false);
         }
-        let extras = extra_model_outputs.map_or(0, PyDictMethods::len);
-        let mut leaves = Vec::with_capacity(3 + extras);
-        if !self.push_row_bytes(&mut leaves, FieldName::Observations, observation)
-            || !self.push_row_bytes(&mut leaves, FieldName::Actions, action)
+        let leaves = &mut steps.leaves;
+        if !self.push_row_bytes(leaves, FieldName::Observations, observation)
+            || !self.push_row_bytes(leaves, FieldName::Actions, action)
         {
-            return Ok(None);
+            return Ok(false);
         }
-        let Some(spec) = self.row_spec(FieldName::Rewards) else { return Ok(None) };
+        let Some(spec) = self.row_spec(FieldName::Rewards) else { return Ok(false) };
         match spec.schema.leaves.as_slice() {
             [leaf] if leaf.shape.is_empty() && leaf.dtype == DType::F64 => {
                 leaves.push(LeafBytes::scalar(&reward.to_ne_bytes()));
@@ -1572,32 +1622,34 @@ impl SingleAgentEpisodePy {
             [leaf] if leaf.shape.is_empty() && leaf.dtype == DType::F32 => {
                 leaves.push(LeafBytes::scalar(&(reward as f32).to_ne_bytes()));
             }
-            _ => return Ok(None),
+            _ => return Ok(false),
         }
-        let mut keys = Vec::with_capacity(extras);
         if let Some(d) = extra_model_outputs {
             for (k, v) in d.iter() {
-                let Ok(k) = k.cast_into::<PyString>() else { return Ok(None) };
-                if !self.push_row_bytes(&mut leaves, FieldName::Extra(k.to_str()?), &v) {
-                    return Ok(None);
+                let Ok(k) = k.cast_into::<PyString>() else { return Ok(false) };
+                if !self.push_row_bytes(leaves, FieldName::Extra(k.to_str()?), &v) {
+                    return Ok(false);
                 }
-                keys.push(k);
+                steps.keys.push(k);
             }
         }
-        Ok(Some(RowStep { leaves, keys }))
+        Ok(true)
     }
 
     /// Appends `value`'s bytes in the layout of `name`'s typed column; false (nothing
     /// appended) where the field has no such column or the value does not convert.
     fn push_row_bytes<'py>(
         &self,
-        leaves: &mut Vec<LeafBytes<'py>>,
+        leaves: &mut SmallVec<[LeafBytes<'py>; 48]>,
         name: FieldName<'_>,
         value: &Bound<'py, PyAny>,
     ) -> bool {
         let Some(spec) = self.row_spec(name) else { return false };
         let Ok(views) = spec::to_leaf_views(spec, value, None, &|| label(name)) else { return false };
-        leaves.extend(views.into_vec());
+        match views {
+            Leaves::One(view) => leaves.push(view),
+            Leaves::Many(views) => leaves.extend(views),
+        }
         true
     }
 
