@@ -10,6 +10,7 @@ use pyo3::exceptions::{PyKeyError, PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use smallvec::SmallVec;
 
 use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 
@@ -519,6 +520,9 @@ pub fn multi_agent_record_steps<'py>(
     let mut done = Vec::new();
     // Stands for a None dict (one for all sub-envs: nothing writes to it).
     let empty = PyDict::new(py);
+    // The call's counts, written to the dicts once per agent and module at the end.
+    let mut agent_tally = Tally::default();
+    let mut module_tally = Tally::default();
     for (i, ep) in episodes.iter().enumerate() {
         let get = |l: &Bound<'py, PyList>| -> PyResult<Option<Bound<'py, PyAny>>> {
             let v = l.get_item(i)?;
@@ -543,8 +547,8 @@ pub fn multi_agent_record_steps<'py>(
             get(extra_model_outputs)?.as_ref(),
         )
         .map_err(|err| for_env(py, i, err))?;
-        if let (Some(agents), Some(modules)) = (agent_steps, module_steps) {
-            count_steps(py, &ep, &obs, agents, modules)?;
+        if agent_steps.is_some() && module_steps.is_some() {
+            count_steps(py, &ep, &obs, &mut agent_tally, &mut module_tally)?;
         }
         if ep.getattr(intern!(py, "is_terminated"))?.is_truthy()?
             || ep.getattr(intern!(py, "is_truncated"))?.is_truthy()?
@@ -552,32 +556,67 @@ pub fn multi_agent_record_steps<'py>(
             done.push(i);
         }
     }
+    if let (Some(agents), Some(modules)) = (agent_steps, module_steps) {
+        agent_tally.add_to(agents)?;
+        module_tally.add_to(modules)?;
+    }
     Ok(done)
 }
 
-/// Adds one step per observing agent to `agents[aid]` and to `modules[its module]`.
+/// Counts by key, for a few distinct keys (a vector step's agents or modules) counted many
+/// times: the keys are compared by identity first (the same agent-id objects recur across
+/// steps and sub-envs), then by equality, as a dict compares them. A dict update per agent
+/// and sub-env cost about an eighth of the multi-agent record.
+#[derive(Default)]
+struct Tally<'py> {
+    counts: SmallVec<[(Bound<'py, PyAny>, i64); 16]>,
+}
+
+impl<'py> Tally<'py> {
+    fn add(&mut self, key: &Bound<'py, PyAny>) -> PyResult<()> {
+        if let Some(entry) = self.counts.iter_mut().find(|(k, _)| k.is(key)) {
+            entry.1 += 1;
+            return Ok(());
+        }
+        for entry in &mut self.counts {
+            if entry.0.eq(key)? {
+                entry.1 += 1;
+                return Ok(());
+            }
+        }
+        self.counts.push((key.clone(), 1));
+        Ok(())
+    }
+
+    /// Adds the counts to `d[key]` (0 where missing).
+    fn add_to(&self, d: &Bound<'py, PyDict>) -> PyResult<()> {
+        for (key, n) in &self.counts {
+            let old = match d.get_item(key)? {
+                Some(v) => v.extract::<i64>()?,
+                None => 0,
+            };
+            d.set_item(key, old + n)?;
+        }
+        Ok(())
+    }
+}
+
+/// Counts one step per observing agent for the agent and for its module.
 fn count_steps<'py>(
     py: Python<'py>,
     episode: &Bound<'py, PyAny>,
     observations: &Bound<'py, PyDict>,
-    agents: &Bound<'py, PyDict>,
-    modules: &Bound<'py, PyDict>,
+    agents: &mut Tally<'py>,
+    modules: &mut Tally<'py>,
 ) -> PyResult<()> {
     if observations.is_empty() {
         return Ok(());
     }
     let mapping = episode.getattr(intern!(py, "_agent_to_module_mapping"))?.cast_into::<PyDict>()?;
-    let add = |d: &Bound<'py, PyDict>, key: &Bound<'py, PyAny>| -> PyResult<()> {
-        let old = match d.get_item(key)? {
-            Some(v) => v.extract::<i64>()?,
-            None => 0,
-        };
-        d.set_item(key, old + 1)
-    };
-    for aid in observations.keys() {
-        add(agents, &aid)?;
+    for (aid, _) in observations.iter() {
         let module = mapping.get_item(&aid)?.unwrap_or_else(|| py.None().into_bound(py));
-        add(modules, &module)?;
+        agents.add(&aid)?;
+        modules.add(&module)?;
     }
     Ok(())
 }
