@@ -1661,7 +1661,11 @@ impl SingleAgentEpisodePy {
             _ => self.field(name).ok()?,
         };
         match (&field.storage, self.specs.get(name)) {
-            (Storage::Typed { column, .. }, Some(spec)) if column.schema().leaves == spec.schema.leaves => {
+            // The same schema object first: a column made from this spec shares it.
+            (Storage::Typed { column, .. }, Some(spec))
+                if std::ptr::eq(column.schema(), Arc::as_ptr(&spec.schema))
+                    || column.schema().leaves == spec.schema.leaves =>
+            {
                 Some(spec)
             }
             _ => None,
