@@ -537,10 +537,7 @@ pub fn multi_agent_add_env_step<'py>(
         let row = &rows[i];
         let aid = &row.aid;
         let existing = &existing[i];
-        // One shared borrow of the agent's episode serves the decision and the conversion
-        // (each borrow is an atomic flag update: about a tenth of the per-agent cost).
-        let mut held = existing.as_ref().map(Bound::borrow);
-        let episode_done = held.as_ref().is_some_and(|e| e.done());
+        let episode_done = existing.as_ref().is_some_and(|e| e.borrow().done());
         let step_map = step_maps.get_item(aid)?.map(Bound::cast_into::<StepMapPy>).transpose()?;
         if row.observation.is_some() && step_map.is_some() {
             observed_with_map += 1;
@@ -592,7 +589,6 @@ pub fn multi_agent_add_env_step<'py>(
             AgentPlan::Step { observation, action: action_src, extra_model_outputs, add_hanging_reward } => {
                 let eps = agent_episode()?;
                 let (obs_value, info_value) = if observation == Source::Last {
-                    held = None; // released for the mutable borrow
                     let (o, i) = eps.borrow_mut().last_observation_and_infos(py)?;
                     (o, Some(i))
                 } else {
@@ -615,15 +611,8 @@ pub fn multi_agent_add_env_step<'py>(
                 // This step's own values (not the agent's last observation or its hanging
                 // ones) go straight into the columns where they fit them.
                 let given = observation == Source::Given && action_src == Source::Given;
-                let borrowed;
-                let reader: &SingleAgentEpisodePy = if let Some(h) = &held {
-                    h
-                } else {
-                    borrowed = eps.borrow();
-                    &borrowed
-                };
                 let row = if given && extra_model_outputs == Source::Given {
-                    reader.prepare_row_step(
+                    eps.borrow().prepare_row_step(
                         &mut row_steps,
                         &obs_value,
                         &action_value,
@@ -637,7 +626,8 @@ pub fn multi_agent_add_env_step<'py>(
                     StepData::Rows { row, info: info_or_absent(info_value.as_ref()) }
                 } else {
                     let total = (hanging_reward + reward).into_pyobject(py)?.into_any();
-                    let step = reader
+                    let step = eps
+                        .borrow()
                         .prepare_step(
                             &obs_value,
                             &action_value,
@@ -659,11 +649,7 @@ pub fn multi_agent_add_env_step<'py>(
             AgentPlan::Join => {
                 let eps = agent_episode()?;
                 let obs_value = row.observation.clone().unwrap_or_else(none);
-                let reset = match &held {
-                    Some(h) => h.prepare_reset(&obs_value),
-                    None => eps.borrow().prepare_reset(&obs_value),
-                }
-                .map_err(|e| for_agent(py, aid, e))?;
+                let reset = eps.borrow().prepare_reset(&obs_value).map_err(|e| for_agent(py, aid, e))?;
                 Prepared::Join { episode: eps, reset, infos: row.info.clone() }
             }
             AgentPlan::Hang => Prepared::Hang {
