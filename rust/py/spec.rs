@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use numpy::npyffi::{self, npy_intp, PY_ARRAY_API};
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyTuple, PyType};
@@ -130,13 +131,17 @@ macro_rules! space_cls {
 }
 
 fn descr_from<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyArrayDescr>> {
+    // A space's `dtype` is already a descriptor (`np.dtype` of one gives it back).
+    if let Ok(d) = obj.cast::<PyArrayDescr>() {
+        return Ok(d.clone());
+    }
     let py = obj.py();
-    let d = numpy(py)?.getattr("dtype")?.call1((obj,))?;
+    let d = numpy(py)?.getattr(intern!(py, "dtype"))?.call1((obj,))?;
     Ok(d.cast_into::<PyArrayDescr>()?)
 }
 
 fn shape_of(obj: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
-    obj.getattr("shape")?.extract()
+    obj.getattr(intern!(obj.py(), "shape"))?.extract()
 }
 
 /// Builds the spec of a gymnasium space; `None` for spaces without a fixed numeric
@@ -162,12 +167,16 @@ fn walk_space(
             Ok(Some(Tree::Leaf(leaves.len() - 1)))
         };
     if space.is_instance(space_cls!(py, "Box"))? || space.is_instance(space_cls!(py, "MultiBinary"))? {
-        return leaf(descr_from(&space.getattr("dtype")?)?, shape_of(space)?, OneHot::No);
+        return leaf(descr_from(&space.getattr(intern!(py, "dtype"))?)?, shape_of(space)?, OneHot::No);
     }
     if space.is_instance(space_cls!(py, "Discrete"))? {
-        let n: usize = space.getattr("n")?.extract()?;
-        let start: i64 = space.getattr("start")?.extract()?;
-        return leaf(descr_from(&space.getattr("dtype")?)?, vec![], OneHot::Discrete { n, start });
+        let n: usize = space.getattr(intern!(py, "n"))?.extract()?;
+        let start: i64 = space.getattr(intern!(py, "start"))?.extract()?;
+        return leaf(
+            descr_from(&space.getattr(intern!(py, "dtype"))?)?,
+            vec![],
+            OneHot::Discrete { n, start },
+        );
     }
     if space.is_instance(space_cls!(py, "MultiDiscrete"))? {
         let flat = |name: &str| -> PyResult<Vec<i64>> {
@@ -176,14 +185,14 @@ fn walk_space(
         let nvec: Vec<usize> = flat("nvec")?.into_iter().map(|v| usize::try_from(v).unwrap_or(0)).collect();
         let start = flat("start")?;
         return leaf(
-            descr_from(&space.getattr("dtype")?)?,
+            descr_from(&space.getattr(intern!(py, "dtype"))?)?,
             shape_of(space)?,
             OneHot::MultiDiscrete { nvec, start },
         );
     }
     if space.is_instance(space_cls!(py, "Dict"))? {
         let mut entries = Vec::new();
-        for item in space.getattr("spaces")?.call_method0("items")?.try_iter()? {
+        for item in space.getattr(intern!(py, "spaces"))?.call_method0("items")?.try_iter()? {
             let (key, sub): (Bound<'_, PyAny>, Bound<'_, PyAny>) = item?.extract()?;
             let Some(t) = walk_space(&sub, leaves, descrs)? else { return Ok(None) };
             entries.push((key.unbind(), t));
@@ -192,7 +201,7 @@ fn walk_space(
     }
     if space.is_instance(space_cls!(py, "Tuple"))? {
         let mut entries = Vec::new();
-        for sub in space.getattr("spaces")?.try_iter()? {
+        for sub in space.getattr(intern!(py, "spaces"))?.try_iter()? {
             let Some(t) = walk_space(&sub?, leaves, descrs)? else { return Ok(None) };
             entries.push(t);
         }
