@@ -530,7 +530,7 @@ pub fn multi_agent_add_env_step<'py>(
     let mut new_agent_episode: Option<Bound<'py, PyAny>> = None;
     let have_hanging_actions = !hanging_actions.is_empty();
     let mut plans: AgentVec<(usize, Prepared<'py>, f64, Option<Bound<'py, StepMapPy>>)> = AgentVec::new();
-    let mut row_steps = RowSteps::new();
+    let mut row_steps = RowSteps::default();
     let mut observed_with_map = 0usize;
     for k in 0..order.as_ref().map_or(rows.len(), Vec::len) {
         let i = order.as_ref().map_or(k, |o| o[k]);

@@ -1433,25 +1433,26 @@ pub struct LengthGuess {
 /// [`SingleAgentEpisodePy::add_row_step`]: what [`SingleAgentEpisodePy::prepare_row_step`]
 /// adds to.
 ///
-/// All steps share two lists (the multi-agent record prepares every agent's step before
-/// it stores any): a list per step cost a heap block, and moving a step with inline
-/// buffers through the record's plans cost as much, each about a tenth of the record.
-/// The lists are inline up to eight agents' usual steps.
+/// All steps share the same lists of leaves and keys (the multi-agent record prepares
+/// every agent's step before it stores any): lists per step cost a heap block each, and
+/// moving a step with inline buffers through the record's plans cost as much, each about a
+/// tenth of the record. The lists are inline up to eight agents' usual steps.
+#[derive(Default)]
 pub struct RowSteps<'py> {
-    leaves: SmallVec<[LeafBytes<'py>; 48]>,
+    leaves: RowLeaves<'py>,
     keys: SmallVec<[Bound<'py, PyString>; 24]>,
     /// Per step, where its leaves and its extras' keys end.
     ends: SmallVec<[(usize, usize); 8]>,
 }
 
+/// [`RowSteps`]' leaves: room for eight steps of an observation, an action, a reward and
+/// three one-leaf extras.
+type RowLeaves<'py> = SmallVec<[LeafBytes<'py>; 48]>;
+
 /// The most leaves and extra keys of one row step kept on the stack while it is stored.
 const ROW_LEAVES: usize = 8;
 
 impl RowSteps<'_> {
-    pub fn new() -> Self {
-        RowSteps { leaves: SmallVec::new(), keys: SmallVec::new(), ends: SmallVec::new() }
-    }
-
     /// Where step `step`'s leaves and keys start.
     fn starts(&self, step: usize) -> (usize, usize) {
         step.checked_sub(1).map_or((0, 0), |p| self.ends[p])
@@ -1640,7 +1641,7 @@ impl SingleAgentEpisodePy {
     /// appended) where the field has no such column or the value does not convert.
     fn push_row_bytes<'py>(
         &self,
-        leaves: &mut SmallVec<[LeafBytes<'py>; 48]>,
+        leaves: &mut RowLeaves<'py>,
         name: FieldName<'_>,
         value: &Bound<'py, PyAny>,
     ) -> bool {
