@@ -1453,6 +1453,23 @@ type RowLeaves<'py> = SmallVec<[LeafBytes<'py>; 48]>;
 const ROW_LEAVES: usize = 8;
 
 impl RowSteps<'_> {
+    /// Where the next step's leaves and keys start (for [`Self::finish`]).
+    fn mark(&self) -> (usize, usize) {
+        (self.leaves.len(), self.keys.len())
+    }
+
+    /// Ends the step begun at `mark`: kept (its index) where `added` is `Ok(true)`;
+    /// otherwise what it added is taken back, so that the next step starts clean.
+    fn finish(&mut self, mark: (usize, usize), added: PyResult<bool>) -> PyResult<Option<usize>> {
+        if !matches!(added, Ok(true)) {
+            self.leaves.truncate(mark.0);
+            self.keys.truncate(mark.1);
+            return added.map(|_| None);
+        }
+        self.ends.push(self.mark());
+        Ok(Some(self.ends.len() - 1))
+    }
+
     /// Where step `step`'s leaves and keys start.
     fn starts(&self, step: usize) -> (usize, usize) {
         step.checked_sub(1).map_or((0, 0), |p| self.ends[p])
@@ -1585,56 +1602,40 @@ impl SingleAgentEpisodePy {
         reward: f64,
         extra_model_outputs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Option<usize>> {
-        let (leaves0, keys0) = (steps.leaves.len(), steps.keys.len());
-        let added = self.push_row_step(steps, observation, action, reward, extra_model_outputs);
-        if !matches!(added, Ok(true)) {
-            steps.leaves.truncate(leaves0);
-            steps.keys.truncate(keys0);
-            return added.map(|_| None);
-        }
-        steps.ends.push((steps.leaves.len(), steps.keys.len()));
-        Ok(Some(steps.ends.len() - 1))
-    }
-
-    /// [`Self::prepare_row_step`]'s conversion: false where a value does not go in as a
-    /// row (the caller then takes back what was added).
-    fn push_row_step<'py>(
-        &self,
-        steps: &mut RowSteps<'py>,
-        observation: &Bound<'py, PyAny>,
-        action: &Bound<'py, PyAny>,
-        reward: f64,
-        extra_model_outputs: Option<&Bound<'py, PyDict>>,
-    ) -> PyResult<bool> {
-        if self.core.is_done() || !self.core.is_reset() {
-            return Ok(false);
-        }
-        let leaves = &mut steps.leaves;
-        if !self.push_row_bytes(leaves, FieldName::Observations, observation)
-            || !self.push_row_bytes(leaves, FieldName::Actions, action)
-        {
-            return Ok(false);
-        }
-        let Some(spec) = self.row_spec(FieldName::Rewards) else { return Ok(false) };
-        match spec.schema.leaves.as_slice() {
-            [leaf] if leaf.shape.is_empty() && leaf.dtype == DType::F64 => {
-                leaves.push(LeafBytes::scalar(&reward.to_ne_bytes()));
+        let mark = steps.mark();
+        // Ok(false): a value does not go in as a row; `finish` takes back what was added.
+        let added = (|| -> PyResult<bool> {
+            if self.core.is_done() || !self.core.is_reset() {
+                return Ok(false);
             }
-            [leaf] if leaf.shape.is_empty() && leaf.dtype == DType::F32 => {
-                leaves.push(LeafBytes::scalar(&(reward as f32).to_ne_bytes()));
+            let leaves = &mut steps.leaves;
+            if !self.push_row_bytes(leaves, FieldName::Observations, observation)
+                || !self.push_row_bytes(leaves, FieldName::Actions, action)
+            {
+                return Ok(false);
             }
-            _ => return Ok(false),
-        }
-        if let Some(d) = extra_model_outputs {
-            for (k, v) in d.iter() {
-                let Ok(k) = k.cast_into::<PyString>() else { return Ok(false) };
-                if !self.push_row_bytes(leaves, FieldName::Extra(k.to_str()?), &v) {
-                    return Ok(false);
+            let Some(spec) = self.row_spec(FieldName::Rewards) else { return Ok(false) };
+            match spec.schema.leaves.as_slice() {
+                [leaf] if leaf.shape.is_empty() && leaf.dtype == DType::F64 => {
+                    leaves.push(LeafBytes::scalar(&reward.to_ne_bytes()));
                 }
-                steps.keys.push(k);
+                [leaf] if leaf.shape.is_empty() && leaf.dtype == DType::F32 => {
+                    leaves.push(LeafBytes::scalar(&(reward as f32).to_ne_bytes()));
+                }
+                _ => return Ok(false),
             }
-        }
-        Ok(true)
+            if let Some(d) = extra_model_outputs {
+                for (k, v) in d.iter() {
+                    let Ok(k) = k.cast_into::<PyString>() else { return Ok(false) };
+                    if !self.push_row_bytes(leaves, FieldName::Extra(k.to_str()?), &v) {
+                        return Ok(false);
+                    }
+                    steps.keys.push(k);
+                }
+            }
+            Ok(true)
+        })();
+        steps.finish(mark, added)
     }
 
     /// Appends `value`'s bytes in the layout of `name`'s typed column; false (nothing
