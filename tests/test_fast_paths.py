@@ -223,9 +223,8 @@ def test_native_draw_uniform_buffers_are_per_thread():
 def test_runner_length_guess_changes_no_episode(monkeypatch, episode_len):
     """The single-agent runner passes the longest recent episode length (and the vector
     steps it has left) to the record, which reserves room in columns of big items (the
-    image observations here); the
-    episodes sampled are the same as without the guess, across chunk cuts, and the guess
-    follows the episodes that ended."""
+    image observations here); the episodes sampled are the same as without the guess,
+    across chunk cuts, and the guess follows the episodes that ended."""
     from tests.test_default_act import assert_same_episode
 
     import fastrollout as fr
