@@ -57,6 +57,7 @@ mod _core {
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+        crate::alloc::hand_back_freed_pages_lazily();
         Ok(())
     }
 }
