@@ -5,7 +5,10 @@ Usage::
     python benches/side_by_side.py [--quick] [--json out.json] [--only NAME ...]
 
 For every workload the three contenders run the same work in this process, one after the
-other, each warmed up and then timed over several repeats; the table shows the median.
+other, each warmed up and then timed over several rounds (one run of each per round); the
+table shows each contender's median, and each ratio is the median over the rounds of the
+ratio of the two runs of the same round (runs next to each other in time, so that the VM's
+slow phases, which last seconds, move both sides of a ratio alike).
 Torch runs on one thread for all three (``torch.set_num_threads(1)``), and numpy's OpenBLAS
 too (``OPENBLAS_NUM_THREADS=1`` unless set), on the CPU unless
 ``--device`` names another (``cuda``: RLlib's local runner has no device option, so its
@@ -435,10 +438,13 @@ def workloads(
 def measure(
     factories: dict[str, Callable[[], Callable[[], int]]], repeats: int, warmup: int
 ) -> dict[str, float]:
-    """Median time per unit (µs) of each contender over ``repeats`` timed runs.
+    """Median time per unit (µs) of each contender over ``repeats`` timed runs, and the
+    median ratios of the table's pairs of contenders.
 
     The contenders take turns (one run each per round), so that a change in the machine's
-    load during the measurement hits all of them alike.
+    load during the measurement hits all of them alike; a ratio is taken within each round
+    (``"fastrollout/bare"``: fastrollout's run over the bare loop's run of the same round),
+    and its median over the rounds is what the table shows.
 
     Args:
         factories: Contender name -> factory of its run closure.
@@ -446,7 +452,8 @@ def measure(
         warmup: Untimed runs per contender first.
 
     Returns:
-        Contender name -> median µs per unit.
+        Contender name -> median µs per unit, and ``"a/b"`` -> median ratio of a's to b's
+        time for the pairs ``RATIOS`` names (where both ran).
     """
     runs = {who: factory() for who, factory in factories.items()}
     for run in runs.values():
@@ -461,7 +468,16 @@ def measure(
             units = run()
             times[who].append((time.perf_counter() - t0) / units * 1e6)
             _between(run)
-    return {who: statistics.median(t) for who, t in times.items()}
+    out = {who: statistics.median(t) for who, t in times.items()}
+    for a, b in RATIOS:
+        if a in times and b in times:
+            pairs = zip(times[a], times[b], strict=True)
+            out[f"{a}/{b}"] = statistics.median(x / y for x, y in pairs)
+    return out
+
+
+# The table's ratio columns: (numerator, denominator) contenders.
+RATIOS = (("rllib", "fastrollout"), ("fastrollout", "bare"))
 
 
 def _between(run: Callable[[], int]) -> None:
@@ -516,15 +532,21 @@ def _fmt(x: float | None) -> str:
     return f"{x:.3f}" if x < 1 else f"{x:.1f}" if x < 100 else f"{x:.0f}"
 
 
-def _ratio(a: float | None, b: float | None) -> str:
-    return "-" if a is None or b is None else f"{a / b:.2f}x"
+def _ratio(r: dict[str, Any], a: str, b: str) -> str:
+    # The median of the per-round ratios; a result without them (an older JSON file) falls
+    # back to the ratio of the medians.
+    x = r.get(f"{a}/{b}")
+    if x is None and r.get(a) is not None and r.get(b) is not None:
+        x = r[a] / r[b]
+    return "-" if x is None else f"{x:.2f}x"
 
 
 def table(results: list[dict[str, Any]]) -> str:
     """The Markdown table of the results.
 
     Args:
-        results: One dict per workload (name, unit, bare, rllib, fastrollout).
+        results: One dict per workload (name, unit, bare, rllib, fastrollout, and the
+            ratios `measure` adds).
 
     Returns:
         The table.
@@ -537,8 +559,8 @@ def table(results: list[dict[str, Any]]) -> str:
     for r in results:
         rows.append(
             f"| {r['name']} | {r['unit']} | {_fmt(r.get('bare'))} | {_fmt(r.get('rllib'))} "
-            f"| {_fmt(r.get('fastrollout'))} | {_ratio(r.get('rllib'), r.get('fastrollout'))} "
-            f"| {_ratio(r.get('fastrollout'), r.get('bare'))} |"
+            f"| {_fmt(r.get('fastrollout'))} | {_ratio(r, 'rllib', 'fastrollout')} "
+            f"| {_ratio(r, 'fastrollout', 'bare')} |"
         )
     return "\n".join(rows)
 
@@ -566,7 +588,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.simplefilter("ignore")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     torch.set_num_threads(1)
-    steps, repeats, warmup = (200, 3, 1) if args.quick else (1000, 5, 2)
+    steps, repeats, warmup = (200, 3, 1) if args.quick else (1000, 9, 2)
     info = machine()
     print("machine:", "; ".join(f"{k}: {v}" for k, v in info.items()), flush=True)
     results = []
