@@ -320,6 +320,156 @@ def test_scatter_reads_shared_env_actions_once_with_the_same_result(env_first):
     )
 
 
+def _same(a, b) -> bool:
+    """Equal, with the same types (and dtypes) all the way down."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, np.ndarray):
+        return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
+    if isinstance(a, np.generic):
+        return a.dtype == b.dtype and a == b
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+def _outputs(rows: dict[str, np.ndarray], logp_dtype=np.float32) -> dict:
+    """Module outputs for a gathered batch: actions, 2-D dist inputs, 1-D log-probs."""
+    out = {}
+    for mid, batch in rows.items():
+        n = len(batch)
+        out[mid] = {
+            "actions": np.arange(n) % 4,
+            "action_dist_inputs": np.arange(2 * n, dtype=np.float32).reshape(n, 2) + batch[:, :1],
+            "action_logp": (-np.arange(n) - batch[:, 0]).astype(logp_dtype),
+        }
+    return out
+
+
+def test_scatter_extras_as_rows_give_the_dicts_scatter_makes():
+    """With ``extras_as_rows`` each agent gets its row of the module's output arrays; its
+    ``to_dict()`` is the dict the scatter makes without it (same keys, order and values,
+    numpy scalars and row views alike). Outputs that are not C-contiguous arrays with a row
+    axis, or a constant named like a column, get the per-agent dicts."""
+    b = ModuleBatcher({"even": OBS, "odd": OBS})
+    eps = _ma_episodes(2)
+    obs = [{0: np.ones(3, np.float32), 1: np.zeros(3, np.float32)}, {2: np.full(3, 2, np.float32)}]
+    rows = b.gather(eps, obs)
+    outputs = _outputs(rows)
+    constants = {"weights_seq_no": 7}
+    as_rows = b.scatter(outputs, extra_constants=constants, extras_as_rows=True)
+    as_dicts = b.scatter(outputs, extra_constants=constants)
+    for (e1, a1, x1), (e2, a2, x2) in zip(as_rows, as_dicts, strict=True):
+        assert _same(e1, e2) and _same(a1, a2)
+        assert list(x1) == list(x2)
+        assert all(type(v).__name__ == "AgentOutputs" for v in x1.values())
+        assert all(_same(x1[aid].to_dict(), x2[aid]) for aid in x1)
+    # Outputs the record cannot read rows of: the dicts, as without the flag.
+    odd = {"actions": np.array([1])}
+    for even in (
+        {"actions": np.array([0, 1]), "action_logp": [-1.0, -2.0]},
+        {"actions": np.array([0, 1]), "action_logp": np.array([[-1.0, 0], [-2.0, 0]])[:, 0]},
+        {"actions": np.array([0, 1]), "weights_seq_no": np.array([1, 2])},
+    ):
+        got = b.scatter({"even": even, "odd": odd}, extra_constants=constants, extras_as_rows=True)
+        want = b.scatter({"even": even, "odd": odd}, extra_constants=constants)
+        got_extras = [p[2] for p in got]
+        assert type(got_extras[0][0]) is dict and type(got_extras[1][2]) is dict
+        # (Module "odd" has only the constant: its agent still gets a row.)
+        got_extras[0][1] = got_extras[0][1].to_dict()
+        assert _same(got_extras, [p[2] for p in want])
+
+
+def test_records_from_rows_equal_records_from_dicts():
+    """Recording the scatter's rows stores what recording its dicts stores, on every path:
+    an agent's first step (the columns are made from the values), later steps (rows
+    copied straight into the columns), an action left hanging by an agent the env did not
+    observe and taken up when it observes again, and outputs whose dtype is not the
+    columns' (converted as a dict's values are)."""
+    b = ModuleBatcher({"even": OBS, "odd": OBS})
+    sets = {"rows": _ma_episodes(2), "dicts": _ma_episodes(2)}
+
+    def ob(v):
+        return np.full(3, v, np.float32)
+
+    # Agent 1 acts at step 2 but is not observed until step 4.
+    present = [{0, 1}, {0, 1}, {0}, {0}, {0, 1}, {0, 1}, {0, 1}]
+    for eps in sets.values():
+        for i, e in enumerate(eps):
+            e.add_env_reset(observations={2 * i: ob(0), 2 * i + 1: ob(0)})
+    obs = [{0: ob(0), 1: ob(0)}, {2: ob(0), 3: ob(0)}]
+    for t in range(1, len(present)):
+        out = _outputs(b.gather(sets["rows"], obs), np.float64 if t == 5 else np.float32)
+        consts = {"weights_seq_no": t}
+        scattered = {
+            "rows": b.scatter(out, extra_constants=consts, extras_as_rows=True),
+            "dicts": b.scatter(out, extra_constants=consts),
+        }
+        obs = [{a: ob(t + a) for a in present[t]}, {2: ob(t + 2), 3: ob(t + 3)}]
+        for name, eps in sets.items():
+            per_env = scattered[name]
+            multi_agent_record_steps(
+                eps,
+                obs,
+                [p[1] for p in per_env],
+                [{a: 1.0 for a in o} for o in obs],
+                [None, None],
+                [None, None],
+                [None, None],
+                [p[2] for p in per_env],
+            )
+        if t == 2:
+            hanging = [e._hanging_extra_model_outputs_end for e in sets["rows"]]
+            assert set(hanging[0]) == {1} and isinstance(hanging[0][1], dict)
+    for er, ed in zip(sets["rows"], sets["dicts"], strict=True):
+        sr, sd = er.get_state(), ed.get_state()
+        for key in ("_hanging_actions_end", "_hanging_extra_model_outputs_end", "env_t"):
+            assert _same(sr[key], sd[key]), key
+        agents_r, agents_d = dict(sr["agent_episodes"]), dict(sd["agent_episodes"])
+        assert list(agents_r) == list(agents_d)
+        for aid, ar in agents_r.items():
+            ad = agents_d[aid]
+            for key in ("observations", "actions", "rewards", "extra_model_outputs", "t"):
+                assert _same(ar[key], ad[key]), (aid, key)
+        for aid, ae in er.agent_episodes.items():
+            de = ed.agent_episodes[aid]
+            for k in ("action_dist_inputs", "action_logp", "weights_seq_no"):
+                assert _same(ae.get_extra_model_outputs(k), de.get_extra_model_outputs(k))
+
+
+def test_rows_into_columns_of_another_byte_order_are_converted():
+    """An extra-output column made from big-endian values keeps that layout; native rows
+    recorded into it later are converted, not copied as they are (and big-endian output
+    arrays are handed over as dicts)."""
+    b = ModuleBatcher({"even": OBS})
+    eps = _ma_episodes(1)
+    eps[0].add_env_reset(observations={0: np.zeros(3, np.float32)})
+    values = []
+    for t, dtype in enumerate([">f4", "<f4", "<f4", ">f4"]):
+        b.gather(eps, [{0: np.full(3, t, np.float32)}])
+        logits = np.array([[t + 0.5, -t]], dtype=dtype)
+        values.append(logits[0].astype(np.float32))
+        (per_env,) = b.scatter(
+            {"even": {"actions": np.array([1]), "action_dist_inputs": logits}},
+            extras_as_rows=True,
+        )
+        assert (type(per_env[2][0]) is dict) == (dtype == ">f4")
+        multi_agent_record_steps(
+            eps,
+            [{0: np.full(3, t + 1, np.float32)}],
+            [per_env[1]],
+            [{0: 1.0}],
+            [None],
+            [None],
+            [None],
+            [per_env[2]],
+        )
+    got = eps[0].agent_episodes[0].get_extra_model_outputs("action_dist_inputs")
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.stack(values))
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     st.lists(

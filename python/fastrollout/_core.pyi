@@ -7,6 +7,7 @@ import numpy.typing as npt
 from typing_extensions import Self, disjoint_base, final
 
 __all__ = [
+    "AgentOutputs",
     "EpisodeStateError",
     "MetricsStore",
     "ModuleBatcher",
@@ -265,7 +266,17 @@ class ModuleBatcher:
         actions_key: str = "actions",
         actions_for_env_key: str = "actions_for_env",
         extra_constants: dict[str, Any] | None = None,
-    ) -> list[tuple[dict[Any, Any], dict[Any, Any], dict[Any, dict[str, Any]]]]: ...
+        extras_as_rows: bool = False,
+    ) -> list[tuple[dict[Any, Any], dict[Any, Any], dict[Any, dict[str, Any] | AgentOutputs]]]: ...
+
+@final
+class AgentOutputs:
+    """One agent's extra model outputs as its row of its module's output arrays.
+
+    What ``ModuleBatcher.scatter(..., extras_as_rows=True)`` hands the multi-agent record.
+    """
+
+    def to_dict(self) -> dict[str, Any]: ...
 
 @final
 class StatsSnapshot:

@@ -9,6 +9,7 @@ mod index;
 mod metrics;
 mod multi;
 mod object;
+mod outputs;
 mod runner;
 mod single;
 mod spec;
@@ -35,6 +36,8 @@ mod _core {
     use super::multi::multi_agent_add_env_step;
     #[pymodule_export]
     use super::multi::StepMapPy;
+    #[pymodule_export]
+    use super::outputs::AgentOutputsPy;
     #[pymodule_export]
     use super::runner::multi_agent_record_steps;
     #[pymodule_export]

@@ -16,8 +16,9 @@ use smallvec::SmallVec;
 use super::errors::index_error;
 use super::index::to_index;
 use super::object::PyObj;
+use super::outputs::AgentOutputsPy;
 use super::single::{
-    info_or_absent, perf_counter, PreparedReset, PreparedStep, RowSteps, SingleAgentEpisodePy,
+    info_or_absent, perf_counter, ExtraOutputs, PreparedReset, PreparedStep, RowSteps, SingleAgentEpisodePy,
 };
 use crate::episode::multi::{
     plan_agent_step, AgentPlan, AgentStepError, AgentStepInput, MapRead, Source, StepMap,
@@ -602,7 +603,10 @@ pub fn multi_agent_add_env_step<'py>(
                     Source::Hanging => hanging_extras.get_item(aid)?,
                     _ => row.extra.clone(),
                 };
-                let extras_dict = as_dict(extras_value.as_ref())?;
+                // The runner's scatter hands an agent's row of its module's outputs.
+                let extras_rows =
+                    extras_value.as_ref().and_then(|v| v.cast::<AgentOutputsPy>().ok().cloned());
+                let extras_dict = if extras_rows.is_some() { None } else { as_dict(extras_value.as_ref())? };
                 let hanging_reward = if add_hanging_reward {
                     rewards_end.get_item(aid)?.map(|v| v.extract::<f64>()).transpose()?.unwrap_or(0.0)
                 } else {
@@ -612,12 +616,17 @@ pub fn multi_agent_add_env_step<'py>(
                 // ones) go straight into the columns where they fit them.
                 let given = observation == Source::Given && action_src == Source::Given;
                 let row = if given && extra_model_outputs == Source::Given {
+                    let extras = match (&extras_rows, &extras_dict) {
+                        (Some(r), _) => Some(ExtraOutputs::Rows(r.get())),
+                        (None, Some(d)) => Some(ExtraOutputs::Dict(d)),
+                        (None, None) => None,
+                    };
                     eps.borrow().prepare_row_step(
                         &mut row_steps,
                         &obs_value,
                         &action_value,
                         hanging_reward + reward,
-                        extras_dict.as_ref(),
+                        extras,
                     )?
                 } else {
                     None
@@ -625,6 +634,10 @@ pub fn multi_agent_add_env_step<'py>(
                 let step = if let Some(row) = row {
                     StepData::Rows { row, info: info_or_absent(info_value.as_ref()) }
                 } else {
+                    let extras_dict = match &extras_rows {
+                        Some(r) => Some(r.get().to_dict(py)?),
+                        None => extras_dict,
+                    };
                     let total = (hanging_reward + reward).into_pyobject(py)?.into_any();
                     let step = eps
                         .borrow()
@@ -654,7 +667,10 @@ pub fn multi_agent_add_env_step<'py>(
             }
             AgentPlan::Hang => Prepared::Hang {
                 action: row.action.clone().unwrap_or_else(none),
-                extras: row.extra.clone().unwrap_or_else(none),
+                extras: match row.extra.as_ref().map(|v| v.cast::<AgentOutputsPy>()) {
+                    Some(Ok(r)) => r.get().to_dict(py)?.into_any(),
+                    _ => row.extra.clone().unwrap_or_else(none),
+                },
             },
             AgentPlan::AddReward { begin } => Prepared::AddReward { begin },
             AgentPlan::Drop => Prepared::Drop,

@@ -16,6 +16,7 @@ use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 
 use super::multi::multi_agent_add_env_step;
 use super::object::PyObj;
+use super::outputs::{AgentOutputsPy, ModuleOutputs, OutputColumn};
 use super::single::{Input, LengthGuess, SingleAgentEpisodePy};
 use super::spec::{self, LeafBytes, Spec};
 use crate::episode::FieldName;
@@ -633,6 +634,35 @@ fn is_flagged(flags: Option<&Bound<'_, PyDict>>, aid: &Bound<'_, PyAny>) -> PyRe
 }
 
 /// `d[aid]`, a dict, created empty if missing.
+/// A module's extra outputs as rows of its arrays (see [`super::outputs`]), or `None`
+/// where one is not a C-contiguous numpy array with a row axis, or a constant has a
+/// column's name (the scatter then makes per-agent dicts).
+fn module_outputs(
+    cols: &Bound<'_, PyDict>,
+    actions_key: &str,
+    actions_for_env_key: &str,
+    constants: Option<&Bound<'_, PyDict>>,
+) -> PyResult<Option<Arc<ModuleOutputs>>> {
+    let mut columns = Vec::new();
+    for (col, value) in cols.iter() {
+        let name = col.cast_into::<PyString>()?;
+        let s = name.to_str()?;
+        if s == actions_key || s == actions_for_env_key {
+            continue;
+        }
+        if let Some(c) = constants {
+            if c.contains(&name)? {
+                return Ok(None);
+            }
+        }
+        let Some(column) = OutputColumn::new(&name, &value) else { return Ok(None) };
+        columns.push(column);
+    }
+    // A copy: the values are read when the step is recorded, after the caller's code ran.
+    let constants = constants.map(PyDictMethods::copy).transpose()?.map(Bound::unbind);
+    Ok(Some(Arc::new(ModuleOutputs { columns, constants })))
+}
+
 fn agent_dict<'py>(d: &Bound<'py, PyDict>, aid: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
     if let Some(x) = d.get_item(aid)? {
         return Ok(x.cast_into::<PyDict>()?);
@@ -828,7 +858,8 @@ impl ModuleBatcherPy {
     ///
     /// Raises `KeyError` if a module's outputs lack `actions_key` or name an unknown
     /// module, and `ValueError` if a column's length is not the batch's.
-    #[pyo3(signature = (outputs, actions_key="actions", actions_for_env_key="actions_for_env", extra_constants=None))]
+    #[pyo3(signature = (outputs, actions_key="actions", actions_for_env_key="actions_for_env", extra_constants=None, extras_as_rows=false))]
+    #[allow(clippy::too_many_lines)]
     fn scatter<'py>(
         &self,
         py: Python<'py>,
@@ -836,6 +867,7 @@ impl ModuleBatcherPy {
         actions_key: &str,
         actions_for_env_key: &str,
         extra_constants: Option<&Bound<'py, PyDict>>,
+        extras_as_rows: bool,
     ) -> PyResult<Vec<Bound<'py, PyTuple>>> {
         let n = self.agents.len();
         let env_actions: Vec<Bound<'py, PyDict>> = (0..n).map(|_| PyDict::new(py)).collect();
@@ -855,6 +887,11 @@ impl ModuleBatcherPy {
                 )));
             };
             let plan = scatter_plan(batch.index(), n);
+            let rows = if extras_as_rows {
+                module_outputs(&cols, actions_key, actions_for_env_key, extra_constants)?
+            } else {
+                None
+            };
             for (col, value) in cols.iter() {
                 let name = col.cast::<PyString>()?.to_str()?.to_string();
                 let len = value.len()?;
@@ -868,6 +905,9 @@ impl ModuleBatcherPy {
                     // The env's actions are the module's (every Discrete module): the
                     // actions column gives them, one read per row instead of two.
                     continue;
+                }
+                if rows.is_some() && name != actions_key && name != actions_for_env_key {
+                    continue; // (each agent's row of it is handed over below)
                 }
                 for (env, rows) in plan.iter().enumerate() {
                     for &(row, slot) in rows {
@@ -887,7 +927,16 @@ impl ModuleBatcherPy {
                     }
                 }
             }
-            if let Some(c) = extra_constants {
+            if let Some(outputs) = rows {
+                if !outputs.columns.is_empty() || outputs.constants.is_some() {
+                    for (env, rows) in plan.iter().enumerate() {
+                        for &(row, slot) in rows {
+                            let aid = self.agents[env][slot].bind(py);
+                            extras[env].set_item(aid, AgentOutputsPy::new(Arc::clone(&outputs), row))?;
+                        }
+                    }
+                }
+            } else if let Some(c) = extra_constants {
                 for (env, rows) in plan.iter().enumerate() {
                     for &(_, slot) in rows {
                         let aid = self.agents[env][slot].bind(py);

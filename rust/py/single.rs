@@ -13,6 +13,7 @@ use smallvec::SmallVec;
 use super::errors::{column_error, episode_error, index_error};
 use super::index::to_index;
 use super::object::PyObj;
+use super::outputs::AgentOutputsPy;
 use super::spec::{self, LeafBytes, Spec};
 use crate::column::{Column, Index, Pos, Resolved};
 use crate::episode::{EpisodeError, Field, FieldName, Item, Leaves, SingleAgentCore, Step, Storage};
@@ -1437,6 +1438,13 @@ pub struct LengthGuess {
 /// every agent's step before it stores any): lists per step cost a heap block each, and
 /// moving a step with inline buffers through the record's plans cost as much, each about a
 /// tenth of the record. The lists are inline up to eight agents' usual steps.
+/// A step's extra model outputs for [`SingleAgentEpisodePy::prepare_row_step`]: a dict of
+/// values, or the agent's row of its module's output arrays (the runner's scatter).
+pub enum ExtraOutputs<'a, 'py> {
+    Dict(&'a Bound<'py, PyDict>),
+    Rows(&'a AgentOutputsPy),
+}
+
 #[derive(Default)]
 pub struct RowSteps<'py> {
     leaves: RowLeaves<'py>,
@@ -1600,8 +1608,9 @@ impl SingleAgentEpisodePy {
         observation: &Bound<'py, PyAny>,
         action: &Bound<'py, PyAny>,
         reward: f64,
-        extra_model_outputs: Option<&Bound<'py, PyDict>>,
+        extra_model_outputs: Option<ExtraOutputs<'_, 'py>>,
     ) -> PyResult<Option<usize>> {
+        let py = observation.py();
         let mark = steps.mark();
         // Ok(false): a value does not go in as a row; `finish` takes back what was added.
         let added = (|| -> PyResult<bool> {
@@ -1624,16 +1633,32 @@ impl SingleAgentEpisodePy {
                 }
                 _ => return Ok(false),
             }
-            if let Some(d) = extra_model_outputs {
+            let push_dict = |steps: &mut RowSteps<'py>, d: &Bound<'py, PyDict>| -> PyResult<bool> {
                 for (k, v) in d.iter() {
                     let Ok(k) = k.cast_into::<PyString>() else { return Ok(false) };
-                    if !self.push_row_bytes(leaves, FieldName::Extra(k.to_str()?), &v) {
+                    if !self.push_row_bytes(&mut steps.leaves, FieldName::Extra(k.to_str()?), &v) {
                         return Ok(false);
                     }
                     steps.keys.push(k);
                 }
+                Ok(true)
+            };
+            match extra_model_outputs {
+                None => Ok(true),
+                Some(ExtraOutputs::Dict(d)) => push_dict(steps, d),
+                Some(ExtraOutputs::Rows(r)) => {
+                    for column in r.columns() {
+                        let k = column.name.bind(py);
+                        let Some(spec) = self.row_spec(FieldName::Extra(k.to_str()?)) else {
+                            return Ok(false);
+                        };
+                        let Some(bytes) = r.row_bytes(py, column, spec) else { return Ok(false) };
+                        steps.leaves.push(bytes);
+                        steps.keys.push(k.clone());
+                    }
+                    r.constants(py).map_or(Ok(true), |c| push_dict(steps, c))
+                }
             }
-            Ok(true)
         })();
         steps.finish(mark, added)
     }

@@ -105,7 +105,7 @@ fn kind_of(descr: &Bound<'_, PyArrayDescr>) -> Option<Kind> {
     Kind::from_code(descr.kind() as char)
 }
 
-fn dtype_of(descr: &Bound<'_, PyArrayDescr>) -> Option<DType> {
+pub fn dtype_of(descr: &Bound<'_, PyArrayDescr>) -> Option<DType> {
     Some(DType { kind: kind_of(descr)?, size: descr.itemsize() })
 }
 

@@ -212,8 +212,10 @@ class MultiAgentEnvRunner(EnvRunner):
         if not batch:
             return [({}, {}, {}) for _ in range(self.num_envs)]
         to_env, start = self._act(batch, explore, ts)
+        # Each agent's extra outputs stay rows of its module's arrays until the record
+        # copies them into its columns (no per-agent numpy scalars and views in between).
         per_env = self._batcher.scatter(
-            to_env, extra_constants={s.WEIGHTS_SEQ_NO: self._weights_seq_no}
+            to_env, extra_constants={s.WEIGHTS_SEQ_NO: self._weights_seq_no}, extras_as_rows=True
         )
         self._log_time_since(s.MODULE_TO_ENV_CONNECTOR, start)
         return per_env
