@@ -633,7 +633,6 @@ fn is_flagged(flags: Option<&Bound<'_, PyDict>>, aid: &Bound<'_, PyAny>) -> PyRe
     }
 }
 
-/// `d[aid]`, a dict, created empty if missing.
 /// A module's extra outputs as rows of its arrays (see [`super::outputs`]), or `None`
 /// where one is not a C-contiguous numpy array with a row axis, or a constant has a
 /// column's name (the scatter then makes per-agent dicts).
@@ -663,6 +662,7 @@ fn module_outputs(
     Ok(Some(Arc::new(ModuleOutputs { columns, constants })))
 }
 
+/// `d[aid]`, a dict, created empty if missing.
 fn agent_dict<'py>(d: &Bound<'py, PyDict>, aid: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
     if let Some(x) = d.get_item(aid)? {
         return Ok(x.cast_into::<PyDict>()?);
@@ -854,7 +854,10 @@ impl ModuleBatcherPy {
     /// gather). Returns one `(actions_for_env, actions, extra_model_outputs)` tuple per
     /// sub-env: agent -> action for the env (the `actions_for_env_key` column, else the
     /// action), agent -> action as the module chose it, and agent -> {column: value} for
-    /// every other column (plus `extra_constants`, the same for all agents).
+    /// every other column (plus `extra_constants`, the same for all agents). With
+    /// `extras_as_rows`, an agent's extra outputs are instead an `AgentOutputs`, its row of
+    /// its module's arrays, for the multi-agent record to copy (`super::outputs`; a module
+    /// whose outputs are not all C-contiguous arrays still gets the dicts).
     ///
     /// Raises `KeyError` if a module's outputs lack `actions_key` or name an unknown
     /// module, and `ValueError` if a column's length is not the batch's.

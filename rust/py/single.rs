@@ -1429,6 +1429,13 @@ pub struct LengthGuess {
     pub steps_left: usize,
 }
 
+/// A step's extra model outputs for [`SingleAgentEpisodePy::prepare_row_step`]: a dict of
+/// values, or the agent's row of its module's output arrays (the runner's scatter).
+pub enum ExtraOutputs<'a, 'py> {
+    Dict(&'a Bound<'py, PyDict>),
+    Rows(&'a AgentOutputsPy),
+}
+
 /// Steps of several episodes (one env step's agents) as raw rows laid out like each
 /// episode's typed columns (observation, action, reward, then its extras), for
 /// [`SingleAgentEpisodePy::add_row_step`]: what [`SingleAgentEpisodePy::prepare_row_step`]
@@ -1438,13 +1445,6 @@ pub struct LengthGuess {
 /// every agent's step before it stores any): lists per step cost a heap block each, and
 /// moving a step with inline buffers through the record's plans cost as much, each about a
 /// tenth of the record. The lists are inline up to eight agents' usual steps.
-/// A step's extra model outputs for [`SingleAgentEpisodePy::prepare_row_step`]: a dict of
-/// values, or the agent's row of its module's output arrays (the runner's scatter).
-pub enum ExtraOutputs<'a, 'py> {
-    Dict(&'a Bound<'py, PyDict>),
-    Rows(&'a AgentOutputsPy),
-}
-
 #[derive(Default)]
 pub struct RowSteps<'py> {
     leaves: RowLeaves<'py>,
