@@ -533,11 +533,7 @@ def _fmt(x: float | None) -> str:
 
 
 def _ratio(r: dict[str, Any], a: str, b: str) -> str:
-    # The median of the per-round ratios; a result without them (an older JSON file) falls
-    # back to the ratio of the medians.
-    x = r.get(f"{a}/{b}")
-    if x is None and r.get(a) is not None and r.get(b) is not None:
-        x = r[a] / r[b]
+    x = r.get(f"{a}/{b}")  # the median of the per-round ratios (`measure`)
     return "-" if x is None else f"{x:.2f}x"
 
 

@@ -26,8 +26,6 @@ pub struct OutputColumn {
     /// The layout of one row: the array's dtype (in native byte order) and its shape
     /// without the first axis.
     row: Leaf,
-    /// Bytes of one row.
-    width: usize,
 }
 
 impl OutputColumn {
@@ -45,8 +43,7 @@ impl OutputColumn {
             return None;
         }
         let row = Leaf::new(dtype_of(&descr)?, shape[1..].to_vec());
-        let width = row.item_bytes();
-        Some(OutputColumn { name: name.clone().unbind(), array: array.clone().unbind(), row, width })
+        Some(OutputColumn { name: name.clone().unbind(), array: array.clone().unbind(), row })
     }
 }
 
@@ -96,12 +93,9 @@ impl AgentOutputsPy {
         {
             return None;
         }
-        // The array's layout is read again here (`LeafBytes::Array`), so a row past a
-        // buffer that changed since the scatter is refused, never read.
-        let view = LeafBytes::Array(column.array.bind(py).clone());
-        let w = column.width;
-        let bytes = view.as_ref().get(self.row * w..(self.row + 1) * w)?;
-        Some(if w <= 8 { LeafBytes::scalar(bytes) } else { LeafBytes::Owned(bytes.to_vec()) })
+        // (`LeafBytes::row` reads the array's layout again: a buffer changed since the
+        // scatter gives no row rather than a read past it.)
+        LeafBytes::Array(column.array.bind(py).clone()).row(self.row, column.row.item_bytes())
     }
 }
 

@@ -39,13 +39,9 @@ impl BatchRows<'_> {
             .iter()
             .zip(&self.widths)
             .map(|(v, &w)| {
-                // Checked again: the views read the arrays' live layout.
-                let b = v.as_ref().get(i * w..(i + 1) * w).ok_or_else(|| {
+                v.row(i, w).ok_or_else(|| {
                     PyValueError::new_err(format!("no row {i} in the batch (was it resized?)"))
-                })?;
-                // One small copy per leaf: the column then copies it once more into its
-                // buffer (both are a few bytes for vector observations; scalars inline).
-                Ok(if w <= 8 { LeafBytes::scalar(b) } else { LeafBytes::Owned(b.to_vec()) })
+                })
             })
             .collect()
     }
@@ -862,7 +858,6 @@ impl ModuleBatcherPy {
     /// Raises `KeyError` if a module's outputs lack `actions_key` or name an unknown
     /// module, and `ValueError` if a column's length is not the batch's.
     #[pyo3(signature = (outputs, actions_key="actions", actions_for_env_key="actions_for_env", extra_constants=None, extras_as_rows=false))]
-    #[allow(clippy::too_many_lines)]
     fn scatter<'py>(
         &self,
         py: Python<'py>,
@@ -930,21 +925,19 @@ impl ModuleBatcherPy {
                     }
                 }
             }
-            if let Some(outputs) = rows {
-                if !outputs.columns.is_empty() || outputs.constants.is_some() {
-                    for (env, rows) in plan.iter().enumerate() {
-                        for &(row, slot) in rows {
-                            let aid = self.agents[env][slot].bind(py);
-                            extras[env].set_item(aid, AgentOutputsPy::new(Arc::clone(&outputs), row))?;
-                        }
-                    }
-                }
-            } else if let Some(c) = extra_constants {
-                for (env, rows) in plan.iter().enumerate() {
-                    for &(_, slot) in rows {
-                        let aid = self.agents[env][slot].bind(py);
-                        let d = agent_dict(&extras[env], aid)?;
-                        d.update(c.as_mapping())?;
+            // What each agent gets besides its dict's column values: its row of the
+            // outputs, or the constants merged into that dict.
+            let rows = rows.filter(|o| !o.columns.is_empty() || o.constants.is_some());
+            if rows.is_none() && extra_constants.is_none() {
+                continue;
+            }
+            for (env, agent_rows) in plan.iter().enumerate() {
+                for &(row, slot) in agent_rows {
+                    let aid = self.agents[env][slot].bind(py);
+                    match (&rows, extra_constants) {
+                        (Some(o), _) => extras[env].set_item(aid, AgentOutputsPy::new(Arc::clone(o), row))?,
+                        (None, Some(c)) => agent_dict(&extras[env], aid)?.update(c.as_mapping())?,
+                        (None, None) => {}
                     }
                 }
             }

@@ -166,17 +166,14 @@ fn walk_space(
             descrs.push(descr.unbind());
             Ok(Some(Tree::Leaf(leaves.len() - 1)))
         };
+    let dtype = || descr_from(&space.getattr(intern!(py, "dtype"))?);
     if space.is_instance(space_cls!(py, "Box"))? || space.is_instance(space_cls!(py, "MultiBinary"))? {
-        return leaf(descr_from(&space.getattr(intern!(py, "dtype"))?)?, shape_of(space)?, OneHot::No);
+        return leaf(dtype()?, shape_of(space)?, OneHot::No);
     }
     if space.is_instance(space_cls!(py, "Discrete"))? {
         let n: usize = space.getattr(intern!(py, "n"))?.extract()?;
         let start: i64 = space.getattr(intern!(py, "start"))?.extract()?;
-        return leaf(
-            descr_from(&space.getattr(intern!(py, "dtype"))?)?,
-            vec![],
-            OneHot::Discrete { n, start },
-        );
+        return leaf(dtype()?, vec![], OneHot::Discrete { n, start });
     }
     if space.is_instance(space_cls!(py, "MultiDiscrete"))? {
         let flat = |name: &str| -> PyResult<Vec<i64>> {
@@ -184,11 +181,7 @@ fn walk_space(
         };
         let nvec: Vec<usize> = flat("nvec")?.into_iter().map(|v| usize::try_from(v).unwrap_or(0)).collect();
         let start = flat("start")?;
-        return leaf(
-            descr_from(&space.getattr(intern!(py, "dtype"))?)?,
-            shape_of(space)?,
-            OneHot::MultiDiscrete { nvec, start },
-        );
+        return leaf(dtype()?, shape_of(space)?, OneHot::MultiDiscrete { nvec, start });
     }
     if space.is_instance(space_cls!(py, "Dict"))? {
         let mut entries = Vec::new();
@@ -307,6 +300,15 @@ impl LeafBytes<'_> {
             LeafBytes::Array(a) => array_bytes(&a),
             LeafBytes::Scalar { bytes, len } => bytes[..usize::from(len)].to_vec(),
         }
+    }
+
+    /// Row `i` of this view of a batch whose rows are `width` bytes, copied (inline for
+    /// up to 8 bytes: the column then copies it once more into its buffer, a few bytes for
+    /// vector items); `None` where the view holds no such row. An array view reads its
+    /// live layout here, so a row past a buffer that changed since is refused, never read.
+    pub(crate) fn row(&self, i: usize, width: usize) -> Option<LeafBytes<'static>> {
+        let b = self.as_ref().get(i * width..(i + 1) * width)?;
+        Some(if width <= 8 { LeafBytes::scalar(b) } else { LeafBytes::Owned(b.to_vec()) })
     }
 
     /// The inline bytes of a scalar of up to 8 bytes.
