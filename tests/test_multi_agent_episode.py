@@ -472,6 +472,58 @@ def test_ids_and_counters() -> None:
     assert ep.is_numpy is False
 
 
+@fastrollout_only
+def test_bookkeeping_attributes_are_the_native_base_classs_shared_objects() -> None:
+    """The bookkeeping lives in the native base class, under RLlib's attribute names: its
+    dicts are the very objects Python code reads and mutates (the native step sees the
+    mutation), a dict subclass assigned keeps its type, and a value of the wrong type is
+    refused without replacing the old one."""
+    from collections import defaultdict
+
+    import fastrollout.errors
+
+    ep = turn_episode()
+    maps = ep.env_t_to_agent_t
+    assert ep.env_t_to_agent_t is maps and isinstance(maps, defaultdict)
+    hanging = ep._hanging_actions_end
+    assert hanging == {"a0": 101}
+    # Without its hanging action, a0 observing again has not acted on its last observation.
+    hanging.pop("a0")
+    with pytest.raises(fastrollout.errors.EpisodeStateError, match="observed again without"):
+        ep.add_env_step({"a0": 2}, {"a1": 111}, {"a0": 1.0, "a1": 1.0})
+    assert ep.env_t == 3
+    hanging["a0"] = 101
+    ep.add_env_step({"a0": 2}, {"a1": 111}, {"a0": 1.0, "a1": 1.0})
+    assert ep.env_t == 4 and maps["a0"].data == [0, "S", 1, "S", 2]
+    assert list(ep.agent_episodes["a0"].get_actions()) == [100, 101]
+    started = defaultdict(int, ep.agent_t_started)
+    ep.agent_t_started = started
+    assert ep.agent_t_started is started
+    episodes = ep.agent_episodes
+    with pytest.raises(TypeError, match="dict"):
+        ep.agent_episodes = [episodes["a0"]]
+    with pytest.raises(TypeError):
+        ep.env_t = "4"
+    assert ep.agent_episodes is episodes and ep.env_t == 4
+    ep.is_terminated = np.bool_(True)
+    assert ep.is_terminated is True and ep.is_done
+
+
+@fastrollout_only
+def test_an_episode_in_a_reference_cycle_through_its_dicts_is_collected() -> None:
+    """The native fields take part in garbage collection: an episode reachable only from
+    its own hanging extra outputs is freed by the cycle collector."""
+    import gc
+    import weakref
+
+    ep = turn_episode()
+    ep._hanging_extra_model_outputs_end["a0"] = {"owner": ep}
+    ref = weakref.ref(ep)
+    del ep
+    gc.collect()
+    assert ref() is None
+
+
 def test_per_agent_returns_are_the_agents_own() -> None:
     # (ray#45543 was about RLlib's MultiAgentEnvRunner metrics; the episode's own
     # per-agent returns are each agent's rewards only, before and after a cut.)

@@ -11,6 +11,7 @@ __all__ = [
     "EpisodeStateError",
     "MetricsStore",
     "ModuleBatcher",
+    "MultiAgentEpisodeCore",
     "SingleAgentEpisodeCore",
     "SpaceMismatchError",
     "StatsSnapshot",
@@ -18,7 +19,6 @@ __all__ = [
     "__version__",
     "categorical_draw",
     "multi_agent_add_env_reset",
-    "multi_agent_add_env_step",
     "multi_agent_record_steps",
     "native_heap_bytes",
     "resolve_index",
@@ -40,18 +40,42 @@ def resolve_index(
     fill: bool = False,
 ) -> int | list[int | None] | None: ...
 def multi_agent_add_env_reset(
-    episode: Any, observations: dict[Any, Any], infos: dict[Any, Any] | None = None
-) -> None: ...
-def multi_agent_add_env_step(
-    episode: Any,
+    episode: MultiAgentEpisodeCore,
     observations: dict[Any, Any],
-    actions: dict[Any, Any],
-    rewards: dict[Any, Any],
     infos: dict[Any, Any] | None = None,
-    terminateds: dict[Any, Any] | None = None,
-    truncateds: dict[Any, Any] | None = None,
-    extra_model_outputs: dict[Any, Any] | None = None,
 ) -> None: ...
+
+@disjoint_base
+class MultiAgentEpisodeCore:
+    """Native bookkeeping and ``add_env_step`` of ``fastrollout.MultiAgentEpisode``."""
+
+    env_t: int
+    env_t_started: int
+    is_terminated: bool
+    is_truncated: bool
+    _len_lookback_buffers: int
+    _start_time: float | None
+    _last_step_time: float | None
+    agent_episodes: dict[Any, Any]
+    env_t_to_agent_t: dict[Any, StepMap]
+    agent_t_started: dict[Any, int]
+    _hanging_actions_end: dict[Any, Any]
+    _hanging_extra_model_outputs_end: dict[Any, Any]
+    _hanging_rewards_end: dict[Any, float]
+    _hanging_rewards_begin: dict[Any, float]
+
+    def __new__(cls, *_args: Any, **_kwargs: Any) -> Self: ...
+    def add_env_step(
+        self,
+        observations: dict[Any, Any],
+        actions: dict[Any, Any],
+        rewards: dict[Any, Any],
+        infos: dict[Any, Any] | None = None,
+        *,
+        terminateds: dict[Any, Any] | None = None,
+        truncateds: dict[Any, Any] | None = None,
+        extra_model_outputs: dict[Any, Any] | None = None,
+    ) -> None: ...
 
 @final
 class StepMap:

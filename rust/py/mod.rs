@@ -33,7 +33,7 @@ mod _core {
     #[pymodule_export]
     use super::multi::multi_agent_add_env_reset;
     #[pymodule_export]
-    use super::multi::multi_agent_add_env_step;
+    use super::multi::MultiAgentEpisodeCore;
     #[pymodule_export]
     use super::multi::StepMapPy;
     #[pymodule_export]

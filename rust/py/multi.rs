@@ -1,16 +1,20 @@
-//! Multi-agent bindings: the native env-step map, and the one native call that records an
-//! env step of a `fastrollout.MultiAgentEpisode` for all its agents.
+//! Multi-agent bindings: the native env-step map, the native part of a
+//! `fastrollout.MultiAgentEpisode` ([`MultiAgentEpisodeCore`]), and the one native call that
+//! records an env step of such an episode for all its agents.
 //!
-//! The episode's containers (agent episodes, step maps, hanging values) are the Python
-//! object's attributes, so that the Python layer can read them as RLlib's users do; the
-//! per-agent decisions come from the pure core ([`plan_agent_step`]) and every write goes
-//! straight to the native agent episodes and step maps.
+//! The episode's containers (agent episodes, step maps, hanging values) are Python dicts
+//! held in native fields and exposed under RLlib's attribute names, so that the Python
+//! layer reads them as RLlib's users do while the native step reaches them without
+//! attribute lookups; the per-agent decisions come from the pure core
+//! ([`plan_agent_step`]) and every write goes straight to the native agent episodes and
+//! step maps.
 
 use pyo3::exceptions::PyValueError;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyInt, PyList, PySet, PyString};
+use pyo3::types::{PyDict, PyInt, PyList, PySet, PyString, PyTuple};
+use pyo3::{PyTraverseError, PyVisit};
 use smallvec::SmallVec;
 
 use super::errors::index_error;
@@ -145,6 +149,200 @@ impl StepMapPy {
 
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
         Ok(format!("StepMap({}, lookback={})", self.data(py)?.repr()?, self.map.lookback()))
+    }
+}
+
+/// The bookkeeping of a `fastrollout.MultiAgentEpisode` that its native env step reads and
+/// writes: env-step counters, done flags, step times and the per-agent dicts.
+///
+/// `fastrollout.MultiAgentEpisode` subclasses it. Every field is an attribute with RLlib's
+/// name (the dicts are the very objects Python code reads and mutates), and `add_env_step`
+/// is a native method, so a recorded step reaches them without attribute lookups.
+#[pyclass(name = "MultiAgentEpisodeCore", module = "fastrollout._core", subclass)]
+pub struct MultiAgentEpisodeCore {
+    /// The env step this chunk is at (counted from the episode's start).
+    #[pyo3(get, set)]
+    env_t: i64,
+    /// The env step at which this chunk starts.
+    #[pyo3(get, set)]
+    env_t_started: i64,
+    #[pyo3(get, set)]
+    is_terminated: bool,
+    #[pyo3(get, set)]
+    is_truncated: bool,
+    /// Env steps of look-back at the start of this chunk.
+    #[pyo3(get, set, name = "_len_lookback_buffers")]
+    len_lookback_buffers: usize,
+    /// `time.perf_counter()` values of the first and the last step.
+    #[pyo3(get, set, name = "_start_time")]
+    start_time: Option<f64>,
+    #[pyo3(get, set, name = "_last_step_time")]
+    last_step_time: Option<f64>,
+    /// Agent id -> its `SingleAgentEpisode`.
+    #[pyo3(get, set)]
+    agent_episodes: Py<PyDict>,
+    /// Agent id -> its `StepMap` (env step -> agent step).
+    #[pyo3(get, set)]
+    env_t_to_agent_t: Py<PyDict>,
+    /// Agent id -> the agent step at which this chunk starts.
+    #[pyo3(get, set)]
+    agent_t_started: Py<PyDict>,
+    /// Agent id -> the action it was asked for and has not been rewarded for yet.
+    #[pyo3(get, set, name = "_hanging_actions_end")]
+    hanging_actions_end: Py<PyDict>,
+    /// Agent id -> the extra model outputs of its hanging action.
+    #[pyo3(get, set, name = "_hanging_extra_model_outputs_end")]
+    hanging_extra_model_outputs_end: Py<PyDict>,
+    /// Agent id -> rewards collected since its hanging action.
+    #[pyo3(get, set, name = "_hanging_rewards_end")]
+    hanging_rewards_end: Py<PyDict>,
+    /// Agent id -> rewards collected before its first observation.
+    #[pyo3(get, set, name = "_hanging_rewards_begin")]
+    hanging_rewards_begin: Py<PyDict>,
+}
+
+/// The episode's dicts and counters as one env step reads them (the dicts are shared).
+struct EpisodeState<'py> {
+    agent_episodes: Bound<'py, PyDict>,
+    step_maps: Bound<'py, PyDict>,
+    t_started: Bound<'py, PyDict>,
+    hanging_actions: Bound<'py, PyDict>,
+    hanging_extras: Bound<'py, PyDict>,
+    rewards_end: Bound<'py, PyDict>,
+    rewards_begin: Bound<'py, PyDict>,
+    env_t: i64,
+    env_t_started: i64,
+    lookback: usize,
+    is_done: bool,
+}
+
+impl MultiAgentEpisodeCore {
+    fn state<'py>(&self, py: Python<'py>) -> EpisodeState<'py> {
+        EpisodeState {
+            agent_episodes: self.agent_episodes.bind(py).clone(),
+            step_maps: self.env_t_to_agent_t.bind(py).clone(),
+            t_started: self.agent_t_started.bind(py).clone(),
+            hanging_actions: self.hanging_actions_end.bind(py).clone(),
+            hanging_extras: self.hanging_extra_model_outputs_end.bind(py).clone(),
+            rewards_end: self.hanging_rewards_end.bind(py).clone(),
+            rewards_begin: self.hanging_rewards_begin.bind(py).clone(),
+            env_t: self.env_t,
+            env_t_started: self.env_t_started,
+            lookback: self.len_lookback_buffers,
+            is_done: self.is_terminated || self.is_truncated,
+        }
+    }
+
+    fn dicts(&self) -> [&Py<PyDict>; 7] {
+        [
+            &self.agent_episodes,
+            &self.env_t_to_agent_t,
+            &self.agent_t_started,
+            &self.hanging_actions_end,
+            &self.hanging_extra_model_outputs_end,
+            &self.hanging_rewards_end,
+            &self.hanging_rewards_begin,
+        ]
+    }
+
+    /// Whether the episode is terminated or truncated.
+    pub fn done(&self) -> bool {
+        self.is_terminated || self.is_truncated
+    }
+}
+
+#[pymethods]
+impl MultiAgentEpisodeCore {
+    /// An empty episode core (empty dicts, counters at 0); the Python subclass's
+    /// `__init__` fills it (arguments are accepted and ignored here so that subclasses
+    /// can take any).
+    #[new]
+    #[pyo3(signature = (*_args, **_kwargs))]
+    fn new(py: Python<'_>, _args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>) -> Self {
+        let dict = || PyDict::new(py).unbind();
+        MultiAgentEpisodeCore {
+            env_t: 0,
+            env_t_started: 0,
+            is_terminated: false,
+            is_truncated: false,
+            len_lookback_buffers: 0,
+            start_time: None,
+            last_step_time: None,
+            agent_episodes: dict(),
+            env_t_to_agent_t: dict(),
+            agent_t_started: dict(),
+            hanging_actions_end: dict(),
+            hanging_extra_model_outputs_end: dict(),
+            hanging_rewards_end: dict(),
+            hanging_rewards_begin: dict(),
+        }
+    }
+
+    /// Records one env step of all agents, in one native call that checks and converts
+    /// every agent's values before it stores any.
+    ///
+    /// Args:
+    ///     observations: Agent id -> observation, for the agents that observe now.
+    ///     actions: Agent id -> the action it took (agents that were asked to act).
+    ///     rewards: Agent id -> reward (may include agents without an observation).
+    ///     infos: Agent id -> infos.
+    ///     terminateds: Agent id (and `"__all__"`) -> terminated.
+    ///     truncateds: Agent id (and `"__all__"`) -> truncated.
+    ///     extra_model_outputs: Agent id -> dict of extra model outputs.
+    ///
+    /// Raises:
+    ///     MultiAgentEnvError: If the episode is done, an agent that is done gets data,
+    ///         an agent acted and observed without a reward, or an agent acted and was
+    ///         truncated without a last observation. The message names the agent.
+    ///     SpaceMismatchError: If a value does not fit its agent's space (the message
+    ///         names the agent). Nothing is recorded then.
+    #[pyo3(signature = (observations, actions, rewards, infos=None, *, terminateds=None, truncateds=None, extra_model_outputs=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn add_env_step<'py>(
+        slf: &Bound<'py, Self>,
+        observations: &Bound<'py, PyDict>,
+        actions: &Bound<'py, PyDict>,
+        rewards: &Bound<'py, PyDict>,
+        infos: Option<&Bound<'py, PyAny>>,
+        terminateds: Option<&Bound<'py, PyAny>>,
+        truncateds: Option<&Bound<'py, PyAny>>,
+        extra_model_outputs: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<()> {
+        multi_agent_add_env_step(
+            slf.py(),
+            slf,
+            observations,
+            actions,
+            rewards,
+            infos,
+            terminateds,
+            truncateds,
+            extra_model_outputs,
+        )
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        for d in self.dicts() {
+            visit.call(d)?;
+        }
+        Ok(())
+    }
+
+    fn __clear__(&mut self) {
+        // Fresh empty dicts replace the old ones (which other objects may still hold).
+        Python::attach(|py| {
+            for d in [
+                &mut self.agent_episodes,
+                &mut self.env_t_to_agent_t,
+                &mut self.agent_t_started,
+                &mut self.hanging_actions_end,
+                &mut self.hanging_extra_model_outputs_end,
+                &mut self.hanging_rewards_end,
+                &mut self.hanging_rewards_begin,
+            ] {
+                *d = PyDict::new(py).unbind();
+            }
+        });
     }
 }
 
@@ -317,7 +515,10 @@ fn is_all_key(key: &Bound<'_, PyAny>, all: &Bound<'_, PyAny>) -> PyResult<bool> 
         return Ok(true);
     }
     if let Ok(s) = key.cast_exact::<PyString>() {
-        return Ok(s.to_str().is_ok_and(|s| s == "__all__"));
+        // The length (a field read) rules out most ids before their text is read.
+        // SAFETY: `s` is an exact `str` object, whose length field the macro reads.
+        let len = unsafe { pyo3::ffi::PyUnicode_GET_LENGTH(s.as_ptr()) };
+        return Ok(len == 7 && s.to_str().is_ok_and(|s| s == "__all__"));
     }
     // Int agent ids (a rich comparison with a str each, per dict and agent, cost about a
     // twentieth of the record).
@@ -327,30 +528,15 @@ fn is_all_key(key: &Bound<'_, PyAny>, all: &Bound<'_, PyAny>) -> PyResult<bool> 
     key.eq(all)
 }
 
-/// The episode's attribute `name`: read from its instance dict (the attributes are
-/// plain instance attributes; a dict read skips the attribute protocol's type lookup),
-/// through `getattr` otherwise.
-fn attr<'py>(
-    episode: &Bound<'py, PyAny>,
-    vars: Option<&Bound<'py, PyDict>>,
-    name: &Bound<'py, PyString>,
-) -> PyResult<Bound<'py, PyAny>> {
-    if let Some(v) = vars.map(|d| d.get_item(name)).transpose()?.flatten() {
-        return Ok(v);
-    }
-    episode.getattr(name)
-}
-
-/// Records one env step of a `MultiAgentEpisode` for all agents in one call.
+/// Records one env step of a `MultiAgentEpisode` for all agents (its `add_env_step`, and
+/// the runner's per-sub-env record).
 ///
 /// Everything is checked and converted first (agent by agent, with RLlib's rules); only
 /// then is anything stored, so an error leaves the episode as it was.
-#[pyfunction]
-#[pyo3(signature = (episode, observations, actions, rewards, infos=None, terminateds=None, truncateds=None, extra_model_outputs=None))]
 #[allow(clippy::too_many_arguments, clippy::too_many_lines)]
 pub fn multi_agent_add_env_step<'py>(
     py: Python<'py>,
-    episode: &Bound<'py, PyAny>,
+    episode: &Bound<'py, MultiAgentEpisodeCore>,
     observations: &Bound<'py, PyDict>,
     actions: &Bound<'py, PyDict>,
     rewards: &Bound<'py, PyDict>,
@@ -364,22 +550,23 @@ pub fn multi_agent_add_env_step<'py>(
     let truncateds = as_dict(truncateds)?;
     let extras = as_dict(extra_model_outputs)?;
     let all = intern!(py, "__all__").clone().into_any();
-    let vars = episode.getattr(intern!(py, "__dict__")).ok().and_then(|d| d.cast_into::<PyDict>().ok());
-    let vars = vars.as_ref();
-    let dict_attr = |name: &Bound<'py, PyString>| -> PyResult<Bound<'py, PyDict>> {
-        Ok(attr(episode, vars, name)?.cast_into::<PyDict>()?)
-    };
-    let agent_episodes = dict_attr(intern!(py, "agent_episodes"))?;
-    let step_maps = dict_attr(intern!(py, "env_t_to_agent_t"))?;
-    let hanging_actions = dict_attr(intern!(py, "_hanging_actions_end"))?;
-    let hanging_extras = dict_attr(intern!(py, "_hanging_extra_model_outputs_end"))?;
-    let rewards_end = dict_attr(intern!(py, "_hanging_rewards_end"))?;
-    let rewards_begin = dict_attr(intern!(py, "_hanging_rewards_begin"))?;
-    let t_started = dict_attr(intern!(py, "agent_t_started"))?;
+    // Shared borrow released at once: agents that join call back into Python code, which
+    // may read the episode's attributes.
+    let EpisodeState {
+        agent_episodes,
+        step_maps,
+        t_started,
+        hanging_actions,
+        hanging_extras,
+        rewards_end,
+        rewards_begin,
+        env_t,
+        env_t_started,
+        lookback,
+        is_done,
+    } = episode.try_borrow()?.state(py);
 
-    if attr(episode, vars, intern!(py, "is_terminated"))?.is_truthy()?
-        || attr(episode, vars, intern!(py, "is_truncated"))?.is_truthy()?
-    {
+    if is_done {
         return Err(multi_agent_env_error(
             py,
             "add_env_step: the multi-agent episode is already done".into(),
@@ -538,7 +725,10 @@ pub fn multi_agent_add_env_step<'py>(
         let row = &rows[i];
         let aid = &row.aid;
         let existing = &existing[i];
-        let episode_done = existing.as_ref().is_some_and(|e| e.borrow().done());
+        // One shared borrow of an agent's episode serves its done check and its step's
+        // preparation (each borrow and release is an atomic read-modify-write).
+        let mut held = existing.as_ref().map(Bound::try_borrow).transpose()?;
+        let episode_done = held.as_ref().is_some_and(|e| e.done());
         let step_map = step_maps.get_item(aid)?.map(Bound::cast_into::<StepMapPy>).transpose()?;
         if row.observation.is_some() && step_map.is_some() {
             observed_with_map += 1;
@@ -590,6 +780,7 @@ pub fn multi_agent_add_env_step<'py>(
             AgentPlan::Step { observation, action: action_src, extra_model_outputs, add_hanging_reward } => {
                 let eps = agent_episode()?;
                 let (obs_value, info_value) = if observation == Source::Last {
+                    held = None;
                     let (o, i) = eps.borrow_mut().last_observation_and_infos(py)?;
                     (o, Some(i))
                 } else {
@@ -621,7 +812,14 @@ pub fn multi_agent_add_env_step<'py>(
                         (None, Some(d)) => Some(ExtraOutputs::Dict(d)),
                         (None, None) => None,
                     };
-                    eps.borrow().prepare_row_step(
+                    let fresh;
+                    let e = if let Some(e) = &held {
+                        e
+                    } else {
+                        fresh = eps.try_borrow()?;
+                        &fresh
+                    };
+                    e.prepare_row_step(
                         &mut row_steps,
                         &obs_value,
                         &action_value,
@@ -682,10 +880,7 @@ pub fn multi_agent_add_env_step<'py>(
     // The step's time, for `get_duration_s` (the clock of Python's `time.perf_counter`),
     // of the episode and of the agents that step.
     let now = perf_counter();
-    let env_t: i64 = attr(episode, vars, intern!(py, "env_t"))?.extract::<i64>()? + 1;
-    episode.setattr(intern!(py, "env_t"), env_t)?;
-    episode.setattr(intern!(py, "is_terminated"), is_terminated)?;
-    episode.setattr(intern!(py, "is_truncated"), is_truncated)?;
+    let env_t = env_t + 1;
     // Agents with a map but no observation now get a skip. When every map belongs to an
     // agent that observed, there are none (and no lookups are needed to know).
     if observed_with_map != step_maps.len() {
@@ -747,9 +942,6 @@ pub fn multi_agent_add_env_step<'py>(
             }
             Prepared::Join { episode: eps, reset, infos } => {
                 {
-                    let lookback: usize =
-                        attr(episode, vars, intern!(py, "_len_lookback_buffers"))?.extract()?;
-                    let env_t_started: i64 = attr(episode, vars, intern!(py, "env_t_started"))?.extract()?;
                     let map = step_map_of(py, &step_maps, aid)?;
                     let mut map = map.borrow_mut();
                     // One skip per env step of this chunk before this one, look-back
@@ -776,10 +968,12 @@ pub fn multi_agent_add_env_step<'py>(
             Prepared::Drop => remove(&all_hanging, aid)?,
         }
     }
-    episode.setattr(intern!(py, "_last_step_time"), now)?;
-    if attr(episode, vars, intern!(py, "_start_time"))?.is_none() {
-        episode.setattr(intern!(py, "_start_time"), now)?;
-    }
+    let mut e = episode.try_borrow_mut()?;
+    e.env_t = env_t;
+    e.is_terminated = is_terminated;
+    e.is_truncated = is_truncated;
+    e.last_step_time = Some(now);
+    e.start_time.get_or_insert(now);
     Ok(())
 }
 
@@ -790,13 +984,12 @@ pub fn multi_agent_add_env_step<'py>(
 #[pyo3(signature = (episode, observations, infos=None))]
 pub fn multi_agent_add_env_reset<'py>(
     py: Python<'py>,
-    episode: &Bound<'py, PyAny>,
+    episode: &Bound<'py, MultiAgentEpisodeCore>,
     observations: &Bound<'py, PyDict>,
     infos: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<()> {
     let infos = as_dict(infos)?;
-    let agent_episodes = episode.getattr(intern!(py, "agent_episodes"))?.cast_into::<PyDict>()?;
-    let step_maps = episode.getattr(intern!(py, "env_t_to_agent_t"))?.cast_into::<PyDict>()?;
+    let EpisodeState { agent_episodes, step_maps, .. } = episode.try_borrow()?.state(py);
     let new_agent_episode = episode.getattr(intern!(py, "_new_agent_episode"))?;
     let mut prepared = Vec::with_capacity(observations.len());
     for (aid, obs) in observations.iter() {

@@ -14,7 +14,7 @@ use smallvec::SmallVec;
 
 use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 
-use super::multi::multi_agent_add_env_step;
+use super::multi::{multi_agent_add_env_step, MultiAgentEpisodeCore};
 use super::object::PyObj;
 use super::outputs::{AgentOutputsPy, ModuleOutputs, OutputColumn};
 use super::single::{Input, LengthGuess, SingleAgentEpisodePy};
@@ -521,6 +521,7 @@ pub fn multi_agent_record_steps<'py>(
     let mut agent_tally = Tally::default();
     let mut module_tally = Tally::default();
     for (i, ep) in episodes.iter().enumerate() {
+        let ep = ep.cast_into::<MultiAgentEpisodeCore>()?;
         let get = |l: &Bound<'py, PyList>| -> PyResult<Option<Bound<'py, PyAny>>> {
             let v = l.get_item(i)?;
             Ok(if v.is_none() { None } else { Some(v) })
@@ -545,11 +546,9 @@ pub fn multi_agent_record_steps<'py>(
         )
         .map_err(|err| for_env(py, i, err))?;
         if agent_steps.is_some() && module_steps.is_some() {
-            count_steps(py, &ep, &obs, &mut agent_tally, &mut module_tally)?;
+            count_steps(py, ep.as_any(), &obs, &mut agent_tally, &mut module_tally)?;
         }
-        if ep.getattr(intern!(py, "is_terminated"))?.is_truthy()?
-            || ep.getattr(intern!(py, "is_truncated"))?.is_truthy()?
-        {
+        if ep.try_borrow()?.done() {
             done.push(i);
         }
     }

@@ -5,10 +5,13 @@ class keeps the multi-agent bookkeeping: which env step each agent step belongs 
 act only on some steps), actions and rewards that wait for an agent's next observation
 ("hanging" data), agents that join late or leave early, and the agent-to-module mapping.
 
-Recording an env step is one native call (``fastrollout._core.multi_agent_add_env_step``):
-the per-agent decisions come from the Rust core, and the agents' data goes straight into
-their native episodes and env-step maps (``fastrollout._core.StepMap``). Reads, cuts and
-slices are composed here from the agents' native reads.
+The bookkeeping (env-step counters, done flags, step times, and the dicts of agent
+episodes, env-step maps and hanging data) lives in the native base class
+(``fastrollout._core.MultiAgentEpisodeCore``), under RLlib's attribute names. Recording an
+env step is its native ``add_env_step``, one call: the per-agent decisions come from the
+Rust core, and the agents' data goes straight into their native episodes and env-step
+maps (``fastrollout._core.StepMap``). Reads, cuts and slices are composed here from the
+agents' native reads.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from fastrollout._core import StepMap, multi_agent_add_env_reset, multi_agent_add_env_step
+from fastrollout._core import MultiAgentEpisodeCore, StepMap, multi_agent_add_env_reset
 from fastrollout.episodes._ids import new_episode_id
 from fastrollout.episodes.single_agent_episode import SingleAgentEpisode
 from fastrollout.errors import EpisodeDoneError, EpisodeStateError, IndexFormError
@@ -44,7 +47,7 @@ def _agent_list(agent_ids: Any) -> list:
     return [agent_ids]
 
 
-class MultiAgentEpisode:
+class MultiAgentEpisode(MultiAgentEpisodeCore):
     """A chunk of a multi-agent episode, with look-back, following RLlib 2.60's API.
 
     Args:
@@ -110,16 +113,16 @@ class MultiAgentEpisode:
             - self._len_lookback_buffers
             + self.env_t_started
         )
-        self.agent_t_started: defaultdict = defaultdict(int, agent_t_started or {})
-        self.env_t_to_agent_t: defaultdict = defaultdict(StepMap)
-        self._hanging_actions_end: dict = {}
-        self._hanging_extra_model_outputs_end: defaultdict = defaultdict(dict)
-        self._hanging_rewards_end: defaultdict = defaultdict(float)
-        self._hanging_rewards_begin: defaultdict = defaultdict(float)
-        self.is_terminated: bool = (
+        self.agent_t_started = defaultdict(int, agent_t_started or {})
+        self.env_t_to_agent_t = defaultdict(StepMap)
+        self._hanging_actions_end = {}
+        self._hanging_extra_model_outputs_end = defaultdict(dict)
+        self._hanging_rewards_end = defaultdict(float)
+        self._hanging_rewards_begin = defaultdict(float)
+        self.is_terminated = bool(
             terminateds if isinstance(terminateds, bool) else terminateds.get("__all__", False)
         )
-        self.is_truncated: bool = (
+        self.is_truncated = bool(
             truncateds if isinstance(truncateds, bool) else truncateds.get("__all__", False)
         )
         self.agent_episodes: dict[Any, SingleAgentEpisode] = {}
@@ -135,8 +138,8 @@ class MultiAgentEpisode:
             extra_model_outputs=extra_model_outputs,
         )
         self._custom_data: dict = {}
-        self._start_time: float | None = None
-        self._last_step_time: float | None = None
+        self._start_time = None
+        self._last_step_time = None
         self.validate()
 
     # ------------------------------------------------------------------ recording
@@ -171,46 +174,6 @@ class MultiAgentEpisode:
             )
         multi_agent_add_env_reset(self, observations, infos)
         self._start_time = time.perf_counter()
-
-    def add_env_step(
-        self,
-        observations: dict,
-        actions: dict,
-        rewards: dict,
-        infos: dict | None = None,
-        *,
-        terminateds: dict | None = None,
-        truncateds: dict | None = None,
-        extra_model_outputs: dict | None = None,
-    ) -> None:
-        """Records one env step of all agents.
-
-        Args:
-            observations: Agent id -> observation, for the agents that observe now.
-            actions: Agent id -> the action it took (agents that were asked to act).
-            rewards: Agent id -> reward (may include agents without an observation).
-            infos: Agent id -> infos.
-            terminateds: Agent id (and ``"__all__"``) -> terminated.
-            truncateds: Agent id (and ``"__all__"``) -> truncated.
-            extra_model_outputs: Agent id -> dict of extra model outputs.
-
-        Raises:
-            MultiAgentEnvError: If the episode is done, an agent that is done gets data,
-                an agent acted and observed without a reward, or an agent acted and was
-                truncated without a last observation. The message names the agent.
-        """
-        # One native call decides and records the step for every agent (and its time);
-        # it checks and converts everything before it stores anything.
-        multi_agent_add_env_step(
-            self,
-            observations,
-            actions,
-            rewards,
-            infos,
-            terminateds,
-            truncateds,
-            extra_model_outputs,
-        )
 
     def validate(self) -> None:
         """Checks every agent episode's lengths.
@@ -469,7 +432,7 @@ class MultiAgentEpisode:
             successor.agent_episodes[aid].is_terminated = terminated
             successor.agent_episodes[aid].is_truncated = truncated
         successor._hanging_rewards_begin = self._hanging_rewards_end.copy()
-        successor._custom_data = copy.deepcopy(self._custom_data)
+        successor._custom_data = copy.deepcopy(self._custom_data) if self._custom_data else {}
         return successor
 
     def _cut_simultaneous(self, lookback: int) -> MultiAgentEpisode | None:
@@ -564,7 +527,7 @@ class MultiAgentEpisode:
             for aid in set(self.agent_episode_ids):
                 if aid in gone:
                     successor._hanging_rewards_end[aid] += 0.0
-        successor._custom_data = copy.deepcopy(self._custom_data)
+        successor._custom_data = copy.deepcopy(self._custom_data) if self._custom_data else {}
         successor._start_time = successor._last_step_time = None
         return successor
 
