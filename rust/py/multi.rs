@@ -229,7 +229,7 @@ impl MultiAgentEpisodeCore {
             env_t: self.env_t,
             env_t_started: self.env_t_started,
             lookback: self.len_lookback_buffers,
-            is_done: self.is_terminated || self.is_truncated,
+            is_done: self.done(),
         }
     }
 
@@ -253,14 +253,25 @@ impl MultiAgentEpisodeCore {
 
 #[pymethods]
 impl MultiAgentEpisodeCore {
-    /// An empty episode core (empty dicts, counters at 0); the Python subclass's
-    /// `__init__` fills it (arguments are accepted and ignored here so that subclasses
-    /// can take any).
+    /// An empty episode core: counters at 0, and the containers RLlib's episode starts
+    /// with (`agent_t_started` a `defaultdict(int)`, `env_t_to_agent_t` a
+    /// `defaultdict(StepMap)`, the hanging extra outputs and rewards `defaultdict(dict)`
+    /// and `defaultdict(float)`, the others plain dicts), so that the Python subclass's
+    /// `__init__` and `cut` fill them instead of making them again. Arguments are accepted
+    /// and ignored here so that subclasses can take any.
     #[new]
     #[pyo3(signature = (*_args, **_kwargs))]
-    fn new(py: Python<'_>, _args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>) -> Self {
-        let dict = || PyDict::new(py).unbind();
-        MultiAgentEpisodeCore {
+    fn new(
+        py: Python<'_>,
+        _args: &Bound<'_, PyTuple>,
+        _kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Self> {
+        static DEFAULTDICT: PyOnceLock<Py<pyo3::types::PyType>> = PyOnceLock::new();
+        let defaultdict = DEFAULTDICT.import(py, "collections", "defaultdict")?;
+        let with_default = |factory: Bound<'_, pyo3::types::PyType>| -> PyResult<Py<PyDict>> {
+            Ok(defaultdict.call1((factory,))?.cast_into::<PyDict>()?.unbind())
+        };
+        Ok(MultiAgentEpisodeCore {
             env_t: 0,
             env_t_started: 0,
             is_terminated: false,
@@ -268,18 +279,21 @@ impl MultiAgentEpisodeCore {
             len_lookback_buffers: 0,
             start_time: None,
             last_step_time: None,
-            agent_episodes: dict(),
-            env_t_to_agent_t: dict(),
-            agent_t_started: dict(),
-            hanging_actions_end: dict(),
-            hanging_extra_model_outputs_end: dict(),
-            hanging_rewards_end: dict(),
-            hanging_rewards_begin: dict(),
-        }
+            agent_episodes: PyDict::new(py).unbind(),
+            env_t_to_agent_t: with_default(py.get_type::<StepMapPy>())?,
+            agent_t_started: with_default(py.get_type::<PyInt>())?,
+            hanging_actions_end: PyDict::new(py).unbind(),
+            hanging_extra_model_outputs_end: with_default(py.get_type::<PyDict>())?,
+            hanging_rewards_end: with_default(py.get_type::<pyo3::types::PyFloat>())?,
+            hanging_rewards_begin: with_default(py.get_type::<pyo3::types::PyFloat>())?,
+        })
     }
 
-    /// Records one env step of all agents, in one native call that checks and converts
-    /// every agent's values before it stores any.
+    /// Records one env step of all agents, in one native call (the runner's per-sub-env
+    /// record calls it too).
+    ///
+    /// Everything is checked and converted first (agent by agent, with RLlib's rules);
+    /// only then is anything stored, so an error leaves the episode as it was.
     ///
     /// Args:
     ///     observations: Agent id -> observation, for the agents that observe now.
@@ -297,8 +311,8 @@ impl MultiAgentEpisodeCore {
     ///     SpaceMismatchError: If a value does not fit its agent's space (the message
     ///         names the agent). Nothing is recorded then.
     #[pyo3(signature = (observations, actions, rewards, infos=None, *, terminateds=None, truncateds=None, extra_model_outputs=None))]
-    #[allow(clippy::too_many_arguments)]
-    fn add_env_step<'py>(
+    #[allow(clippy::too_many_arguments, clippy::too_many_lines)]
+    pub(crate) fn add_env_step<'py>(
         slf: &Bound<'py, Self>,
         observations: &Bound<'py, PyDict>,
         actions: &Bound<'py, PyDict>,
@@ -308,17 +322,449 @@ impl MultiAgentEpisodeCore {
         truncateds: Option<&Bound<'py, PyAny>>,
         extra_model_outputs: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<()> {
-        multi_agent_add_env_step(
-            slf.py(),
-            slf,
-            observations,
-            actions,
-            rewards,
-            infos,
-            terminateds,
-            truncateds,
-            extra_model_outputs,
-        )
+        let py = slf.py();
+        let episode = slf;
+        let infos = as_dict(infos)?;
+        let terminateds = as_dict(terminateds)?;
+        let truncateds = as_dict(truncateds)?;
+        let extras = as_dict(extra_model_outputs)?;
+        let all = intern!(py, "__all__").clone().into_any();
+        // Shared borrow released at once: agents that join call back into Python code, which
+        // may read the episode's attributes.
+        let EpisodeState {
+            agent_episodes,
+            step_maps,
+            t_started,
+            hanging_actions,
+            hanging_extras,
+            rewards_end,
+            rewards_begin,
+            env_t,
+            env_t_started,
+            lookback,
+            is_done,
+        } = episode.try_borrow()?.state(py);
+
+        if is_done {
+            return Err(multi_agent_env_error(
+                py,
+                "add_env_step: the multi-agent episode is already done".into(),
+            ));
+        }
+
+        // The agents this env step mentions: observations, actions, rewards, terminateds,
+        // truncateds and (on `__all__`) every agent with an episode, first in dict order;
+        // with what each dict holds for them.
+        let mut rows = Rows { rows: AgentVec::new(), index: None };
+        for (aid, obs) in observations.iter() {
+            if is_all_key(&aid, &all)? {
+                continue;
+            }
+            rows.push_first(&aid).observation = Some(obs).filter(|v| !v.is_none());
+        }
+        for (i, (aid, action)) in actions.iter().enumerate() {
+            if is_all_key(&aid, &all)? {
+                continue;
+            }
+            rows.entry(&aid, i)?.action = Some(action).filter(|v| !v.is_none());
+        }
+        for (i, (aid, reward)) in rewards.iter().enumerate() {
+            if is_all_key(&aid, &all)? {
+                continue;
+            }
+            let row = rows.entry(&aid, i)?;
+            row.has_reward = true;
+            row.reward = Some(reward).filter(|v| !v.is_none());
+        }
+        let mut all_terminated = false;
+        let mut all_truncated = false;
+        for (flags, is_truncated) in [(terminateds.as_ref(), false), (truncateds.as_ref(), true)] {
+            let Some(flags) = flags else { continue };
+            for (i, (aid, value)) in flags.iter().enumerate() {
+                let on = !value.is_none() && value.is_truthy()?;
+                if is_all_key(&aid, &all)? {
+                    if is_truncated {
+                        all_truncated = on;
+                    } else {
+                        all_terminated = on;
+                    }
+                    continue;
+                }
+                let row = rows.entry(&aid, i)?;
+                if is_truncated {
+                    row.truncated = on;
+                } else {
+                    row.terminated = on;
+                }
+            }
+        }
+        if all_terminated || all_truncated {
+            for (i, aid) in agent_episodes.keys().iter().enumerate() {
+                if !is_all_key(&aid, &all)? {
+                    rows.entry(&aid, i)?;
+                }
+            }
+        }
+        // Infos and extra model outputs count only for agents mentioned elsewhere.
+        for (dict, is_extra) in [(infos.as_ref(), false), (extras.as_ref(), true)] {
+            let Some(dict) = dict else { continue };
+            for (i, (aid, value)) in dict.iter().enumerate() {
+                if value.is_none() {
+                    continue;
+                }
+                if let Some(r) = rows.find(&aid, i)? {
+                    let row = &mut rows.rows[r];
+                    if is_extra {
+                        row.extra = Some(value);
+                    } else {
+                        row.info = Some(value);
+                    }
+                }
+            }
+        }
+        let rows = rows.rows;
+
+        // Each mentioned agent's episode, and whether any agent joins now.
+        let mut existing: AgentVec<Option<Bound<'py, SingleAgentEpisodePy>>> = AgentVec::new();
+        let mut joins = false;
+        for row in &rows {
+            let eps = agent_episodes
+                .get_item(&row.aid)?
+                .map(Bound::cast_into::<SingleAgentEpisodePy>)
+                .transpose()?;
+            joins |= eps.is_none();
+            existing.push(eps);
+        }
+
+        // The episode ends when `__all__` says so or every agent is done.
+        let mut is_terminated = all_terminated;
+        let is_truncated = all_truncated;
+        let mut every_agent_done = true;
+        for (aid, eps) in agent_episodes.iter() {
+            if eps.cast::<SingleAgentEpisodePy>()?.borrow().done() {
+                continue;
+            }
+            // Only the flags of agents this step mentions can be set.
+            let flagged = match rows.iter().position(|r| r.aid.is(&aid)) {
+                Some(i) => rows[i].terminated || rows[i].truncated,
+                None => flag(terminateds.as_ref(), &aid)? || flag(truncateds.as_ref(), &aid)?,
+            };
+            if !flagged {
+                every_agent_done = false;
+                break;
+            }
+        }
+        if every_agent_done {
+            is_terminated = true;
+        }
+
+        // Agents that join take their place in `agent_episodes` in the order RLlib visits
+        // them: that of the Python set it builds from the same dicts with the same set
+        // operations (reads that combine agents, e.g. `return_list`, depend on the order).
+        // Only then is that set built (about 1 µs); otherwise the order changes nothing.
+        let order: Option<Vec<usize>> = if joins {
+            let empty = PyDict::new(py);
+            let sources = [
+                observations,
+                actions,
+                rewards,
+                terminateds.as_ref().unwrap_or(&empty),
+                truncateds.as_ref().unwrap_or(&empty),
+                if all_terminated || all_truncated { &agent_episodes } else { &empty },
+            ];
+            let key_set = |d: &Bound<'py, PyDict>| PySet::new(py, d.keys());
+            let mut set = key_set(sources[0])?.into_any();
+            for d in &sources[1..] {
+                set = set.call_method1(intern!(py, "__or__"), (key_set(d)?,))?;
+            }
+            let set = set.call_method1(intern!(py, "__sub__"), (PySet::new(py, [&all])?,))?;
+            let position = PyDict::new(py);
+            for (i, row) in rows.iter().enumerate() {
+                if !position.contains(&row.aid)? {
+                    position.set_item(&row.aid, i)?;
+                }
+            }
+            let mut order = Vec::with_capacity(rows.len());
+            for aid in set.try_iter()? {
+                if let Some(i) = position.get_item(aid?)? {
+                    order.push(i.extract::<usize>()?);
+                }
+            }
+            Some(order)
+        } else {
+            None
+        };
+
+        // Phase 1: decide and convert; nothing is stored yet.
+        let mut new_agent_episode: Option<Bound<'py, PyAny>> = None;
+        let have_hanging_actions = !hanging_actions.is_empty();
+        let mut plans: AgentVec<(usize, Prepared<'py>, f64, Option<Bound<'py, StepMapPy>>)> = AgentVec::new();
+        let mut row_steps = RowSteps::default();
+        let mut observed_with_map = 0usize;
+        for k in 0..order.as_ref().map_or(rows.len(), Vec::len) {
+            let i = order.as_ref().map_or(k, |o| o[k]);
+            let row = &rows[i];
+            let aid = &row.aid;
+            let existing = &existing[i];
+            // One shared borrow of an agent's episode serves its done check and its step's
+            // preparation (each borrow and release is an atomic read-modify-write).
+            let mut held = existing.as_ref().map(Bound::try_borrow).transpose()?;
+            let episode_done = held.as_ref().is_some_and(|e| e.done());
+            let step_map = step_maps.get_item(aid)?.map(Bound::cast_into::<StepMapPy>).transpose()?;
+            if row.observation.is_some() && step_map.is_some() {
+                observed_with_map += 1;
+            }
+            let terminated = row.terminated || is_terminated;
+            let truncated = row.truncated || is_truncated;
+            let hanging_action = if have_hanging_actions {
+                hanging_actions.get_item(aid)?.filter(|v| !v.is_none())
+            } else {
+                None
+            };
+            let input = AgentStepInput {
+                has_observation: row.observation.is_some(),
+                has_action: row.action.is_some(),
+                has_reward: row.has_reward,
+                has_any_data: row.observation.is_some()
+                    || row.action.is_some()
+                    || row.reward.is_some()
+                    || row.info.is_some()
+                    || row.extra.is_some(),
+                terminated,
+                truncated,
+                has_episode: existing.is_some(),
+                episode_done,
+                has_step_map: step_map.is_some(),
+                has_hanging_action: hanging_action.is_some(),
+            };
+            let plan = plan_agent_step(&input).map_err(|e| agent_error(aid, e))?;
+            let reward = match &row.reward {
+                Some(r) => r.extract::<f64>().map_err(|_| {
+                    pyo3::exceptions::PyTypeError::new_err(format!(
+                        "the reward of agent {} must be a real number, got {}",
+                        aid.repr().map(|r| r.to_string()).unwrap_or_default(),
+                        r.repr().map(|r| r.to_string()).unwrap_or_default()
+                    ))
+                })?,
+                None => 0.0,
+            };
+            let mut agent_episode = || -> PyResult<Bound<'py, SingleAgentEpisodePy>> {
+                if let Some(e) = existing {
+                    return Ok(e.clone());
+                }
+                // Looked up only when an agent joins (a bound method per lookup).
+                let make = match &new_agent_episode {
+                    Some(f) => f,
+                    None => new_agent_episode.insert(episode.getattr(intern!(py, "_new_agent_episode"))?),
+                };
+                Ok(make.call1((aid,))?.cast_into::<SingleAgentEpisodePy>()?)
+            };
+            let none = || py.None().into_bound(py);
+            let prepared = match plan {
+                AgentPlan::Step {
+                    observation,
+                    action: action_src,
+                    extra_model_outputs,
+                    add_hanging_reward,
+                } => {
+                    let eps = agent_episode()?;
+                    let (obs_value, info_value) = if observation == Source::Last {
+                        held = None;
+                        let (o, i) = eps.borrow_mut().last_observation_and_infos(py)?;
+                        (o, Some(i))
+                    } else {
+                        (row.observation.clone().unwrap_or_else(none), row.info.clone())
+                    };
+                    let action_value = match action_src {
+                        Source::Hanging => hanging_action.clone().unwrap_or_else(none),
+                        _ => row.action.clone().unwrap_or_else(none),
+                    };
+                    let extras_value = match extra_model_outputs {
+                        Source::Hanging => hanging_extras.get_item(aid)?,
+                        _ => row.extra.clone(),
+                    };
+                    // The runner's scatter hands an agent's row of its module's outputs.
+                    let extras_rows =
+                        extras_value.as_ref().and_then(|v| v.cast::<AgentOutputsPy>().ok().cloned());
+                    let extras_dict =
+                        if extras_rows.is_some() { None } else { as_dict(extras_value.as_ref())? };
+                    let hanging_reward = if add_hanging_reward {
+                        rewards_end.get_item(aid)?.map(|v| v.extract::<f64>()).transpose()?.unwrap_or(0.0)
+                    } else {
+                        0.0
+                    };
+                    // This step's own values (not the agent's last observation or its hanging
+                    // ones) go straight into the columns where they fit them.
+                    let given = observation == Source::Given && action_src == Source::Given;
+                    let row = if given && extra_model_outputs == Source::Given {
+                        let extras = match (&extras_rows, &extras_dict) {
+                            (Some(r), _) => Some(ExtraOutputs::Rows(r.get())),
+                            (None, Some(d)) => Some(ExtraOutputs::Dict(d)),
+                            (None, None) => None,
+                        };
+                        let fresh;
+                        let e = if let Some(e) = &held {
+                            e
+                        } else {
+                            fresh = eps.try_borrow()?;
+                            &fresh
+                        };
+                        e.prepare_row_step(
+                            &mut row_steps,
+                            &obs_value,
+                            &action_value,
+                            hanging_reward + reward,
+                            extras,
+                        )?
+                    } else {
+                        None
+                    };
+                    let step = if let Some(row) = row {
+                        StepData::Rows { row, info: info_or_absent(info_value.as_ref()) }
+                    } else {
+                        let extras_dict = match &extras_rows {
+                            Some(r) => Some(r.get().to_dict(py)?),
+                            None => extras_dict,
+                        };
+                        let total = (hanging_reward + reward).into_pyobject(py)?.into_any();
+                        let step = eps
+                            .borrow()
+                            .prepare_step(
+                                &obs_value,
+                                &action_value,
+                                &total,
+                                info_value.as_ref(),
+                                extras_dict.as_ref(),
+                            )
+                            .map_err(|e| for_agent(py, aid, e))?;
+                        StepData::Items(Box::new(step))
+                    };
+                    Prepared::Step {
+                        episode: eps,
+                        step,
+                        pops_hanging: action_src == Source::Hanging,
+                        terminated,
+                        truncated,
+                    }
+                }
+                AgentPlan::Join => {
+                    let eps = agent_episode()?;
+                    let obs_value = row.observation.clone().unwrap_or_else(none);
+                    let reset = eps.borrow().prepare_reset(&obs_value).map_err(|e| for_agent(py, aid, e))?;
+                    Prepared::Join { episode: eps, reset, infos: row.info.clone() }
+                }
+                AgentPlan::Hang => Prepared::Hang {
+                    action: row.action.clone().unwrap_or_else(none),
+                    extras: match row.extra.as_ref().map(|v| v.cast::<AgentOutputsPy>()) {
+                        Some(Ok(r)) => r.get().to_dict(py)?.into_any(),
+                        _ => row.extra.clone().unwrap_or_else(none),
+                    },
+                },
+                AgentPlan::AddReward { begin } => Prepared::AddReward { begin },
+                AgentPlan::Drop => Prepared::Drop,
+            };
+            plans.push((i, prepared, reward, step_map));
+        }
+
+        // Phase 2: store.
+        // The step's time, for `get_duration_s` (the clock of Python's `time.perf_counter`),
+        // of the episode and of the agents that step.
+        let now = perf_counter();
+        let env_t = env_t + 1;
+        // Agents with a map but no observation now get a skip. When every map belongs to an
+        // agent that observed, there are none (and no lookups are needed to know).
+        if observed_with_map != step_maps.len() {
+            for (aid, map) in step_maps.iter() {
+                if !observations.contains(&aid)? {
+                    map.cast::<StepMapPy>()?.borrow_mut().map.push(None);
+                }
+            }
+        }
+        let add_to = |d: &Bound<'py, PyDict>, aid: &Bound<'py, PyAny>, r: f64| -> PyResult<()> {
+            let old = d.get_item(aid)?.map(|v| v.extract::<f64>()).transpose()?.unwrap_or(0.0);
+            d.set_item(aid, old + r)
+        };
+        let remove = |dicts: &[&Bound<'py, PyDict>], aid: &Bound<'py, PyAny>| -> PyResult<()> {
+            for d in dicts {
+                if !d.is_empty() && d.contains(aid)? {
+                    d.del_item(aid)?;
+                }
+            }
+            Ok(())
+        };
+        let all_hanging = [&rewards_begin, &hanging_actions, &hanging_extras, &rewards_end];
+        for (i, prepared, reward, step_map) in plans {
+            let aid = &rows[i].aid;
+            match prepared {
+                Prepared::Step { episode: eps, step, pops_hanging, terminated, truncated } => {
+                    let agent_len = {
+                        let mut e = eps.borrow_mut();
+                        match step {
+                            StepData::Rows { row, info } => {
+                                row_steps.apply(row, &mut e, info, terminated, truncated, now)?;
+                            }
+                            StepData::Items(step) => e.apply_step(py, *step, terminated, truncated)?,
+                        }
+                        e.chunk_len()
+                    };
+                    if pops_hanging {
+                        remove(&[&hanging_actions, &hanging_extras, &rewards_end], aid)?;
+                    }
+                    // `agent_t_started` is a defaultdict(int): reading it records the agent.
+                    let t0: i64 = if let Some(v) = t_started.get_item(aid)? {
+                        v.extract()?
+                    } else {
+                        t_started.set_item(aid, 0)?;
+                        0
+                    };
+                    let agent_t = agent_len as i64 + t0;
+                    let map = match step_map {
+                        Some(m) => m,
+                        None => step_map_of(py, &step_maps, aid)?,
+                    };
+                    map.borrow_mut().map.push(Some(agent_t));
+                    if existing[i].is_none() && agent_episodes.get_item(aid)?.is_none() {
+                        agent_episodes.set_item(aid, &eps)?;
+                    }
+                    if terminated || truncated {
+                        remove(&all_hanging, aid)?;
+                    }
+                }
+                Prepared::Join { episode: eps, reset, infos } => {
+                    {
+                        let map = step_map_of(py, &step_maps, aid)?;
+                        let mut map = map.borrow_mut();
+                        // One skip per env step of this chunk before this one, look-back
+                        // included. RLlib 2.60 counts from the episode's start (env_t), which
+                        // misplaces agents that join in a later chunk (see the multi-agent
+                        // deviation tests).
+                        let skips = env_t - env_t_started + i64::try_from(lookback).unwrap_or(0);
+                        map.map.extend(std::iter::repeat_n(None, usize::try_from(skips).unwrap_or(0)));
+                        map.map.push(Some(0));
+                        map.map.set_lookback(lookback);
+                    }
+                    eps.borrow_mut().apply_reset(py, reset, infos.as_ref())?;
+                    add_to(&rewards_begin, aid, reward)?;
+                    agent_episodes.set_item(aid, &eps)?;
+                }
+                Prepared::Hang { action, extras } => {
+                    hanging_actions.set_item(aid, action)?;
+                    rewards_end.set_item(aid, reward)?;
+                    hanging_extras.set_item(aid, extras)?;
+                }
+                Prepared::AddReward { begin } => {
+                    add_to(if begin { &rewards_begin } else { &rewards_end }, aid, reward)?;
+                }
+                Prepared::Drop => remove(&all_hanging, aid)?,
+            }
+        }
+        let mut e = episode.try_borrow_mut()?;
+        e.env_t = env_t;
+        e.is_terminated = is_terminated;
+        e.is_truncated = is_truncated;
+        e.last_step_time = Some(now);
+        e.start_time.get_or_insert(now);
+        Ok(())
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
@@ -526,455 +972,6 @@ fn is_all_key(key: &Bound<'_, PyAny>, all: &Bound<'_, PyAny>) -> PyResult<bool> 
         return Ok(false);
     }
     key.eq(all)
-}
-
-/// Records one env step of a `MultiAgentEpisode` for all agents (its `add_env_step`, and
-/// the runner's per-sub-env record).
-///
-/// Everything is checked and converted first (agent by agent, with RLlib's rules); only
-/// then is anything stored, so an error leaves the episode as it was.
-#[allow(clippy::too_many_arguments, clippy::too_many_lines)]
-pub fn multi_agent_add_env_step<'py>(
-    py: Python<'py>,
-    episode: &Bound<'py, MultiAgentEpisodeCore>,
-    observations: &Bound<'py, PyDict>,
-    actions: &Bound<'py, PyDict>,
-    rewards: &Bound<'py, PyDict>,
-    infos: Option<&Bound<'py, PyAny>>,
-    terminateds: Option<&Bound<'py, PyAny>>,
-    truncateds: Option<&Bound<'py, PyAny>>,
-    extra_model_outputs: Option<&Bound<'py, PyAny>>,
-) -> PyResult<()> {
-    let infos = as_dict(infos)?;
-    let terminateds = as_dict(terminateds)?;
-    let truncateds = as_dict(truncateds)?;
-    let extras = as_dict(extra_model_outputs)?;
-    let all = intern!(py, "__all__").clone().into_any();
-    // Shared borrow released at once: agents that join call back into Python code, which
-    // may read the episode's attributes.
-    let EpisodeState {
-        agent_episodes,
-        step_maps,
-        t_started,
-        hanging_actions,
-        hanging_extras,
-        rewards_end,
-        rewards_begin,
-        env_t,
-        env_t_started,
-        lookback,
-        is_done,
-    } = episode.try_borrow()?.state(py);
-
-    if is_done {
-        return Err(multi_agent_env_error(
-            py,
-            "add_env_step: the multi-agent episode is already done".into(),
-        ));
-    }
-
-    // The agents this env step mentions: observations, actions, rewards, terminateds,
-    // truncateds and (on `__all__`) every agent with an episode, first in dict order;
-    // with what each dict holds for them.
-    let mut rows = Rows { rows: AgentVec::new(), index: None };
-    for (aid, obs) in observations.iter() {
-        if is_all_key(&aid, &all)? {
-            continue;
-        }
-        rows.push_first(&aid).observation = Some(obs).filter(|v| !v.is_none());
-    }
-    for (i, (aid, action)) in actions.iter().enumerate() {
-        if is_all_key(&aid, &all)? {
-            continue;
-        }
-        rows.entry(&aid, i)?.action = Some(action).filter(|v| !v.is_none());
-    }
-    for (i, (aid, reward)) in rewards.iter().enumerate() {
-        if is_all_key(&aid, &all)? {
-            continue;
-        }
-        let row = rows.entry(&aid, i)?;
-        row.has_reward = true;
-        row.reward = Some(reward).filter(|v| !v.is_none());
-    }
-    let mut all_terminated = false;
-    let mut all_truncated = false;
-    for (flags, is_truncated) in [(terminateds.as_ref(), false), (truncateds.as_ref(), true)] {
-        let Some(flags) = flags else { continue };
-        for (i, (aid, value)) in flags.iter().enumerate() {
-            let on = !value.is_none() && value.is_truthy()?;
-            if is_all_key(&aid, &all)? {
-                if is_truncated {
-                    all_truncated = on;
-                } else {
-                    all_terminated = on;
-                }
-                continue;
-            }
-            let row = rows.entry(&aid, i)?;
-            if is_truncated {
-                row.truncated = on;
-            } else {
-                row.terminated = on;
-            }
-        }
-    }
-    if all_terminated || all_truncated {
-        for (i, aid) in agent_episodes.keys().iter().enumerate() {
-            if !is_all_key(&aid, &all)? {
-                rows.entry(&aid, i)?;
-            }
-        }
-    }
-    // Infos and extra model outputs count only for agents mentioned elsewhere.
-    for (dict, is_extra) in [(infos.as_ref(), false), (extras.as_ref(), true)] {
-        let Some(dict) = dict else { continue };
-        for (i, (aid, value)) in dict.iter().enumerate() {
-            if value.is_none() {
-                continue;
-            }
-            if let Some(r) = rows.find(&aid, i)? {
-                let row = &mut rows.rows[r];
-                if is_extra {
-                    row.extra = Some(value);
-                } else {
-                    row.info = Some(value);
-                }
-            }
-        }
-    }
-    let rows = rows.rows;
-
-    // Each mentioned agent's episode, and whether any agent joins now.
-    let mut existing: AgentVec<Option<Bound<'py, SingleAgentEpisodePy>>> = AgentVec::new();
-    let mut joins = false;
-    for row in &rows {
-        let eps =
-            agent_episodes.get_item(&row.aid)?.map(Bound::cast_into::<SingleAgentEpisodePy>).transpose()?;
-        joins |= eps.is_none();
-        existing.push(eps);
-    }
-
-    // The episode ends when `__all__` says so or every agent is done.
-    let mut is_terminated = all_terminated;
-    let is_truncated = all_truncated;
-    let mut every_agent_done = true;
-    for (aid, eps) in agent_episodes.iter() {
-        if eps.cast::<SingleAgentEpisodePy>()?.borrow().done() {
-            continue;
-        }
-        // Only the flags of agents this step mentions can be set.
-        let flagged = match rows.iter().position(|r| r.aid.is(&aid)) {
-            Some(i) => rows[i].terminated || rows[i].truncated,
-            None => flag(terminateds.as_ref(), &aid)? || flag(truncateds.as_ref(), &aid)?,
-        };
-        if !flagged {
-            every_agent_done = false;
-            break;
-        }
-    }
-    if every_agent_done {
-        is_terminated = true;
-    }
-
-    // Agents that join take their place in `agent_episodes` in the order RLlib visits
-    // them: that of the Python set it builds from the same dicts with the same set
-    // operations (reads that combine agents, e.g. `return_list`, depend on the order).
-    // Only then is that set built (about 1 µs); otherwise the order changes nothing.
-    let order: Option<Vec<usize>> = if joins {
-        let empty = PyDict::new(py);
-        let sources = [
-            observations,
-            actions,
-            rewards,
-            terminateds.as_ref().unwrap_or(&empty),
-            truncateds.as_ref().unwrap_or(&empty),
-            if all_terminated || all_truncated { &agent_episodes } else { &empty },
-        ];
-        let key_set = |d: &Bound<'py, PyDict>| PySet::new(py, d.keys());
-        let mut set = key_set(sources[0])?.into_any();
-        for d in &sources[1..] {
-            set = set.call_method1(intern!(py, "__or__"), (key_set(d)?,))?;
-        }
-        let set = set.call_method1(intern!(py, "__sub__"), (PySet::new(py, [&all])?,))?;
-        let position = PyDict::new(py);
-        for (i, row) in rows.iter().enumerate() {
-            if !position.contains(&row.aid)? {
-                position.set_item(&row.aid, i)?;
-            }
-        }
-        let mut order = Vec::with_capacity(rows.len());
-        for aid in set.try_iter()? {
-            if let Some(i) = position.get_item(aid?)? {
-                order.push(i.extract::<usize>()?);
-            }
-        }
-        Some(order)
-    } else {
-        None
-    };
-
-    // Phase 1: decide and convert; nothing is stored yet.
-    let mut new_agent_episode: Option<Bound<'py, PyAny>> = None;
-    let have_hanging_actions = !hanging_actions.is_empty();
-    let mut plans: AgentVec<(usize, Prepared<'py>, f64, Option<Bound<'py, StepMapPy>>)> = AgentVec::new();
-    let mut row_steps = RowSteps::default();
-    let mut observed_with_map = 0usize;
-    for k in 0..order.as_ref().map_or(rows.len(), Vec::len) {
-        let i = order.as_ref().map_or(k, |o| o[k]);
-        let row = &rows[i];
-        let aid = &row.aid;
-        let existing = &existing[i];
-        // One shared borrow of an agent's episode serves its done check and its step's
-        // preparation (each borrow and release is an atomic read-modify-write).
-        let mut held = existing.as_ref().map(Bound::try_borrow).transpose()?;
-        let episode_done = held.as_ref().is_some_and(|e| e.done());
-        let step_map = step_maps.get_item(aid)?.map(Bound::cast_into::<StepMapPy>).transpose()?;
-        if row.observation.is_some() && step_map.is_some() {
-            observed_with_map += 1;
-        }
-        let terminated = row.terminated || is_terminated;
-        let truncated = row.truncated || is_truncated;
-        let hanging_action =
-            if have_hanging_actions { hanging_actions.get_item(aid)?.filter(|v| !v.is_none()) } else { None };
-        let input = AgentStepInput {
-            has_observation: row.observation.is_some(),
-            has_action: row.action.is_some(),
-            has_reward: row.has_reward,
-            has_any_data: row.observation.is_some()
-                || row.action.is_some()
-                || row.reward.is_some()
-                || row.info.is_some()
-                || row.extra.is_some(),
-            terminated,
-            truncated,
-            has_episode: existing.is_some(),
-            episode_done,
-            has_step_map: step_map.is_some(),
-            has_hanging_action: hanging_action.is_some(),
-        };
-        let plan = plan_agent_step(&input).map_err(|e| agent_error(aid, e))?;
-        let reward = match &row.reward {
-            Some(r) => r.extract::<f64>().map_err(|_| {
-                pyo3::exceptions::PyTypeError::new_err(format!(
-                    "the reward of agent {} must be a real number, got {}",
-                    aid.repr().map(|r| r.to_string()).unwrap_or_default(),
-                    r.repr().map(|r| r.to_string()).unwrap_or_default()
-                ))
-            })?,
-            None => 0.0,
-        };
-        let mut agent_episode = || -> PyResult<Bound<'py, SingleAgentEpisodePy>> {
-            if let Some(e) = existing {
-                return Ok(e.clone());
-            }
-            // Looked up only when an agent joins (a bound method per lookup).
-            let make = match &new_agent_episode {
-                Some(f) => f,
-                None => new_agent_episode.insert(episode.getattr(intern!(py, "_new_agent_episode"))?),
-            };
-            Ok(make.call1((aid,))?.cast_into::<SingleAgentEpisodePy>()?)
-        };
-        let none = || py.None().into_bound(py);
-        let prepared = match plan {
-            AgentPlan::Step { observation, action: action_src, extra_model_outputs, add_hanging_reward } => {
-                let eps = agent_episode()?;
-                let (obs_value, info_value) = if observation == Source::Last {
-                    held = None;
-                    let (o, i) = eps.borrow_mut().last_observation_and_infos(py)?;
-                    (o, Some(i))
-                } else {
-                    (row.observation.clone().unwrap_or_else(none), row.info.clone())
-                };
-                let action_value = match action_src {
-                    Source::Hanging => hanging_action.clone().unwrap_or_else(none),
-                    _ => row.action.clone().unwrap_or_else(none),
-                };
-                let extras_value = match extra_model_outputs {
-                    Source::Hanging => hanging_extras.get_item(aid)?,
-                    _ => row.extra.clone(),
-                };
-                // The runner's scatter hands an agent's row of its module's outputs.
-                let extras_rows =
-                    extras_value.as_ref().and_then(|v| v.cast::<AgentOutputsPy>().ok().cloned());
-                let extras_dict = if extras_rows.is_some() { None } else { as_dict(extras_value.as_ref())? };
-                let hanging_reward = if add_hanging_reward {
-                    rewards_end.get_item(aid)?.map(|v| v.extract::<f64>()).transpose()?.unwrap_or(0.0)
-                } else {
-                    0.0
-                };
-                // This step's own values (not the agent's last observation or its hanging
-                // ones) go straight into the columns where they fit them.
-                let given = observation == Source::Given && action_src == Source::Given;
-                let row = if given && extra_model_outputs == Source::Given {
-                    let extras = match (&extras_rows, &extras_dict) {
-                        (Some(r), _) => Some(ExtraOutputs::Rows(r.get())),
-                        (None, Some(d)) => Some(ExtraOutputs::Dict(d)),
-                        (None, None) => None,
-                    };
-                    let fresh;
-                    let e = if let Some(e) = &held {
-                        e
-                    } else {
-                        fresh = eps.try_borrow()?;
-                        &fresh
-                    };
-                    e.prepare_row_step(
-                        &mut row_steps,
-                        &obs_value,
-                        &action_value,
-                        hanging_reward + reward,
-                        extras,
-                    )?
-                } else {
-                    None
-                };
-                let step = if let Some(row) = row {
-                    StepData::Rows { row, info: info_or_absent(info_value.as_ref()) }
-                } else {
-                    let extras_dict = match &extras_rows {
-                        Some(r) => Some(r.get().to_dict(py)?),
-                        None => extras_dict,
-                    };
-                    let total = (hanging_reward + reward).into_pyobject(py)?.into_any();
-                    let step = eps
-                        .borrow()
-                        .prepare_step(
-                            &obs_value,
-                            &action_value,
-                            &total,
-                            info_value.as_ref(),
-                            extras_dict.as_ref(),
-                        )
-                        .map_err(|e| for_agent(py, aid, e))?;
-                    StepData::Items(Box::new(step))
-                };
-                Prepared::Step {
-                    episode: eps,
-                    step,
-                    pops_hanging: action_src == Source::Hanging,
-                    terminated,
-                    truncated,
-                }
-            }
-            AgentPlan::Join => {
-                let eps = agent_episode()?;
-                let obs_value = row.observation.clone().unwrap_or_else(none);
-                let reset = eps.borrow().prepare_reset(&obs_value).map_err(|e| for_agent(py, aid, e))?;
-                Prepared::Join { episode: eps, reset, infos: row.info.clone() }
-            }
-            AgentPlan::Hang => Prepared::Hang {
-                action: row.action.clone().unwrap_or_else(none),
-                extras: match row.extra.as_ref().map(|v| v.cast::<AgentOutputsPy>()) {
-                    Some(Ok(r)) => r.get().to_dict(py)?.into_any(),
-                    _ => row.extra.clone().unwrap_or_else(none),
-                },
-            },
-            AgentPlan::AddReward { begin } => Prepared::AddReward { begin },
-            AgentPlan::Drop => Prepared::Drop,
-        };
-        plans.push((i, prepared, reward, step_map));
-    }
-
-    // Phase 2: store.
-    // The step's time, for `get_duration_s` (the clock of Python's `time.perf_counter`),
-    // of the episode and of the agents that step.
-    let now = perf_counter();
-    let env_t = env_t + 1;
-    // Agents with a map but no observation now get a skip. When every map belongs to an
-    // agent that observed, there are none (and no lookups are needed to know).
-    if observed_with_map != step_maps.len() {
-        for (aid, map) in step_maps.iter() {
-            if !observations.contains(&aid)? {
-                map.cast::<StepMapPy>()?.borrow_mut().map.push(None);
-            }
-        }
-    }
-    let add_to = |d: &Bound<'py, PyDict>, aid: &Bound<'py, PyAny>, r: f64| -> PyResult<()> {
-        let old = d.get_item(aid)?.map(|v| v.extract::<f64>()).transpose()?.unwrap_or(0.0);
-        d.set_item(aid, old + r)
-    };
-    let remove = |dicts: &[&Bound<'py, PyDict>], aid: &Bound<'py, PyAny>| -> PyResult<()> {
-        for d in dicts {
-            if !d.is_empty() && d.contains(aid)? {
-                d.del_item(aid)?;
-            }
-        }
-        Ok(())
-    };
-    let all_hanging = [&rewards_begin, &hanging_actions, &hanging_extras, &rewards_end];
-    for (i, prepared, reward, step_map) in plans {
-        let aid = &rows[i].aid;
-        match prepared {
-            Prepared::Step { episode: eps, step, pops_hanging, terminated, truncated } => {
-                let agent_len = {
-                    let mut e = eps.borrow_mut();
-                    match step {
-                        StepData::Rows { row, info } => {
-                            row_steps.apply(row, &mut e, info, terminated, truncated, now)?;
-                        }
-                        StepData::Items(step) => e.apply_step(py, *step, terminated, truncated)?,
-                    }
-                    e.chunk_len()
-                };
-                if pops_hanging {
-                    remove(&[&hanging_actions, &hanging_extras, &rewards_end], aid)?;
-                }
-                // `agent_t_started` is a defaultdict(int): reading it records the agent.
-                let t0: i64 = if let Some(v) = t_started.get_item(aid)? {
-                    v.extract()?
-                } else {
-                    t_started.set_item(aid, 0)?;
-                    0
-                };
-                let agent_t = agent_len as i64 + t0;
-                let map = match step_map {
-                    Some(m) => m,
-                    None => step_map_of(py, &step_maps, aid)?,
-                };
-                map.borrow_mut().map.push(Some(agent_t));
-                if existing[i].is_none() && agent_episodes.get_item(aid)?.is_none() {
-                    agent_episodes.set_item(aid, &eps)?;
-                }
-                if terminated || truncated {
-                    remove(&all_hanging, aid)?;
-                }
-            }
-            Prepared::Join { episode: eps, reset, infos } => {
-                {
-                    let map = step_map_of(py, &step_maps, aid)?;
-                    let mut map = map.borrow_mut();
-                    // One skip per env step of this chunk before this one, look-back
-                    // included. RLlib 2.60 counts from the episode's start (env_t), which
-                    // misplaces agents that join in a later chunk (see the multi-agent
-                    // deviation tests).
-                    let skips = env_t - env_t_started + i64::try_from(lookback).unwrap_or(0);
-                    map.map.extend(std::iter::repeat_n(None, usize::try_from(skips).unwrap_or(0)));
-                    map.map.push(Some(0));
-                    map.map.set_lookback(lookback);
-                }
-                eps.borrow_mut().apply_reset(py, reset, infos.as_ref())?;
-                add_to(&rewards_begin, aid, reward)?;
-                agent_episodes.set_item(aid, &eps)?;
-            }
-            Prepared::Hang { action, extras } => {
-                hanging_actions.set_item(aid, action)?;
-                rewards_end.set_item(aid, reward)?;
-                hanging_extras.set_item(aid, extras)?;
-            }
-            Prepared::AddReward { begin } => {
-                add_to(if begin { &rewards_begin } else { &rewards_end }, aid, reward)?;
-            }
-            Prepared::Drop => remove(&all_hanging, aid)?,
-        }
-    }
-    let mut e = episode.try_borrow_mut()?;
-    e.env_t = env_t;
-    e.is_terminated = is_terminated;
-    e.is_truncated = is_truncated;
-    e.last_step_time = Some(now);
-    e.start_time.get_or_insert(now);
-    Ok(())
 }
 
 /// Records the reset observations of a `MultiAgentEpisode`'s agents in one call: every

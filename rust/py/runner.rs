@@ -14,7 +14,7 @@ use smallvec::SmallVec;
 
 use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 
-use super::multi::{multi_agent_add_env_step, MultiAgentEpisodeCore};
+use super::multi::MultiAgentEpisodeCore;
 use super::object::PyObj;
 use super::outputs::{AgentOutputsPy, ModuleOutputs, OutputColumn};
 use super::single::{Input, LengthGuess, SingleAgentEpisodePy};
@@ -533,8 +533,7 @@ pub fn multi_agent_record_steps<'py>(
             }
         };
         let obs = dict(observations)?;
-        multi_agent_add_env_step(
-            py,
+        MultiAgentEpisodeCore::add_env_step(
             &ep,
             &obs,
             &dict(actions)?,

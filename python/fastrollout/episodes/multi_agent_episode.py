@@ -113,19 +113,15 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
             - self._len_lookback_buffers
             + self.env_t_started
         )
-        self.agent_t_started = defaultdict(int, agent_t_started or {})
-        self.env_t_to_agent_t = defaultdict(StepMap)
-        self._hanging_actions_end = {}
-        self._hanging_extra_model_outputs_end = defaultdict(dict)
-        self._hanging_rewards_end = defaultdict(float)
-        self._hanging_rewards_begin = defaultdict(float)
+        # The native constructor made the bookkeeping's containers (empty).
+        if agent_t_started:
+            self.agent_t_started.update(agent_t_started)
         self.is_terminated = bool(
             terminateds if isinstance(terminateds, bool) else terminateds.get("__all__", False)
         )
         self.is_truncated = bool(
             truncateds if isinstance(truncateds, bool) else truncateds.get("__all__", False)
         )
-        self.agent_episodes: dict[Any, SingleAgentEpisode] = {}
         self._init_agent_episodes(
             agent_module_ids=agent_module_ids,
             agent_episode_ids=agent_episode_ids,
@@ -138,8 +134,6 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
             extra_model_outputs=extra_model_outputs,
         )
         self._custom_data: dict = {}
-        self._start_time = None
-        self._last_step_time = None
         self.validate()
 
     # ------------------------------------------------------------------ recording
@@ -504,14 +498,8 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
         successor.observation_space = self.observation_space
         successor.action_space = self.action_space
         successor.env_t_started = successor.env_t = self.env_t
-        successor.agent_t_started = defaultdict(int)
-        successor.env_t_to_agent_t = defaultdict(StepMap)
-        successor._hanging_actions_end = {}
-        successor._hanging_extra_model_outputs_end = defaultdict(dict)
-        successor._hanging_rewards_end = defaultdict(float)
         successor._hanging_rewards_begin = self._hanging_rewards_end.copy()
-        successor.is_terminated = successor.is_truncated = False
-        successor.agent_episodes = {}
+        # Flags, times and the other containers: the native constructor's (empty, not done).
         for aid, eps, finished_now in kept:
             agent = eps._successor()
             # (An agent that finished now is cut as live and keeps its flags.)
@@ -528,7 +516,6 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
                 if aid in gone:
                     successor._hanging_rewards_end[aid] += 0.0
         successor._custom_data = copy.deepcopy(self._custom_data) if self._custom_data else {}
-        successor._start_time = successor._last_step_time = None
         return successor
 
     def slice(
@@ -1236,25 +1223,23 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
         episode.action_space = state["action_space"]
         episode.env_t_started = state["env_t_started"]
         episode.env_t = state["env_t"]
-        episode.agent_t_started = defaultdict(int, state["agent_t_started"])
-        episode.env_t_to_agent_t = defaultdict(
-            StepMap,
+        # Into the (empty) containers the native constructor made.
+        episode.agent_t_started.update(state["agent_t_started"])
+        episode.env_t_to_agent_t.update(
             {
                 aid: StepMap(list(m["data"]), m["lookback"])
                 for aid, m in state["env_t_to_agent_t"].items()
-            },
+            }
         )
-        episode._hanging_actions_end = dict(state["_hanging_actions_end"])
-        episode._hanging_extra_model_outputs_end = defaultdict(
-            dict, state["_hanging_extra_model_outputs_end"]
-        )
-        episode._hanging_rewards_end = defaultdict(float, state["_hanging_rewards_end"])
-        episode._hanging_rewards_begin = defaultdict(float, state["_hanging_rewards_begin"])
+        episode._hanging_actions_end.update(state["_hanging_actions_end"])
+        episode._hanging_extra_model_outputs_end.update(state["_hanging_extra_model_outputs_end"])
+        episode._hanging_rewards_end.update(state["_hanging_rewards_end"])
+        episode._hanging_rewards_begin.update(state["_hanging_rewards_begin"])
         episode.is_terminated = state["is_terminated"]
         episode.is_truncated = state["is_truncated"]
-        episode.agent_episodes = {
-            aid: SingleAgentEpisode.from_state(s) for aid, s in state["agent_episodes"]
-        }
+        episode.agent_episodes.update(
+            (aid, SingleAgentEpisode.from_state(s)) for aid, s in state["agent_episodes"]
+        )
         episode._start_time = state["_start_time"]
         episode._last_step_time = state["_last_step_time"]
         episode._custom_data = state.get("custom_data", {})
