@@ -164,7 +164,7 @@ fn bench_multi_agent(c: &mut Criterion) {
 }
 
 /// The core's share of one multi-agent env step alone (plan + record + step map for every
-/// agent), and of `MultiAgentEpisode.to_numpy` of a 100-step chunk (one gather per leaf of
+/// agent, in steady state), and of `MultiAgentEpisode.to_numpy` of a 100-step chunk (one gather per leaf of
 /// every agent's observations, actions and rewards).
 fn bench_multi_agent_step_and_to_numpy(c: &mut Criterion) {
     use fastrollout::episode::multi::{plan_agent_step, AgentStepInput, StepMap};
@@ -179,22 +179,38 @@ fn bench_multi_agent_step_and_to_numpy(c: &mut Criterion) {
         ..AgentStepInput::default()
     };
     for n_agents in [2usize, 8] {
+        // Steady state: the same agents step on (their columns already grown), and every
+        // 100 steps each is cut (untimed), as a runner's chunks are; timing fresh episodes
+        // instead would time their first appends' allocations.
         c.bench_function(&format!("multi_agent/{n_agents}_agents/add_env_step"), |b| {
-            b.iter_batched_ref(
-                || {
-                    let agents: Vec<_> = (0..n_agents).map(|_| episode(CARTPOLE_OBS, DType::F32)).collect();
-                    let maps: Vec<StepMap> = (0..n_agents).map(|_| StepMap::new(vec![Some(0)], 0)).collect();
-                    (agents, maps)
-                },
-                |(agents, maps)| {
-                    for (agent, map) in agents.iter_mut().zip(maps.iter_mut()) {
-                        black_box(plan_agent_step(black_box(&input)).expect("plan"));
-                        agent.add_step(step(&obs), no_object).expect("step");
-                        map.push(Some(agent.t));
+            let mut agents: Vec<_> = (0..n_agents).map(|_| episode(CARTPOLE_OBS, DType::F32)).collect();
+            let mut maps: Vec<StepMap> = (0..n_agents).map(|_| StepMap::new(vec![Some(0)], 0)).collect();
+            for _ in 0..100 {
+                for (agent, map) in agents.iter_mut().zip(maps.iter_mut()) {
+                    agent.add_step(step(&obs), no_object).expect("step");
+                    map.push(Some(agent.t));
+                }
+            }
+            b.iter_custom(|iters| {
+                let mut timed = std::time::Duration::ZERO;
+                let mut done = 0;
+                while done < iters {
+                    agents = agents.iter().map(|a| a.cut(1).expect("cut")).collect();
+                    maps = agents.iter().map(|a| StepMap::new(vec![Some(a.t)], 1)).collect();
+                    let batch = (iters - done).min(100);
+                    let start = std::time::Instant::now();
+                    for _ in 0..batch {
+                        for (agent, map) in agents.iter_mut().zip(maps.iter_mut()) {
+                            black_box(plan_agent_step(black_box(&input)).expect("plan"));
+                            agent.add_step(step(&obs), no_object).expect("step");
+                            map.push(Some(agent.t));
+                        }
                     }
-                },
-                BatchSize::SmallInput,
-            );
+                    timed += start.elapsed();
+                    done += batch;
+                }
+                timed
+            });
         });
         let agents: Vec<_> = (0..n_agents).map(|_| filled(100)).collect();
         c.bench_function(&format!("multi_agent/{n_agents}_agents/to_numpy_gather_100_steps"), |b| {

@@ -500,11 +500,17 @@ def test_bookkeeping_attributes_are_the_native_base_classs_shared_objects() -> N
     ep.agent_t_started = started
     assert ep.agent_t_started is started
     episodes = ep.agent_episodes
-    with pytest.raises(TypeError, match="dict"):
+    # A refused value's error names the attribute; the old value stays.
+    with pytest.raises(TypeError, match=r"MultiAgentEpisode\.agent_episodes: .*dict"):
         ep.agent_episodes = [episodes["a0"]]
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"MultiAgentEpisode\.env_t: "):
         ep.env_t = "4"
+    with pytest.raises(TypeError, match=r"MultiAgentEpisode\._start_time: "):
+        ep._start_time = "now"
+    with pytest.raises(OverflowError, match=r"MultiAgentEpisode\._len_lookback_buffers: "):
+        ep._len_lookback_buffers = -1
     assert ep.agent_episodes is episodes and ep.env_t == 4
+    assert ep._start_time is not None and ep._len_lookback_buffers == 0
     ep.is_terminated = np.bool_(True)
     assert ep.is_terminated is True and ep.is_done
 

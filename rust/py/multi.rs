@@ -161,44 +161,64 @@ impl StepMapPy {
 #[pyclass(name = "MultiAgentEpisodeCore", module = "fastrollout._core", subclass)]
 pub struct MultiAgentEpisodeCore {
     /// The env step this chunk is at (counted from the episode's start).
-    #[pyo3(get, set)]
+    #[pyo3(get)]
     env_t: i64,
     /// The env step at which this chunk starts.
-    #[pyo3(get, set)]
+    #[pyo3(get)]
     env_t_started: i64,
-    #[pyo3(get, set)]
+    #[pyo3(get)]
     is_terminated: bool,
-    #[pyo3(get, set)]
+    #[pyo3(get)]
     is_truncated: bool,
     /// Env steps of look-back at the start of this chunk.
-    #[pyo3(get, set, name = "_len_lookback_buffers")]
+    #[pyo3(get, name = "_len_lookback_buffers")]
     len_lookback_buffers: usize,
     /// `time.perf_counter()` values of the first and the last step.
-    #[pyo3(get, set, name = "_start_time")]
+    #[pyo3(get, name = "_start_time")]
     start_time: Option<f64>,
-    #[pyo3(get, set, name = "_last_step_time")]
+    #[pyo3(get, name = "_last_step_time")]
     last_step_time: Option<f64>,
     /// Agent id -> its `SingleAgentEpisode`.
-    #[pyo3(get, set)]
+    #[pyo3(get)]
     agent_episodes: Py<PyDict>,
     /// Agent id -> its `StepMap` (env step -> agent step).
-    #[pyo3(get, set)]
+    #[pyo3(get)]
     env_t_to_agent_t: Py<PyDict>,
     /// Agent id -> the agent step at which this chunk starts.
-    #[pyo3(get, set)]
+    #[pyo3(get)]
     agent_t_started: Py<PyDict>,
     /// Agent id -> the action it was asked for and has not been rewarded for yet.
-    #[pyo3(get, set, name = "_hanging_actions_end")]
+    #[pyo3(get, name = "_hanging_actions_end")]
     hanging_actions_end: Py<PyDict>,
     /// Agent id -> the extra model outputs of its hanging action.
-    #[pyo3(get, set, name = "_hanging_extra_model_outputs_end")]
+    #[pyo3(get, name = "_hanging_extra_model_outputs_end")]
     hanging_extra_model_outputs_end: Py<PyDict>,
     /// Agent id -> rewards collected since its hanging action.
-    #[pyo3(get, set, name = "_hanging_rewards_end")]
+    #[pyo3(get, name = "_hanging_rewards_end")]
     hanging_rewards_end: Py<PyDict>,
     /// Agent id -> rewards collected before its first observation.
-    #[pyo3(get, set, name = "_hanging_rewards_begin")]
+    #[pyo3(get, name = "_hanging_rewards_begin")]
     hanging_rewards_begin: Py<PyDict>,
+}
+
+/// Sets `slot` from a Python value assigned to the attribute `name`; on a value that does
+/// not convert, raises the conversion's error type with a message that names the attribute
+/// and keeps the old value.
+fn set_named<'a, 'py, T>(slot: &mut T, value: &'a Bound<'py, PyAny>, name: &str) -> PyResult<()>
+where
+    T: FromPyObject<'a, 'py>,
+{
+    match value.extract::<T>() {
+        Ok(v) => {
+            *slot = v;
+            Ok(())
+        }
+        Err(e) => {
+            let err: PyErr = e.into();
+            let py = value.py();
+            Err(PyErr::from_type(err.get_type(py), format!("MultiAgentEpisode.{name}: {}", err.value(py))))
+        }
+    }
 }
 
 /// The episode's dicts and counters as one env step reads them (the dicts are shared).
@@ -287,6 +307,78 @@ impl MultiAgentEpisodeCore {
             hanging_rewards_end: with_default(py.get_type::<pyo3::types::PyFloat>())?,
             hanging_rewards_begin: with_default(py.get_type::<pyo3::types::PyFloat>())?,
         })
+    }
+
+    // Setters (the getters are the fields' own): a value of the wrong type is refused
+    // with an error that names the attribute, and the old value is kept.
+    #[setter]
+    fn set_env_t(&mut self, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        set_named(&mut self.env_t, value, "env_t")
+    }
+
+    #[setter]
+    fn set_env_t_started(&mut self, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        set_named(&mut self.env_t_started, value, "env_t_started")
+    }
+
+    #[setter]
+    fn set_is_terminated(&mut self, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        set_named(&mut self.is_terminated, value, "is_terminated")
+    }
+
+    #[setter]
+    fn set_is_truncated(&mut self, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        set_named(&mut self.is_truncated, value, "is_truncated")
+    }
+
+    #[setter(_len_lookback_buffers)]
+    fn set_len_lookback_buffers(&mut self, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        set_named(&mut self.len_lookback_buffers, value, "_len_lookback_buffers")
+    }
+
+    #[setter(_start_time)]
+    fn set_start_time(&mut self, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        set_named(&mut self.start_time, value, "_start_time")
+    }
+
+    #[setter(_last_step_time)]
+    fn set_last_step_time(&mut self, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        set_named(&mut self.last_step_time, value, "_last_step_time")
+    }
+
+    #[setter]
+    fn set_agent_episodes(&mut self, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        set_named(&mut self.agent_episodes, value, "agent_episodes")
+    }
+
+    #[setter]
+    fn set_env_t_to_agent_t(&mut self, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        set_named(&mut self.env_t_to_agent_t, value, "env_t_to_agent_t")
+    }
+
+    #[setter]
+    fn set_agent_t_started(&mut self, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        set_named(&mut self.agent_t_started, value, "agent_t_started")
+    }
+
+    #[setter(_hanging_actions_end)]
+    fn set_hanging_actions_end(&mut self, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        set_named(&mut self.hanging_actions_end, value, "_hanging_actions_end")
+    }
+
+    #[setter(_hanging_extra_model_outputs_end)]
+    fn set_hanging_extra_model_outputs_end(&mut self, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        set_named(&mut self.hanging_extra_model_outputs_end, value, "_hanging_extra_model_outputs_end")
+    }
+
+    #[setter(_hanging_rewards_end)]
+    fn set_hanging_rewards_end(&mut self, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        set_named(&mut self.hanging_rewards_end, value, "_hanging_rewards_end")
+    }
+
+    #[setter(_hanging_rewards_begin)]
+    fn set_hanging_rewards_begin(&mut self, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        set_named(&mut self.hanging_rewards_begin, value, "_hanging_rewards_begin")
     }
 
     /// Records one env step of all agents, in one native call (the runner's per-sub-env
