@@ -164,8 +164,8 @@ fn bench_multi_agent(c: &mut Criterion) {
 }
 
 /// The core's share of one multi-agent env step alone (plan + record + step map for every
-/// agent, in steady state), and of `MultiAgentEpisode.to_numpy` of a 100-step chunk (one gather per leaf of
-/// every agent's observations, actions and rewards).
+/// agent, in steady state), and of `MultiAgentEpisode.to_numpy` of a 100-step chunk (one
+/// gather per leaf of every agent's observations, actions and rewards).
 fn bench_multi_agent_step_and_to_numpy(c: &mut Criterion) {
     use fastrollout::episode::multi::{plan_agent_step, AgentStepInput, StepMap};
     let obs = vec![0u8; CARTPOLE_OBS * 4];
