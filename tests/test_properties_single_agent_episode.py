@@ -3,6 +3,7 @@
 - cut, then concat every successor back: the original episode;
 - a slice of a slice is one slice;
 - get_state/from_state, pickle and to_numpy (twice) change nothing observable;
+- scalar extra model outputs of one kind come back as RLlib's, before and after to_numpy;
 - a state machine drives the subject and RLlib's episode (the model) with random valid
   operation sequences and compares them after every rule.
 """
@@ -287,6 +288,41 @@ def test_to_numpy_keeps_every_item(recipe: Recipe) -> None:
                 )
     assert after.get_return() == sum(before.get_rewards())
     assert len(after) == len(before) and after.t == before.t
+
+
+# Scalar extra model outputs of one kind: the first one's dtype is inferred without
+# making a numpy array (``scalar_descr`` in ``rust/py/spec.rs``), which must give what
+# RLlib's lists give when batched by numpy (Python ints past int64 included).
+_SCALAR_KINDS = {
+    "float": st.floats(width=64),
+    "bool": st.booleans(),
+    "int": st.integers(min_value=-(2**70), max_value=2**70),
+    "int64": st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    **{
+        t.__name__: st.integers(0, 100).map(t)
+        for t in (np.float16, np.float32, np.float64, np.int8, np.int32, np.int64)
+    },
+    **{t.__name__: st.integers(0, 100).map(t) for t in (np.uint8, np.uint64, np.complex64)},
+    "np.bool_": st.booleans().map(np.bool_),
+}
+
+
+@given(data=st.data(), kind=st.sampled_from(sorted(_SCALAR_KINDS)), n=st.integers(1, 4))
+def test_scalar_extra_outputs_are_stored_as_rllib_stores_them(
+    data: st.DataObject, kind: str, n: int
+) -> None:
+    values = [data.draw(_SCALAR_KINDS[kind]) for _ in range(n)]
+    space = gym.spaces.Discrete(2)
+    model = RLlibEpisode(observation_space=space, action_space=space)
+    subject = Episode(observation_space=space, action_space=space)
+    for ep in (model, subject):
+        ep.add_env_reset(0)
+        for v in values:
+            ep.add_env_step(1, 0, 1.0, extra_model_outputs={"x": v})
+    assert_same(model.get_extra_model_outputs("x"), subject.get_extra_model_outputs("x"))
+    model.to_numpy()
+    subject.to_numpy()
+    assert_same(model.get_extra_model_outputs("x"), subject.get_extra_model_outputs("x"))
 
 
 # --------------------------------------------------------------------------------------

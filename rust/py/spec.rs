@@ -243,27 +243,82 @@ fn walk_value(
         }
         return Ok(Some(Tree::Tuple(entries)));
     }
-    let array = if let Ok(a) = value.cast::<PyUntypedArray>() {
-        a.clone()
-    } else if is_host_scalar(value)
-        || value.cast::<PyList>().is_ok()
-        || value.is_instance(&numpy(py)?.getattr("generic")?)?
-    {
-        match numpy(py)?.getattr("asarray")?.call1((value,)) {
-            Ok(a) => a.cast_into::<PyUntypedArray>()?,
+    let (descr, shape) = if let Ok(a) = value.cast::<PyUntypedArray>() {
+        (a.dtype(), a.shape().to_vec())
+    } else if let Some(descr) = scalar_descr(value)? {
+        (descr, Vec::new())
+    } else if is_host_scalar(value) || value.cast::<PyList>().is_ok() {
+        match numpy(py)?.getattr(intern!(py, "asarray"))?.call1((value,)) {
+            Ok(a) => {
+                let a = a.cast_into::<PyUntypedArray>()?;
+                (a.dtype(), a.shape().to_vec())
+            }
             Err(_) => return Ok(None),
         }
     } else {
         return Ok(None);
     };
-    let descr = array.dtype();
     let Some(dtype) = dtype_of(&descr) else { return Ok(None) };
-    // Python ints too large for int64 come out as objects: keep those as objects.
-    leaves.push(Leaf::new(dtype, array.shape().to_vec()));
-    descrs.push(
-        numpy(py)?.getattr("dtype")?.call1((descr.getattr("str")?,))?.cast_into::<PyArrayDescr>()?.unbind(),
-    );
+    leaves.push(Leaf::new(dtype, shape));
+    descrs.push(canonical_descr(&descr)?);
     Ok(Some(Tree::Leaf(leaves.len() - 1)))
+}
+
+/// The dtype `numpy.asarray(value)` has for a scalar it can be told without making the
+/// array: a numpy scalar's own dtype, float64 for a Python float, bool for a Python bool,
+/// int64 for a Python int that fits one (a bigger one is left to `asarray`, which makes it
+/// uint64 or an object). None for anything else.
+///
+/// Why: an extra model output's first value is inferred this way once per episode and
+/// key, and making a 0-d array per scalar (a call into numpy) was most of a multi-agent
+/// runner's first steps of its agent episodes.
+fn scalar_descr<'py>(value: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyArrayDescr>>> {
+    let py = value.py();
+    if value.is_exact_instance_of::<PyFloat>() {
+        return Ok(Some(numpy::dtype::<f64>(py)));
+    }
+    if value.is_exact_instance_of::<PyBool>() {
+        return Ok(Some(numpy::dtype::<bool>(py)));
+    }
+    if value.is_exact_instance_of::<PyInt>() {
+        return Ok(value.extract::<i64>().is_ok().then(|| numpy::dtype::<i64>(py)));
+    }
+    static GENERIC: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+    if value.is_instance(GENERIC.import(py, "numpy", "generic")?)? {
+        return Ok(Some(value.getattr(intern!(py, "dtype"))?.cast_into::<PyArrayDescr>()?));
+    }
+    Ok(None)
+}
+
+/// `numpy.dtype(descr.str)`: the plain dtype of `descr`'s type, size and byte order (what
+/// an inferred spec keeps, so that specs of equal values share their dtype objects and
+/// intern as one). Remembered per dtype object: the call was the other half of the cost
+/// of inferring a spec.
+fn canonical_descr(descr: &Bound<'_, PyArrayDescr>) -> PyResult<Py<PyArrayDescr>> {
+    /// Dtype objects seen (and kept alive, so their addresses stay theirs) with their
+    /// canonical dtype; a handful in practice, bounded in case of many structured ones.
+    static SEEN: Mutex<Vec<(Py<PyArrayDescr>, Py<PyArrayDescr>)>> = Mutex::new(Vec::new());
+    const MAX_SEEN: usize = 64;
+    let py = descr.py();
+    {
+        // A poisoned lock only means a panic elsewhere while it was held; the entries
+        // are complete pairs.
+        let seen = SEEN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((_, c)) = seen.iter().find(|(d, _)| d.as_ptr() == descr.as_ptr()) {
+            return Ok(c.clone_ref(py));
+        }
+    }
+    // Called with the lock released: numpy's code may run Python code.
+    let canonical = numpy(py)?
+        .getattr(intern!(py, "dtype"))?
+        .call1((descr.getattr(intern!(py, "str"))?,))?
+        .cast_into::<PyArrayDescr>()?
+        .unbind();
+    let mut seen = SEEN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if seen.len() < MAX_SEEN {
+        seen.push((descr.clone().unbind(), canonical.clone_ref(py)));
+    }
+    Ok(canonical)
 }
 
 /// Whether numpy data of kind `from` may be stored in a leaf of kind `to` without losing
