@@ -5,7 +5,8 @@
 
 use pyo3::create_exception;
 use pyo3::exceptions::{PyAssertionError, PyIndexError, PyValueError};
-use pyo3::PyErr;
+use pyo3::types::PyAnyMethods;
+use pyo3::{PyErr, Python};
 
 use crate::column::{ColumnError, IndexError};
 use crate::episode::EpisodeError;
@@ -45,5 +46,16 @@ pub fn column_error(e: &ColumnError) -> PyErr {
         ColumnError::ItemSize { .. } | ColumnError::LeafCount { .. } => {
             SpaceMismatchError::new_err(e.to_string())
         }
+    }
+}
+
+/// `err` again, of the same exception type, its message prefixed with `prefix` (what it
+/// concerns: a sub-env, an agent, an attribute); `err` as it was if the type cannot be
+/// built from a message.
+pub fn with_prefix(py: Python<'_>, prefix: &str, err: PyErr) -> PyErr {
+    let message = format!("{prefix}: {}", err.value(py));
+    match err.get_type(py).call1((message,)) {
+        Ok(value) => PyErr::from_value(value),
+        Err(_) => err,
     }
 }

@@ -17,7 +17,7 @@ use pyo3::types::{PyDict, PyInt, PyList, PySet, PyString, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
 use smallvec::SmallVec;
 
-use super::errors::index_error;
+use super::errors::{index_error, with_prefix};
 use super::index::to_index;
 use super::object::PyObj;
 use super::outputs::AgentOutputsPy;
@@ -208,17 +208,10 @@ fn set_named<'a, 'py, T>(slot: &mut T, value: &'a Bound<'py, PyAny>, name: &str)
 where
     T: FromPyObject<'a, 'py>,
 {
-    match value.extract::<T>() {
-        Ok(v) => {
-            *slot = v;
-            Ok(())
-        }
-        Err(e) => {
-            let err: PyErr = e.into();
-            let py = value.py();
-            Err(PyErr::from_type(err.get_type(py), format!("MultiAgentEpisode.{name}: {}", err.value(py))))
-        }
-    }
+    *slot = value
+        .extract::<T>()
+        .map_err(|e| with_prefix(value.py(), &format!("MultiAgentEpisode.{name}"), e.into()))?;
+    Ok(())
 }
 
 /// The episode's dicts and counters as one env step reads them (the dicts are shared).
@@ -1103,11 +1096,7 @@ pub fn multi_agent_add_env_reset<'py>(
 /// `err` (from an agent episode) again, its message prefixed with the agent's id.
 fn for_agent(py: Python<'_>, aid: &Bound<'_, PyAny>, err: PyErr) -> PyErr {
     let who = aid.repr().map(|r| r.to_string()).unwrap_or_default();
-    let message = format!("agent {who}: {}", err.value(py));
-    match err.get_type(py).call1((message,)) {
-        Ok(value) => PyErr::from_value(value),
-        Err(_) => err,
-    }
+    with_prefix(py, &format!("agent {who}"), err)
 }
 
 /// The agent's step map, created (empty) if it has none yet.

@@ -348,11 +348,7 @@ fn unbatch_infos<'py>(
 
 /// Prefixes `err`'s message with the sub-env it concerns (same exception type).
 fn for_env(py: Python<'_>, env: usize, err: PyErr) -> PyErr {
-    let message = format!("sub-env {env}: {}", err.value(py));
-    match err.get_type(py).call1((message,)) {
-        Ok(value) => PyErr::from_value(value),
-        Err(_) => err,
-    }
+    super::errors::with_prefix(py, &format!("sub-env {env}"), err)
 }
 
 enum Prepared<'py> {

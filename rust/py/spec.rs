@@ -296,9 +296,8 @@ fn scalar_descr<'py>(value: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, Py
 /// of inferring a spec.
 fn canonical_descr(descr: &Bound<'_, PyArrayDescr>) -> PyResult<Py<PyArrayDescr>> {
     /// Dtype objects seen (and kept alive, so their addresses stay theirs) with their
-    /// canonical dtype; a handful in practice, bounded in case of many structured ones.
+    /// canonical dtype; a handful in practice, bounded like the intern tables.
     static SEEN: Mutex<Vec<(Py<PyArrayDescr>, Py<PyArrayDescr>)>> = Mutex::new(Vec::new());
-    const MAX_SEEN: usize = 64;
     let py = descr.py();
     {
         // A poisoned lock only means a panic elsewhere while it was held; the entries
@@ -315,7 +314,7 @@ fn canonical_descr(descr: &Bound<'_, PyArrayDescr>) -> PyResult<Py<PyArrayDescr>
         .cast_into::<PyArrayDescr>()?
         .unbind();
     let mut seen = SEEN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    if seen.len() < MAX_SEEN {
+    if seen.len() < MAX_INTERNED {
         seen.push((descr.clone().unbind(), canonical.clone_ref(py)));
     }
     Ok(canonical)
