@@ -2,7 +2,7 @@
 
 Usage::
 
-    python benches/side_by_side.py [--quick] [--json out.json] [--only NAME ...]
+    python benches/side_by_side.py [--quick] [--json out.json] [--only NAME ...] [--no-rllib]
 
 For every workload the three contenders run the same work in this process, one after the
 other, each warmed up and then timed over several rounds (one run of each per round); the
@@ -12,7 +12,8 @@ slow phases, which last seconds, move both sides of a ratio alike).
 Torch runs on one thread for all three (``torch.set_num_threads(1)``), and numpy's OpenBLAS
 too (``OPENBLAS_NUM_THREADS=1`` unless set), on the CPU unless
 ``--device`` names another (``cuda``: RLlib's local runner has no device option, so its
-column is left out there, and it is also left out where ray is not installed).
+column is left out there, and it is also left out where ray is not installed or
+``--no-rllib`` is given).
 ``--num-envs`` sets the sub-env counts of the CartPole rows (default 1 and 8) and
 ``--vectorize-mode vector_entry_point`` steps the single-agent CartPole rows with
 gymnasium's numpy-vectorized CartPole (in the bare loop and in fastrollout alike).
@@ -362,6 +363,7 @@ def workloads(
     device: str = "cpu",
     num_envs: tuple[int, ...] = (1, 8),
     mode: str = "sync",
+    with_rllib: bool = True,
 ) -> list[Workload]:
     """The table's rows.
 
@@ -372,11 +374,13 @@ def workloads(
         num_envs: The sub-env counts of the CartPole rows.
         mode: The vectorize mode of the single-agent CartPole rows (``"sync"`` or
             ``"vector_entry_point"``).
+        with_rllib: Whether RLlib is a contender (where it is installed). Without it,
+            RLlib is neither imported nor built in the process.
 
     Returns:
         The workloads in table order.
     """
-    have_rllib = _rllib_available()
+    have_rllib = with_rllib and _rllib_available()
     rllib = device == "cpu" and have_rllib
     impls = ("rllib", "fastrollout") if have_rllib else ("fastrollout",)
     out = []
@@ -580,6 +584,11 @@ def main(argv: list[str] | None = None) -> int:
         choices=["sync", "vector_entry_point"],
         help="how the single-agent CartPole rows vectorize their sub-envs",
     )
+    parser.add_argument(
+        "--no-rllib",
+        action="store_true",
+        help="leave RLlib out (not imported): the bare loop and fastrollout only",
+    )
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
@@ -595,7 +604,9 @@ def main(argv: list[str] | None = None) -> int:
         info["gpu"] = torch.cuda.get_device_name(device)
     info["device"] = str(device)
     print(f"device: {device}", flush=True)
-    rows = workloads(steps, str(device), tuple(args.num_envs), args.vectorize_mode)
+    rows = workloads(
+        steps, str(device), tuple(args.num_envs), args.vectorize_mode, not args.no_rllib
+    )
     for w in rows:
         if args.only and not any(s in w.name for s in args.only):
             continue
