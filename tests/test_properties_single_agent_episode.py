@@ -293,16 +293,23 @@ def test_to_numpy_keeps_every_item(recipe: Recipe) -> None:
 # Scalar extra model outputs of one kind: the first one's dtype is inferred without
 # making a numpy array (``scalar_descr`` in ``rust/py/spec.rs``), which must give what
 # RLlib's lists give when batched by numpy (Python ints past int64 included).
+_NUMPY_SCALARS = (
+    np.float16,
+    np.float32,
+    np.float64,
+    np.int8,
+    np.int32,
+    np.int64,
+    np.uint8,
+    np.uint64,
+    np.complex64,
+)
 _SCALAR_KINDS = {
     "float": st.floats(width=64),
     "bool": st.booleans(),
     "int": st.integers(min_value=-(2**70), max_value=2**70),
     "int64": st.integers(min_value=-(2**63), max_value=2**63 - 1),
-    **{
-        t.__name__: st.integers(0, 100).map(t)
-        for t in (np.float16, np.float32, np.float64, np.int8, np.int32, np.int64)
-    },
-    **{t.__name__: st.integers(0, 100).map(t) for t in (np.uint8, np.uint64, np.complex64)},
+    **{t.__name__: st.integers(0, 100).map(t) for t in _NUMPY_SCALARS},
     "np.bool_": st.booleans().map(np.bool_),
 }
 

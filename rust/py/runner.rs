@@ -14,6 +14,7 @@ use smallvec::SmallVec;
 
 use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 
+use super::errors::with_prefix;
 use super::multi::MultiAgentEpisodeCore;
 use super::object::PyObj;
 use super::outputs::{AgentOutputsPy, ModuleOutputs, OutputColumn};
@@ -348,7 +349,7 @@ fn unbatch_infos<'py>(
 
 /// Prefixes `err`'s message with the sub-env it concerns (same exception type).
 fn for_env(py: Python<'_>, env: usize, err: PyErr) -> PyErr {
-    super::errors::with_prefix(py, &format!("sub-env {env}"), err)
+    with_prefix(py, &format!("sub-env {env}"), err)
 }
 
 enum Prepared<'py> {
