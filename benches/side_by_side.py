@@ -3,6 +3,7 @@
 Usage::
 
     python benches/side_by_side.py [--quick] [--json out.json] [--only NAME ...] [--no-rllib]
+                                   [--processes N]
 
 For every workload the three contenders run the same work in this process, one after the
 other, each warmed up and then timed over several rounds (one run of each per round); the
@@ -14,6 +15,10 @@ too (``OPENBLAS_NUM_THREADS=1`` unless set), on the CPU unless
 ``--device`` names another (``cuda``: RLlib's local runner has no device option, so its
 column is left out there, and it is also left out where ray is not installed or
 ``--no-rllib`` is given).
+``--processes N`` runs the whole measurement in N fresh processes, one after the other,
+and reports for each figure the median over them, with the lowest and highest ratio:
+the same code on the same machine runs faster or slower by up to a tenth from one process
+to the next (where the heap and the pages land), which one process cannot show.
 ``--num-envs`` sets the sub-env counts of the CartPole rows (default 1 and 8) and
 ``--vectorize-mode vector_entry_point`` steps the single-agent CartPole rows with
 gymnasium's numpy-vectorized CartPole (in the bare loop and in fastrollout alike).
@@ -51,6 +56,7 @@ import gc
 import json
 import os
 import platform
+import shlex
 import statistics
 import sys
 import time
@@ -538,7 +544,80 @@ def _fmt(x: float | None) -> str:
 
 def _ratio(r: dict[str, Any], a: str, b: str) -> str:
     x = r.get(f"{a}/{b}")  # the median of the per-round ratios (`measure`)
-    return "-" if x is None else f"{x:.2f}x"
+    if x is None:
+        return "-"
+    spread = r.get(f"{a}/{b} range")  # over processes (`combine`)
+    if spread is None:
+        return f"{x:.2f}x"
+    return f"{x:.2f}x ({spread[0]:.2f} to {spread[1]:.2f})"
+
+
+def combine(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One result per workload from the results of several processes.
+
+    Each figure (a contender's time, a ratio) is the median of the processes' figures; a
+    ratio also gets ``"a/b range"``: its lowest and highest value over the processes.
+    Workloads keep the order of their first appearance; a figure missing from some
+    processes is the median of those that have it.
+
+    Args:
+        runs: Per process, its results (``measure``'s dicts with ``name`` and ``unit``).
+
+    Returns:
+        The combined results, with ``processes``: how many had each workload.
+    """
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for results in runs:
+        for r in results:
+            by_name.setdefault(r["name"], []).append(r)
+    out = []
+    for name, rs in by_name.items():
+        c: dict[str, Any] = {"name": name, "unit": rs[0]["unit"], "processes": len(rs)}
+        keys = [k for k in rs[0] if k not in ("name", "unit") and not k.endswith(" range")]
+        for k in keys:
+            values = [r[k] for r in rs if r.get(k) is not None]
+            if not values:
+                continue
+            c[k] = statistics.median(values)
+            if "/" in k:
+                c[f"{k} range"] = (min(values), max(values))
+        out.append(c)
+    return out
+
+
+def _in_processes(argv: list[str], n: int) -> list[dict[str, Any]]:
+    """Runs this script with ``argv`` in ``n`` fresh processes, one after the other.
+
+    Args:
+        argv: The arguments, without ``--processes`` and ``--json``.
+        n: How many processes.
+
+    Returns:
+        The combined results (``combine``).
+
+    Raises:
+        RuntimeError: If a process fails (its output is in the message).
+    """
+    import subprocess
+    import tempfile
+
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(n):
+            out = os.path.join(tmp, f"{i}.json")
+            cmd = [sys.executable, os.path.abspath(__file__), *argv, "--json", out]
+            done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                raise RuntimeError(f"process {i + 1} of {n} failed:\n{done.stdout}{done.stderr}")
+            with open(out) as f:
+                results = json.load(f)["results"]
+            for r in results:
+                line = ", ".join(
+                    f"{who} {_fmt(r[who])}" for who in ("bare", "rllib", "fastrollout") if who in r
+                )
+                print(f"  [{i + 1}/{n}] {r['name']}: {line} {r['unit']}", flush=True)
+            runs.append(results)
+    return combine(runs)
 
 
 def table(results: list[dict[str, Any]]) -> str:
@@ -565,6 +644,28 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join(rows)
 
 
+def _without_options(argv: list[str], names: tuple[str, ...]) -> list[str]:
+    """``argv`` without the options ``names`` and their values (``--x v`` or ``--x=v``).
+
+    Args:
+        argv: Command-line arguments.
+        names: Options that take one value.
+
+    Returns:
+        The other arguments, in order.
+    """
+    out: list[str] = []
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in names:
+            skip = True
+        elif not any(a.startswith(f"{n}=") for n in names):
+            out.append(a)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps and repeats")
@@ -589,14 +690,22 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="leave RLlib out (not imported): the bare loop and fastrollout only",
     )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="run the measurement in this many fresh processes and report the medians",
+    )
     args = parser.parse_args(argv)
+    if args.processes < 1:
+        parser.error("--processes must be at least 1")
     warnings.simplefilter("ignore")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     torch.set_num_threads(1)
     steps, repeats, warmup = (200, 3, 1) if args.quick else (1000, 9, 2)
     info = machine()
     print("machine:", "; ".join(f"{k}: {v}" for k, v in info.items()), flush=True)
-    results = []
+    results: list[dict[str, Any]] = []
     from fastrollout.modules.device import resolve_device
 
     device = resolve_device(args.device)
@@ -604,20 +713,26 @@ def main(argv: list[str] | None = None) -> int:
         info["gpu"] = torch.cuda.get_device_name(device)
     info["device"] = str(device)
     print(f"device: {device}", flush=True)
-    rows = workloads(
-        steps, str(device), tuple(args.num_envs), args.vectorize_mode, not args.no_rllib
-    )
-    for w in rows:
-        if args.only and not any(s in w.name for s in args.only):
-            continue
-        r: dict[str, Any] = {"name": w.name, "unit": w.unit}
-        r.update(measure(w.contenders, repeats, warmup))
-        line = ", ".join(f"{who} {_fmt(r[who])}" for who in w.contenders)
-        print(f"  {w.name}: {line} {w.unit}", flush=True)
-        results.append(r)
+    if args.processes > 1:
+        # The children get the same arguments but for these two (each writes its own json).
+        child = _without_options(sys.argv[1:] if argv is None else argv, ("--processes", "--json"))
+        results = _in_processes(child, args.processes)
+        info["processes"] = str(args.processes)
+    else:
+        rows = workloads(
+            steps, str(device), tuple(args.num_envs), args.vectorize_mode, not args.no_rllib
+        )
+        for w in rows:
+            if args.only and not any(s in w.name for s in args.only):
+                continue
+            r: dict[str, Any] = {"name": w.name, "unit": w.unit}
+            r.update(measure(w.contenders, repeats, warmup))
+            line = ", ".join(f"{who} {_fmt(r[who])}" for who in w.contenders)
+            print(f"  {w.name}: {line} {w.unit}", flush=True)
+            results.append(r)
     print()
     print(table(results))
-    cmd = "python benches/side_by_side.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    cmd = "python benches/side_by_side.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     print(f"\ncommand: {cmd.strip()}")
     if args.json:
         with open(args.json, "w") as f:
