@@ -573,7 +573,12 @@ def combine(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     out = []
     for name, rs in by_name.items():
         c: dict[str, Any] = {"name": name, "unit": rs[0]["unit"], "processes": len(rs)}
-        keys = [k for k in rs[0] if k not in ("name", "unit") and not k.endswith(" range")]
+        keys = dict.fromkeys(
+            k
+            for r in rs
+            for k in r
+            if k not in ("name", "unit", "processes") and not k.endswith(" range")
+        )
         for k in keys:
             values = [r[k] for r in rs if r.get(k) is not None]
             if not values:

@@ -55,9 +55,13 @@ def test_combine_takes_medians_and_the_ratio_range(sbs):
 
 
 def test_combine_keeps_workloads_missing_from_some_processes(sbs):
-    out = sbs.combine([[_row("a", 1.0, 2.0)], [_row("b", 1.0, 3.0), _row("a", 1.0, 4.0)]])
+    out = sbs.combine(
+        [[_row("a", 1.0, 2.0)], [_row("b", 1.0, 3.0), _row("a", 1.0, 4.0, rllib=8.0)]]
+    )
     assert [(r["name"], r["processes"]) for r in out] == [("a", 2), ("b", 1)]
     assert out[0]["fastrollout"] == 3.0
+    # A contender only the second process ran still has its figure.
+    assert out[0]["rllib"] == 8.0 and out[0]["rllib/fastrollout range"] == (2.0, 2.0)
 
 
 def test_table_shows_the_range_only_where_there_is_one(sbs):
