@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.metadata
 import json
 import os
 import platform
@@ -486,6 +487,8 @@ def measure(
     return out
 
 
+# The contenders, in the table's column order.
+CONTENDERS = ("bare", "rllib", "fastrollout")
 # The table's ratio columns: (numerator, denominator) contenders.
 RATIOS = (("rllib", "fastrollout"), ("fastrollout", "bare"))
 
@@ -512,11 +515,11 @@ def machine() -> dict[str, Any]:
                     break
     except OSError:
         pass
+    # From the installed metadata: importing ray here would put it (and what it loads) in
+    # every process, `--no-rllib` ones included, and imports move the figures.
     try:
-        import ray
-
-        ray_version = ray.__version__
-    except ImportError:
+        ray_version = importlib.metadata.version("ray")
+    except importlib.metadata.PackageNotFoundError:
         ray_version = "not installed"
     try:
         load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -540,6 +543,12 @@ def _fmt(x: float | None) -> str:
     if x is None:
         return "-"
     return f"{x:.3f}" if x < 1 else f"{x:.1f}" if x < 100 else f"{x:.0f}"
+
+
+def _progress(r: dict[str, Any], prefix: str = "") -> None:
+    """Prints one workload's times as they come (each contender that ran)."""
+    line = ", ".join(f"{who} {_fmt(r[who])}" for who in CONTENDERS if who in r)
+    print(f"  {prefix}{r['name']}: {line} {r['unit']}", flush=True)
 
 
 def _ratio(r: dict[str, Any], a: str, b: str) -> str:
@@ -570,21 +579,17 @@ def combine(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     for results in runs:
         for r in results:
             by_name.setdefault(r["name"], []).append(r)
+    ratios = {f"{a}/{b}" for a, b in RATIOS}
     out = []
     for name, rs in by_name.items():
         c: dict[str, Any] = {"name": name, "unit": rs[0]["unit"], "processes": len(rs)}
-        keys = dict.fromkeys(
-            k
-            for r in rs
-            for k in r
-            if k not in ("name", "unit", "processes") and not k.endswith(" range")
-        )
+        keys = dict.fromkeys(k for r in rs for k in r if k in ratios or k in CONTENDERS)
         for k in keys:
             values = [r[k] for r in rs if r.get(k) is not None]
             if not values:
                 continue
             c[k] = statistics.median(values)
-            if "/" in k:
+            if k in ratios:
                 c[f"{k} range"] = (min(values), max(values))
         out.append(c)
     return out
@@ -617,10 +622,7 @@ def _in_processes(argv: list[str], n: int) -> list[dict[str, Any]]:
             with open(out) as f:
                 results = json.load(f)["results"]
             for r in results:
-                line = ", ".join(
-                    f"{who} {_fmt(r[who])}" for who in ("bare", "rllib", "fastrollout") if who in r
-                )
-                print(f"  [{i + 1}/{n}] {r['name']}: {line} {r['unit']}", flush=True)
+                _progress(r, f"[{i + 1}/{n}] ")
             runs.append(results)
     return combine(runs)
 
@@ -701,6 +703,7 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="run the measurement in this many fresh processes and report the medians",
     )
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     if args.processes < 1:
         parser.error("--processes must be at least 1")
@@ -720,7 +723,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"device: {device}", flush=True)
     if args.processes > 1:
         # The children get the same arguments but for these two (each writes its own json).
-        child = _without_options(sys.argv[1:] if argv is None else argv, ("--processes", "--json"))
+        child = _without_options(argv, ("--processes", "--json"))
         results = _in_processes(child, args.processes)
         info["processes"] = str(args.processes)
     else:
@@ -732,12 +735,11 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             r: dict[str, Any] = {"name": w.name, "unit": w.unit}
             r.update(measure(w.contenders, repeats, warmup))
-            line = ", ".join(f"{who} {_fmt(r[who])}" for who in w.contenders)
-            print(f"  {w.name}: {line} {w.unit}", flush=True)
+            _progress(r)
             results.append(r)
     print()
     print(table(results))
-    cmd = "python benches/side_by_side.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    cmd = "python benches/side_by_side.py " + shlex.join(argv)
     print(f"\ncommand: {cmd.strip()}")
     if args.json:
         with open(args.json, "w") as f:
