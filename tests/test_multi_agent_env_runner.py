@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import pickle
 from collections import defaultdict
 
@@ -367,3 +368,53 @@ def test_terminal_observations_go_through_a_user_env_to_module_pipeline_only():
     counting = user._batcher = CountingBatcher(user._batcher)
     user.sample(num_episodes=3)
     assert counting.terminal_gathers >= 1
+
+
+def test_user_connectors_get_this_steps_agent_rows():
+    """A user env-to-module and module-to-env piece each get, in ``shared_data``, the rows
+    of this step's batches: row k of module m's batch is the latest observation of agent
+    ``agent_rows[m][k][1]`` in sub-env ``agent_rows[m][k][0]``, and both pieces of a step
+    see the same rows. (The runner builds the rows only when a pipeline is called.)"""
+    from fastrollout.connectors.connector_v2 import ConnectorV2
+
+    seen: list[tuple[str, dict]] = []
+
+    class CheckRows(ConnectorV2):
+        def __init__(self, which: str, **kwargs):
+            super().__init__(**kwargs)
+            self.which = which
+
+        def __call__(self, *, batch, episodes, shared_data, **kwargs):
+            rows = shared_data["agent_rows"]
+            assert set(rows) == set(batch)
+            if self.which == "e2m":
+                for mid, module_rows in rows.items():
+                    obs = np.asarray(batch[mid][Columns.OBS])
+                    assert len(obs) == len(module_rows) > 0
+                    for k, (env_index, aid) in enumerate(module_rows):
+                        episode = episodes[env_index]
+                        assert episode.module_for(aid) == mid
+                        last = episode.get_observations(-1)[aid]
+                        np.testing.assert_array_equal(obs[k], last)
+            seen.append((self.which, {m: list(r) for m, r in rows.items()}))
+            return batch
+
+    env = make_multi_agent("CartPole-v1")
+    c = config(
+        env,
+        n=3,
+        env_config={"num_agents": 4},
+        policies={"p0", "p1"},
+        mapping=lambda aid, *args, **kwargs: f"p{aid % 2}",
+        env_to_module_connector=lambda *args: CheckRows("e2m"),
+        module_to_env_connector=lambda *args: CheckRows("m2e"),
+    )
+    runner = fr.MultiAgentEnvRunner(config=c)
+    runner.sample(num_timesteps=150)
+    calls = [w for w, _ in seen]
+    assert calls[:2] == ["e2m", "m2e"] and len(calls) > 2 * 150 // 3
+    # Each module-to-env call sees the rows of the env-to-module call just before it (the
+    # same step); the rows change as agents finish and episodes restart.
+    steps = [(a, b) for (wa, a), (wb, b) in itertools.pairwise(seen) if (wa, wb) == ("e2m", "m2e")]
+    assert len(steps) == calls.count("m2e") and all(a == b for a, b in steps)
+    assert len({str(a) for a, _ in steps}) > 1
