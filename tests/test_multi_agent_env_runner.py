@@ -412,7 +412,7 @@ def test_user_connectors_get_this_steps_agent_rows():
     runner = fr.MultiAgentEnvRunner(config=c)
     runner.sample(num_timesteps=150)
     calls = [w for w, _ in seen]
-    assert calls[:2] == ["e2m", "m2e"] and len(calls) > 2 * 150 // 3
+    assert calls[:2] == ["e2m", "m2e"] and len(calls) >= 2 * 150 // 3
     # Each module-to-env call sees the rows of the env-to-module call just before it (the
     # same step); the rows change as agents finish and episodes restart.
     steps = [(a, b) for (wa, a), (wb, b) in itertools.pairwise(seen) if (wa, wb) == ("e2m", "m2e")]
