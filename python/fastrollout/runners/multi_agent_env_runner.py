@@ -240,11 +240,21 @@ class MultiAgentEnvRunner(EnvRunner):
             The pipeline's output batch.
         """
         if self._rows_pending is not None:
-            assert self._batcher is not None
-            rows = {mid: self._batcher.index_map(mid) for mid in self._rows_pending}
-            self._shared_data["agent_rows"] = rows
+            self._shared_data["agent_rows"] = self._agent_rows(self._rows_pending)
             self._rows_pending = None
         return super()._connect(pipeline, batch, explore)
+
+    def _agent_rows(self, gathered: dict[str, Any]) -> dict[str, Any]:
+        """The ``shared_data["agent_rows"]`` of the batcher's latest gather.
+
+        Args:
+            gathered: That gather's output (its keys are the modules).
+
+        Returns:
+            Per module, the ``(env_index, agent_id)`` of each row of its batch.
+        """
+        assert self._batcher is not None
+        return {mid: self._batcher.index_map(mid) for mid in gathered}
 
     def _env_to_module_done(
         self, episodes: list[Any], observations: list[Any], explore: bool
@@ -261,9 +271,7 @@ class MultiAgentEnvRunner(EnvRunner):
         gathered = self._batcher.gather(episodes, observations)
         if not gathered:
             return
-        shared: dict[str, Any] = {
-            "agent_rows": {mid: self._batcher.index_map(mid) for mid in gathered}
-        }
+        shared: dict[str, Any] = {"agent_rows": self._agent_rows(gathered)}
         self._connectors.env_to_module(
             batch={mid: {Columns.OBS: o} for mid, o in gathered.items()},
             rl_module=self.module,
