@@ -222,8 +222,8 @@ def test_native_draw_uniform_buffers_are_per_thread():
 @pytest.mark.parametrize("episode_len", [3, 7])
 def test_runner_length_guess_changes_no_episode(monkeypatch, episode_len):
     """The single-agent runner passes the longest recent episode length (and the vector
-    steps it has left) to the record, which reserves room in columns of big items (the
-    image observations here); the episodes sampled are the same as without the guess,
+    steps it has left) to the record, which reserves room in the chunks' columns (image
+    observations here); the episodes sampled are the same as without the guess,
     across chunk cuts, and the guess follows the episodes that ended."""
     from tests.test_default_act import assert_same_episode
 
@@ -262,11 +262,11 @@ def test_runner_length_guess_changes_no_episode(monkeypatch, episode_len):
     assert guesses[0] == (None, None) and guesses[1][1] == 5
 
 
-def test_length_guess_reserves_room_for_big_items_only_after_a_chunks_first_step():
-    """With ``expected_len``, a chunk's columns of items of 1 KiB or more take room for
-    the steps left to that length (at most ``steps_left``) right after its first step
-    (seen in the native heap's count: the room is a mimalloc block), and none for smaller
-    items or without a guess."""
+def test_length_guess_reserves_room_only_after_a_chunks_first_step():
+    """With ``expected_len``, a chunk's columns take room for the steps left to that
+    length (at most ``steps_left``) right after its first step, for small items as for
+    big ones, and none without a guess. (Seen in the native heap's count, which holds the
+    blocks of 64 KiB and more: the items here are big enough for the room to be one.)"""
     from fastrollout import SingleAgentEpisode
     from fastrollout._core import native_heap_bytes, single_agent_record_vector_step
 
@@ -290,7 +290,8 @@ def test_length_guess_reserves_room_for_big_items_only_after_a_chunks_first_step
         return native_heap_bytes() - before
 
     assert first_step_growth(1024, 200) >= 198 * 1024
+    assert first_step_growth(512, 200) >= 198 * 512
     assert first_step_growth(1024, None) < 64 * 1024
-    assert first_step_growth(512, 200) < 64 * 1024
+    assert first_step_growth(512, None) < 64 * 1024
     # No more room than the steps the runner has left before it cuts the chunk.
     assert 10 * 8192 <= first_step_growth(8192, 200, steps_left=10) < 20 * 8192

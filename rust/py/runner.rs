@@ -366,11 +366,10 @@ enum Prepared<'py> {
 ///
 /// With `expected_len` (the runner's guess of an episode's length, from those that
 /// ended), an episode whose chunk has just made its first step reserves room in its
-/// columns of big items (observations of at least `RESERVE_MIN_ITEM_BYTES`, such as
-/// images) for the steps left to that length, and no more than `steps_left` (the vector
-/// steps the runner may still take before it cuts its chunks; none: no bound): they then
-/// neither copy themselves as they grow nor, when the guess is right, when `to_numpy`
-/// shrinks them.
+/// typed columns for the steps left to that length, and no more than `steps_left` (the
+/// vector steps the runner may still take before it cuts its chunks; none: no bound):
+/// they then neither copy themselves as they grow nor, when the guess is right, when
+/// `to_numpy` shrinks them.
 ///
 /// Returns `(started, done)`: the sub-env indices whose episode was reset now, and those
 /// whose episode is done after this step.

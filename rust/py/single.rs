@@ -1415,10 +1415,6 @@ pub struct PreparedStep<'py> {
     specs: Vec<(SpecSlot, Arc<Spec>)>,
 }
 
-/// Columns whose items take fewer bytes grow by doubling, guess or not (see
-/// [`SingleAgentEpisodePy::reserve_after_first_step`]).
-pub const RESERVE_MIN_ITEM_BYTES: usize = 1024;
-
 /// A runner's guess of how long its chunks get (see
 /// [`SingleAgentEpisodePy::reserve_after_first_step`]).
 #[derive(Clone, Copy, Debug)]
@@ -1806,14 +1802,13 @@ impl SingleAgentEpisodePy {
     }
 
     /// Right after a chunk's first step (when every field has its column), reserves room
-    /// in the columns of items of at least [`RESERVE_MIN_ITEM_BYTES`] for the steps left
-    /// until the episode is `guess.expected_len` long, and no more than
-    /// `guess.steps_left` (see [`crate::episode::SingleAgentCore::reserve_until`]);
-    /// nothing otherwise.
+    /// in its typed columns for the steps left until the episode is `guess.expected_len`
+    /// long, and no more than `guess.steps_left` (see
+    /// [`crate::episode::SingleAgentCore::reserve_until`]); nothing otherwise.
     pub fn reserve_after_first_step(&mut self, guess: Option<LengthGuess>) {
         if let Some(g) = guess {
             if self.core.len() == 1 {
-                self.core.reserve_until(g.expected_len, g.steps_left, RESERVE_MIN_ITEM_BYTES);
+                self.core.reserve_until(g.expected_len, g.steps_left);
             }
         }
     }

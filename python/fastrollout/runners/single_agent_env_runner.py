@@ -49,7 +49,7 @@ class SingleAgentEnvRunner(EnvRunner):
         self._obs: Any = None
         self._cached_to_module: dict[str, Any] | None = None
         # The lengths of the last episodes that ended; their longest is the record's
-        # guess for new chunks (columns of big items reserve room up to it).
+        # guess for new chunks (their columns reserve room up to it).
         self._recent_lengths: collections.deque[int] = collections.deque(maxlen=8)
         self._expected_len: int | None = None
         self.make_env()
