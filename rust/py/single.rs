@@ -103,27 +103,46 @@ impl Specs {
 
     /// Sets (`Some`) or clears (`None`) the spec of `name`.
     fn set_opt(&mut self, name: FieldName<'_>, spec: Option<Arc<Spec>>) {
-        if let (FieldName::Extra(k), Some(s)) = (name, &spec) {
-            if self.get_shared(name).is_some_and(|old| Arc::ptr_eq(old, s)) {
-                return;
-            }
-            let key = crate::episode::intern_key(k);
-            let s = Arc::clone(s);
-            return self.update(|set| {
-                set.extra_model_outputs.retain(|(n, _)| *n != key);
-                set.extra_model_outputs.push((key, s));
-            });
-        }
-        self.update(|set| match name {
-            FieldName::Observations => set.observations = spec,
-            FieldName::Actions => set.actions = spec,
-            FieldName::Rewards => set.rewards = spec,
-            FieldName::Infos | FieldName::Extra(_) => {}
-        });
+        self.set_all([(name, spec)]);
     }
 
     fn set(&mut self, name: FieldName<'_>, spec: Arc<Spec>) {
         self.set_opt(name, Some(spec));
+    }
+
+    /// Sets several fields' specs with one new interned set (a first step infers a spec
+    /// for each of its extra outputs: one copy and one lookup, not one per spec).
+    fn set_all<'a>(&mut self, changes: impl IntoIterator<Item = (FieldName<'a>, Option<Arc<Spec>>)>) {
+        let changes: SmallVec<[(FieldName<'a>, Option<Arc<Spec>>); 6]> = changes
+            .into_iter()
+            // An extra output's spec that is already the one set changes nothing.
+            .filter(|(name, spec)| match (name, spec) {
+                (FieldName::Extra(_), Some(s)) => {
+                    !self.get_shared(*name).is_some_and(|old| Arc::ptr_eq(old, s))
+                }
+                _ => true,
+            })
+            .collect();
+        if changes.is_empty() {
+            return;
+        }
+        self.update(|set| {
+            for (name, spec) in changes {
+                match name {
+                    FieldName::Observations => set.observations = spec,
+                    FieldName::Actions => set.actions = spec,
+                    FieldName::Rewards => set.rewards = spec,
+                    FieldName::Extra(k) => {
+                        if let Some(s) = spec {
+                            let key = crate::episode::intern_key(k);
+                            set.extra_model_outputs.retain(|(n, _)| *n != key);
+                            set.extra_model_outputs.push((key, s));
+                        }
+                    }
+                    FieldName::Infos => {}
+                }
+            }
+        });
     }
 }
 
@@ -204,6 +223,14 @@ fn prepare<'py>(
 pub enum Input<'py> {
     Object(Bound<'py, PyAny>),
     Row(Vec<LeafBytes<'py>>),
+    /// The first item of a field that infers its spec (see
+    /// [`SingleAgentEpisodePy::infers_spec`]): a row laid out by the spec its value infers,
+    /// as [`prepare`] would infer and convert it.
+    FirstRow {
+        leaves: Vec<LeafBytes<'py>>,
+        spec: Arc<Spec>,
+        host_scalars: bool,
+    },
 }
 
 /// [`prepare`] for an [`Input`]: a row goes in as it is (the core checks its size).
@@ -213,9 +240,20 @@ fn prepare_input<'py>(
     spec: Option<&Spec>,
     name: FieldName<'_>,
 ) -> PyResult<Prepared<'py>> {
+    let spec_of_field = spec;
     match value {
         Input::Object(v) => prepare(&v, field, spec, name),
         Input::Row(leaves) => Ok((Item::Bytes(leaves.into()), None)),
+        Input::FirstRow { leaves, spec, host_scalars } => match (&field.storage, spec_of_field) {
+            (Storage::Untyped, None) => Ok((
+                Item::FirstTyped { schema: spec.schema(), leaves: leaves.into(), host_scalars },
+                Some(spec),
+            )),
+            _ => Err(PyValueError::new_err(format!(
+                "internal error: a first row for the {}, which does not infer its spec",
+                label(name)
+            ))),
+        },
     }
 }
 
@@ -1695,6 +1733,16 @@ impl SingleAgentEpisodePy {
         }
     }
 
+    /// Whether the field `name` infers its spec from the next item stored (no items and
+    /// no spec yet: [`prepare`]'s inference), which [`Input::FirstRow`] stands in for.
+    pub fn infers_spec(&self, name: FieldName<'_>) -> bool {
+        let untyped = match name {
+            FieldName::Extra(k) => self.core.extra(k).is_none_or(|f| matches!(f.storage, Storage::Untyped)),
+            _ => self.field(name).is_ok_and(|f| matches!(f.storage, Storage::Untyped)),
+        };
+        untyped && self.specs.get(name).is_none()
+    }
+
     /// [`Self::prepare_step`] for values that may be rows of batches (a vector env's step).
     pub fn prepare_step_inputs<'py>(
         &self,
@@ -1782,15 +1830,15 @@ impl SingleAgentEpisodePy {
         self.core
             .add_step(step, |n, o, c, p| to_object(py, specs, None, n, o, c, p))
             .map_err(|e| episode_error(&e))?;
-        for (slot, s) in new_specs {
-            let field = match &slot {
+        self.specs.set_all(new_specs.iter().map(|(slot, s)| {
+            let field = match slot {
                 SpecSlot::Observations => FieldName::Observations,
                 SpecSlot::Actions => FieldName::Actions,
                 SpecSlot::Rewards => FieldName::Rewards,
                 SpecSlot::Extra(key) => FieldName::Extra(key),
             };
-            self.specs.set(field, s);
-        }
+            (field, Some(Arc::clone(s)))
+        }));
         self.stamp_step(perf_counter());
         Ok(())
     }

@@ -361,8 +361,16 @@ impl LeafBytes<'_> {
     /// vector items); `None` where the view holds no such row. An array view reads its
     /// live layout here, so a row past a buffer that changed since is refused, never read.
     pub(crate) fn row(&self, i: usize, width: usize) -> Option<LeafBytes<'static>> {
-        let b = self.as_ref().get(i * width..(i + 1) * width)?;
-        Some(if width <= 8 { LeafBytes::scalar(b) } else { LeafBytes::Owned(b.to_vec()) })
+        Some(LeafBytes::copied(self.as_ref().get(i * width..(i + 1) * width)?))
+    }
+
+    /// A copy of `b`: inline for up to 8 bytes, else on the heap.
+    pub(crate) fn copied(b: &[u8]) -> LeafBytes<'static> {
+        if b.len() <= 8 {
+            LeafBytes::scalar(b)
+        } else {
+            LeafBytes::Owned(b.to_vec())
+        }
     }
 
     /// The inline bytes of a scalar of up to 8 bytes.
