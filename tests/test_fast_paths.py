@@ -295,3 +295,34 @@ def test_length_guess_reserves_room_only_after_a_chunks_first_step():
     assert first_step_growth(512, None) < 64 * 1024
     # No more room than the steps the runner has left before it cuts the chunk.
     assert 10 * 8192 <= first_step_growth(8192, 200, steps_left=10) < 20 * 8192
+
+
+def test_blank_like_is_what_the_constructor_makes_with_a_new_id():
+    """``_blank_like`` (the runner's new episodes) copies a blank episode's layouts and
+    specs: the copy records, reads and numpy'izes as a constructed episode does, its id
+    is its own, and the template stays blank; a reset episode is not copied this way."""
+    from tests._helpers import assert_same, assert_same_episode
+
+    from fastrollout import SingleAgentEpisode
+    from fastrollout.errors import EpisodeStateError
+
+    obs_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    act_space = gym.spaces.Discrete(3)
+    template = SingleAgentEpisode(observation_space=obs_space, action_space=act_space)
+    copies = [template._blank_like() for _ in range(2)]
+    assert len({template.id_, *(c.id_ for c in copies)}) == 3
+    for copy in copies:
+        made = SingleAgentEpisode(id_=copy.id_, observation_space=obs_space, action_space=act_space)
+        assert_same(made.get_state(), copy.get_state())
+        for e in (copy, made):
+            e.add_env_reset(observation=np.zeros(3, np.float32), infos={})
+            e.add_env_step(
+                np.ones(3, np.float32), np.int64(2), 1.5, extra_model_outputs={"logp": -0.5}
+            )
+        assert_same_episode(made, copy, ("logp",))
+        copy.to_numpy()
+        made.to_numpy()
+        assert_same_episode(made, copy, ("logp",))
+    assert not template.is_reset and len(template) == 0
+    with pytest.raises(EpisodeStateError, match="blank"):
+        copies[0]._blank_like()

@@ -170,6 +170,20 @@ class SingleAgentEpisode(SingleAgentEpisodeCore):
         episode._custom_data = None
         return episode
 
+    def _blank_like(self) -> SingleAgentEpisode:
+        """A new blank episode (a new ``id_``) with this blank one's spaces and metadata.
+
+        What the constructor makes with the same arguments, without inferring the
+        layouts from the spaces again: the runners make one per episode.
+
+        Raises:
+            EpisodeStateError: If this episode holds data.
+        """
+        episode = self._successor()
+        episode.id_ = new_episode_id()
+        self._blank_into(episode)
+        return episode
+
     # add_env_reset, add_env_step, validate, t, t_started, is_terminated, is_truncated,
     # is_done, is_reset and is_numpy are native (SingleAgentEpisodeCore).
 

@@ -51,6 +51,8 @@ class SingleAgentEnvRunner(EnvRunner):
         # The lengths of the last episodes that ended; their longest is the record's
         # guess for new chunks (their columns reserve room up to it).
         self._recent_lengths: collections.deque[int] = collections.deque(maxlen=8)
+        # A blank episode with the env's spaces, copied for each new one (_new_episode).
+        self._blank_episode: SingleAgentEpisode | None = None
         self._expected_len: int | None = None
         self.make_env()
         self.make_module()
@@ -124,10 +126,20 @@ class SingleAgentEnvRunner(EnvRunner):
     # -- sampling ------------------------------------------------------------------
 
     def _new_episode(self, i: int) -> None:
-        self._episodes[i] = SingleAgentEpisode(
-            observation_space=self.env.single_observation_space,
-            action_space=self.env.single_action_space,
-        )
+        obs_space = self.env.single_observation_space
+        act_space = self.env.single_action_space
+        blank = self._blank_episode
+        if (
+            blank is None
+            or blank.observation_space is not obs_space
+            or blank.action_space is not act_space
+        ):
+            # Copied for each new episode (its spaces' layouts made once); made again
+            # when the env's spaces are other objects.
+            blank = self._blank_episode = SingleAgentEpisode(
+                observation_space=obs_space, action_space=act_space
+            )
+        self._episodes[i] = blank._blank_like()
         self._episode_callback("on_episode_created", i)
 
     def _callback_env(self, i: int) -> Any:
