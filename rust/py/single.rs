@@ -240,14 +240,13 @@ fn prepare_input<'py>(
     spec: Option<&Spec>,
     name: FieldName<'_>,
 ) -> PyResult<Prepared<'py>> {
-    let spec_of_field = spec;
     match value {
         Input::Object(v) => prepare(&v, field, spec, name),
         Input::Row(leaves) => Ok((Item::Bytes(leaves.into()), None)),
-        Input::FirstRow { leaves, spec, host_scalars } => match (&field.storage, spec_of_field) {
+        Input::FirstRow { leaves, spec: inferred, host_scalars } => match (&field.storage, spec) {
             (Storage::Untyped, None) => Ok((
-                Item::FirstTyped { schema: spec.schema(), leaves: leaves.into(), host_scalars },
-                Some(spec),
+                Item::FirstTyped { schema: inferred.schema(), leaves: leaves.into(), host_scalars },
+                Some(inferred),
             )),
             _ => Err(PyValueError::new_err(format!(
                 "internal error: a first row for the {}, which does not infer its spec",
