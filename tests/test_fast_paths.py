@@ -326,3 +326,24 @@ def test_blank_like_is_what_the_constructor_makes_with_a_new_id():
     assert not template.is_reset and len(template) == 0
     with pytest.raises(EpisodeStateError, match="blank"):
         copies[0]._blank_like()
+
+
+def test_runner_new_episodes_follow_the_envs_space_objects():
+    """The single-agent runner's blank episode (copied for each new episode) is made again
+    when the env's space objects change, so new episodes take the env's current spaces."""
+    import fastrollout as fr
+
+    runner = fr.SingleAgentEnvRunner(
+        config=fr.RunnerConfig().environment("CartPole-v1").env_runners(num_envs_per_env_runner=2)
+    )
+    runner.sample(num_timesteps=20)
+    first = runner._blank_episode
+    assert first is not None and runner._episodes[0].observation_space is first.observation_space
+    wider = gym.spaces.Box(-100.0, 100.0, (4,), np.float64)
+    runner.env.single_observation_space = wider
+    runner._new_episode(0)
+    assert runner._blank_episode is not first
+    assert runner._episodes[0].observation_space is wider
+    runner._episodes[0].add_env_reset(observation=np.zeros(4), infos={})
+    runner._episodes[0].to_numpy()
+    assert runner._episodes[0].get_observations().dtype == np.float64
