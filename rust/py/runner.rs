@@ -153,10 +153,7 @@ impl<'py> BatchField<'py> {
             }
             // As `prepare` infers and converts a first item (an object where either fails).
             let Some((spec, host_scalars)) = spec::infer(&self.value)? else { return Ok(None) };
-            let Ok(views) = spec::to_leaf_views(&spec, &self.value, None, &|| self.label()) else {
-                return Ok(None);
-            };
-            let bytes = views.into_vec().into_iter().map(LeafBytes::into_owned).collect();
+            let Some(bytes) = self.const_bytes(&spec) else { return Ok(None) };
             return Ok(Some(FirstRows { spec, host_scalars, rows: FirstData::Const(bytes) }));
         };
         let dtype = array.dtype();
@@ -173,6 +170,13 @@ impl<'py> BatchField<'py> {
             host_scalars,
             rows: FirstData::Batch(rows),
         }))
+    }
+
+    /// A constant's (non-batch) leaves laid out by `spec`, owned; `None` if it does not
+    /// convert.
+    fn const_bytes(&self, spec: &Spec) -> Option<Vec<Vec<u8>>> {
+        let views = spec::to_leaf_views(spec, &self.value, None, &|| self.label()).ok()?;
+        Some(views.into_vec().into_iter().map(LeafBytes::into_owned).collect())
     }
 
     fn convert(&self, s: &Spec) -> PyResult<BatchRows<'py>> {
@@ -259,12 +263,9 @@ impl<'py> FastStep<'py> {
                 return Ok(None);
             } else {
                 // A constant: its bytes for this layout (or no fast path if it has none).
-                match spec::to_leaf_views(spec, &f.value, None, &|| f.label()) {
-                    Ok(views) => FastRows::Const {
-                        schema: spec.schema(),
-                        bytes: views.into_vec().into_iter().map(LeafBytes::into_owned).collect(),
-                    },
-                    Err(_) => return Ok(None),
+                match f.const_bytes(spec) {
+                    Some(bytes) => FastRows::Const { schema: spec.schema(), bytes },
+                    None => return Ok(None),
                 }
             };
             out.fields.push(rows);

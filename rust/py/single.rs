@@ -770,18 +770,16 @@ impl SingleAgentEpisodePy {
         self.core
             .concat(&other.core, |n, o, c, p| to_object(py, specs, Some(&other.specs), n, o, c, p))
             .map_err(|e| episode_error(&e))?;
-        for name in [FieldName::Observations, FieldName::Actions, FieldName::Rewards] {
-            if self.specs.get(name).is_none() {
-                if let Some(s) = other.specs.get_shared(name) {
-                    self.specs.set(name, Arc::clone(s));
-                }
-            }
-        }
-        for (k, s) in &other.specs.extra_model_outputs {
-            if self.specs.get(FieldName::Extra(k)).is_none() {
-                self.specs.set(FieldName::Extra(k), Arc::clone(s));
-            }
-        }
+        // The other episode's specs for the fields this one has none for, in one update.
+        let fields = [FieldName::Observations, FieldName::Actions, FieldName::Rewards];
+        let extras = other.specs.extra_model_outputs.iter().map(|(k, _)| FieldName::Extra(k));
+        let missing: Vec<_> = fields
+            .into_iter()
+            .chain(extras)
+            .filter(|&name| self.specs.get(name).is_none())
+            .filter_map(|name| other.specs.get_shared(name).map(|s| (name, Some(Arc::clone(s)))))
+            .collect();
+        self.specs.set_all(missing);
         Ok(())
     }
 
