@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -54,3 +55,23 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.section("episode test counters")
         for name, n in sorted(report.items()):
             terminalreporter.write_line(f"{name}: {n}")
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """One local Ray instance for the whole test session (skips without ray).
+
+    ``address="local"`` starts a new instance: without it Ray joins whatever cluster an
+    earlier run left in its temp files, and hangs if that one is gone.
+    """
+    ray = pytest.importorskip("ray")
+    if not ray.is_initialized():
+        ray.init(
+            address="local",
+            num_cpus=2,
+            include_dashboard=False,
+            log_to_driver=False,
+            configure_logging=False,
+        )
+    yield ray
+    ray.shutdown()
