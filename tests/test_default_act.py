@@ -147,7 +147,7 @@ def test_hook_replaced_layer_and_subclass_are_honoured(monkeypatch: pytest.Monke
     stays direct); a subclass that overrides ``_forward`` gets its own forward pass."""
     runner = _single(1)
     counts = _counting(monkeypatch)
-    module = runner.module["default_policy"]
+    module = runner.module
     calls: list[int] = []
     handle = module.pi.register_forward_hook(lambda *args: calls.append(1))
     runner.sample(num_timesteps=6)
@@ -166,7 +166,7 @@ def test_hook_replaced_layer_and_subclass_are_honoured(monkeypatch: pytest.Monke
     )
     sub.load_state_dict(module.state_dict())
     sub.eval()
-    runner.module._rl_modules["default_policy"] = sub
+    runner.module = sub
     episodes = runner.sample(num_timesteps=6, force_reset=True)
     for e in episodes:
         obs = torch.from_numpy(np.asarray(e.get_observations(slice(0, len(e)))))
@@ -305,7 +305,7 @@ def test_logits_the_native_draw_does_not_take_go_through_the_pipeline(
     """float64 logits (a layer appended to the head) are drawn by the pipeline from the
     outputs already computed: one forward pass per vector step all the same."""
     runner = _single(2)
-    module = runner.module["default_policy"]
+    module = runner.module
     module.pi.net.mlp.append(_ToDouble())
     forwards: list[int] = []
     acts: list[int] = []
@@ -338,7 +338,7 @@ def test_default_env_to_module_is_converted_directly_as_the_pipeline_converts(
     assert calls == []
     monkeypatch.undo()
     general = piece(
-        batch={"default_policy": {Columns.OBS: obs}}, rl_module=runner.module, episodes=[]
+        batch={"default_policy": {Columns.OBS: obs}}, rl_module=runner._module, episodes=[]
     )
     assert torch.equal(
         direct["default_policy"][Columns.OBS], general["default_policy"][Columns.OBS]
@@ -359,7 +359,7 @@ def test_default_env_to_module_is_converted_directly_as_the_pipeline_converts(
 
 def test_a_method_set_on_the_module_instance_is_honoured() -> None:
     runner = _single(1)
-    module = runner.module["default_policy"]
+    module = runner.module
     forward = module._forward
     calls: list[int] = []
 
@@ -388,7 +388,7 @@ def test_non_contiguous_logits_are_drawn_as_the_general_path_draws_them(
 ) -> None:
     def make() -> fr.SingleAgentEnvRunner:
         runner = _single(3)
-        runner.module["default_policy"].pi.net.mlp.append(_Strided())
+        runner.module.pi.net.mlp.append(_Strided())
         return runner
 
     direct, general = _sample_twice(make, monkeypatch, num_timesteps=30)
@@ -435,7 +435,7 @@ def test_runner_calls_a_pipeline_that_overrides_call() -> None:
     runner.sample(num_timesteps=4)
     assert calls
     assert set(calls[0]) == {"batch", "rl_module", "episodes", "explore", "shared_data", "metrics"}
-    assert calls[0]["rl_module"] is runner.module and calls[0]["explore"] is True
+    assert calls[0]["rl_module"] is runner._module and calls[0]["explore"] is True
 
 
 def _same_tree(a: Any, b: Any) -> None:
@@ -464,7 +464,7 @@ def _same_tree(a: Any, b: Any) -> None:
 def test_convert_leaf_is_what_convert_makes_of_the_column(value: Any) -> None:
     from fastrollout.connectors.env_to_module.numpy_to_tensor import NumpyToTensor
 
-    module = _single(1).module
+    module = _single(1)._module
     piece = NumpyToTensor()
     leaf = piece.convert_leaf(module, "default_policy", Columns.OBS, value)
     whole = piece.convert(module, {"default_policy": {Columns.OBS: value}})

@@ -170,7 +170,7 @@ def test_runner_restores_grad_mode_when_the_module_raises():
 
     config = fr.RunnerConfig().environment("CartPole-v1").debugging(seed=0)
     runner = fr.SingleAgentEnvRunner(config=config)
-    module = runner.module["default_policy"]
+    module = runner.module
 
     def broken(batch, **kwargs):
         assert not torch.is_grad_enabled()

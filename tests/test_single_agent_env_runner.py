@@ -101,7 +101,7 @@ def test_explore_false_is_greedy_and_has_no_logp(cartpole):
 
 def test_random_actions_skip_the_module(cartpole):
     calls = []
-    module = cartpole.module[DEFAULT_MODULE_ID]
+    module = cartpole.module
     orig = module.forward_exploration
     module.forward_exploration = lambda *a, **k: calls.append(1) or orig(*a, **k)
     try:
@@ -314,8 +314,8 @@ def test_state_round_trip_gives_same_greedy_actions():
     obs = torch.randn(16, 4)
 
     def greedy(r):
-        out = r.module.forward_inference({DEFAULT_MODULE_ID: {Columns.OBS: obs}})
-        return out[DEFAULT_MODULE_ID][Columns.ACTION_DIST_INPUTS].argmax(-1)
+        out = r.module.forward_inference({Columns.OBS: obs})
+        return out[Columns.ACTION_DIST_INPUTS].argmax(-1)
 
     a.sample(num_timesteps=10)
     state = a.get_state()
@@ -327,9 +327,7 @@ def test_state_round_trip_gives_same_greedy_actions():
         "num_env_steps_sampled_lifetime",
     }
     logits = {
-        r: r.module.forward_inference({DEFAULT_MODULE_ID: {Columns.OBS: obs}})[DEFAULT_MODULE_ID][
-            Columns.ACTION_DIST_INPUTS
-        ]
+        r: r.module.forward_inference({Columns.OBS: obs})[Columns.ACTION_DIST_INPUTS]
         for r in (a, b)
     }
     assert not torch.equal(logits[a], logits[b])  # differently seeded modules
@@ -339,11 +337,9 @@ def test_state_round_trip_gives_same_greedy_actions():
     # The greedy actions recorded by the two runners on the same observations agree.
     ea = a.sample(num_timesteps=8, explore=False, force_reset=True)
     for e in ea:
-        out = b.module.forward_inference(
-            {DEFAULT_MODULE_ID: {Columns.OBS: torch.from_numpy(e.get_observations()[:-1])}}
-        )
+        out = b.module.forward_inference({Columns.OBS: torch.from_numpy(e.get_observations()[:-1])})
         np.testing.assert_array_equal(
-            out[DEFAULT_MODULE_ID][Columns.ACTION_DIST_INPUTS].argmax(-1).numpy(), e.get_actions()
+            out[Columns.ACTION_DIST_INPUTS].argmax(-1).numpy(), e.get_actions()
         )
 
 
@@ -490,7 +486,7 @@ def test_vector_entry_point_env_must_autoreset_next_step():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_device_samples_and_records_numpy():
     r = fr.SingleAgentEnvRunner(config=config().resources(device="cuda"))
-    assert next(r.module[DEFAULT_MODULE_ID].parameters()).device.type == "cuda"
+    assert next(r.module.parameters()).device.type == "cuda"
     eps = r.sample(num_timesteps=20)
     for e in eps:
         assert isinstance(e.get_actions(), np.ndarray)

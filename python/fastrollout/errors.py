@@ -11,6 +11,7 @@ __all__ = [
     "EpisodeStateError",
     "IndexFormError",
     "MultiAgentEnvError",
+    "SampleArgumentError",
     "SpaceMismatchError",
 ]
 
@@ -43,4 +44,12 @@ class IndexFormError(TypeError, AssertionError):
 
     RLlib 2.60 fails there with a ``TypeError`` or an ``AssertionError`` (depending on the
     data); this error is both, with a message that says what to pass instead.
+    """
+
+
+class SampleArgumentError(ValueError, AssertionError):
+    """Arguments of ``EnvRunner.sample`` that do not go together or are out of range.
+
+    RLlib 2.60's runners assert on them (``AssertionError``); a ``ValueError`` is what
+    Python callers expect for a bad argument. This error is both.
     """

@@ -265,10 +265,30 @@ def _import_dotted(path: str) -> Any:
     return getattr(module, attr, None)
 
 
+def _tune_registered(name: str) -> Callable[[EnvContext], Any] | None:
+    """The creator registered under ``name`` with ``ray.tune.register_env``, or None.
+
+    RLlib users register their envs there; it is looked up only when ray is already
+    imported (a process without ray has nothing registered there).
+    """
+    if "ray" not in sys.modules:
+        return None
+    try:
+        from ray.tune.registry import ENV_CREATOR, _global_registry
+    except ImportError:  # a ray without its tune part
+        return None
+    try:
+        if _global_registry.contains(ENV_CREATOR, name):
+            return _global_registry.get(ENV_CREATOR, name)  # type: ignore[no-any-return]
+    except Exception:  # a registry that cannot be read holds nothing usable
+        return None
+    return None
+
+
 def _resolve(env_spec: EnvSpec) -> Callable[[EnvContext], Any]:
     """Returns the callable ``ctx -> env`` for a spec, or raises naming the spec."""
     if isinstance(env_spec, str):
-        registered = _REGISTRY.get(env_spec)
+        registered = _REGISTRY.get(env_spec) or _tune_registered(env_spec)
         if registered is not None:
             return registered
         if env_spec in gym.registry:

@@ -384,8 +384,8 @@ class SingleAgentEpisode(SingleAgentEpisodeCore):
             "custom_data": self.custom_data,
         }
 
-    @staticmethod
-    def from_state(state: dict[str, Any]) -> SingleAgentEpisode:
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> SingleAgentEpisode:
         """Rebuilds an episode from :meth:`get_state`'s dict.
 
         Args:
@@ -394,7 +394,7 @@ class SingleAgentEpisode(SingleAgentEpisodeCore):
         Returns:
             The episode.
         """
-        episode = SingleAgentEpisode(
+        episode = cls(
             state["id_"],
             observation_space=state["_observation_space"],
             action_space=state["_action_space"],
@@ -422,10 +422,10 @@ class SingleAgentEpisode(SingleAgentEpisodeCore):
         return episode
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (SingleAgentEpisode.from_state, (self.get_state(),))
+        return (type(self).from_state, (self.get_state(),))
 
     def __copy__(self) -> SingleAgentEpisode:
-        return SingleAgentEpisode.from_state(self.get_state())
+        return type(self).from_state(self.get_state())
 
     def __deepcopy__(self, memo: dict[int, Any]) -> SingleAgentEpisode:
-        return SingleAgentEpisode.from_state(copy.deepcopy(self.get_state(), memo))
+        return type(self).from_state(copy.deepcopy(self.get_state(), memo))

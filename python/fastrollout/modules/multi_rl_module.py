@@ -19,6 +19,18 @@ from fastrollout.modules.rl_module import RLModule, RLModuleSpec
 __all__ = ["MultiRLModule", "MultiRLModuleSpec"]
 
 
+def _is_foreign_rl_module(module: Any) -> bool:
+    """Whether ``module`` is another library's RLModule with RLlib's interface.
+
+    RLlib's own modules run in fastrollout's runners when they are built from RLlib's
+    config (``fastrollout.runners._rllib``).
+    """
+    return all(
+        callable(getattr(module, name, None))
+        for name in ("forward_inference", "forward_exploration", "get_state", "set_state")
+    )
+
+
 def _as_set(value: str | Collection[str] | None) -> set[str] | None:
     if value is None:
         return None
@@ -92,7 +104,7 @@ class MultiRLModule(Mapping[str, RLModule]):
             ValueError: If the id exists and ``override`` is False.
             TypeError: If ``module`` is not an RLModule.
         """
-        if not isinstance(module, RLModule):
+        if not isinstance(module, RLModule) and not _is_foreign_rl_module(module):
             raise TypeError(
                 f"module {module_id!r} must be an RLModule, got {type(module).__name__}"
             )

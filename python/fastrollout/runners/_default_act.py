@@ -194,7 +194,7 @@ class DefaultAct:
         Raises:
             ValueError: If a row of logits holds NaN or +inf, or is all -inf.
         """
-        if runner.module is not self._multi_module or self._pipeline.connectors != self._pieces:
+        if runner._module is not self._multi_module or self._pipeline.connectors != self._pieces:
             return None
         modules = self._multi_module._rl_modules
         plan = []

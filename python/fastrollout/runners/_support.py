@@ -19,6 +19,7 @@ import gymnasium as gym
 import torch
 
 from fastrollout.env.registry import EnvCreator
+from fastrollout.runners._rllib import is_rllib_config
 
 __all__ = [
     "DEFAULT_AGENT_ID",
@@ -151,7 +152,10 @@ def make_sub_env_creator(config: Any, worker_index: int, num_workers: int) -> En
         env_config,
         worker_index=worker_index,
         num_workers=num_workers,
-        disable_env_checking=bool(cfg(config, "disable_env_checking", False)),
+        # RLlib's runners check no env (its config's flag serves its old stack only): a
+        # runner built from RLlib's config leaves the env unstepped until it samples.
+        disable_env_checking=bool(cfg(config, "disable_env_checking", False))
+        or is_rllib_config(config),
     )
 
 

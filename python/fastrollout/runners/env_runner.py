@@ -18,8 +18,10 @@ import torch
 
 from fastrollout.connectors.pipeline import ConnectorPipelineV2
 from fastrollout.core import DEFAULT_MODULE_ID, Columns
+from fastrollout.errors import SampleArgumentError
 from fastrollout.modules import MultiRLModule, MultiRLModuleSpec, RLModuleSpec, resolve_device
 from fastrollout.modules._grad import grad_off, grad_restore
+from fastrollout.runners import _rllib
 from fastrollout.runners import _support as s
 from fastrollout.runners._default_act import DefaultAct
 
@@ -61,13 +63,28 @@ class EnvRunner(abc.ABC):
         )
         self.metrics = s.make_metrics_logger()
         self.env: Any = None
-        self.module: MultiRLModule | None = None
-        self._device = resolve_device(s.cfg(config, "device", "auto"))
+        # The modules as one MultiRLModule, which the loop and the connectors use;
+        # ``module`` is what RLlib's runner of the same kind exposes.
+        self._module: MultiRLModule | None = None
+        # Built from RLlib's own AlgorithmConfig (env_runner_cls inside RLlib's Algorithm).
+        self._rllib = _rllib.is_rllib_config(config)
+        self._device = (
+            _rllib.device_for(config, self.worker_index)
+            if self._rllib
+            else resolve_device(s.cfg(config, "device", "auto"))
+        )
         self._weights_seq_no = 0
         self.num_env_steps_sampled_lifetime = 0
         self._default_act: DefaultAct | None = None
         seed = s.cfg(config, "seed")
-        self._seed: int | None = None if seed is None else int(seed) + self.worker_index
+        # As RLlib: one seed per runner, evaluation runners a million apart.
+        self._seed: int | None = (
+            None
+            if seed is None
+            else int(seed)
+            + self.worker_index
+            + (1_000_000 if s.cfg(config, "in_evaluation", False) else 0)
+        )
         if self._seed is not None:
             random.seed(self._seed)
             np.random.seed(self._seed % 2**32)
@@ -140,6 +157,20 @@ class EnvRunner(abc.ABC):
     def _callback_env(self, i: int) -> Any:
         """The env that episode callbacks of sub-env ``i`` get (RLlib's ``env``)."""
 
+    # -- module --------------------------------------------------------------------
+
+    @property
+    def module(self) -> Any:
+        """The runner's modules, a ``MultiRLModule`` (as RLlib's multi-agent runner's).
+
+        None where the config builds no module (the runner then samples random actions).
+        """
+        return self._module
+
+    @module.setter
+    def module(self, module: Any) -> None:
+        self._module = module
+
     # -- API -----------------------------------------------------------------------
 
     @abc.abstractmethod
@@ -178,14 +209,20 @@ class EnvRunner(abc.ABC):
             The episodes.
 
         Raises:
-            ValueError: If both ``num_timesteps`` and ``num_episodes`` are given or one
-                is negative.
+            SampleArgumentError: (a ``ValueError`` and an ``AssertionError``) If both
+                ``num_timesteps`` and ``num_episodes`` are given or one is negative.
+            RuntimeError: If the runner has no module and ``random_actions`` is False.
         """
         if num_timesteps is not None and num_episodes is not None:
-            raise ValueError("give num_timesteps or num_episodes, not both")
+            raise SampleArgumentError("give num_timesteps or num_episodes, not both")
         for name, v in (("num_timesteps", num_timesteps), ("num_episodes", num_episodes)):
             if v is not None and v < 0:
-                raise ValueError(f"{name} must be >= 0, got {v}")
+                raise SampleArgumentError(f"{name} must be >= 0, got {v}")
+        if self._module is None and not random_actions:
+            raise RuntimeError(
+                f"{type(self).__name__} has no module (the config builds none): sample "
+                "with random_actions=True, or configure an RLModule"
+            )
         if self._time_after_sampling is not None:
             self.metrics.log_value(
                 s.TIME_BETWEEN_SAMPLING, time.perf_counter() - self._time_after_sampling
@@ -198,7 +235,7 @@ class EnvRunner(abc.ABC):
             # The default module and pieces' step in one pass (see _default_act); built
             # per call, as the module and the pipelines may change between calls.
             self._default_act = (
-                DefaultAct.of(self.module, self._connectors.module_to_env, explore)
+                DefaultAct.of(self._module, self._connectors.module_to_env, explore)
                 if self._conn is not None
                 else None
             )
@@ -259,7 +296,7 @@ class EnvRunner(abc.ABC):
             The pipeline's output batch.
         """
         call = {
-            "rl_module": self.module,
+            "rl_module": self._module,
             "episodes": self._episodes,
             "explore": explore,
             "shared_data": self._shared_data,
@@ -287,7 +324,7 @@ class EnvRunner(abc.ABC):
             ``{module_id: {column: tensor, ...}}``, the pipeline's output.
         """
         pipeline = self._connectors.env_to_module
-        batch = pipeline.convert_observations(self.module, observations)
+        batch = pipeline.convert_observations(self._module, observations)
         if batch is not None:
             return batch
         batch = {mid: {Columns.OBS: obs} for mid, obs in observations.items()}
@@ -331,12 +368,12 @@ class EnvRunner(abc.ABC):
         Returns:
             The module's output.
         """
-        assert self.module is not None
+        assert self._module is not None
         start = time.perf_counter()
         if not explore:
-            out = self.module.forward_inference(batch)
+            out = self._module.forward_inference(batch)
         else:
-            out = self.module.forward_exploration(batch, t=self._exploration_t(ts))
+            out = self._module.forward_exploration(batch, t=self._exploration_t(ts))
         self._log_time_since(s.RLMODULE_INFERENCE_TIMER, start)
         return out
 
@@ -418,17 +455,35 @@ class EnvRunner(abc.ABC):
             )
         return MultiRLModuleSpec(rl_module_specs=out, inference_only=True)
 
+    #: Whether the runner samples multi-agent episodes (its modules are built as RLlib's
+    #: multi-agent runner builds them).
+    _multi_agent = False
+
     def make_module(self) -> None:
-        """Builds the MultiRLModule (inference-only, on the device) and the connectors."""
+        """Builds the modules (inference-only, on the device) and the connectors.
+
+        From fastrollout's ``RunnerConfig`` the modules are its ``rl_module`` specs (or
+        the default MLP module); from RLlib's ``AlgorithmConfig`` they are what RLlib's
+        runner of the same kind builds (none where that config has no module).
+        """
         spaces = self.get_spaces()
         modules = {k: v for k, v in spaces.items() if not k.startswith("__")}
-        module = self._module_spec(modules).build()
-        module.to(self._device)
-        # A runner only samples: eval mode once here, so that forward passes need not
-        # switch modes per call.
-        for sub in module.values():
-            sub.eval()
-        self.module = module
+        if self._rllib:
+            module = _rllib.build_modules(
+                self.config,
+                None if self.env is None else getattr(self.env, "unwrapped", self.env),
+                spaces,
+                multi_agent=self._multi_agent,
+            )
+        else:
+            module = self._module_spec(modules).build()
+        if module is not None:
+            module.to(self._device)
+            # A runner only samples: eval mode once here, so that forward passes need not
+            # switch modes per call.
+            for sub in module.values():
+                sub.eval()
+        self._module = module
         self._conn = s.Connectors(
             config=self.config,
             env=self.env,
@@ -445,7 +500,7 @@ class EnvRunner(abc.ABC):
             AssertionError: If the env or the module is missing.
         """
         assert self.env is not None, f"{type(self).__name__} has no env (call make_env())"
-        assert self.module is not None, f"{type(self).__name__} has no module"
+        assert self._module is not None, f"{type(self).__name__} has no module"
 
     def stop(self) -> None:
         """Closes the env(s)."""
@@ -530,14 +585,24 @@ class EnvRunner(abc.ABC):
         state: dict[str, Any] = {
             s.NUM_ENV_STEPS_SAMPLED_LIFETIME: self.num_env_steps_sampled_lifetime
         }
-        if wanted(s.COMPONENT_RL_MODULE) and self.module is not None:
-            state[s.COMPONENT_RL_MODULE] = self.module.get_state(**kwargs)
+        if wanted(s.COMPONENT_RL_MODULE) and self._module is not None:
+            state[s.COMPONENT_RL_MODULE] = self._module_state(**kwargs)
             state[s.WEIGHTS_SEQ_NO] = self._weights_seq_no
         conn = self._connectors.get_state()
         for c in (s.COMPONENT_ENV_TO_MODULE_CONNECTOR, s.COMPONENT_MODULE_TO_ENV_CONNECTOR):
             if wanted(c):
                 state[c] = conn[c]
         return state
+
+    def _module_state(self, **kwargs: Any) -> Any:
+        """The ``rl_module`` entry of ``get_state``: the states keyed by module id."""
+        assert self._module is not None
+        return self._module.get_state(**kwargs)
+
+    def _reduced_metrics(self) -> dict[str, Any]:
+        """``reduce()`` of the runner's logger, in RLlib's form when the config is RLlib's."""
+        results = self.metrics.reduce()
+        return _rllib.metrics_out(results) if self._rllib else results
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Loads a state from ``get_state`` (of this or another runner).
@@ -554,13 +619,18 @@ class EnvRunner(abc.ABC):
         for c in (s.COMPONENT_ENV_TO_MODULE_CONNECTOR, s.COMPONENT_MODULE_TO_ENV_CONNECTOR):
             if c in state:
                 self._connectors.set_state(c, state[c])
-        if s.COMPONENT_RL_MODULE in state and self.module is not None:
+        if s.COMPONENT_RL_MODULE in state and self._module is not None:
             seq = int(state.get(s.WEIGHTS_SEQ_NO, 0) or 0)
             if seq == 0 or self._weights_seq_no < seq:
                 weights = state[s.COMPONENT_RL_MODULE]
-                if not all(mid in self.module for mid in weights):
+                if type(weights).__name__ == "ObjectRef":
+                    # RLlib's group puts the weights into Ray's object store once for all.
+                    import ray
+
+                    weights = ray.get(weights)
+                if not all(mid in self._module for mid in weights):
                     weights = {DEFAULT_MODULE_ID: weights}
-                self.module.set_state(weights)
+                self._module.set_state(weights)
             # RLlib 2.60 takes any positive number, also an older one whose weights it
             # just refused, and then reports a version it does not hold; the number here
             # only moves forward (pinned in tests/test_single_agent_env_runner.py).
@@ -578,8 +648,8 @@ class EnvRunner(abc.ABC):
         Returns:
             ``{module_id: {key: ndarray}}``.
         """
-        assert self.module is not None
-        return self.module.get_state(components=modules)
+        assert self._module is not None
+        return self._module.get_state(components=modules)
 
     def set_weights(
         self, weights: dict[str, Any], global_vars: Any = None, weights_seq_no: int = 0

@@ -19,6 +19,8 @@ from fastrollout._core import single_agent_record_vector_step
 from fastrollout.core import DEFAULT_MODULE_ID, Columns
 from fastrollout.episodes import SingleAgentEpisode
 from fastrollout.errors import SpaceMismatchError
+from fastrollout.modules import MultiRLModule
+from fastrollout.runners import _rllib
 from fastrollout.runners import _support as s
 from fastrollout.runners.env_runner import EnvRunner
 
@@ -117,6 +119,26 @@ class SingleAgentEnvRunner(EnvRunner):
             DEFAULT_MODULE_ID: single,
         }
 
+    @property
+    def module(self) -> Any:
+        """The runner's RLModule, as RLlib's ``SingleAgentEnvRunner.module`` (or None).
+
+        Setting it takes an RLModule (or a ``MultiRLModule`` with the default module id).
+        """
+        return None if self._module is None else self._module[DEFAULT_MODULE_ID]
+
+    @module.setter
+    def module(self, module: Any) -> None:
+        if module is None or isinstance(module, MultiRLModule):
+            self._module = module
+        else:
+            self._module = MultiRLModule(rl_modules={DEFAULT_MODULE_ID: module})
+
+    def _module_state(self, **kwargs: Any) -> Any:
+        # RLlib's single-agent runner gives its one module's state, not keyed by id.
+        assert self._module is not None
+        return self._module[DEFAULT_MODULE_ID].get_state(**kwargs)
+
     def make_module(self) -> None:
         """Builds the module and connectors (as the base does) and the batch's row map."""
         super().make_module()
@@ -136,7 +158,8 @@ class SingleAgentEnvRunner(EnvRunner):
         ):
             # Copied for each new episode (its spaces' layouts made once); made again
             # when the env's spaces are other objects.
-            blank = self._blank_episode = SingleAgentEpisode(
+            episode_cls = _rllib.RLlibSingleAgentEpisode if self._rllib else SingleAgentEpisode
+            blank = self._blank_episode = episode_cls(
                 observation_space=obs_space, action_space=act_space
             )
         self._episodes[i] = blank._blank_like()
@@ -189,7 +212,9 @@ class SingleAgentEnvRunner(EnvRunner):
         are replaced, so connectors that rewrite episodes (the observation filter) see each
         episode's last observation, the terminal one included.
         """
-        assert self.module is not None
+        if self._module is None:
+            # No module (RLlib's base config): random actions only, nothing to infer.
+            return
         self._shared_data["agent_rows"] = self._agent_rows
         start = time.perf_counter()
         self._cached_to_module = self._observations_to_module(
@@ -325,4 +350,4 @@ class SingleAgentEnvRunner(EnvRunner):
             m.log_value((s.SA_AGENT_RETURN_MEAN, s.DEFAULT_AGENT_ID), ret, window=win)
             m.log_value((s.SA_MODULE_RETURN_MEAN, DEFAULT_MODULE_ID), ret, window=win)
         self._done_episodes_for_metrics.clear()
-        return m.reduce()
+        return self._reduced_metrics()

@@ -102,6 +102,13 @@ def _add_module_actions(
         dist = module.get_exploration_action_dist_cls().from_logits(out[Columns.ACTION_DIST_INPUTS])
         if Columns.ACTION_LOGP in out:
             out[Columns.ACTIONS] = dist.sample()
+        elif not hasattr(dist, "sample_with_logp"):
+            # Another library's distribution (RLlib's, for its modules): draw, then score.
+            actions = dist.sample()
+            logp = dist.logp(actions)
+            if as_numpy:
+                actions, logp = actions.cpu().numpy(), logp.cpu().numpy()
+            out[Columns.ACTIONS], out[Columns.ACTION_LOGP] = actions, logp
         elif as_numpy:
             out[Columns.ACTIONS], out[Columns.ACTION_LOGP] = dist.sample_with_logp_numpy()
         else:

@@ -1,0 +1,206 @@
+"""fastrollout's runners as RLlib 2.60's ``env_runner_cls``: built from RLlib's config.
+
+The runners read RLlib's ``AlgorithmConfig`` as they read ``RunnerConfig``; what differs
+(the modules RLlib would build, RLlib's metrics objects, episodes that RLlib's connectors
+take for its own) is tested here piece by piece; tests/test_rllib_training.py trains.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import fastrollout as fr
+from fastrollout.errors import SampleArgumentError
+from fastrollout.modules.default import DefaultMLPModule
+from fastrollout.runners import _rllib
+
+ppo = pytest.importorskip("ray.rllib.algorithms.ppo")
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig  # noqa: E402
+from ray.rllib.core.rl_module.rl_module import RLModule as RLlibRLModule  # noqa: E402
+from ray.rllib.env.multi_agent_episode import (  # noqa: E402
+    MultiAgentEpisode as RLlibMultiAgentEpisode,
+)
+from ray.rllib.env.single_agent_episode import (  # noqa: E402
+    SingleAgentEpisode as RLlibSingleAgentEpisode,
+)
+
+
+def ppo_config(**env_runners):
+    return (
+        ppo.PPOConfig()
+        .environment("CartPole-v1")
+        .env_runners(num_envs_per_env_runner=2, **env_runners)
+        .rl_module(model_config={"fcnet_hiddens": [16, 16]})
+        .debugging(seed=0)
+    )
+
+
+SPACES = [
+    (gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2)),
+    (gym.spaces.Box(-1, 1, (3,)), gym.spaces.Box(-2, 2, (2,))),
+    (gym.spaces.Box(-1, 1, (5,)), gym.spaces.MultiDiscrete([3, 4])),
+]
+
+
+@pytest.mark.parametrize("spaces", SPACES, ids=["discrete", "box", "multi_discrete"])
+def test_default_ppo_module_is_built_as_its_fastrollout_twin(spaces):
+    """RLlib's default PPO module and fastrollout's twin: same parameters, same outputs."""
+    obs_space, act_space = spaces
+    spec = ppo_config().get_rl_module_spec(spaces={"default_policy": spaces}, inference_only=True)
+    spec.observation_space, spec.action_space = obs_space, act_space
+    theirs = spec.build()
+    ours = _rllib._build_one(spec)
+    assert isinstance(ours, DefaultMLPModule)
+    assert sorted(ours.get_state()) == sorted(theirs.get_state())
+    ours.set_state(theirs.get_state())
+    x = torch.randn(7, obs_space.shape[0])
+    for phase in ("forward_inference", "forward_exploration"):
+        a = getattr(theirs, phase)({"obs": x})["action_dist_inputs"]
+        b = getattr(ours, phase)({"obs": x})["action_dist_inputs"]
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+def test_other_modules_are_rllibs_own():
+    """An image observation space: RLlib's catalog builds a CNN, so RLlib's module runs."""
+    space = gym.spaces.Box(0, 255, (42, 42, 3), np.uint8)
+    spec = ppo.PPOConfig().get_rl_module_spec(
+        spaces={"default_policy": (space, gym.spaces.Discrete(2))}, inference_only=True
+    )
+    spec.observation_space, spec.action_space = space, gym.spaces.Discrete(2)
+    module = _rllib._build_one(spec)
+    assert isinstance(module, RLlibRLModule)
+
+
+def test_runner_from_rllib_config_has_rllibs_module_api():
+    runner = fr.SingleAgentEnvRunner(config=ppo_config())
+    assert runner._rllib
+    module = runner.module
+    out = module.forward_inference({"obs": torch.zeros(3, 4)})
+    assert out["action_dist_inputs"].shape == (3, 2)
+    state = runner.get_state()
+    # RLlib's single-agent runner: the module's own state, not keyed by module id.
+    assert set(state["rl_module"]) == set(module.get_state())
+    assert state["weights_seq_no"] == 0
+
+
+def test_fastrollout_single_agent_runner_module_is_the_rl_module():
+    """As RLlib's ``SingleAgentEnvRunner.module``: the RLModule itself."""
+    runner = fr.SingleAgentEnvRunner(
+        config=fr.RunnerConfig().environment("CartPole-v1").debugging(seed=0)
+    )
+    out = runner.module.forward_inference({"obs": torch.zeros(2, 4)})
+    assert out["action_dist_inputs"].shape == (2, 2)
+    # Setting an RLModule replaces the runner's module.
+    other = DefaultMLPModule(
+        observation_space=runner.module.observation_space,
+        action_space=runner.module.action_space,
+        inference_only=True,
+    )
+    runner.module = other
+    assert runner.module is other
+    assert runner.sample(num_timesteps=4)
+
+
+def test_rllib_module_samples_in_the_runner():
+    """A module RLlib builds itself (here: its default module on a CNN-free but
+    non-twin spec, a custom subclass) runs in fastrollout's loop with RLlib's
+    distributions."""
+    from ray.rllib.algorithms.ppo.torch.default_ppo_torch_rl_module import (
+        DefaultPPOTorchRLModule,
+    )
+    from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+
+    class Custom(DefaultPPOTorchRLModule):
+        pass
+
+    config = ppo_config().rl_module(
+        rl_module_spec=RLModuleSpec(module_class=Custom, model_config={"fcnet_hiddens": [8]})
+    )
+    runner = fr.SingleAgentEnvRunner(config=config)
+    assert isinstance(runner.module, Custom)
+    episodes = runner.sample(num_timesteps=20)
+    assert sum(len(e) for e in episodes) >= 20
+    for e in episodes:
+        logp = e.get_extra_model_outputs("action_logp")
+        assert np.all(np.asarray(logp) <= 0)
+
+
+def test_episodes_are_rllibs_for_isinstance_and_pickle_as_such():
+    runner = fr.SingleAgentEnvRunner(config=ppo_config())
+    episodes = runner.sample(num_timesteps=10)
+    for e in episodes:
+        assert isinstance(e, RLlibSingleAgentEpisode)
+        assert isinstance(e, fr.SingleAgentEpisode)
+        back = pickle.loads(pickle.dumps(e))
+        assert type(back) is type(e)
+        assert isinstance(back, RLlibSingleAgentEpisode)
+        np.testing.assert_array_equal(back.get_observations(), e.get_observations())
+    # fastrollout's own episodes stay what they are.
+    plain = fr.SingleAgentEpisode()
+    assert not isinstance(plain, RLlibSingleAgentEpisode)
+    assert not isinstance(plain, RLlibMultiAgentEpisode)
+
+
+def test_env_registered_with_ray_tune_is_found():
+    from ray.tune import register_env
+
+    register_env("fr_tune_cartpole", lambda ctx: gym.make("CartPole-v1"))
+    config = ppo_config().environment("fr_tune_cartpole")
+    runner = fr.SingleAgentEnvRunner(config=config)
+    assert runner.sample(num_timesteps=4)
+    # fastrollout's own config finds it too (ray is imported here).
+    runner = fr.SingleAgentEnvRunner(
+        config=fr.RunnerConfig().environment("fr_tune_cartpole").debugging(seed=0)
+    )
+    assert runner.sample(num_timesteps=4)
+
+
+def test_base_algorithm_config_gives_a_runner_without_module():
+    """RLlib's base ``AlgorithmConfig`` has no module to build: random actions only."""
+    runner = fr.SingleAgentEnvRunner(config=AlgorithmConfig().environment("CartPole-v1"))
+    assert runner.module is None
+    episodes = runner.sample(num_timesteps=10, random_actions=True)
+    assert sum(len(e) for e in episodes) >= 10
+    with pytest.raises(RuntimeError, match="no module"):
+        runner.sample(num_timesteps=10)
+
+
+@pytest.mark.parametrize("kwargs", [{"num_timesteps": 1, "num_episodes": 1}, {"num_timesteps": -1}])
+def test_bad_sample_arguments_raise_what_both_kinds_of_caller_catch(kwargs):
+    runner = fr.SingleAgentEnvRunner(config=ppo_config())
+    for kind in (ValueError, AssertionError, SampleArgumentError):
+        with pytest.raises(kind):
+            runner.sample(**kwargs)
+
+
+class _CountingEnv(gym.Env):
+    steps = 0
+
+    def __init__(self, config=None):
+        self.observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        type(self).steps += 1
+        return np.zeros(2, np.float32), 1.0, False, False, {}
+
+
+def test_runner_from_rllib_config_does_not_step_the_env_at_construction():
+    """RLlib's runner checks no env; built from RLlib's config, neither does fastrollout's.
+
+    From fastrollout's own config the env check runs (a deliberate difference, in the
+    README), unless ``disable_env_checking``.
+    """
+    _CountingEnv.steps = 0
+    fr.SingleAgentEnvRunner(config=ppo_config().environment(_CountingEnv))
+    assert _CountingEnv.steps == 0
+    fr.SingleAgentEnvRunner(config=fr.RunnerConfig().environment(_CountingEnv))
+    assert _CountingEnv.steps > 0
