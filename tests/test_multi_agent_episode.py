@@ -959,6 +959,38 @@ def test_round_trips_preserve_every_getter(how: str, numpy: bool) -> None:
     assert_same_ma(turn, ROUND_TRIPS[how](turn))
 
 
+@pytest.mark.parametrize("how", list(ROUND_TRIPS))
+def test_round_trips_keep_equal_env_step_maps(how: str) -> None:
+    stepped = sim_episode(3).cut(2)
+    sim_step(stepped, 4)
+    for ep in (turn_episode(), turn_episode().cut(1), sim_episode(3), stepped):
+        clone = ROUND_TRIPS[how](ep)
+        assert clone.env_t_to_agent_t == ep.env_t_to_agent_t
+    if how in ("state", "copy") and not IS_FASTROLLOUT:
+        # RLlib's from_state and copy.copy share the original's maps: stepping one moves both.
+        return
+    moved = turn_episode()
+    other = ROUND_TRIPS[how](moved)
+    other.add_env_step({"a0": 2}, {"a1": 111}, {"a0": 6.0, "a1": 7.0})
+    assert other.env_t_to_agent_t != moved.env_t_to_agent_t
+
+
+@fastrollout_only
+def test_step_map_value_equality_and_repr() -> None:
+    from fastrollout._core import StepMap
+
+    a = StepMap([0, "S", 1], 1)
+    assert a == StepMap([0, "S", 1], 1) and not a != StepMap([0, "S", 1], 1)
+    assert a != StepMap([0, "S", 1], 0), "the look-back counts"
+    assert a != StepMap([0, 1, "S"], 1), "so do the skips' places"
+    assert a != [0, "S", 1] and a != "S" and a is not None
+    assert a == a.copy() == pickle.loads(pickle.dumps(a))
+    with pytest.raises(TypeError, match="unhashable"):
+        hash(a)
+    assert repr(a) == "StepMap([0, 'S', 1], lookback=1)"
+    assert eval(repr(a), {"StepMap": StepMap}) == a
+
+
 @pytest.mark.parametrize("how", ["pickle", "deepcopy"])
 def test_copies_are_independent_and_continue(how: str) -> None:
     ep = turn_episode()

@@ -150,6 +150,23 @@ impl StepMapPy {
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
         Ok(format!("StepMap({}, lookback={})", self.data(py)?.repr()?, self.map.lookback()))
     }
+
+    /// Value equality: the same entries (skips included) and the same look-back, so that
+    /// an episode restored from its state compares equal to the original. Another type
+    /// is `NotImplemented` (Python then falls back to identity). Step maps are mutable,
+    /// so they are not hashable.
+    fn __eq__(&self, py: Python<'_>, other: &Bound<'_, PyAny>) -> Py<PyAny> {
+        match other.cast::<StepMapPy>() {
+            // Borrowing fails only while the other map is being changed (never while
+            // this thread runs Python code here); such a map is not equal.
+            Ok(o) => o
+                .try_borrow()
+                .is_ok_and(|o| o.map == self.map)
+                .into_pyobject(py)
+                .map_or_else(|_| py.NotImplemented(), |b| b.to_owned().into_any().unbind()),
+            Err(_) => py.NotImplemented(),
+        }
+    }
 }
 
 /// The bookkeeping of a `fastrollout.MultiAgentEpisode` that its native env step reads and
