@@ -980,7 +980,8 @@ def test_step_map_value_equality_and_repr() -> None:
     from fastrollout._core import StepMap
 
     a = StepMap([0, "S", 1], 1)
-    assert a == StepMap([0, "S", 1], 1) and not a != StepMap([0, "S", 1], 1)
+    assert a == StepMap([0, "S", 1], 1)
+    assert (a != StepMap([0, "S", 1], 1)) is False
     assert a != StepMap([0, "S", 1], 0), "the look-back counts"
     assert a != StepMap([0, 1, "S"], 1), "so do the skips' places"
     assert a != [0, "S", 1] and a != "S" and a is not None
