@@ -708,6 +708,20 @@ class EnvRunner(abc.ABC):
         self._weights_seq_no = int(seq or 0)
 
     @property
+    def _env_to_module(self) -> Any:
+        """The env-to-module pipeline, under the name RLlib's ``EnvRunnerGroup`` reads.
+
+        RLlib's group merges the remote runners' connector states with the local
+        runner's pipelines (``merge_states``).
+        """
+        return self._connectors.env_to_module
+
+    @property
+    def _module_to_env(self) -> Any:
+        """The module-to-env pipeline, under the name RLlib's ``EnvRunnerGroup`` reads."""
+        return self._connectors.module_to_env
+
+    @property
     def _connectors(self) -> s.Connectors:
         assert self._conn is not None, "the connectors are built with the module"
         return self._conn

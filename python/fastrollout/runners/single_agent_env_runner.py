@@ -191,7 +191,7 @@ class SingleAgentEnvRunner(EnvRunner):
         )
         self._obs = obs
         self._needs_initial_reset = False
-        self._env_to_module(explore)
+        self._run_env_to_module(explore)
         for i in range(n):
             self._episode_callback("on_episode_start", i)
 
@@ -205,7 +205,7 @@ class SingleAgentEnvRunner(EnvRunner):
         self.metrics.log_value(s.NUM_ENV_STEP_FAILURES_LIFETIME, restarts, reduce="lifetime_sum")
         return np.flatnonzero(mask)
 
-    def _env_to_module(self, explore: bool) -> None:
+    def _run_env_to_module(self, explore: bool) -> None:
         """Runs the env-to-module pipeline on the latest observations (cached).
 
         As RLlib does, this runs right after a step is recorded and before done episodes
@@ -303,7 +303,7 @@ class SingleAgentEnvRunner(EnvRunner):
             )
             ts += n - len(started)
             self._obs = obs
-            self._env_to_module(explore)
+            self._run_env_to_module(explore)
             if per_step_callbacks:
                 started_set = set(started)
                 for i in range(self.num_envs):
