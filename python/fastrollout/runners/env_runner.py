@@ -241,8 +241,7 @@ class EnvRunner(abc.ABC):
             )
             if num_timesteps is None and num_episodes is None:
                 if s.cfg(self.config, "batch_mode", "truncate_episodes") == "truncate_episodes":
-                    fragment = s.cfg(self.config, "rollout_fragment_length", 200)
-                    num_timesteps = (200 if fragment == "auto" else int(fragment)) * self.num_envs
+                    num_timesteps = self._fragment_length() * self.num_envs
                 else:
                     num_episodes = self.num_envs
             samples = self._sample(
@@ -257,6 +256,22 @@ class EnvRunner(abc.ABC):
             )
         self._time_after_sampling = time.perf_counter()
         return samples
+
+    def _fragment_length(self) -> int:
+        """The env steps per sub-env of a ``sample()`` call without counts.
+
+        The config's ``get_rollout_fragment_length(worker_index)`` where it has one
+        (``RunnerConfig`` and RLlib's config: ``"auto"`` splits the train batch over all
+        sub-envs of all runners), else ``rollout_fragment_length`` (200 for ``"auto"``).
+        """
+        get = getattr(self.config, "get_rollout_fragment_length", None)
+        if callable(get):
+            try:
+                return max(1, int(get(self.worker_index)))
+            except (ValueError, TypeError, AttributeError):  # "auto" with no batch size
+                pass
+        fragment = s.cfg(self.config, "rollout_fragment_length", 200)
+        return 200 if fragment == "auto" else int(fragment)
 
     @abc.abstractmethod
     def _sample(
