@@ -314,6 +314,25 @@ def test_multi_agent_policies_mapping_and_training_set() -> None:
     assert not RunnerConfig().multi_agent(policies=[DEFAULT_MODULE_ID]).is_multi_agent
 
 
+def test_a_set_of_policies_is_sorted_other_collections_keep_their_order() -> None:
+    ids = [f"m{i}" for i in (3, 10, 1, 2)]
+    assert RunnerConfig().multi_agent(policies=set(ids)).module_ids == sorted(ids)
+    assert RunnerConfig().multi_agent(policies=frozenset(ids)).module_ids == sorted(ids)
+    assert RunnerConfig().multi_agent(policies=ids).module_ids == ids
+    assert RunnerConfig().multi_agent(policies=tuple(ids)).module_ids == ids
+    assert RunnerConfig().multi_agent(policies=dict.fromkeys(ids)).module_ids == ids
+    assert RunnerConfig().multi_agent(policies=dict.fromkeys(ids).keys()).module_ids == ids
+    with pytest.raises(TypeError, match="module ids in policies must be str, got 1"):
+        RunnerConfig().multi_agent(policies={"a", 1})
+
+
+def test_count_steps_by_is_checked_and_kept() -> None:
+    assert RunnerConfig().count_steps_by == "env_steps"
+    config = RunnerConfig().multi_agent(count_steps_by="agent_steps")
+    assert config.count_steps_by == "agent_steps"
+    config.validate()
+
+
 def test_mapping_to_unknown_module_names_agent_and_module() -> None:
     config = RunnerConfig().multi_agent(policies=["p0"], policy_mapping_fn=lambda a, e, **k: "p9")
     with pytest.raises(ValueError, match=r"mapped agent 'a' to module 'p9'.*modules: \['p0'\]"):

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import copy
 import numbers
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, KeysView, Mapping
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import gymnasium as gym
@@ -438,13 +439,19 @@ class RunnerConfig:
         Args:
             policies: The module ids: a collection of ids, or a dict id -> module spec
                 (an ``RLModuleSpec``, or None to infer it; RLlib's ``PolicySpec`` is
-                accepted and treated as None).
+                accepted and treated as None). A set's ids are kept sorted (its own order
+                changes with ``PYTHONHASHSEED``); runners build and run the modules in
+                sorted order, so a seed samples the same episodes in every process.
             policy_mapping_fn: ``fn(agent_id, episode, **kwargs) -> module_id``, called
                 once per agent per episode.
             policies_to_train: Ids of the modules a trainer updates (a subset of
                 ``policies``), a callable ``(module_id, batch) -> bool``, or None for all.
             count_steps_by: ``"env_steps"`` or ``"agent_steps"``: what
-                ``rollout_fragment_length`` counts.
+                ``rollout_fragment_length`` and the multi-agent runner's
+                ``sample(num_timesteps=...)`` count. An agent step is one agent's
+                observation in one sub-env step, summed over agents and sub-envs, so
+                ``rollout_fragment_length * num_envs_per_env_runner`` agent steps per
+                ``sample()``, as RLlib counts them.
 
         Returns:
             self.
@@ -1046,12 +1053,36 @@ def _check_device(device: Any) -> None:
 
 
 def _normalize_policies(policies: Any) -> dict[str, Any]:
+    """``policies`` as an ordered dict module id -> spec (None: inferred).
+
+    The order is the modules' build order (their weights' initialization draws) and the
+    order of their forward passes (their action draws). A dict or a sequence keeps its
+    order; a set, whose order changes with ``PYTHONHASHSEED``, is sorted, so that a seed
+    gives the same modules and episodes in every process.
+
+    Args:
+        policies: A collection of module ids, or a mapping module id -> spec.
+
+    Returns:
+        The ordered dict.
+
+    Raises:
+        TypeError: If ``policies`` is not a collection (or is a str), or an id is not a str.
+        ValueError: If it names no module.
+    """
     if isinstance(policies, str) or not isinstance(policies, Collection):
         raise TypeError(
             "policies must be a collection of module ids or a dict module id -> spec, got "
             f"{policies!r}"
         )
-    items = dict(policies) if isinstance(policies, Mapping) else dict.fromkeys(policies)
+    if isinstance(policies, Mapping):
+        items = dict(policies)
+    else:
+        for module_id in policies:
+            if not isinstance(module_id, str):
+                raise TypeError(f"module ids in policies must be str, got {module_id!r}")
+        unordered = isinstance(policies, AbstractSet) and not isinstance(policies, KeysView)
+        items = dict.fromkeys(sorted(policies) if unordered else policies)
     if not items:
         raise ValueError("policies must name at least one module")
     for module_id, spec in items.items():

@@ -550,8 +550,9 @@ pub fn single_agent_record_vector_step<'py>(
 ///
 /// With `agent_steps` and `module_steps` (dicts, e.g. `Counter`s), each agent that
 /// observes in a sub-env counts one step for itself and one for its module (the
-/// episode's `_agent_to_module_mapping`; None where it has none): the runner's sampled
-/// step counts, kept here instead of in a Python loop over the sub-envs.
+/// episode's `_agent_to_module_mapping`, or its `module_for` for an agent it has not
+/// mapped yet): the runner's sampled step counts, kept here instead of in a Python loop
+/// over the sub-envs. Raises `ValueError` if an agent maps to None.
 #[pyfunction]
 #[pyo3(signature = (episodes, observations, actions, rewards, infos, terminateds, truncateds, extra_model_outputs, agent_steps=None, module_steps=None))]
 #[allow(clippy::too_many_arguments)]
@@ -680,7 +681,20 @@ fn count_steps<'py>(
     }
     let mapping = episode.getattr(intern!(py, "_agent_to_module_mapping"))?.cast_into::<PyDict>()?;
     for (aid, _) in observations.iter() {
-        let module = mapping.get_item(&aid)?.unwrap_or_else(|| py.None().into_bound(py));
+        // An agent that first observes in the episode's terminal step gets no agent
+        // episode (it has no step to record) and so no mapping yet; its step still counts,
+        // for the module the mapping function gives it (as RLlib's `module_for` does).
+        let module = match mapping.get_item(&aid)? {
+            Some(m) => m,
+            None => episode.call_method1(intern!(py, "module_for"), (&aid,))?,
+        };
+        if module.is_none() {
+            return Err(PyValueError::new_err(format!(
+                "agent {} maps to no module (the agent-to-module mapping function returned \
+                 None); it must return a configured module id",
+                aid.repr()?
+            )));
+        }
         agents.add(&aid)?;
         modules.add(&module)?;
     }

@@ -33,6 +33,12 @@ def _default_mapping(agent_id: Any, episode: Any, **kwargs: Any) -> str:
 class MultiAgentEnvRunner(EnvRunner):
     """Samples ``num_envs_per_env_runner`` copies of a ``MultiAgentEnv``.
 
+    ``sample(num_timesteps=N)`` counts env steps, or, under
+    ``config.multi_agent(count_steps_by="agent_steps")``, agent steps: each observation a
+    stepped sub-env returns counts one, summed over the sub-envs (so a sub-env's chunk
+    holds about ``rollout_fragment_length`` agent steps by default), as RLlib counts them.
+    The modules are built and run in sorted id order.
+
     Args:
         config: The runner config (``fastrollout.RunnerConfig``), with ``policies`` and
             ``policy_mapping_fn`` for the agent -> module mapping.
@@ -44,6 +50,8 @@ class MultiAgentEnvRunner(EnvRunner):
         ValueError: If the config names no env, or a module has no agent to take its
             spaces from and no spaces of its own.
     """
+
+    _multi_agent = True
 
     def __init__(
         self, *, config: Any, worker_index: int = 0, num_workers: int | None = None, **kwargs: Any
@@ -95,13 +103,19 @@ class MultiAgentEnvRunner(EnvRunner):
             )
 
     def _module_ids(self) -> list[str]:
+        """The configured module ids, sorted.
+
+        The modules are built (their weights drawn) and run (their actions drawn) in this
+        order, so one seed gives the same modules and episodes in every process, whatever
+        order the config holds them in (a set's changes with ``PYTHONHASHSEED``).
+
+        Returns:
+            The sorted ids (``["default_policy"]`` when the config names none).
+        """
         ids = s.cfg(self.config, "module_ids")
-        if ids is not None:
-            return [str(m) for m in ids]
-        policies = s.cfg(self.config, "policies")
-        if policies is None:
-            return [DEFAULT_MODULE_ID]
-        return [str(p) for p in policies]
+        if ids is None:
+            ids = s.cfg(self.config, "policies", [DEFAULT_MODULE_ID])
+        return sorted(str(m) for m in ids)
 
     def get_spaces(self) -> dict[str, Any]:
         """The spaces of the env and of each module (from the first agent mapped to it).
@@ -329,15 +343,23 @@ class MultiAgentEnvRunner(EnvRunner):
         done_out: list[MultiAgentEpisode] = []
         env_ts = 0
         eps = 0
+        # This call's steps per agent and per module (the native record counts them).
         agent_steps: Counter[Any] = Counter()
         module_steps: Counter[Any] = Counter()
+        count_agent_steps = self._counts_agent_steps()
         if force_reset or num_episodes is not None or self._needs_initial_reset:
             self._reset_envs()
         if num_episodes is not None:
             self._needs_initial_reset = True
         step_callbacks = self._has_callbacks("on_episode_step")
         while (
-            (env_ts < num_timesteps) if num_timesteps is not None else (eps < (num_episodes or 0))
+            (
+                # Agent steps: every observation a stepped sub-env returned, summed over
+                # the sub-envs (an agent seen only in a terminal step included).
+                (agent_steps.total() if count_agent_steps else env_ts) < num_timesteps
+            )
+            if num_timesteps is not None
+            else (eps < (num_episodes or 0))
         ):
             per_env = (
                 self._random_actions() if random_actions else self._compute_actions(explore, env_ts)
@@ -400,6 +422,21 @@ class MultiAgentEnvRunner(EnvRunner):
         self._increase_sampled_metrics(env_ts, len(done_out), agent_steps, module_steps)
         return done_out + ongoing_out
 
+    def _counts_agent_steps(self) -> bool:
+        """Whether ``num_timesteps`` counts agent steps (else env steps).
+
+        Returns:
+            True under ``config.multi_agent(count_steps_by="agent_steps")``.
+
+        Raises:
+            ValueError: If ``count_steps_by`` is neither ``"env_steps"`` nor
+                ``"agent_steps"``.
+        """
+        by = s.cfg(self.config, "count_steps_by", "env_steps")
+        if by not in ("env_steps", "agent_steps"):
+            raise ValueError(f"count_steps_by must be 'env_steps' or 'agent_steps', got {by!r}")
+        return bool(by == "agent_steps")
+
     def _episode_out(self, episode: Any, to_numpy: bool) -> Any:
         # Only agents that stepped are kept in returned episodes; ``_cut_ongoing`` cuts
         # the successors before this runs, so they keep every agent.
@@ -440,4 +477,4 @@ class MultiAgentEnvRunner(EnvRunner):
                 m.log_value((s.EPISODE_MODULE_RETURN_MEAN, mid), r, window=win)
             self._log_episode_end(length, ret, sec, win)
         self._done_episodes_for_metrics.clear()
-        return m.reduce()
+        return self._reduced_metrics()
