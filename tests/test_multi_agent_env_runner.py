@@ -467,24 +467,30 @@ def test_an_agent_seen_only_in_the_terminal_step_is_dropped_and_counted(random_a
     assert m["num_episodes"] == 4
 
 
+class UncheckedMappingConfig:
+    """A duck-typed config with a mapping that a ``RunnerConfig`` would not let through."""
+
+    def __init__(self, mapping):
+        self._base = config(LateAgentEnv, policies=["p"], mapping=lambda aid, ep, **kw: "p")
+        self._mapping = mapping
+
+    def __getattr__(self, name):
+        if name in ("agent_to_module_mapping_fn", "policy_mapping_fn"):
+            return self._mapping
+        return getattr(self._base, name)
+
+
 def test_an_agent_mapped_to_none_is_a_clear_error():
-    class NoneMappingConfig:
-        """A duck-typed config whose mapping gives the late agent no module."""
-
-        def __init__(self, base):
-            self._base = base
-
-        def __getattr__(self, name):
-            if name in ("agent_to_module_mapping_fn", "policy_mapping_fn"):
-                return lambda aid, ep, **kw: None if aid == "2" else "p"
-            return getattr(self._base, name)
-
     runner = fr.MultiAgentEnvRunner(
-        config=NoneMappingConfig(
-            config(LateAgentEnv, policies=["p"], mapping=lambda aid, ep, **kw: "p")
-        )
+        config=UncheckedMappingConfig(lambda aid, ep, **kw: None if aid == "2" else "p")
     )
+    # "2" first observes in the terminal step: only the step count asks for its module.
     with pytest.raises(ValueError, match="agent '2' maps to no module"):
+        runner.sample(num_timesteps=1)
+    runner = fr.MultiAgentEnvRunner(
+        config=UncheckedMappingConfig(lambda aid, ep, **kw: 7 if aid == "1" else "p")
+    )
+    with pytest.raises(TypeError, match="sub-env 0: agent '1' maps to 7, not a module id"):
         runner.sample(num_timesteps=1)
 
 

@@ -864,7 +864,14 @@ impl ModuleBatcherPy {
                     Some(m) => m,
                     None => episode.call_method1(intern!(py, "module_for"), (&aid,))?,
                 };
-                let mid = mid.cast_into::<PyString>()?;
+                let mid = mid.cast_into::<PyString>().map_err(|e| {
+                    PyTypeError::new_err(format!(
+                        "sub-env {env}: agent {} maps to {}, not a module id (str); the \
+                         agent-to-module mapping function must return a configured module id",
+                        aid.repr().map(|r| r.to_string()).unwrap_or_default(),
+                        e.into_inner().repr().map(|r| r.to_string()).unwrap_or_default()
+                    ))
+                })?;
                 let mid = mid.to_str()?;
                 let Some(m) = self.module_index(mid) else {
                     return Err(PyKeyError::new_err(format!(
