@@ -442,6 +442,104 @@ def test_snapshots_pickle_and_convert():
     assert MetricsLogger.peek_results([res["x"], 3], compile=False) == [[1.5], 3]
 
 
+# (log_value options, values) for one key each; reduce() leaves are compared with RLlib's.
+SNAPSHOT_CASES = {
+    "mean": ({"window": 3}, [1.0, 2.5, 4.0, 7.0]),
+    "ema": ({"reduce": "ema", "ema_coeff": 0.5}, [1.0, 3.0]),
+    "min": ({"reduce": "min"}, [4.0, -2.0]),
+    "max": ({"reduce": "max", "window": 2}, [9.0, 1.0, 2.0]),
+    "sum": ({"reduce": "sum", "with_throughput": True}, [1.5, 2.0]),
+    "life": ({"reduce": "lifetime_sum"}, [3.0, 4.0]),
+    "item": ({"reduce": "item"}, [7, 5]),
+    "series": ({"reduce": "item_series"}, [1.0, 2.0]),
+    "pct": ({"reduce": "percentiles", "percentiles": [50]}, [1.0, 2.0, 4.0]),
+}
+
+
+def _reduced_pair():
+    fr, rl = MetricsLogger(), RLlibLogger()
+    for key, (opts, values) in SNAPSHOT_CASES.items():
+        log_all(fr, key, values, **opts)
+        log_all(rl, key, values, **opts)
+    return fr.reduce(), rl.reduce()
+
+
+def test_snapshots_compare_and_convert_like_rllibs_reduced_stats():
+    fr_res, rl_res = _reduced_pair()
+    for key in ("mean", "ema", "min", "max", "sum", "life", "item"):
+        s, r = fr_res[key], rl_res[key]
+        v = float(r)
+        assert float(s) == v and int(s) == int(r), key
+        assert s == r and s == v and (s != v) is False and s == s, key  # by value, as RLlib's
+        assert s < v + 1 and s <= v and s > v - 1 and s >= v and v + 1 > s, key
+        assert (s + 1, 1 + s, s - 1, 1 - s, s * 2, 2 * s) == (
+            v + 1,
+            1 + v,
+            v - 1,
+            1 - v,
+            2 * v,
+            2 * v,
+        )
+        assert f"{s:.3f}" == f"{r:.3f}" and f"{s}" == f"{v}", key
+        assert len(s) == len(r) == 1, key
+        assert s.reduce() == v and s.reduce(compile=False) is s, key
+        assert float(np.asarray(s)) == v, key
+    assert int(fr_res["item"]) == 5 and type(int(fr_res["item"])) is int
+    assert fr_res["min"] != 5.0 and fr_res["min"] != "x" and fr_res["min"] != None  # noqa: E711
+    with pytest.raises(TypeError):
+        hash(fr_res["mean"])  # equal by value, so not hashable
+    with pytest.raises(TypeError):
+        _ = fr_res["min"] < "x"
+    # Results that are not one number: RLlib's len() and the value's own comparisons.
+    series, pct = fr_res["series"], fr_res["pct"]
+    assert len(series) == len(rl_res["series"]) == 2 and len(pct) == len(rl_res["pct"]) == 3
+    assert series == [1.0, 2.0] and pct == {50: 2.0} and series != pct
+    assert series.reduce() == [1.0, 2.0] and f"{series}" == "[1.0, 2.0]"
+    for bad in (series, pct):
+        with pytest.raises(ValueError, match="not a single number"):
+            float(bad)
+        with pytest.raises(ValueError, match="not a single number"):
+            int(bad)
+    with pytest.raises(TypeError):
+        _ = series + 1
+    empty = MetricsLogger()
+    empty.log_value("s", 1, reduce="item_series")
+    empty.reduce()
+    nothing = empty.reduce()["s"]
+    assert nan(nothing.peek()) and nothing.reduce() == [] and len(nothing) == 0
+    with pytest.raises(ValueError, match="copy=False"):
+        np.asarray(fr_res["mean"], copy=False)
+
+
+def test_rllib_check_reads_reduce_results():
+    from ray.rllib.utils.test_utils import check
+
+    fr_res, rl_res = _reduced_pair()
+    # RLlib's check cannot compare percentiles (dict minus dict), its own results neither.
+    del fr_res["pct"], rl_res["pct"]
+    check(fr_res, rl_res)
+    check(fr_res, RLlibLogger.peek_results(rl_res))
+    check(fr_res["mean"], 4.5)
+    check(fr_res["series"], [1.0, 2.0])
+    check(fr_res["mean"], 4.0, false=True)
+    with pytest.raises(AssertionError):
+        check(fr_res["mean"], 4.0)
+    with pytest.raises(AssertionError):
+        check(fr_res["series"], [1.0, 3.0])
+
+
+def test_unwindowed_sum_of_only_nans_is_nan():
+    # RLlib 2.60's running nansum makes two or more NaNs (and nothing else) 0.0, while one
+    # NaN alone, or any number of them in a windowed sum, stays NaN; fastrollout gives NaN.
+    fr, rl = MetricsLogger(), RLlibLogger()
+    for logger in (fr, rl):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            log_all(logger, "s", [math.nan, math.nan], reduce="sum")
+    assert rl.peek("s") == 0.0
+    assert nan(fr.peek("s"))
+
+
 # --- timing, set_value, delete, reset, state ------------------------------------------
 
 

@@ -82,6 +82,31 @@ pub enum Payload<T> {
     Items(Vec<T>),
 }
 
+impl<T> Payload<T> {
+    /// The reduced number of a number-valued reduction (an empty item series counts as
+    /// NaN, as its compiled peek is); `None` for percentiles, items and item series.
+    #[must_use]
+    pub fn number(&self) -> Option<f64> {
+        match self {
+            Payload::Series(v) | Payload::Ema(v) | Payload::LifetimeSum(v) => Some(*v),
+            Payload::Mean { mean, .. } => Some(*mean),
+            Payload::Items(items) if items.is_empty() => Some(f64::NAN),
+            Payload::Sorted(_) | Payload::Item(_) | Payload::Items(_) => None,
+        }
+    }
+
+    /// What `len()` of RLlib's reduced Stats object gives: the number of values it holds
+    /// (one reduced value, one EMA, one sum or one item; every percentile value and item).
+    #[must_use]
+    pub fn rllib_len(&self) -> usize {
+        match self {
+            Payload::Sorted(vs) => vs.len(),
+            Payload::Items(items) => items.len(),
+            _ => 1,
+        }
+    }
+}
+
 /// A peeked value, borrowing item values from the stat.
 #[derive(Debug, PartialEq)]
 pub enum Peeked<'a, T> {
@@ -857,6 +882,19 @@ mod tests {
             Some(Throughput::Lifetime { since_last_reduce: 5.0, since_last_restore: Some(5.0) })
         );
         assert_eq!(leaf(Reduce::Mean, None).throughput(1.0), None);
+    }
+
+    #[test]
+    fn payload_numbers_and_lengths() {
+        assert_eq!(Payload::<i32>::Mean { mean: 2.0, count: 3.0 }.number(), Some(2.0));
+        assert_eq!(Payload::<i32>::LifetimeSum(4.0).number(), Some(4.0));
+        assert!(Payload::<i32>::Items(vec![]).number().is_some_and(f64::is_nan));
+        assert_eq!(Payload::Items(vec![1, 2]).number(), None);
+        assert_eq!(Payload::<i32>::Sorted(vec![1.0]).number(), None);
+        assert_eq!(Payload::Item(Some(1)).number(), None);
+        assert_eq!(Payload::<i32>::Sorted(vec![1.0, 2.0, 3.0]).rllib_len(), 3);
+        assert_eq!(Payload::Items(vec![1, 2]).rllib_len(), 2);
+        assert_eq!(Payload::<i32>::Series(f64::NAN).rllib_len(), 1);
     }
 
     #[test]

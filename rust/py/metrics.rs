@@ -17,6 +17,7 @@ use std::time::Instant;
 
 use pyo3::exceptions::{PyDeprecationWarning, PyKeyError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::pyclass::CompareOp;
 use pyo3::sync::MutexExt;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
@@ -304,6 +305,48 @@ impl StatsSnapshotPy {
         let shape = Stat::new(shape_of.config().clone(), shape_of.is_root(), shape_of.is_leaf(), 0.0);
         StatsSnapshotPy { shape, payload }
     }
+
+    /// The snapshot as one number, if it is one (an item: if it converts to a float).
+    fn number(&self, py: Python<'_>) -> Option<f64> {
+        match &self.payload {
+            Payload::Item(Some(item)) => item.0.bind(py).extract::<f64>().ok(),
+            p => p.number(),
+        }
+    }
+
+    fn not_a_number(&self) -> PyErr {
+        PyValueError::new_err(format!("a reduce='{}' result is not a single number", self.reduce_method()))
+    }
+
+    /// `f(self, other)` as a float, or `NotImplemented` unless both are numbers.
+    fn arithmetic(&self, other: &Bound<'_, PyAny>, f: impl Fn(f64, f64) -> f64) -> Py<PyAny> {
+        let py = other.py();
+        match (self.number(py), other_number(other)) {
+            (Some(a), Some(b)) => PyFloat::new(py, f(a, b)).into_any().unbind(),
+            _ => py.NotImplemented(),
+        }
+    }
+}
+
+/// The number behind `other` in comparisons and arithmetic with a snapshot: another
+/// snapshot's number, or what `float()` would give (not for strings); `None` otherwise.
+fn other_number(other: &Bound<'_, PyAny>) -> Option<f64> {
+    if let Ok(s) = other.cast::<StatsSnapshotPy>() {
+        return s.get().number(other.py());
+    }
+    if other.is_instance_of::<PyString>() {
+        return None;
+    }
+    other.extract::<f64>().ok()
+}
+
+/// `reduce(compile=True)` of a stat whose reduction is `payload`: the compiled peek,
+/// except that an item series is its list even when empty.
+fn compiled<'py>(py: Python<'py>, shape: &PyStat, payload: &Payload<PyObj>) -> PyResult<Bound<'py, PyAny>> {
+    if let Payload::Items(items) = payload {
+        return Ok(PyList::new(py, items.iter().map(|o| o.0.bind(py)))?.into_any());
+    }
+    peeked_py(py, shape.peek_payload(payload, true))
 }
 
 #[pymethods]
@@ -329,14 +372,100 @@ impl StatsSnapshotPy {
         }
     }
 
+    /// The reduced value (`compile=True`), as `MetricsLogger.reduce(compile=True)` gives
+    /// it; `compile=False` returns the snapshot itself (snapshots are immutable).
+    #[pyo3(signature = (compile=true))]
+    fn reduce<'py>(slf: &Bound<'py, Self>, compile: bool) -> PyResult<Bound<'py, PyAny>> {
+        if !compile {
+            return Ok(slf.clone().into_any());
+        }
+        let this = slf.get();
+        compiled(slf.py(), &this.shape, &this.payload)
+    }
+
     fn __float__(&self, py: Python<'_>) -> PyResult<f64> {
-        let v = self.peek(py, true)?;
-        v.extract::<f64>().map_err(|_| {
-            PyValueError::new_err(format!(
-                "a reduce='{}' result is not a single number",
-                self.reduce_method()
-            ))
-        })
+        self.number(py).ok_or_else(|| self.not_a_number())
+    }
+
+    fn __int__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        if self.number(py).is_none() {
+            return Err(self.not_a_number());
+        }
+        // int() of the value itself, so an int item stays exact.
+        py.get_type::<PyInt>().call1((self.peek(py, true)?,))
+    }
+
+    /// Compares by value as RLlib's Stats do (`float(self) < float(other)`); `==` of a
+    /// result that is not a number (percentiles, an item series) compares its peeked value.
+    fn __richcmp__(&self, other: &Bound<'_, PyAny>, op: CompareOp) -> PyResult<Py<PyAny>> {
+        let py = other.py();
+        if let (Some(a), Some(b)) = (self.number(py), other_number(other)) {
+            let holds = a.partial_cmp(&b).map_or(matches!(op, CompareOp::Ne), |ord| op.matches(ord));
+            return Ok(PyBool::new(py, holds).to_owned().into_any().unbind());
+        }
+        if !matches!(op, CompareOp::Eq | CompareOp::Ne) {
+            return Ok(py.NotImplemented());
+        }
+        let theirs = match other.cast::<StatsSnapshotPy>() {
+            Ok(s) => s.get().peek(py, true)?,
+            Err(_) => other.clone(),
+        };
+        let equal = self.peek(py, true)?.eq(theirs)?;
+        Ok(PyBool::new(py, equal == matches!(op, CompareOp::Eq)).to_owned().into_any().unbind())
+    }
+
+    fn __add__(&self, other: &Bound<'_, PyAny>) -> Py<PyAny> {
+        self.arithmetic(other, |a, b| a + b)
+    }
+
+    fn __radd__(&self, other: &Bound<'_, PyAny>) -> Py<PyAny> {
+        self.arithmetic(other, |a, b| b + a)
+    }
+
+    fn __sub__(&self, other: &Bound<'_, PyAny>) -> Py<PyAny> {
+        self.arithmetic(other, |a, b| a - b)
+    }
+
+    fn __rsub__(&self, other: &Bound<'_, PyAny>) -> Py<PyAny> {
+        self.arithmetic(other, |a, b| b - a)
+    }
+
+    fn __mul__(&self, other: &Bound<'_, PyAny>) -> Py<PyAny> {
+        self.arithmetic(other, |a, b| a * b)
+    }
+
+    fn __rmul__(&self, other: &Bound<'_, PyAny>) -> Py<PyAny> {
+        self.arithmetic(other, |a, b| b * a)
+    }
+
+    /// Formats the number as a float (as RLlib's Stats do), anything else as its value.
+    fn __format__<'py>(&self, py: Python<'py>, spec: &str) -> PyResult<Bound<'py, PyAny>> {
+        let value = match self.number(py) {
+            Some(v) => PyFloat::new(py, v).into_any(),
+            None => self.peek(py, true)?,
+        };
+        value.call_method1("__format__", (spec,))
+    }
+
+    /// The number of values held, as `len()` of RLlib's reduced Stats gives it.
+    fn __len__(&self) -> usize {
+        self.payload.rllib_len()
+    }
+
+    /// The peeked value as a numpy array (so `numpy.testing` and RLlib's `check` read it).
+    #[pyo3(signature = (dtype=None, copy=None))]
+    fn __array__<'py>(
+        &self,
+        py: Python<'py>,
+        dtype: Option<&Bound<'py, PyAny>>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        if copy == Some(false) {
+            return Err(PyValueError::new_err(
+                "a StatsSnapshot always converts into a new array (copy=False is not possible)",
+            ));
+        }
+        py.import("numpy")?.getattr("asarray")?.call1((self.peek(py, true)?, dtype))
     }
 
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
@@ -767,11 +896,7 @@ impl MetricsStorePy {
         let out = self.map_key(py, None, |s| {
             let payload = s.reduce(t);
             if compile {
-                if let Payload::Items(items) = &payload {
-                    // reduce(compile=True) of an item series is its list, even when empty.
-                    return Ok(PyList::new(py, items.iter().map(|o| o.0.bind(py)))?.into_any());
-                }
-                peeked_py(py, s.peek_payload(&payload, true))
+                compiled(py, s, &payload)
             } else {
                 Ok(Bound::new(py, StatsSnapshotPy::new(s, payload))?.into_any())
             }

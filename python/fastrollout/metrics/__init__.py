@@ -2,5 +2,6 @@
 
 from fastrollout._core import StatsSnapshot
 from fastrollout.metrics.metrics_logger import MetricsLogger
+from fastrollout.metrics.rllib_compat import to_rllib_results
 
-__all__ = ["MetricsLogger", "StatsSnapshot"]
+__all__ = ["MetricsLogger", "StatsSnapshot", "to_rllib_results"]

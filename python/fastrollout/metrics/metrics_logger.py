@@ -21,8 +21,9 @@ deliberate differences:
   lifetime sums' throughput dicts, as ``peek(throughput=True)`` does for everything (RLlib
   uses ``_throughputs`` there and drops the lifetime sums). Peeking throughputs from a
   non-root logger raises ``ValueError`` (RLlib: ``AssertionError``).
-- ``get_state()`` has its own format (keys as tuples, so int key parts survive); it does not
-  load RLlib's checkpoints.
+- ``get_state()`` has its own format (keys as tuples, so int key parts survive);
+  ``set_state()`` takes it and RLlib's (2.60 and legacy ``Stats`` states). A restored
+  aggregated mean from RLlib weighs each mean it merged once (RLlib keeps no counts).
 - Options that do not belong to a reduction raise ``ValueError`` naming the option (RLlib
   raises ``TypeError`` from inside a Stats constructor for some of them), and so does
   logging to a key that ``aggregate`` fills or aggregating into a directly logged key.
@@ -41,6 +42,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fastrollout._core import MetricsStore, StatsSnapshot
+from fastrollout.metrics.rllib_compat import stat_states_from_rllib
 
 Key = str | int | tuple[Any, ...]
 
@@ -299,18 +301,33 @@ class MetricsLogger(MetricsStore):
         """
         return self._get_state()
 
-    def set_state(self, state: dict[str, Any]) -> None:
-        """Replaces every stat by those in ``state`` (from ``get_state``).
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Replaces every stat by those in ``state``.
 
-        Throughput clocks restart at this call, as in RLlib.
+        Takes fastrollout's ``get_state()`` and RLlib's: RLlib 2.60's
+        ``MetricsLogger.get_state()`` (``{"stats": {"a--b": stats_state}}``, each with its
+        ``"stats_cls_identifier"``) and the states of RLlib's former ``Stats`` class, each
+        read as RLlib 2.60 reads it, into the matching reduction with its settings and
+        values. Throughput clocks restart at this call, as in RLlib.
 
         Args:
-            state: A state from ``get_state``.
+            state: A state from ``get_state``, or from RLlib's ``MetricsLogger.get_state``.
 
         Raises:
-            KeyError: If a stat's state is missing a field.
+            TypeError: If ``state`` is not such a dict.
+            KeyError: If ``state`` or a stat's state is missing a field.
             ValueError: If a stat's state is invalid.
         """
+        if not isinstance(state, Mapping):
+            raise TypeError(
+                f"set_state() takes the dict that get_state() returns, got {type(state).__name__}"
+            )
+        if "stats" not in state:
+            raise KeyError("set_state(): the state has no 'stats' entry")
+        stats = state["stats"]
+        if isinstance(stats, Mapping):
+            # RLlib's format: flat "--"-joined keys -> Stats states.
+            state = {"stats": stat_states_from_rllib(stats, root=self._is_root_logger)}
         self._set_state(state)
 
     def compile(self) -> dict[Any, Any]:
