@@ -15,6 +15,8 @@ deliberate differences:
 - ``percentiles=True`` selects the default percentiles, as RLlib documents (RLlib 2.60
   raises ``ValueError`` for it).
 - ``set_value`` replaces what a key holds (RLlib 2.60 raises: it removed the method).
+- An unwindowed sum of only NaNs is NaN (RLlib's running ``nansum`` makes it 0.0 from the
+  second NaN on, while one NaN, or a windowed sum of NaNs, stays NaN there).
 - Reduced numbers are Python floats (RLlib returns numpy or torch scalars, or the logged
   object itself when a single value was logged); percentile values are floats too.
 - ``peek(group_key, throughput=True)`` names throughputs ``<key>_throughput`` and includes
