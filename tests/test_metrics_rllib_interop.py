@@ -482,3 +482,35 @@ def test_set_state_keeps_its_own_format_and_names_errors():
     with pytest.raises(ValueError, match=r"legacy .* reduce='median'"):
         restored.set_state({"stats": {"x": {"reduce": "median", "values": []}}})
     assert restored.peek(("g", 1)) == 2.0, "a failed set_state changes nothing"
+
+
+def test_a_runners_metrics_in_rllibs_root_logger():
+    # What RLlib's Algorithm does with each runner's get_metrics(): aggregate under
+    # "env_runners", peek lifetime counters, compile the results.
+    import fastrollout as fr
+
+    config = (
+        fr.RunnerConfig()
+        .environment("CartPole-v1")
+        .env_runners(num_envs_per_env_runner=2, rollout_fragment_length=60)
+        .debugging(seed=0)
+    )
+    runner = fr.SingleAgentEnvRunner(config=config)
+    rl_root, fr_root = RLlibLogger(root=True), MetricsLogger(root=True)
+    try:
+        for _ in range(2):
+            runner.sample()
+            results = runner.get_metrics()
+            with quiet():
+                rl_root.aggregate([to_rllib_results(results)], key="env_runners")
+            fr_root.aggregate([results], key="env_runners")
+            # One runner: fastrollout's weighted means equal RLlib's here.
+            same(rl_root.peek(), fr_root.peek())
+    finally:
+        runner.stop()
+    lifetime = ("env_runners", "num_env_steps_sampled_lifetime")
+    steps = fr_root.peek(lifetime)
+    assert steps >= 240 and rl_root.peek(lifetime) == steps
+    with quiet():
+        compiled = rl_root.compile()
+    assert compiled["env_runners"]["num_env_steps_sampled_lifetime"] == steps
