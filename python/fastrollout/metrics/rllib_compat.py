@@ -60,8 +60,8 @@ def to_rllib_results(results: Any, *, stats_cls_lookup: Mapping[str, type] | Non
         results: A nested dict of snapshots as ``MetricsLogger.reduce()`` returns it, or
             one snapshot. RLlib Stats already in it are kept as they are.
         stats_cls_lookup: The reduction name -> Stats class map, if the algorithm's config
-            replaces RLlib's ``DEFAULT_STATS_CLS_LOOKUP``; each class gets the state of the
-            built-in class it replaces.
+            replaces RLlib's ``DEFAULT_STATS_CLS_LOOKUP``; each class is built with the
+            constructor arguments and state of the built-in class it replaces.
 
     Returns:
         The same nested dict (new dicts, same keys) with RLlib Stats objects as leaves, or
