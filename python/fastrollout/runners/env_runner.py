@@ -547,7 +547,9 @@ class EnvRunner(abc.ABC):
         m = self.metrics
         self.num_env_steps_sampled_lifetime += env_steps
         m.log_value(s.NUM_ENV_STEPS_SAMPLED, env_steps, reduce="sum")
-        m.log_value(s.NUM_ENV_STEPS_SAMPLED_LIFETIME, env_steps, reduce="lifetime_sum")
+        m.log_value(
+            s.NUM_ENV_STEPS_SAMPLED_LIFETIME, env_steps, reduce="lifetime_sum", with_throughput=True
+        )
         m.log_value(s.NUM_EPISODES, episodes, reduce="sum")
         m.log_value(s.NUM_EPISODES_LIFETIME, episodes, reduce="lifetime_sum")
         for aid, k in agent_steps.items():
