@@ -11,10 +11,11 @@ from fastrollout.env import register_env
 from fastrollout.episodes import MultiAgentEpisode, SingleAgentEpisode
 from fastrollout.errors import EpisodeStateError, MultiAgentEnvError, SpaceMismatchError
 from fastrollout.metrics import MetricsLogger
-from fastrollout.runners import MultiAgentEnvRunner, SingleAgentEnvRunner
+from fastrollout.runners import EnvRunnerGroup, MultiAgentEnvRunner, SingleAgentEnvRunner
 
 __all__ = [
     "Callbacks",
+    "EnvRunnerGroup",
     "EpisodeStateError",
     "MetricsLogger",
     "MultiAgentEnvError",

@@ -131,6 +131,7 @@ class RunnerConfig:
         self.num_cpus_per_env_runner: float = 1
         self.num_gpus_per_env_runner: float = 0
         self.sample_timeout_s: float | None = 60.0
+        self.max_requests_in_flight_per_env_runner = 1
         self.rollout_fragment_length: int | str = 200
         self.batch_mode = "truncate_episodes"
         self.explore = True
@@ -143,6 +144,10 @@ class RunnerConfig:
         # fault_tolerance()
         self.restart_failed_sub_environments = False
         self.max_sub_environment_restart_attempts = 5
+        self.restart_failed_env_runners = True
+        self.ignore_env_runner_failures = False
+        self.max_num_env_runner_restarts = 1000
+        self.env_runner_health_probe_timeout_s = 30.0
         # multi_agent()
         self.policies: dict[str, Any] = {DEFAULT_MODULE_ID: None}
         self._policies_set = False
@@ -282,6 +287,7 @@ class RunnerConfig:
         num_cpus_per_env_runner: float = NotProvided,
         num_gpus_per_env_runner: float = NotProvided,
         sample_timeout_s: float | None = NotProvided,
+        max_requests_in_flight_per_env_runner: int = NotProvided,
         env_to_module_connector: Callable[..., Any] | None = NotProvided,
         module_to_env_connector: Callable[..., Any] | None = NotProvided,
         add_default_connectors_to_env_to_module_pipeline: bool = NotProvided,
@@ -299,8 +305,12 @@ class RunnerConfig:
         Args:
             env_runner_cls: The runner class to use (default: chosen by
                 ``is_multi_agent``).
-            num_env_runners: Number of remote runners (Ray actors); 0 samples in the
-                local runner only.
+            num_env_runners: Number of remote runners (Ray actors) that
+                ``fastrollout.EnvRunnerGroup`` starts besides its local runner; 0 samples
+                in the local runner only. A runner built directly from this config
+                (``SingleAgentEnvRunner(config=...)``) is, as in RLlib, the group's local
+                runner (``worker_index=0``): it samples its own sub-envs only; build an
+                ``EnvRunnerGroup`` to sample with the remote runners.
             num_envs_per_env_runner: Sub-envs stepped together by one runner (batched
                 forward passes).
             gym_env_vectorize_mode: ``"sync"``, ``"async"`` (sub-processes) or
@@ -310,7 +320,12 @@ class RunnerConfig:
                 steps its sub-envs in this process.
             num_cpus_per_env_runner: CPUs reserved per remote runner.
             num_gpus_per_env_runner: GPUs reserved per remote runner.
-            sample_timeout_s: Timeout for ``sample()`` on remote runners.
+            sample_timeout_s: How long ``EnvRunnerGroup.sample()`` waits for the remote
+                runners (None: as long as it takes); what comes later arrives with the
+                next call.
+            max_requests_in_flight_per_env_runner: Requests with one tag that
+                ``EnvRunnerGroup.foreach_env_runner_async`` keeps in flight per remote
+                runner (more are not started).
             env_to_module_connector: Callable ``(env, spaces, device)`` -> connector or
                 list of connectors, prepended to the default env-to-module pipeline.
             module_to_env_connector: Callable ``(env, spaces)`` -> connector or list of
@@ -363,6 +378,11 @@ class RunnerConfig:
             if sample_timeout_s is not None:
                 _check_number(sample_timeout_s, "sample_timeout_s", 0)
             self.sample_timeout_s = sample_timeout_s
+        if max_requests_in_flight_per_env_runner is not NotProvided:
+            _check_int(
+                max_requests_in_flight_per_env_runner, "max_requests_in_flight_per_env_runner", 1
+            )
+            self.max_requests_in_flight_per_env_runner = max_requests_in_flight_per_env_runner
         if env_to_module_connector is not NotProvided:
             _check_optional_callable(env_to_module_connector, "env_to_module_connector")
             self._env_to_module_connector = env_to_module_connector
@@ -401,12 +421,25 @@ class RunnerConfig:
         *,
         restart_failed_sub_environments: bool = NotProvided,
         max_sub_environment_restart_attempts: int = NotProvided,
+        restart_failed_env_runners: bool = NotProvided,
+        ignore_env_runner_failures: bool = NotProvided,
+        max_num_env_runner_restarts: int = NotProvided,
+        env_runner_health_probe_timeout_s: float = NotProvided,
     ) -> RunnerConfig:
-        """Sets how runners handle failing sub-envs (RLlib 2.60's home of these settings).
+        """Sets how failing sub-envs and remote runners are handled (RLlib 2.60's names).
 
         Args:
             restart_failed_sub_environments: See :meth:`env_runners`.
             max_sub_environment_restart_attempts: See :meth:`env_runners`.
+            restart_failed_env_runners: Whether Ray restarts a remote runner whose actor
+                died (or whose call raised) in an ``EnvRunnerGroup``; the group sends it
+                the latest weights and connector states before it samples again.
+            ignore_env_runner_failures: Without restarts, whether the group goes on
+                with the remaining runners (True) or raises the failure (False).
+            max_num_env_runner_restarts: How often Ray restarts one remote runner.
+            env_runner_health_probe_timeout_s: How long
+                ``EnvRunnerGroup.probe_unhealthy_env_runners`` waits for failed runners
+                to answer.
 
         Returns:
             self.
@@ -416,6 +449,19 @@ class RunnerConfig:
             TypeError: A value of the wrong type.
         """
         self._set_restarts(restart_failed_sub_environments, max_sub_environment_restart_attempts)
+        for name, flag in (
+            ("restart_failed_env_runners", restart_failed_env_runners),
+            ("ignore_env_runner_failures", ignore_env_runner_failures),
+        ):
+            if flag is not NotProvided:
+                _check_bool(flag, name)
+                setattr(self, name, flag)
+        if max_num_env_runner_restarts is not NotProvided:
+            _check_int(max_num_env_runner_restarts, "max_num_env_runner_restarts", 0)
+            self.max_num_env_runner_restarts = max_num_env_runner_restarts
+        if env_runner_health_probe_timeout_s is not NotProvided:
+            _check_number(env_runner_health_probe_timeout_s, "env_runner_health_probe_timeout_s", 0)
+            self.env_runner_health_probe_timeout_s = env_runner_health_probe_timeout_s
         return self
 
     def _set_restarts(self, restart: Any, attempts: Any) -> None:
@@ -830,9 +876,22 @@ class RunnerConfig:
             "add_default_connectors_to_env_to_module_pipeline",
             "add_default_connectors_to_module_to_env_pipeline",
             "restart_failed_sub_environments",
+            "restart_failed_env_runners",
+            "ignore_env_runner_failures",
         ):
             _check_bool(getattr(self, name), name)
         _check_int(self.num_env_runners, "num_env_runners", 0)
+        _check_number(self.num_cpus_per_env_runner, "num_cpus_per_env_runner", 0)
+        _check_number(self.num_gpus_per_env_runner, "num_gpus_per_env_runner", 0)
+        if self.sample_timeout_s is not None:
+            _check_number(self.sample_timeout_s, "sample_timeout_s", 0)
+        _check_int(
+            self.max_requests_in_flight_per_env_runner, "max_requests_in_flight_per_env_runner", 1
+        )
+        _check_int(self.max_num_env_runner_restarts, "max_num_env_runner_restarts", 0)
+        _check_number(
+            self.env_runner_health_probe_timeout_s, "env_runner_health_probe_timeout_s", 0
+        )
         _check_int(self.num_envs_per_env_runner, "num_envs_per_env_runner", 1)
         _check_vectorize_mode(self.gym_env_vectorize_mode)
         _check_int(self.episode_lookback_horizon, "episode_lookback_horizon", 0)
