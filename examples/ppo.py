@@ -2,16 +2,19 @@
 
     python examples/ppo.py --env CartPole-v1 --timesteps 200000 --seed 0
     python examples/ppo.py --env CartPole-v1 --multi-agent 2 --timesteps 200000
+    python examples/ppo.py --env CartPole-v1 --num-env-runners 2   # Ray actors
 
 (With ``--multi-agent N`` the mean return is the episode's, summed over the agents.)
 
-Each iteration samples ``num_envs * rollout_fragment_length`` env steps with a
-``SingleAgentEnvRunner`` (or a ``MultiAgentEnvRunner`` over N copies of the env sharing
-one module) in ``truncate_episodes`` mode with one step of look-back, computes GAE per
-episode chunk (bootstrapping from each chunk's last observation, 0 after a terminal
-step), runs PPO epochs on a full ``DefaultMLPModule`` (policy and value function), and
-sends the new weights to the runner with ``set_weights``. The learner pieces live in
-``fastrollout.learners.ppo``.
+The runners are a ``fastrollout.EnvRunnerGroup``: one ``SingleAgentEnvRunner`` (or
+``MultiAgentEnvRunner`` over N copies of the env sharing one module) in this process, or
+``--num-env-runners`` of them in Ray actors. Each iteration samples
+``num_envs * rollout_fragment_length`` env steps per runner in ``truncate_episodes`` mode
+with one step of look-back, computes GAE per episode chunk (bootstrapping from each
+chunk's last observation, 0 after a terminal step), runs PPO epochs on a full
+``DefaultMLPModule`` (policy and value function), and sends the new weights to every
+runner with ``sync_weights`` (one ``ray.put``, a rising ``weights_seq_no``). The learner
+pieces live in ``fastrollout.learners.ppo``.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import collections
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -26,7 +30,7 @@ from typing import Any
 
 import torch
 
-from fastrollout import MultiAgentEnvRunner, RunnerConfig, SingleAgentEnvRunner
+from fastrollout import EnvRunnerGroup, MultiAgentEnvRunner, RunnerConfig, SingleAgentEnvRunner
 from fastrollout.env import make_multi_agent
 from fastrollout.learners import PPOConfig, PPOLearner
 from fastrollout.modules import MultiRLModuleSpec, RLModuleSpec, resolve_device
@@ -51,8 +55,8 @@ class EpisodeReturns:
         return sum(self.finished) / len(self.finished) if self.finished else math.nan
 
 
-def make_runner(args: argparse.Namespace) -> Any:
-    """The runner: truncate_episodes with one step of look-back, the PPO model config."""
+def make_config(args: argparse.Namespace) -> RunnerConfig:
+    """The runners' config: truncate_episodes with one step of look-back, the PPO model."""
     config = RunnerConfig()
     if args.multi_agent:
         env = make_multi_agent(args.env)
@@ -60,6 +64,8 @@ def make_runner(args: argparse.Namespace) -> Any:
     else:
         config.environment(args.env)
     config.env_runners(
+        num_env_runners=args.num_env_runners,
+        num_cpus_per_env_runner=args.num_cpus_per_env_runner,
         num_envs_per_env_runner=args.num_envs,
         rollout_fragment_length=args.rollout_fragment_length,
         batch_mode="truncate_episodes",
@@ -68,8 +74,24 @@ def make_runner(args: argparse.Namespace) -> Any:
     config.rl_module(model_config=model_config(args))
     config.resources(device=args.device)
     config.debugging(seed=args.seed)
+    return config
+
+
+def make_runner(args: argparse.Namespace) -> Any:
+    """One runner in this process (what the group's local runner is)."""
     runner_cls = MultiAgentEnvRunner if args.multi_agent else SingleAgentEnvRunner
-    return runner_cls(config=config)
+    return runner_cls(config=make_config(args))
+
+
+def make_env_runner_group(args: argparse.Namespace) -> EnvRunnerGroup:
+    """The runners: ``--num-env-runners`` Ray actors (Ray started if needed), or one here."""
+    if args.num_env_runners:
+        import ray
+
+        if not ray.is_initialized():
+            # A new local instance unless RAY_ADDRESS names a cluster.
+            ray.init(address=os.environ.get("RAY_ADDRESS") or "local", include_dashboard=False)
+    return EnvRunnerGroup(config=make_config(args))
 
 
 def model_config(args: argparse.Namespace) -> dict[str, Any]:
@@ -120,35 +142,32 @@ def train(
         torch.set_num_threads(args.threads)
     if args.seed is not None:
         torch.manual_seed(args.seed)
-    runner = make_runner(args)
-    learner = make_learner(args, runner)
-    seq_no = 1
-    runner.set_weights(learner.get_weights(), weights_seq_no=seq_no)
+    group = make_env_runner_group(args)
+    learner = make_learner(args, group)
+    # weights_seq_no 1: the learner's initial weights, in every runner.
+    group.sync_weights(from_worker_or_learner_group=learner)
     history: list[dict[str, float]] = []
     returns = EpisodeReturns()
     return_mean = math.nan
     steps = 0
     start = time.perf_counter()
-    per_iteration = args.num_envs * args.rollout_fragment_length
+    per_iteration = args.num_envs * args.rollout_fragment_length * max(1, args.num_env_runners)
     try:
         while steps < args.timesteps:
             if args.anneal_lr:
                 # Linear decay to 0 over the step budget: late updates make small steps,
                 # which keeps a solved policy from drifting off again.
                 learner.set_lr(args.lr * (1.0 - steps / args.timesteps))
-            episodes = runner.sample(num_timesteps=min(per_iteration, args.timesteps - steps))
+            episodes = group.sample(num_timesteps=min(per_iteration, args.timesteps - steps))
             stats = learner.update(episodes)
-            seq_no += 1
-            runner.set_weights(learner.get_weights(), weights_seq_no=seq_no)
-            # len() of a chunk is its env steps (also for a multi-agent chunk); the
-            # runner's "lifetime" counters are per get_metrics() call, as RLlib's are on
-            # a runner (the algorithm's root logger adds them up).
+            group.sync_weights(from_worker_or_learner_group=learner)
+            # len() of a chunk is its env steps (also for a multi-agent chunk).
             steps += sum(len(episode) for episode in episodes)
             returns.add(episodes)
             return_mean = returns.mean()
-            # The runner's metrics are per get_metrics() call (RLlib's, on a runner);
-            # they are read here so that its windows do not grow without bound.
-            runner.get_metrics()
+            # The runners' metrics are per get_metrics() call (RLlib's, on a runner);
+            # they are read here so that their windows do not grow without bound.
+            group.get_metrics()
             record = {"env_steps": float(steps), "return_mean": return_mean}
             record["time_s"] = time.perf_counter() - start
             for module_id, module_stats in stats.items():
@@ -167,7 +186,7 @@ def train(
             if args.stop_return is not None and return_mean >= args.stop_return:
                 break
     finally:
-        runner.stop()
+        group.stop()
     return history
 
 
@@ -177,7 +196,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--env", default="CartPole-v1", help="gymnasium id (default CartPole-v1)")
     p.add_argument("--timesteps", type=int, default=200_000, help="env steps to train")
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--num-envs", type=int, default=8, help="sub-envs of the runner")
+    p.add_argument("--num-envs", type=int, default=8, help="sub-envs per runner")
+    p.add_argument(
+        "--num-env-runners",
+        type=int,
+        default=0,
+        help="remote runners (Ray actors; needs fastrollout[ray]); 0 samples in this "
+        "process (default)",
+    )
+    p.add_argument(
+        "--num-cpus-per-env-runner",
+        type=float,
+        default=1.0,
+        help="CPUs Ray reserves per remote runner (default 1)",
+    )
     p.add_argument(
         "--rollout-fragment-length", type=int, default=128, help="steps per sub-env per update"
     )

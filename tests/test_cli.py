@@ -30,6 +30,7 @@ def test_defaults() -> None:
     args = _parse()
     assert (args.env, args.num_envs, args.timesteps) == ("CartPole-v1", 8, 100_000)
     assert (args.multi_agent, args.device, args.seed) == (None, "auto", None)
+    assert args.num_env_runners == 0
     assert (args.rollout_fragment_length, args.vectorize_mode) == (64, "sync")
     assert not args.no_explore and not args.no_progress
 
@@ -38,11 +39,12 @@ def test_every_option() -> None:
     args = _parse(
         "--env", "Pendulum-v1", "--num-envs", "3", "--timesteps", "500", "--multi-agent", "2",
         "--device", "cpu", "--seed", "9", "--rollout-fragment-length", "16",
-        "--vectorize-mode", "async", "--no-explore", "--no-progress",
+        "--vectorize-mode", "async", "--no-explore", "--no-progress", "--num-env-runners", "3",
     )  # fmt: skip
     assert (args.env, args.num_envs, args.timesteps, args.multi_agent) == ("Pendulum-v1", 3, 500, 2)
     assert (args.device, args.seed, args.rollout_fragment_length) == ("cpu", 9, 16)
     assert args.vectorize_mode == "async" and args.no_explore and args.no_progress
+    assert args.num_env_runners == 3 and config_from_args(args).num_env_runners == 3
 
 
 @pytest.mark.parametrize(
@@ -53,6 +55,7 @@ def test_every_option() -> None:
         (["--seed", "-1"], "argument --seed: expected a seed >= 0, got -1"),
         (["--seed", "x"], "argument --seed: expected an int seed, got 'x'"),
         (["--multi-agent", "0"], "argument --multi-agent: expected an int >= 1"),
+        (["--num-env-runners", "-1"], "argument --num-env-runners: expected an int >= 0"),
         (["--vectorize-mode", "threads"], "argument --vectorize-mode: invalid choice"),
         (["--device", "tpu"], "device must be 'auto', 'cpu', 'cuda', 'cuda:N'"),
     ],
@@ -167,6 +170,28 @@ def test_end_to_end_multi_agent() -> None:
     assert metrics["cli"]["env_steps"] >= 300
     assert "x2 agents" in out.getvalue()
     assert metrics["cli"]["episodes_done"] >= 1
+
+
+@pytest.mark.filterwarnings(_RUNNER_WARNING)
+def test_end_to_end_with_remote_runners(ray_local: Any) -> None:
+    out = io.StringIO()
+    metrics = run_sample(_quick("--num-env-runners", "2"), out=out)
+    assert metrics["cli"]["env_steps"] >= 300
+    assert metrics["cli"]["episodes_done"] >= 1
+    # Aggregated over both runners at the group's root logger: the lifetime sum is all.
+    assert metrics["num_env_steps_sampled_lifetime"] == metrics["cli"]["env_steps"]
+    assert "2 sub-envs x 2 remote runners" in out.getvalue()
+    assert ray_local.is_initialized()  # the session's Ray was used, not shut down
+
+
+def test_remote_runners_without_ray_exit_2_naming_the_extra(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(SystemExit) as info:
+        main(["sample", "--num-env-runners", "2"])
+    assert info.value.code == 2
+    assert "pip install 'fastrollout[ray]'" in capsys.readouterr().err
 
 
 def test_python_dash_m_entry_point() -> None:

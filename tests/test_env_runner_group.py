@@ -544,3 +544,23 @@ def _array_bytes(value: Any) -> int:
     if isinstance(value, list | tuple):
         return sum(_array_bytes(v) for v in value)
     return 0
+
+
+def test_ppo_example_trains_with_remote_runners(ray_local: Any) -> None:
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "examples" / "ppo.py"
+    spec = importlib.util.spec_from_file_location("fastrollout_example_ppo_group", path)
+    example = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = example
+    spec.loader.exec_module(example)
+    args = example.parse_args(
+        ["--timesteps", "400", "--num-envs", "2", "--rollout-fragment-length", "25",
+         "--hiddens", "8", "--seed", "1", "--device", "cpu", "--num-env-runners", "2",
+         "--num-cpus-per-env-runner", "0.25", "--num-epochs", "1"]
+    )  # fmt: skip
+    history = example.train(args, log=None)
+    # Each iteration: 25 steps x 2 sub-envs x 2 runners, then new weights everywhere.
+    assert history[0]["env_steps"] >= 100 and history[-1]["env_steps"] >= 400
+    assert len(history) == 4

@@ -4,15 +4,18 @@ Example::
 
     python -m fastrollout sample --env CartPole-v1 --num-envs 8 --timesteps 100000
     python -m fastrollout sample --env CartPole-v1 --multi-agent 4 --device cpu --seed 0
+    python -m fastrollout sample --env CartPole-v1 --num-env-runners 2   # Ray actors
 
 A progress bar (tqdm) shows env steps per second and the running mean episode return; a
-table of the runner's metrics follows (RLlib's metric names).
+table of the runners' metrics follows (RLlib's metric names), aggregated over the runners
+by an ``EnvRunnerGroup``.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -30,6 +33,16 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an int, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected an int >= 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an int >= 0, got {value}")
     return value
 
 
@@ -73,6 +86,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="N copies of the env as agents 0..N-1 (make_multi_agent), one shared module",
     )
+    sample.add_argument(
+        "--num-env-runners",
+        type=_non_negative_int,
+        default=0,
+        metavar="N",
+        help="sample with N remote runners (Ray actors, 1 CPU each; needs fastrollout[ray]) "
+        "instead of in this process (default 0)",
+    )
     sample.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
     sample.add_argument("--seed", type=_seed, default=None, help="seed of envs and module")
     sample.add_argument(
@@ -114,6 +135,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
     else:
         config.environment(args.env)
     config.env_runners(
+        num_env_runners=args.num_env_runners,
         num_envs_per_env_runner=args.num_envs,
         rollout_fragment_length=args.rollout_fragment_length,
         gym_env_vectorize_mode=args.vectorize_mode,
@@ -205,30 +227,68 @@ def _env_steps(episodes: Sequence[Any]) -> int:
     return sum(len(e) for e in episodes)
 
 
+def _start_ray(num_env_runners: int) -> bool:
+    """Starts Ray for the remote runners unless it runs already.
+
+    A new local instance (``RAY_ADDRESS`` joins a cluster instead) with at least one CPU
+    per runner, so that ``--num-env-runners`` above the core count still starts.
+
+    Args:
+        num_env_runners: The number of remote runners.
+
+    Returns:
+        Whether this call started Ray (and should shut it down).
+
+    Raises:
+        ImportError: If Ray is not installed (naming the extra).
+    """
+    from fastrollout.runners._ray_host import require_ray
+
+    ray = require_ray(f"--num-env-runners {num_env_runners}")
+    if ray.is_initialized():
+        return False
+    address = os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address)
+    else:
+        cpus = max(os.cpu_count() or 1, num_env_runners)
+        ray.init(address="local", num_cpus=cpus, include_dashboard=False)
+    return True
+
+
 def run_sample(args: argparse.Namespace, out: TextIO | None = None) -> dict[str, Any]:
     """Runs the ``sample`` command: samples ``args.timesteps`` env steps, then prints metrics.
+
+    The runners are an ``EnvRunnerGroup``: with ``--num-env-runners 0`` one runner in this
+    process, else that many Ray actors (Ray is started if it does not run yet).
 
     Args:
         args: Parsed ``sample`` arguments.
         out: Where the table goes (default stdout); the progress bar goes to stderr.
 
     Returns:
-        The runner's metrics, flattened (the latest non-NaN value of each), plus
+        The runners' metrics, flattened (the latest non-NaN value of each), plus
         ``"cli"`` totals and timing.
     """
     from tqdm import tqdm
 
-    from fastrollout.runners import MultiAgentEnvRunner, SingleAgentEnvRunner
+    from fastrollout.runners import EnvRunnerGroup
 
     out = out or sys.stdout
     config = config_from_args(args)
-    runner_cls = MultiAgentEnvRunner if args.multi_agent is not None else SingleAgentEnvRunner
-    runner = runner_cls(config=config)
-    per_call = args.rollout_fragment_length * args.num_envs
+    started_ray = _start_ray(args.num_env_runners) if args.num_env_runners else False
+    try:
+        group = EnvRunnerGroup(config=config)
+    except BaseException:
+        if started_ray:
+            _stop_ray()
+        raise
+    # One sample() call gives every runner one fragment per sub-env.
+    per_call = args.rollout_fragment_length * args.num_envs * max(1, args.num_env_runners)
     sampled = 0
     episodes_done = 0
-    # The runner's metrics are per sample() call; episode statistics are NaN for a call
-    # that finished no episode, so the table keeps the latest number seen for each key.
+    # The group's metrics are per get_metrics() call; episode statistics are NaN for a
+    # call that finished no episode, so the table keeps the latest number seen for each key.
     latest: dict[str, Any] = {}
     running_return = float("nan")
     start = time.perf_counter()
@@ -242,13 +302,13 @@ def run_sample(args: argparse.Namespace, out: TextIO | None = None) -> dict[str,
             file=sys.stderr,
         ) as bar:
             while sampled < args.timesteps:
-                episodes = runner.sample(num_timesteps=min(per_call, args.timesteps - sampled))
+                episodes = group.sample(num_timesteps=min(per_call, args.timesteps - sampled))
                 steps = _env_steps(episodes)
                 if steps == 0:
-                    raise RuntimeError("the runner returned no env steps; stopping")
+                    raise RuntimeError("the runners returned no env steps; stopping")
                 sampled += steps
                 episodes_done += sum(1 for e in episodes if e.is_done)
-                _merge_latest(latest, flatten_metrics(runner.get_metrics()))
+                _merge_latest(latest, flatten_metrics(group.get_metrics()))
                 value = latest.get(EPISODE_RETURN_MEAN)
                 if value is not None:
                     running_return = float(value)
@@ -256,7 +316,9 @@ def run_sample(args: argparse.Namespace, out: TextIO | None = None) -> dict[str,
                 bar.update(steps)
         elapsed = time.perf_counter() - start
     finally:
-        runner.stop()
+        group.stop()
+        if started_ray:
+            _stop_ray()
     metrics: dict[str, Any] = dict(latest)
     metrics["cli"] = {
         "env_steps": sampled,
@@ -267,10 +329,18 @@ def run_sample(args: argparse.Namespace, out: TextIO | None = None) -> dict[str,
     title = (
         f"fastrollout sample: {args.env}"
         + (f" x{args.multi_agent} agents" if args.multi_agent else "")
-        + f", {args.num_envs} sub-envs, {sampled:,} env steps"
+        + f", {args.num_envs} sub-envs"
+        + (f" x {args.num_env_runners} remote runners" if args.num_env_runners else "")
+        + f", {sampled:,} env steps"
     )
     print(render_table(metrics, title=title), file=out)
     return metrics
+
+
+def _stop_ray() -> None:
+    import ray
+
+    ray.shutdown()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -287,7 +357,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "sample":
         try:
             config_from_args(args)
-        except (ValueError, TypeError) as e:
+            if args.num_env_runners:
+                from fastrollout.runners._ray_host import require_ray
+
+                require_ray(f"--num-env-runners {args.num_env_runners}")
+        except (ValueError, TypeError, ImportError) as e:
             parser.error(str(e))
         run_sample(args)
     return 0

@@ -104,8 +104,9 @@ class EnvRunnerGroup:
             ``env_runners(num_env_runners=..., num_cpus_per_env_runner=...,
             num_gpus_per_env_runner=..., sample_timeout_s=...,
             max_requests_in_flight_per_env_runner=...)`` and ``fault_tolerance(...)``
-            configure the group; ``env_runner_cls`` (default: by ``is_multi_agent``) the
-            runners.
+            configure the group; ``env_runner_cls`` the runners (default: the
+            multi-agent runner if ``is_multi_agent`` or the env is a ``MultiAgentEnv``
+            class, else the single-agent one).
         num_env_runners: Overrides ``config.num_env_runners``.
 
     Raises:
@@ -177,11 +178,26 @@ class EnvRunnerGroup:
         # Its weights_seq_no 0 is a forced load that keeps the runners' number at 0.
         state_ref = ray.put(self._local.get_state())
         calls = {r.handle.restore.remote(state_ref): i for i, r in self._remotes.items()}
-        for ref, index in calls.items():
-            try:
-                self._remotes[index].pid = ray.get(ref)
-            except ray.exceptions.RayError as err:
-                raise RuntimeError(f"remote env runner {index} failed to start: {err}") from err
+        while calls:
+            # Actors wait for free CPUs/GPUs as long as it takes (as in RLlib); say so
+            # every 30 s instead of waiting silently.
+            ready, _ = ray.wait(list(calls), num_returns=len(calls), timeout=30.0)
+            if not ready:
+                logger.warning(
+                    "EnvRunnerGroup: %d of %d remote env runners not started after 30 s; "
+                    "each needs %g CPUs and %g GPUs, Ray has %s available",
+                    len(calls),
+                    n,
+                    cfg.num_cpus_per_env_runner,
+                    cfg.num_gpus_per_env_runner,
+                    ray.available_resources(),
+                )
+            for ref in ready:
+                index = calls.pop(ref)
+                try:
+                    self._remotes[index].pid = ray.get(ref)
+                except ray.exceptions.RayError as err:
+                    raise RuntimeError(f"remote env runner {index} failed to start: {err}") from err
 
     # ------------------------------------------------------------------ properties
 
@@ -1044,10 +1060,20 @@ class EnvRunnerGroup:
 
 
 def _default_runner_cls(config: Any) -> type:
+    """The runner class for a config without ``env_runner_cls``.
+
+    RLlib's rule (``is_multi_agent``: more than one module, or one that is not
+    ``default_policy``), and also the multi-agent runner for a ``MultiAgentEnv`` class
+    with the one default module (where RLlib would pick the single-agent runner, which
+    cannot step it).
+    """
+    from fastrollout.env import is_multi_agent_env
     from fastrollout.runners.multi_agent_env_runner import MultiAgentEnvRunner
     from fastrollout.runners.single_agent_env_runner import SingleAgentEnvRunner
 
-    return MultiAgentEnvRunner if config.is_multi_agent else SingleAgentEnvRunner
+    env = config.env
+    multi = config.is_multi_agent or (isinstance(env, type) and is_multi_agent_env(env))
+    return MultiAgentEnvRunner if multi else SingleAgentEnvRunner
 
 
 def _registered_envs(env: Any) -> dict[str, Callable[..., Any]]:
