@@ -45,6 +45,7 @@ def test_every_option() -> None:
     assert (args.device, args.seed, args.rollout_fragment_length) == ("cpu", 9, 16)
     assert args.vectorize_mode == "async" and args.no_explore and args.no_progress
     assert args.num_env_runners == 3 and config_from_args(args).num_env_runners == 3
+    assert config_from_args(args).num_cpus_per_env_runner == 1.0
 
 
 @pytest.mark.parametrize(
@@ -56,6 +57,7 @@ def test_every_option() -> None:
         (["--seed", "x"], "argument --seed: expected an int seed, got 'x'"),
         (["--multi-agent", "0"], "argument --multi-agent: expected an int >= 1"),
         (["--num-env-runners", "-1"], "argument --num-env-runners: expected an int >= 0"),
+        (["--num-cpus-per-env-runner", "0"], "--num-cpus-per-env-runner: expected a number > 0"),
         (["--vectorize-mode", "threads"], "argument --vectorize-mode: invalid choice"),
         (["--device", "tpu"], "device must be 'auto', 'cpu', 'cuda', 'cuda:N'"),
     ],
@@ -175,7 +177,9 @@ def test_end_to_end_multi_agent() -> None:
 @pytest.mark.filterwarnings(_RUNNER_WARNING)
 def test_end_to_end_with_remote_runners(ray_local: Any) -> None:
     out = io.StringIO()
-    metrics = run_sample(_quick("--num-env-runners", "2"), out=out)
+    metrics = run_sample(
+        _quick("--num-env-runners", "2", "--num-cpus-per-env-runner", "0.5"), out=out
+    )
     assert metrics["cli"]["env_steps"] >= 300
     assert metrics["cli"]["episodes_done"] >= 1
     # Aggregated over both runners at the group's root logger: the lifetime sum is all.

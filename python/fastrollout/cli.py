@@ -46,6 +46,16 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {value}")
+    return value
+
+
 def _seed(text: str) -> int:
     try:
         value = int(text)
@@ -91,8 +101,15 @@ def build_parser() -> argparse.ArgumentParser:
         type=_non_negative_int,
         default=0,
         metavar="N",
-        help="sample with N remote runners (Ray actors, 1 CPU each; needs fastrollout[ray]) "
-        "instead of in this process (default 0)",
+        help="sample with N remote runners (Ray actors; needs fastrollout[ray]) instead of "
+        "in this process (default 0)",
+    )
+    sample.add_argument(
+        "--num-cpus-per-env-runner",
+        type=_positive_float,
+        default=1.0,
+        metavar="C",
+        help="CPUs Ray reserves per remote runner (default 1)",
     )
     sample.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
     sample.add_argument("--seed", type=_seed, default=None, help="seed of envs and module")
@@ -136,6 +153,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         config.environment(args.env)
     config.env_runners(
         num_env_runners=args.num_env_runners,
+        num_cpus_per_env_runner=args.num_cpus_per_env_runner,
         num_envs_per_env_runner=args.num_envs,
         rollout_fragment_length=args.rollout_fragment_length,
         gym_env_vectorize_mode=args.vectorize_mode,
@@ -227,14 +245,16 @@ def _env_steps(episodes: Sequence[Any]) -> int:
     return sum(len(e) for e in episodes)
 
 
-def _start_ray(num_env_runners: int) -> bool:
+def _start_ray(num_env_runners: int, cpus_per_runner: float) -> bool:
     """Starts Ray for the remote runners unless it runs already.
 
-    A new local instance (``RAY_ADDRESS`` joins a cluster instead) with at least one CPU
-    per runner, so that ``--num-env-runners`` above the core count still starts.
+    A new local instance (``RAY_ADDRESS`` joins a cluster instead) with at least as many
+    CPUs as the runners reserve, so that ``--num-env-runners`` above the core count still
+    starts.
 
     Args:
         num_env_runners: The number of remote runners.
+        cpus_per_runner: The CPUs each reserves.
 
     Returns:
         Whether this call started Ray (and should shut it down).
@@ -251,7 +271,7 @@ def _start_ray(num_env_runners: int) -> bool:
     if address:
         ray.init(address=address)
     else:
-        cpus = max(os.cpu_count() or 1, num_env_runners)
+        cpus = max(os.cpu_count() or 1, math.ceil(num_env_runners * cpus_per_runner))
         ray.init(address="local", num_cpus=cpus, include_dashboard=False)
     return True
 
@@ -276,7 +296,11 @@ def run_sample(args: argparse.Namespace, out: TextIO | None = None) -> dict[str,
 
     out = out or sys.stdout
     config = config_from_args(args)
-    started_ray = _start_ray(args.num_env_runners) if args.num_env_runners else False
+    started_ray = (
+        _start_ray(args.num_env_runners, args.num_cpus_per_env_runner)
+        if args.num_env_runners
+        else False
+    )
     try:
         group = EnvRunnerGroup(config=config)
     except BaseException:

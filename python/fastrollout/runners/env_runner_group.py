@@ -182,7 +182,7 @@ class EnvRunnerGroup:
             # Actors wait for free CPUs/GPUs as long as it takes (as in RLlib); say so
             # every 30 s instead of waiting silently.
             ready, _ = ray.wait(list(calls), num_returns=len(calls), timeout=30.0)
-            if not ready:
+            if len(ready) < len(calls):
                 logger.warning(
                     "EnvRunnerGroup: %d of %d remote env runners not started after 30 s; "
                     "each needs %g CPUs and %g GPUs, Ray has %s available",
@@ -315,9 +315,9 @@ class EnvRunnerGroup:
         not asked. Each runner keeps its own contract (timesteps: at least its share, up
         to ``num_envs_per_env_runner - 1`` more; episodes: exactly its share), so the
         group returns at least ``num_timesteps`` (exactly ``num_episodes``) unless a
-        runner failed or timed out. With neither count, each runner samples its default
-        (``rollout_fragment_length * num_envs_per_env_runner`` timesteps, or
-        ``num_envs_per_env_runner`` episodes).
+        runner failed or timed out. With neither count, each runner samples its own
+        default (as ``EnvRunner.sample()`` without counts: its fragment per sub-env, or one
+        episode per sub-env under ``complete_episodes``).
 
         Failures: a runner that fails is taken out of service (and restarted by Ray when
         ``restart_failed_env_runners``); the call returns what the others produced. A
