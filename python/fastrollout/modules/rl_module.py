@@ -392,7 +392,7 @@ class RLModule(nn.Module):
         converted = {}
         for key, value in state.items():
             array: torch.Tensor = (
-                value if isinstance(value, torch.Tensor) else torch.as_tensor(np.asarray(value))
+                value if isinstance(value, torch.Tensor) else torch.as_tensor(_writable(value))
             )
             if tuple(array.shape) != tuple(own[key].shape):
                 raise ValueError(
@@ -526,3 +526,13 @@ class RLModuleSpec:
         from fastrollout.modules.multi_rl_module import MultiRLModuleSpec
 
         return MultiRLModuleSpec(rl_module_specs={DEFAULT_MODULE_ID: self})
+
+
+def _writable(value: Any) -> np.ndarray:
+    """``value`` as an array torch may wrap (read-only arrays are copied).
+
+    Weights that arrive through Ray's object store are read-only; torch wraps only memory
+    it may write.
+    """
+    array = np.asarray(value)
+    return array if array.flags.writeable else array.copy()

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import logging
 import os
 import pathlib
 import pickle
 import random
+import sys
 import time
 from collections import defaultdict
 from collections.abc import Collection, Mapping
@@ -26,6 +28,15 @@ from fastrollout.runners import _support as s
 from fastrollout.runners._default_act import DefaultAct
 
 __all__ = ["EnvRunner"]
+
+
+def _in_ray_actor() -> bool:
+    """Whether this process is a Ray actor (never imports ray to answer)."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return False
+    return ray.get_runtime_context().get_actor_id() is not None
+
 
 _CALLBACKS = (
     "on_environment_created",
@@ -48,16 +59,24 @@ class EnvRunner(abc.ABC):
 
     Args:
         config: The runner config (``fastrollout.RunnerConfig``).
-        worker_index: The runner's index (0: the local runner).
+        worker_index: The runner's index in its group (0: the local runner; None: not
+            built by a group, as index 0).
         num_workers: The number of remote runners (default ``config.num_env_runners``).
         **kwargs: Ignored (RLlib's constructor takes more).
     """
 
     def __init__(
-        self, *, config: Any, worker_index: int = 0, num_workers: int | None = None, **kwargs: Any
+        self,
+        *,
+        config: Any,
+        worker_index: int | None = None,
+        num_workers: int | None = None,
+        **kwargs: Any,
     ) -> None:
         self.config = config
-        self.worker_index = int(worker_index)
+        # None: built directly, not by a group (RLlib's runners then always make an env).
+        self._in_group = worker_index is not None
+        self.worker_index = int(worker_index or 0)
         self.num_workers = int(
             num_workers if num_workers is not None else s.cfg(config, "num_env_runners", 0)
         )
@@ -102,6 +121,8 @@ class EnvRunner(abc.ABC):
         # The per-step timers created in the current sample() call (_log_time_since).
         self._timers_ready: set[str] = set()
         self._conn: s.Connectors | None = None
+        # The spaces RLlib's group hands a local runner that has no env of its own.
+        self.spaces: dict[str, Any] = dict(kwargs.get("spaces") or {})
 
     # -- callbacks -------------------------------------------------------------------
 
@@ -156,6 +177,21 @@ class EnvRunner(abc.ABC):
     @abc.abstractmethod
     def _callback_env(self, i: int) -> Any:
         """The env that episode callbacks of sub-env ``i`` get (RLlib's ``env``)."""
+
+    def _wants_env(self) -> bool:
+        """Whether this runner creates its env(s) (RLlib's rule for its own configs).
+
+        Built from RLlib's config, the local runner (``worker_index`` 0) of a group with
+        remote runners has no env unless ``create_env_on_local_worker``: it only holds
+        the modules and connectors, from the spaces the group gives it.
+        """
+        return not (
+            self._rllib
+            and self._in_group
+            and self.worker_index == 0
+            and int(s.cfg(self.config, "num_env_runners", 0)) > 0
+            and not s.cfg(self.config, "create_env_on_local_worker", False)
+        )
 
     # -- module --------------------------------------------------------------------
 
@@ -218,6 +254,11 @@ class EnvRunner(abc.ABC):
         for name, v in (("num_timesteps", num_timesteps), ("num_episodes", num_episodes)):
             if v is not None and v < 0:
                 raise SampleArgumentError(f"{name} must be >= 0, got {v}")
+        if self.env is None:
+            raise RuntimeError(
+                f"{type(self).__name__} has no env: it is the local runner of a group "
+                "with remote runners (sample those, or set create_env_on_local_worker)"
+            )
         if self._module is None and not random_actions:
             raise RuntimeError(
                 f"{type(self).__name__} has no module (the config builds none): sample "
@@ -507,6 +548,40 @@ class EnvRunner(abc.ABC):
             action_spaces={mid: sp[1] for mid, sp in modules.items()},
             device=self._device,
         )
+
+    def ping(self) -> str:
+        """Answers a health check (RLlib's ``FaultAwareApply.ping``).
+
+        Returns:
+            ``"pong"``.
+        """
+        return "pong"
+
+    def apply(self, func: Any, *args: Any, **kwargs: Any) -> Any:
+        """Calls ``func(self, *args, **kwargs)`` (RLlib's ``FaultAwareApply.apply``).
+
+        RLlib's ``EnvRunnerGroup`` runs its remote calls through this. As in RLlib, a
+        runner in a Ray actor whose ``func`` raised ends its process (the error logged),
+        since ``func`` may have left it half-changed: Ray restarts the actor fresh where the
+        config restarts failed runners. Outside an actor the error propagates.
+
+        Args:
+            func: The function.
+            *args: Passed on.
+            **kwargs: Passed on.
+
+        Returns:
+            What ``func`` returns.
+        """
+        try:
+            return func(self, *args, **kwargs)
+        except Exception:
+            if not _in_ray_actor():
+                raise
+            logging.getLogger(__name__).exception("runner call failed; ending this actor")
+            if s.cfg(self.config, "restart_failed_env_runners", False):
+                time.sleep(float(s.cfg(self.config, "delay_between_env_runner_restarts_s", 0)))
+            sys.exit(1)
 
     def assert_healthy(self) -> None:
         """Checks that the runner has its env(s) and module.

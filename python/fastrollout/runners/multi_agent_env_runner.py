@@ -20,6 +20,7 @@ from typing import Any
 from fastrollout._core import ModuleBatcher, multi_agent_record_steps
 from fastrollout.core import DEFAULT_MODULE_ID, Columns
 from fastrollout.episodes import MultiAgentEpisode
+from fastrollout.runners import _rllib
 from fastrollout.runners import _support as s
 from fastrollout.runners.env_runner import EnvRunner
 
@@ -54,7 +55,12 @@ class MultiAgentEnvRunner(EnvRunner):
     _multi_agent = True
 
     def __init__(
-        self, *, config: Any, worker_index: int = 0, num_workers: int | None = None, **kwargs: Any
+        self,
+        *,
+        config: Any,
+        worker_index: int | None = None,
+        num_workers: int | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(
             config=config, worker_index=worker_index, num_workers=num_workers, **kwargs
@@ -74,7 +80,8 @@ class MultiAgentEnvRunner(EnvRunner):
             "agent_to_module_mapping_fn",
             s.cfg(config, "policy_mapping_fn", _default_mapping),
         )
-        self.make_env()
+        if self._wants_env():
+            self.make_env()
         self.make_module()
 
     # -- env and module ----------------------------------------------------------
@@ -126,6 +133,8 @@ class MultiAgentEnvRunner(EnvRunner):
         Raises:
             ValueError: If a module gets no agent and has no spaces in its spec.
         """
+        if self.env is None:
+            return dict(self.spaces)
         env = self.env[0].unwrapped
         probe = MultiAgentEpisode(agent_to_module_mapping_fn=self._mapping_fn)
         agent_of: dict[str, Any] = {}
@@ -163,7 +172,8 @@ class MultiAgentEnvRunner(EnvRunner):
     def _new_episode(self, i: int) -> None:
         env = self.env[i].unwrapped
         agents = list(env.possible_agents)
-        self._episodes[i] = MultiAgentEpisode(
+        episode_cls = _rllib.RLlibMultiAgentEpisode if self._rllib else MultiAgentEpisode
+        self._episodes[i] = episode_cls(
             observation_space={aid: env.get_observation_space(aid) for aid in agents},
             action_space={aid: env.get_action_space(aid) for aid in agents},
             agent_to_module_mapping_fn=self._mapping_fn,

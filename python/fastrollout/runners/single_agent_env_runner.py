@@ -43,7 +43,12 @@ class SingleAgentEnvRunner(EnvRunner):
     """
 
     def __init__(
-        self, *, config: Any, worker_index: int = 0, num_workers: int | None = None, **kwargs: Any
+        self,
+        *,
+        config: Any,
+        worker_index: int | None = None,
+        num_workers: int | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(
             config=config, worker_index=worker_index, num_workers=num_workers, **kwargs
@@ -56,7 +61,8 @@ class SingleAgentEnvRunner(EnvRunner):
         # A blank episode with the env's spaces, copied for each new one (_new_episode).
         self._blank_episode: SingleAgentEpisode | None = None
         self._expected_len: int | None = None
-        self.make_env()
+        if self._wants_env():
+            self.make_env()
         self.make_module()
 
     # -- env and module ----------------------------------------------------------
@@ -112,6 +118,8 @@ class SingleAgentEnvRunner(EnvRunner):
         Returns:
             ``{name: (observation_space, action_space)}``.
         """
+        if self.env is None:
+            return dict(self.spaces)
         single = (self.env.single_observation_space, self.env.single_action_space)
         return {
             "__env__": (self.env.observation_space, self.env.action_space),
@@ -143,6 +151,7 @@ class SingleAgentEnvRunner(EnvRunner):
         """Builds the module and connectors (as the base does) and the batch's row map."""
         super().make_module()
         # Row i of the module batch is sub-env i (no agent ids in a single-agent runner).
+        # (No env: no rows; such a runner does not sample.)
         self._agent_rows = {DEFAULT_MODULE_ID: [(i, None) for i in range(self.num_envs)]}
 
     # -- sampling ------------------------------------------------------------------
