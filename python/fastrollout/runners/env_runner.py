@@ -121,6 +121,9 @@ class EnvRunner(abc.ABC):
         # The per-step timers created in the current sample() call (_log_time_since).
         self._timers_ready: set[str] = set()
         self._conn: s.Connectors | None = None
+        # RLlib's IMPALA/APPO set this to their EnvRunnerStateServer actor: the runner
+        # pulls newer weights and connector states from it before each sample.
+        self._env_runner_state_server: Any = None
         # The spaces RLlib's group hands a local runner that has no env of its own.
         self.spaces: dict[str, Any] = dict(kwargs.get("spaces") or {})
 
@@ -268,6 +271,8 @@ class EnvRunner(abc.ABC):
             self.metrics.log_value(
                 s.TIME_BETWEEN_SAMPLING, time.perf_counter() - self._time_after_sampling
             )
+        if self._env_runner_state_server is not None:
+            self._pull_state()
         self.metrics.log_value(s.WEIGHTS_SEQ_NO, self._weights_seq_no, window=1)
         with self.metrics.log_time(s.SAMPLE_TIMER):
             self._timers_ready.clear()
@@ -297,6 +302,44 @@ class EnvRunner(abc.ABC):
             )
         self._time_after_sampling = time.perf_counter()
         return samples
+
+    def _pull_state(self) -> None:
+        """Loads the state server's state if it is newer than this runner's weights.
+
+        An unreachable server leaves the runner sampling with what it has (logged once).
+        """
+        import ray
+
+        try:
+            newer = ray.get(
+                self._env_runner_state_server.pull_if_newer.remote(self._weights_seq_no)
+            )
+        except ray.exceptions.RayError as err:
+            if not getattr(self, "_warned_state_server", False):
+                self._warned_state_server = True
+                logging.getLogger(__name__).warning(
+                    "the EnvRunnerStateServer did not answer (%s); sampling with the "
+                    "current weights",
+                    type(err).__name__,
+                )
+            return
+        if newer is not None:
+            self.set_state(newer)
+
+    def sample_get_state_and_metrics(self) -> tuple[Any, dict[str, Any], Any]:
+        """``sample()``, then the connector states and metrics, in one call (RLlib's).
+
+        RLlib's asynchronous algorithms (IMPALA, APPO) call this on their remote runners.
+
+        Returns:
+            The episodes put into Ray's object store (their reference), the runner's state
+            without the module, and ``get_metrics()``.
+        """
+        import ray
+
+        episodes = self.sample()
+        states = self.get_state(not_components=s.COMPONENT_RL_MODULE)
+        return ray.put(episodes), states, self.get_metrics()
 
     def _fragment_length(self) -> int:
         """The env steps per sub-env of a ``sample()`` call without counts.
