@@ -437,6 +437,19 @@ class EpisodeMachine(RuleBasedStateMachine):
             assert isinstance(indices, slice)
             assert not isinstance(subject, Raised), subject
             return
+        if (
+            isinstance(model, Raised)
+            and model.exc_type is ValueError
+            and kwargs["fill"] is not None
+            and self.model.observations.finalized
+            and getter in ("get_observations", "get_actions")
+            and getattr(self.model, getter[4:-1] + "_space") is None
+            and not isinstance(subject, Raised)
+        ):
+            # Numpy'ized RLlib without a space cannot batch the fill value with array or
+            # dict items; fastrollout broadcasts it to the item's shape (a KNOWN_RLLIB_BUGS
+            # entry, pinned in test_rllib_deviations.py: test_fill_without_space_*).
+            return
         assert_same_outcome(model, subject, f"{getter}({indices}, {kwargs})")
 
     @precondition(lambda self: self.model.is_reset)

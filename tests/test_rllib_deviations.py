@@ -13,6 +13,7 @@ import pytest
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode as RLlibEpisode
 
 from fastrollout import SingleAgentEpisode
+from fastrollout.errors import EpisodeStateError
 
 BOTH = pytest.mark.parametrize("cls", [RLlibEpisode, SingleAgentEpisode], ids=["rllib", "ours"])
 
@@ -180,3 +181,66 @@ def test_set_nested_observations_after_to_numpy(cls):
         ep.set_observations(new_data=new, at_indices=0)
         assert ep.get_observations(0)["id"] == 4
         np.testing.assert_array_equal(ep.get_observations(0)["pos"], [8, 8])
+
+
+# concat_episode.
+
+
+def _chunks(cls, *, numpy_first=False, numpy_second=False, first_steps=0, extras_later=True):
+    """A chunk with ``first_steps`` steps (no extra outputs), cut, and a successor with one
+    step (``logp`` extra output with ``extras_later``) that ends terminated and truncated."""
+    ep = cls(id_="chunks")
+    ep.add_env_reset(0)
+    for t in range(1, first_steps + 1):
+        ep.add_env_step(t, 0, 1.0)
+    successor = ep.cut()
+    extras = {"logp": np.float32(-1)} if extras_later else None
+    successor.add_env_step(9, 1, 2.0, terminated=True, truncated=True, extra_model_outputs=extras)
+    if numpy_first:
+        ep.to_numpy()
+    if numpy_second:
+        successor.to_numpy()
+    return ep, successor
+
+
+@BOTH
+def test_concat_episode_keeps_both_done_flags(cls):
+    ep, successor = _chunks(cls, first_steps=1, extras_later=False)
+    ep.concat_episode(successor)
+    # RLlib keeps the termination only; fastrollout the chunk's flags as they are.
+    assert (ep.is_terminated, ep.is_truncated) == (True, cls is SingleAgentEpisode)
+
+
+@BOTH
+def test_concat_episode_takes_a_key_first_used_in_the_second_chunk(cls):
+    # An agent that first acts after a cut: its first chunk has no step, so no key yet.
+    ep, successor = _chunks(cls)
+    if cls is RLlibEpisode:
+        with pytest.raises(AssertionError):
+            ep.concat_episode(successor)
+        return
+    ep.concat_episode(successor)
+    assert ep.get_extra_model_outputs("logp") == [np.float32(-1)]
+    # With steps before it and none of the key, the key's items would not line up.
+    ep, successor = _chunks(cls, first_steps=1)
+    with pytest.raises(EpisodeStateError, match='"logp" is not in this episode'):
+        ep.concat_episode(successor)
+    assert len(ep) == 1 and ep._extra_keys() == []
+
+
+@BOTH
+def test_concat_of_numpy_chunks_reads_as_the_numpy_episode(cls):
+    # The first chunk has no step when it is numpy'd: RLlib switches only its
+    # observations, and the concatenation's actions and rewards stay lists.
+    ep, successor = _chunks(cls, numpy_first=True, numpy_second=True, extras_later=False)
+    ep.concat_episode(successor)
+    if cls is RLlibEpisode:
+        assert not ep.is_numpy and ep.get_rewards() == [2.0]
+    else:
+        assert ep.is_numpy
+        np.testing.assert_array_equal(ep.get_rewards(), np.array([2.0], np.float32))
+        np.testing.assert_array_equal(ep.get_actions(), [1])
+    # A second chunk that was not numpy'd keeps the first one's step fields as they were.
+    ep, successor = _chunks(cls, numpy_first=True, extras_later=False)
+    ep.concat_episode(successor)
+    assert not ep.is_numpy

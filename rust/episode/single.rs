@@ -578,10 +578,24 @@ impl<O: Clone> SingleAgentCore<O> {
         }
         self.validate()?;
         other.validate()?;
-        if let Some((key, _)) = other.extra_model_outputs.iter().find(|(k, _)| self.extra(k).is_none()) {
+        let missing: Vec<Arc<str>> = other
+            .extra_model_outputs
+            .iter()
+            .filter(|(k, _)| self.extra(k).is_none())
+            .map(|(k, _)| Arc::clone(k))
+            .collect();
+        // A key this episode lacks can start with the other chunk only where this one has
+        // no step yet (an agent that first acts after a cut): elsewhere its column would be
+        // shorter than the steps.
+        if let Some(key) = missing.first().filter(|_| !self.actions.is_empty()) {
             return Err(EpisodeError::NotContinuation(format!(
-                "concat_episode: extra model output {key:?} is not in this episode"
+                "concat_episode: extra model output {key:?} is not in this episode, which has \
+                 {} steps without it",
+                self.actions.len()
             )));
+        }
+        for key in missing {
+            self.extra_model_outputs.push((key, Field::untyped()));
         }
         let last = self.observations.geometry().total.saturating_sub(1);
         self.observations.remove(last);
@@ -596,10 +610,20 @@ impl<O: Clone> SingleAgentCore<O> {
             }
         }
         self.t = other.t;
-        if other.is_terminated {
-            self.is_terminated = true;
-        } else if other.is_truncated {
-            self.is_truncated = true;
+        // Both flags: a step may end a chunk terminated and truncated at once (RLlib 2.60
+        // keeps only the termination then).
+        self.is_terminated |= other.is_terminated;
+        self.is_truncated |= other.is_truncated;
+        // `to_numpy` of a chunk without steps switches only its observations (RLlib's
+        // rule): a numpy'd chunk without steps followed by a numpy'd chunk reads as
+        // batches, as `to_numpy` of the whole would have made it (RLlib leaves the step
+        // fields lists; a chunk that was not numpy'd keeps them lists here too).
+        if self.observations.finalized && other.observations.finalized && !self.is_empty() {
+            self.actions.finalized = true;
+            self.rewards.finalized = true;
+            for (_, field) in &mut self.extra_model_outputs {
+                field.finalized = true;
+            }
         }
         self.validate()
     }
@@ -982,6 +1006,82 @@ mod tests {
         let mut joined = e.clone();
         joined.concat(&succ, |_, _, _: &Column, _| String::new()).unwrap();
         assert_eq!(infos(&joined), vec![some("i0"), None, some("i2"), None, some("i4"), None, some("i6")]);
+    }
+
+    #[test]
+    fn concat_takes_a_key_new_in_the_other_chunk_only_where_this_one_has_no_step() {
+        let mut first = new_episode();
+        first.extra_model_outputs.clear();
+        let scalar = Schema::new(vec![Leaf::new(DType::F32, vec![])]);
+        let mut second = first.cut(0).unwrap();
+        second.extra_model_outputs.push(("logp".into(), Field::typed(scalar.clone(), false)));
+        step(&mut second, 1.0);
+        let mut joined = first.clone();
+        joined.concat(&second, |_, _, _: &Column, _| String::new()).unwrap();
+        assert_eq!(read(joined.extra("logp").unwrap()), vec![-1.0]);
+        assert_eq!((joined.t, joined.extra("logp").unwrap().lookback()), (1, 0));
+
+        // With a step here that has none of the key, the columns would not line up.
+        let no_extras = Step {
+            observation: f32_item(1.0),
+            action: f32_item(1.0),
+            reward: f32_item(1.0),
+            info: None,
+            extra_model_outputs: vec![],
+            terminated: false,
+            truncated: false,
+        };
+        first.add_step(no_extras, |_, _, _: &Column, _| String::new()).unwrap();
+        let mut later = first.cut(0).unwrap();
+        later.extra_model_outputs.push(("logp".into(), Field::typed(scalar, false)));
+        step(&mut later, 2.0);
+        let before = first.clone();
+        let err = first.concat(&later, |_, _, _: &Column, _| String::new()).unwrap_err();
+        assert!(err.to_string().contains("\"logp\" is not in this episode, which has 1 steps"), "{err}");
+        assert_eq!(first, before, "nothing changes");
+    }
+
+    #[test]
+    fn concat_onto_a_numpyd_chunk_without_steps_switches_the_step_fields() {
+        let mut first = new_episode();
+        first.to_numpy().unwrap();
+        assert!(first.observations.finalized && !first.rewards.finalized, "no steps yet");
+        let mut next = first.cut(0).unwrap();
+        step(&mut next, 1.0);
+        next.to_numpy().unwrap();
+        let mut joined = first.clone();
+        joined.concat(&next, |_, _, _: &Column, _| String::new()).unwrap();
+        let mut whole = new_episode();
+        step(&mut whole, 1.0);
+        whole.to_numpy().unwrap();
+        for (a, b) in [(&joined.actions, &whole.actions), (&joined.rewards, &whole.rewards)] {
+            assert!(a.finalized && b.finalized);
+        }
+        assert!(joined.extra("logp").unwrap().finalized);
+        // A chunk that was not numpy'd stays as it is, and so does one followed by a
+        // chunk that was not.
+        let mut plain = new_episode();
+        plain.concat(&next, |_, _, _: &Column, _| String::new()).unwrap();
+        assert!(!plain.rewards.finalized && !plain.observations.finalized);
+        let mut lists = new_episode().cut(0).unwrap();
+        step(&mut lists, 1.0);
+        let mut mixed = first.clone();
+        mixed.concat(&lists, |_, _, _: &Column, _| String::new()).unwrap();
+        assert!(mixed.observations.finalized && !mixed.rewards.finalized);
+    }
+
+    #[test]
+    fn concat_keeps_both_done_flags() {
+        let e = new_episode();
+        for (terminated, truncated) in [(true, true), (true, false), (false, true), (false, false)] {
+            let mut next = e.cut(0).unwrap();
+            step(&mut next, 1.0);
+            next.is_terminated = terminated;
+            next.is_truncated = truncated;
+            let mut joined = e.clone();
+            joined.concat(&next, |_, _, _: &Column, _| String::new()).unwrap();
+            assert_eq!((joined.is_terminated, joined.is_truncated), (terminated, truncated));
+        }
     }
 
     #[test]
