@@ -36,7 +36,7 @@ import gymnasium as gym
 import numpy as np
 from ray.rllib.env.utils.infinite_lookback_buffer import InfiniteLookbackBuffer
 
-from _helpers import assert_same_outcome, episode_getters, outcome
+from _helpers import Raised, assert_same_outcome, episode_getters, outcome
 
 AGENT_IDS = ("a0", "a1", "a2", "a3")
 EXTRA_KEYS = ("logp", "dist")
@@ -379,7 +379,8 @@ def boundary_done_agents(ep: Any) -> dict[Any, tuple[bool, bool]]:
 
 
 def fixed_cut(ep: Any, len_lookback_buffer: int = 0) -> Any:
-    """RLlib 2.60's ``cut`` without ray issues 61602 and 44677 (``ep`` is RLlib's).
+    """RLlib 2.60's ``cut`` without ray issues 61602 and 44677, and without bringing back
+    agents that finished before the cut (``ep`` is RLlib's).
 
     - 61602: an agent that is done and stepped at the last env step (it finishes exactly
       at the cut) stays in the successor: a done agent episode of length 0 holding its
@@ -393,7 +394,35 @@ def fixed_cut(ep: Any, len_lookback_buffer: int = 0) -> Any:
     - 44677 (b): the successor's agent episodes come from the constructor, which leaves
       ``_last_added_observation`` unset; an agent terminated without an observation then
       loses its last step. Fixed by setting it to the agent's last observation (and infos).
+    - revived (see ``revived_agents``): an agent that finished before the last env step
+      is deleted from the successor (``_del_agent``, as RLlib's constructor deletes one
+      whose only observation in the look-back is done).
     """
+    successor = _rllib_fixed_cut(ep, len_lookback_buffer)
+    for aid in revived_agents(ep, successor):
+        successor._del_agent(aid)
+    return successor
+
+
+def revived_agents(ep: Any, successor: Any) -> list:
+    """Agents of RLlib's cut ``successor`` that finished before ``ep``'s last env step.
+
+    RLlib 2.60's cut reads the look-back's env steps for every agent; one that finished
+    before the last env step and has two or more observations there comes back in the
+    successor as a done agent episode restarted at agent step 0, with an env-step map one
+    entry short per missing env step, so it counts among the agents that stepped at the
+    successor's last env step. (With one observation there, the constructor drops it.)
+    """
+    boundary = boundary_done_agents(ep)
+    return [
+        aid
+        for aid in successor.agent_episodes
+        if aid in ep.agent_episodes and ep.agent_episodes[aid].is_done and aid not in boundary
+    ]
+
+
+def _rllib_fixed_cut(ep: Any, len_lookback_buffer: int) -> Any:
+    """``fixed_cut`` without its correction of revived agents."""
     src = ep
     boundary = boundary_done_agents(ep)
     if boundary:
@@ -426,6 +455,12 @@ def fixed_cut_bugs(ep: Any, len_lookback_buffer: int) -> tuple[str, ...]:
     if boundary_done_agents(ep):
         bugs.append("61602")
     bugs.append("44677")  # (b) can show in any successor; (a) if there is a hanging action.
+    if any(sa.is_done for sa in ep.agent_episodes.values()):
+        # Cut as the differential test cuts RLlib's side (see its ``_unflattened``).
+        with no_flatten(), obs_is_numpy():
+            successor = outcome(lambda: _rllib_fixed_cut(ep, len_lookback_buffer))
+        if not isinstance(successor, Raised) and revived_agents(ep, successor):
+            bugs.append("revived")
     return tuple(bugs)
 
 

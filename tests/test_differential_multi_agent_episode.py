@@ -35,6 +35,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 import pytest
+from ray.rllib.env.utils.infinite_lookback_buffer import InfiniteLookbackBuffer
 
 from _helpers import (
     Divergence,
@@ -366,6 +367,52 @@ def _cut(ep: Any, k: int, side: int, how: Callable[[Any, int], Any] | None = Non
     return _unflattened(side, lambda: ep.cut(len_lookback_buffer=k))
 
 
+def _concat(ep: Any, other: Any, side: int) -> None:
+    """``ep.concat_episode(other)`` on one side of a pair; on RLlib's side (0, or 2: the
+    model) with three fixes of RLlib 2.60's concat_episode (fastrollout's deliberate
+    differences, each pinned by a test in test_rllib_deviations.py (single-agent) or
+    test_rllib_deviations_multi_agent.py):
+
+    - concat-both-flags: a chunk (or an agent's chunk) that ended terminated and truncated
+      at once keeps both flags; RLlib keeps only the termination
+      (test_concat_episode_keeps_both_done_flags[_of_the_agents]);
+    - concat-new-key: an agent without a step before the cut may start an extra model
+      output in ``other``; RLlib asserts the key exists
+      (test_concat_episode_takes_a_key_first_used_in_the_second_chunk), fixed by giving
+      the agent an empty buffer for it first;
+    - concat-numpy: an agent numpy'd without steps, followed by a numpy'd chunk, reads as
+      batches; RLlib leaves its step fields lists
+      (test_concat_of_numpy_chunks_reads_as_the_numpy_episode), fixed by finalizing them.
+    """
+    if side == 1:
+        ep.concat_episode(other)
+        return
+    numpy_without_steps = set()
+    for aid, sa in other.agent_episodes.items():
+        mine = ep.agent_episodes.get(aid)
+        if mine is None or mine.is_done or len(mine) > 0:
+            continue
+        for key in sa.extra_model_outputs:
+            if key not in mine.extra_model_outputs:
+                count("multi-agent concat fixes on RLlib's side: concat-new-key", side == 0)
+                mine.extra_model_outputs[key] = InfiniteLookbackBuffer()
+        if mine.observations.finalized and sa.observations.finalized:
+            numpy_without_steps.add(aid)
+    ep.concat_episode(other)
+    for aid in numpy_without_steps:
+        sa = ep.agent_episodes[aid]
+        if len(sa) > 0:
+            count("multi-agent concat fixes on RLlib's side: concat-numpy", side == 0)
+            for buffer in (sa.actions, sa.rewards, *sa.extra_model_outputs.values()):
+                buffer.finalize()
+    for aid, sa in other.agent_episodes.items():
+        if sa.is_terminated and sa.is_truncated and aid in ep.agent_episodes:
+            count("multi-agent concat fixes on RLlib's side: concat-both-flags", side == 0)
+            ep.agent_episodes[aid].is_truncated = True
+    if other.is_terminated and other.is_truncated:
+        ep.is_truncated = True
+
+
 def _unflattened_matches(c: Call) -> bool:
     """The subject answers like RLlib (or one of its corrected models) with the hanging
     value appended as one item (``_ma_scripts.no_flatten``)."""
@@ -549,6 +596,21 @@ KNOWN_RLLIB_BUGS: list[KnownRLlibBug] = [
         "fastrollout appends it as one more item "
         "(test_agent_step_reads_append_the_hanging_value_as_an_item)",
         applies=_agent_step_read_with_hanging,
+    ),
+    KnownRLlibBug(
+        name="done-agent-revived",
+        op=("",),
+        why="RLlib's cut() brings back an agent that finished before the last env step when "
+        "the look-back holds two or more of its observations: a done agent episode "
+        "restarted at agent step 0 whose env-step map is short, so it counts among the "
+        "agents that stepped last; fastrollout leaves it out of the successor (as RLlib "
+        "does when one of its observations is in the look-back); model: "
+        "_ma_scripts.fixed_cut, which deletes it (_ma_scripts.revived_agents; "
+        "test_cut_leaves_out_an_agent_that_finished_before)",
+        # Before ray#61602/ray#44677, whose model (the same fixed_cut) it shares: in a
+        # successor where RLlib revived an agent, the subject's answers are credited here.
+        applies=lambda c: _matches_model(c, "fixed-cut", "revived"),
+        follow_model=True,
     ),
     KnownRLlibBug(
         name="ray#61602",
@@ -1324,7 +1386,7 @@ class Run:
             self.both(
                 copied,
                 f"concat_episode({succ.name})",
-                lambda ep, side: ep.concat_episode(copy.deepcopy(succ_eps[side])),
+                lambda ep, side: _concat(ep, copy.deepcopy(succ_eps[side]), side),
                 mutating=True,
             )
             copied.name = f"{copied.name}+{succ.name}"

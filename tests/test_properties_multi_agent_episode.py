@@ -8,6 +8,8 @@
   agent's data in the uncut episode.
 - get_state/from_state and pickle round trips preserve every getter.
 - to_numpy twice changes nothing.
+- The chunks of any cut sequence, joined with ``concat_episode``, read like the uncut
+  episode.
 
 Random scripts come from ``_ma_scripts.Planner``, seeded by hypothesis-drawn integers (so
 examples are reproducible from the printed seeds).
@@ -21,7 +23,7 @@ import pickle
 from typing import Any
 
 import numpy as np
-from hypothesis import given, note
+from hypothesis import given, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -31,7 +33,14 @@ from hypothesis.stateful import (
     rule,
 )
 
-from _helpers import IS_FASTROLLOUT, MAEpisode, assert_same, count
+from _helpers import (
+    IS_FASTROLLOUT,
+    MAEpisode,
+    assert_same,
+    assert_same_outcome,
+    count,
+    snapshot,
+)
 from _ma_scripts import (
     EXTRA_KEYS,
     Planner,
@@ -166,6 +175,67 @@ class ChunkedEpisodeMachine(RuleBasedStateMachine):
 
 
 TestChunkedEpisodeMachine = ChunkedEpisodeMachine.TestCase
+
+
+# --------------------------------------------------------------------------------------
+# Cut chunks joined with concat_episode.
+# --------------------------------------------------------------------------------------
+
+
+# Two thirds of the profile's examples: 40 (about 3 s) in ci, more with HYPOTHESIS_PROFILE=dev.
+@settings(max_examples=settings.default.max_examples * 2 // 3)
+@given(
+    config_seed=SEEDS,
+    planner_seed=SEEDS,
+    steps=st.integers(0, 14),
+    cuts=st.dictionaries(st.integers(0, 13), st.integers(0, 4), max_size=4),
+    numpy=st.booleans(),
+)
+def test_cut_chunks_joined_with_concat_episode_are_the_uncut_episode(
+    config_seed: int, planner_seed: int, steps: int, cuts: dict[int, int], numpy: bool
+) -> None:
+    """A random script, cut before the steps in ``cuts`` (step -> len_lookback_buffer):
+    the first chunk with every later one appended by ``concat_episode`` reads like the
+    episode fed the same steps without cuts (every multi-agent getter, and each agent's
+    own episode, look-back reads included). With ``numpy``, every chunk goes through
+    ``to_numpy`` first, as a runner hands chunks out (the uncut episode too)."""
+    if not IS_FASTROLLOUT:
+        return  # RLlib's cut and concat_episode break this (ray#44677, ray#45542).
+    cfg = ScriptConfig.draw(np.random.default_rng(config_seed))
+    planner = Planner(cfg, np.random.default_rng(planner_seed))
+    note(f"config: {cfg.describe()}")
+    uncut = new_episode(cfg, "joined")
+    chunks = [new_episode(cfg, "joined")]
+    observations, infos = planner.reset()
+    for ep in (uncut, chunks[0]):
+        ep.add_env_reset(observations=copy.deepcopy(observations), infos=copy.deepcopy(infos))
+    for i in range(steps):
+        if planner.done:
+            break
+        if i in cuts:
+            note(f"cut({cuts[i]}) before step {i}")
+            chunks.append(chunks[-1].cut(len_lookback_buffer=cuts[i]))
+        kwargs = planner.step()
+        note(f"add_env_step({kwargs})")
+        uncut.add_env_step(**copy.deepcopy(kwargs))
+        chunks[-1].add_env_step(**copy.deepcopy(kwargs))
+    count("cut sequences joined with concat_episode")
+    count("cut sequences joined with concat_episode: chunks", len(chunks))
+    if numpy:
+        for ep in (uncut, *chunks):
+            ep.to_numpy()
+    whole = copy.deepcopy(chunks[0])
+    for chunk in chunks[1:]:
+        whole.concat_episode(copy.deepcopy(chunk))
+    # (Agent episodes get random ids: the two episodes' agents have their own.)
+    assert_same_ma(uncut, whole, extra_keys(uncut), ids=False)
+    assert whole.env_t_to_agent_t == uncut.env_t_to_agent_t
+    for aid, sa in uncut.agent_episodes.items():
+        agent_keys = tuple(k for k in EXTRA_KEYS if k in sa.extra_model_outputs)
+        expected = snapshot(sa, agent_keys)
+        got = snapshot(whole.agent_episodes[aid], agent_keys)
+        for what in expected.keys() - {"id_"}:
+            assert_same_outcome(expected[what], got[what], f"{aid}: {what}")
 
 
 # --------------------------------------------------------------------------------------

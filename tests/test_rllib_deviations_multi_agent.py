@@ -6,8 +6,13 @@ makes it say so), and a ``fastrollout_only`` test pins what fastrollout does ins
 test excuses exactly these cases through its ``KNOWN_RLLIB_BUGS`` list.
 
 - ray#61602: an agent that finishes exactly at a rollout boundary is dropped by ``cut``.
+- An agent that finished before the cut comes back in the successor (restarted at agent
+  step 0, misplaced in the env-step map) when the look-back reaches two of its
+  observations.
 - ray#44677: a cut while an agent holds a hanging action loses that agent's step.
-- ray#45542: the env-step -> agent-step map is wrong after ``concat_episode``.
+- ray#45542: the env-step -> agent-step map is wrong after ``concat_episode``; it also
+  keeps the rewards of an agent that the second chunk dropped, and loses the truncation
+  of a chunk that ended terminated and truncated.
 - RLlib's env-step reads of actions/rewards/extras lose items in chunks that start after
   agent step 0 (cut successors, slices).
 - RLlib's crashes inside ``get_extra_model_outputs``.
@@ -26,6 +31,7 @@ import numpy as np
 import pytest
 
 from _helpers import MAEpisode, RLlibMAEpisode, assert_same, fastrollout_only, outcome
+from _ma_scripts import assert_same_ma
 
 # --------------------------------------------------------------------------------------
 # ray#61602: an agent finishing exactly at the cut.
@@ -87,6 +93,87 @@ def test_cut_keeps_an_agent_that_finishes_at_the_boundary(k: int) -> None:
     assert whole.agent_episodes["a1"].get_actions() == [110, 111]
     assert whole.agent_episodes["a0"].get_observations() == [0, 1, 2, 3]
     assert whole.get_return() == 7.0
+
+
+# --------------------------------------------------------------------------------------
+# An agent that finished before the cut, within reach of the successor's look-back.
+# --------------------------------------------------------------------------------------
+
+
+def finished_before_episode(cls: Any) -> Any:
+    """b is terminated at env step 1; at env step 2 only a observes, c's action hangs
+    (so a cut reaches back to c's observation at env step 0, and b's two with it; RLlib's
+    cut(0) does not, see ray#44677).
+
+    env t:  0    1    2
+    a obs:  0    1    2
+    b obs:  10   11 (terminated)
+    c obs:  20        (action 0 hangs)
+    """
+    ep = cls(id_="finished-before")
+    ep.add_env_reset(observations={"a": 0, "b": 10, "c": 20})
+    ep.add_env_step(
+        {"a": 1, "b": 11},
+        {"a": 0, "b": 0, "c": 0},
+        {"a": 1.0, "b": 1.0},
+        terminateds={"b": True},
+    )
+    ep.add_env_step({"a": 2}, {"a": 1}, {"a": 1.0})
+    return ep
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_rllib_cut_brings_back_an_agent_that_finished_before(k: int) -> None:
+    ep = finished_before_episode(RLlibMAEpisode)
+    assert ep.get_agents_that_stepped() == {"a"}
+    successor = ep.cut(k)
+    # b is back: a done agent episode restarted at agent step 0 (it had two steps) ...
+    b = successor.agent_episodes["b"]
+    assert (b.t_started, b.t, b.is_terminated) == (0, 0, True)
+    # ... whose env-step map is one entry short, so its last observation (env step 1)
+    # reads as one of env step 2.
+    assert (
+        len(successor.env_t_to_agent_t["b"].data) == len(successor.env_t_to_agent_t["a"].data) - 1
+    )
+    assert successor.get_agents_that_stepped() == {"a", "b"}
+    assert successor.get_observations(-1) == {"a": 2, "b": 11}
+    # Without a look-back that reaches it, RLlib leaves it out.
+    assert "b" not in finishing_lookback_free_cut(RLlibMAEpisode).agent_ids
+
+
+def finishing_lookback_free_cut(cls: Any) -> Any:
+    """The same episode without c's hanging action: cut(0) keeps only env step 2."""
+    ep = cls(id_="finished-before")
+    ep.add_env_reset(observations={"a": 0, "b": 10})
+    ep.add_env_step(
+        {"a": 1, "b": 11}, {"a": 0, "b": 0}, {"a": 1.0, "b": 1.0}, terminateds={"b": True}
+    )
+    ep.add_env_step({"a": 2}, {"a": 1}, {"a": 1.0})
+    return ep.cut()
+
+
+@fastrollout_only
+@pytest.mark.parametrize("k", [0, 1, 2, 3])
+def test_cut_leaves_out_an_agent_that_finished_before(k: int) -> None:
+    ep = finished_before_episode(MAEpisode)
+    successor = ep.cut(k)
+    assert successor.agent_ids == {"a", "c"}
+    assert "b" not in successor.env_t_to_agent_t and "b" not in successor.agent_t_started
+    assert successor.get_agents_that_stepped() == {"a"}
+    assert successor.get_agents_to_act() == {"a"}
+    assert successor.get_observations(-1) == {"a": 2}
+    assert successor.get_terminateds() == {"a": False, "c": False, "__all__": False}
+    # c keeps its observation and hanging action; the step completes in the successor.
+    c = successor.agent_episodes["c"]
+    assert (c.t_started, c.t, c.get_observations()) == (0, 0, [20])
+    successor.add_env_step({"a": 3, "c": 21}, {"a": 2}, {"a": 1.0, "c": 5.0})
+    assert c.get_actions() == [0] and c.get_rewards() == [5.0]
+    # Put back together, the chunks are the uncut episode.
+    uncut = copy.deepcopy(ep)
+    uncut.add_env_step({"a": 3, "c": 21}, {"a": 2}, {"a": 1.0, "c": 5.0})
+    whole = copy.deepcopy(ep)
+    whole.concat_episode(successor)
+    assert_same_ma(uncut, whole)
 
 
 # --------------------------------------------------------------------------------------
@@ -539,3 +626,76 @@ def test_concat_episode_counts_hanging_rewards_once() -> None:
     assert whole.get_return(include_hanging_rewards=True) == pytest.approx(
         uncut.get_return(include_hanging_rewards=True)
     )
+
+
+def agent_arrives_done_after_the_cut(cls: Any) -> tuple[Any, Any]:
+    """b gets a reward before its first observation, then (after a cut) its first
+    observation arrives as the episode ends: it never joins and its reward is dropped.
+    Returns (concatenated, uncut)."""
+    ep = cls(id_="arrives-done")
+    ep.add_env_reset(observations={"a": 0})
+    ep.add_env_step({"a": 1}, {"a": 0}, {"a": 1.0, "b": 0.5})
+    uncut = copy.deepcopy(ep)
+    successor = ep.cut()
+    for e in (uncut, successor):
+        e.add_env_step({"a": 2, "b": 20}, {"a": 1}, {"a": 1.0}, terminateds={"__all__": True})
+    whole = copy.deepcopy(ep)
+    whole.concat_episode(successor)
+    return whole, uncut
+
+
+def test_rllib_concat_episode_keeps_the_reward_of_an_agent_dropped_later() -> None:
+    whole, uncut = agent_arrives_done_after_the_cut(RLlibMAEpisode)
+    assert uncut._hanging_rewards_begin == {}
+    assert uncut.get_return(include_hanging_rewards=True) == 2.0
+    assert whole.get_return(include_hanging_rewards=True) == 2.5  # b's 0.5 still there
+
+
+@fastrollout_only
+def test_concat_episode_drops_the_reward_of_an_agent_dropped_later() -> None:
+    whole, uncut = agent_arrives_done_after_the_cut(MAEpisode)
+    assert uncut._dropped_agents == {"b"}
+    assert dict(whole._hanging_rewards_begin) == {}
+    assert whole.get_return(include_hanging_rewards=True) == 2.0
+    assert_same_ma(uncut, whole)
+
+
+def both_flags_at_the_end(cls: Any) -> tuple[Any, Any]:
+    """The episode ends with __all__ terminated and truncated and a's own flags both set,
+    after a cut. Returns (concatenated, uncut)."""
+    ep = cls(id_="both-flags")
+    ep.add_env_reset(observations={"a": 0})
+    ep.add_env_step({"a": 1}, {"a": 0}, {"a": 1.0})
+    uncut = copy.deepcopy(ep)
+    successor = ep.cut()
+    done = {"a": True, "__all__": True}
+    for e in (uncut, successor):
+        e.add_env_step({"a": 2}, {"a": 1}, {"a": 1.0}, terminateds=done, truncateds=done)
+    whole = copy.deepcopy(ep)
+    whole.concat_episode(successor)
+    return whole, uncut
+
+
+def test_rllib_concat_episode_loses_the_truncation_of_a_terminated_chunk() -> None:
+    whole, uncut = both_flags_at_the_end(RLlibMAEpisode)
+    assert (uncut.is_terminated, uncut.is_truncated) == (True, True)
+    assert (uncut.agent_episodes["a"].is_terminated, uncut.agent_episodes["a"].is_truncated) == (
+        True,
+        True,
+    )
+    assert (whole.is_terminated, whole.is_truncated) == (True, False)
+    assert (whole.agent_episodes["a"].is_terminated, whole.agent_episodes["a"].is_truncated) == (
+        True,
+        False,
+    )
+
+
+@fastrollout_only
+def test_concat_episode_keeps_both_done_flags_of_the_agents() -> None:
+    whole, uncut = both_flags_at_the_end(MAEpisode)
+    assert (whole.is_terminated, whole.is_truncated) == (True, True)
+    assert (whole.agent_episodes["a"].is_terminated, whole.agent_episodes["a"].is_truncated) == (
+        True,
+        True,
+    )
+    assert_same_ma(uncut, whole)

@@ -63,6 +63,7 @@ class MultiAgentEpisodeCore:
     _hanging_extra_model_outputs_end: dict[Any, Any]
     _hanging_rewards_end: dict[Any, float]
     _hanging_rewards_begin: dict[Any, float]
+    _dropped_agents: set[Any]
 
     def __new__(cls, *_args: Any, **_kwargs: Any) -> Self: ...
     def add_env_step(

@@ -216,6 +216,11 @@ pub struct MultiAgentEpisodeCore {
     /// Agent id -> rewards collected before its first observation.
     #[pyo3(get, name = "_hanging_rewards_begin")]
     hanging_rewards_begin: Py<PyDict>,
+    /// Agents whose hanging data a step of this chunk dropped (done with nothing to
+    /// record), so that `concat_episode` drops what the chunk before holds for them too:
+    /// an agent with rewards before its first observation that arrives done leaves none.
+    #[pyo3(get, name = "_dropped_agents")]
+    dropped_agents: Py<PySet>,
 }
 
 /// Sets `slot` from a Python value assigned to the attribute `name`; on a value that does
@@ -240,6 +245,7 @@ struct EpisodeState<'py> {
     hanging_extras: Bound<'py, PyDict>,
     rewards_end: Bound<'py, PyDict>,
     rewards_begin: Bound<'py, PyDict>,
+    dropped: Bound<'py, PySet>,
     env_t: i64,
     env_t_started: i64,
     lookback: usize,
@@ -256,6 +262,7 @@ impl MultiAgentEpisodeCore {
             hanging_extras: self.hanging_extra_model_outputs_end.bind(py).clone(),
             rewards_end: self.hanging_rewards_end.bind(py).clone(),
             rewards_begin: self.hanging_rewards_begin.bind(py).clone(),
+            dropped: self.dropped_agents.bind(py).clone(),
             env_t: self.env_t,
             env_t_started: self.env_t_started,
             lookback: self.len_lookback_buffers,
@@ -316,6 +323,7 @@ impl MultiAgentEpisodeCore {
             hanging_extra_model_outputs_end: with_default(py.get_type::<PyDict>())?,
             hanging_rewards_end: with_default(py.get_type::<pyo3::types::PyFloat>())?,
             hanging_rewards_begin: with_default(py.get_type::<pyo3::types::PyFloat>())?,
+            dropped_agents: PySet::empty(py)?.unbind(),
         })
     }
 
@@ -390,6 +398,10 @@ impl MultiAgentEpisodeCore {
     fn set_hanging_rewards_begin(&mut self, value: &Bound<'_, PyAny>) -> PyResult<()> {
         set_named(&mut self.hanging_rewards_begin, value, "_hanging_rewards_begin")
     }
+    #[setter(_dropped_agents)]
+    fn set_dropped_agents(&mut self, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        set_named(&mut self.dropped_agents, value, "_dropped_agents")
+    }
 
     /// Records one env step of all agents, in one native call (the runner's per-sub-env
     /// record calls it too).
@@ -441,6 +453,7 @@ impl MultiAgentEpisodeCore {
             hanging_extras,
             rewards_end,
             rewards_begin,
+            dropped,
             env_t,
             env_t_started,
             lookback,
@@ -857,7 +870,10 @@ impl MultiAgentEpisodeCore {
                 Prepared::AddReward { begin } => {
                     add_to(if begin { &rewards_begin } else { &rewards_end }, aid, reward)?;
                 }
-                Prepared::Drop => remove(&all_hanging, aid)?,
+                Prepared::Drop => {
+                    remove(&all_hanging, aid)?;
+                    dropped.add(aid)?;
+                }
             }
         }
         let mut e = episode.try_borrow_mut()?;
@@ -873,7 +889,7 @@ impl MultiAgentEpisodeCore {
         for d in self.dicts() {
             visit.call(d)?;
         }
-        Ok(())
+        visit.call(&self.dropped_agents)
     }
 
     fn __clear__(&mut self) {
@@ -889,6 +905,9 @@ impl MultiAgentEpisodeCore {
                 &mut self.hanging_rewards_begin,
             ] {
                 *d = PyDict::new(py).unbind();
+            }
+            if let Ok(set) = PySet::empty(py) {
+                self.dropped_agents = set.unbind();
             }
         });
     }

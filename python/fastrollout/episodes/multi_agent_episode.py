@@ -73,6 +73,9 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
         EpisodeStateError: If the initial data's lengths do not fit together.
     """
 
+    #: The class of the agents' episodes (a subclass keeps its own kind for them).
+    _agent_episode_cls: type[SingleAgentEpisode] = SingleAgentEpisode
+
     SKIP_ENV_TS_TAG = SKIP
 
     def __init__(
@@ -139,7 +142,7 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
     # ------------------------------------------------------------------ recording
 
     def _new_agent_episode(self, agent_id: Any) -> SingleAgentEpisode:
-        return SingleAgentEpisode(
+        return self._agent_episode_cls(
             agent_id=agent_id,
             module_id=self.module_for(agent_id),
             multi_agent_episode_id=self.id_,
@@ -293,11 +296,16 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
         # the maps of agents that are done, or absent from `other`, behind, and re-appends
         # `other`'s look-back entries: ray issue 45542).
         new_steps = len(other)
-        # Length and look-back of our maps as they are before this concat (each map is
-        # extended in the loop below, so they are read now).
+        # The look-back of our maps, and how many entries a map has before our last env
+        # step (each map is extended in the loop below, so this is read now). Counted from
+        # the env steps, not from a map's length: the map of an agent terminated without
+        # an observation holds one entry more (as in RLlib), and an agent that joins in
+        # `other` must line up with the others.
         reference = next(iter(self.env_t_to_agent_t.values()), None)
-        steps_before = len(reference.data) - 1 if reference is not None else 0
-        lookback_before = reference.lookback if reference is not None else 0
+        lookback_before = (
+            reference.lookback if reference is not None else self._len_lookback_buffers
+        )
+        steps_before = lookback_before + len(self)
         for agent_id in self.agent_ids | other.agent_ids:
             sa_episode = self.agent_episodes.get(agent_id)
             theirs = other.env_t_to_agent_t.get(agent_id)
@@ -324,7 +332,12 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
         # Rewards before an agent's first observation add up over the chunks. A cut
         # starts the successor's cache with what hung at the end of this chunk (rewards
         # of agents that had acted; their steps in `other` count them), so those
-        # entries are not added again. An agent done in `other` has nothing hanging.
+        # entries are not added again. An agent done in `other` has nothing hanging, nor
+        # has one whose hanging data `other` dropped (it arrived done, without an episode
+        # to record in): what hung for it before is gone too, as in the uncut episode.
+        for agent_id in other._dropped_agents:
+            self._hanging_rewards_begin.pop(agent_id, None)
+        self._dropped_agents.update(other._dropped_agents)
         for agent_id, reward in other._hanging_rewards_begin.items():
             if agent_id in hanging_at_cut:
                 continue
@@ -335,10 +348,9 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
             if sa_episode.is_done:
                 self._del_hanging(agent_id)
         self.env_t = other.env_t
-        if other.is_terminated:
-            self.is_terminated = True
-        elif other.is_truncated:
-            self.is_truncated = True
+        # Both flags (RLlib 2.60 keeps only the termination where both are set).
+        self.is_terminated = self.is_terminated or other.is_terminated
+        self.is_truncated = self.is_truncated or other.is_truncated
         self._custom_data.update(other.custom_data)
         self.validate()
 
@@ -398,7 +410,7 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
             if len_lookback_buffer > 0
             else builtins.slice(None, 0)
         )
-        successor = MultiAgentEpisode(
+        successor = type(self)(
             id_=self.id_,
             observations=self.get_observations(indices=obs_and_infos, return_list=True),
             observation_space=self.observation_space,
@@ -425,6 +437,15 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
         for aid, (terminated, truncated) in finished.items():
             successor.agent_episodes[aid].is_terminated = terminated
             successor.agent_episodes[aid].is_truncated = truncated
+        # An agent that finished before the last env step has no part in the successor,
+        # however far its look-back reaches: it is left out as when its one observation is
+        # the first one kept (the constructor drops that one). RLlib 2.60 brings such an
+        # agent back when the look-back holds two or more of its observations: with
+        # t_started=0 and an env-step map shorter than the others', so that it shows up in
+        # get_agents_that_stepped() and get_observations(-1).
+        for aid, eps in self.agent_episodes.items():
+            if eps.is_done and aid not in finished and aid in successor.agent_episodes:
+                successor._del_agent(aid)
         successor._hanging_rewards_begin = self._hanging_rewards_end.copy()
         successor._custom_data = copy.deepcopy(self._custom_data) if self._custom_data else {}
         return successor
@@ -572,7 +593,7 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
         lb = len_lookback_buffer if len_lookback_buffer is not None else ref_lookback
         if start - lb < 0 and ref_lookback < lb - start:
             lb = ref_lookback + start
-        sliced = MultiAgentEpisode(
+        sliced = type(self)(
             id_=self.id_,
             observations=self.get_observations(
                 builtins.slice(start - lb, stop + 1), neg_index_as_lookback=True, return_list=True
@@ -1198,6 +1219,7 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
             "_hanging_extra_model_outputs_end": dict(self._hanging_extra_model_outputs_end),
             "_hanging_rewards_end": dict(self._hanging_rewards_end),
             "_hanging_rewards_begin": dict(self._hanging_rewards_begin),
+            "_dropped_agents": set(self._dropped_agents),
             "is_terminated": self.is_terminated,
             "is_truncated": self.is_truncated,
             "agent_episodes": [(aid, eps.get_state()) for aid, eps in self.agent_episodes.items()],
@@ -1206,8 +1228,8 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
             "custom_data": self._custom_data,
         }
 
-    @staticmethod
-    def from_state(state: dict) -> MultiAgentEpisode:
+    @classmethod
+    def from_state(cls, state: dict) -> MultiAgentEpisode:
         """Rebuilds an episode from :meth:`get_state`'s dict.
 
         Args:
@@ -1216,7 +1238,7 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
         Returns:
             The episode.
         """
-        episode = MultiAgentEpisode(id_=state["id_"])
+        episode = cls(id_=state["id_"])
         episode.agent_to_module_mapping_fn = state["agent_to_module_mapping_fn"]
         episode._agent_to_module_mapping = dict(state["_agent_to_module_mapping"])
         episode.observation_space = state["observation_space"]
@@ -1235,10 +1257,11 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
         episode._hanging_extra_model_outputs_end.update(state["_hanging_extra_model_outputs_end"])
         episode._hanging_rewards_end.update(state["_hanging_rewards_end"])
         episode._hanging_rewards_begin.update(state["_hanging_rewards_begin"])
+        episode._dropped_agents.update(state.get("_dropped_agents", ()))
         episode.is_terminated = state["is_terminated"]
         episode.is_truncated = state["is_truncated"]
         episode.agent_episodes.update(
-            (aid, SingleAgentEpisode.from_state(s)) for aid, s in state["agent_episodes"]
+            (aid, cls._agent_episode_cls.from_state(s)) for aid, s in state["agent_episodes"]
         )
         episode._start_time = state["_start_time"]
         episode._last_step_time = state["_last_step_time"]
@@ -1247,13 +1270,13 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
         return episode
 
     def __reduce__(self) -> tuple:
-        return (MultiAgentEpisode.from_state, (self.get_state(),))
+        return (type(self).from_state, (self.get_state(),))
 
     def __copy__(self) -> MultiAgentEpisode:
-        return MultiAgentEpisode.from_state(self.get_state())
+        return type(self).from_state(self.get_state())
 
     def __deepcopy__(self, memo: dict) -> MultiAgentEpisode:
-        return MultiAgentEpisode.from_state(copy.deepcopy(self.get_state(), memo))
+        return type(self).from_state(copy.deepcopy(self.get_state(), memo))
 
     # ------------------------------------------------------------------ internals
 
@@ -1381,7 +1404,7 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
                 agent_id, self
             )
             agent_extras = extras_per_agent[agent_id]
-            self.agent_episodes[agent_id] = SingleAgentEpisode(
+            self.agent_episodes[agent_id] = self._agent_episode_cls(
                 (agent_episode_ids or {}).get(agent_id),
                 agent_id=agent_id,
                 module_id=module_id,
