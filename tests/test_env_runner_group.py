@@ -472,12 +472,21 @@ def test_sample_timeout_returns_what_is_ready_and_keeps_the_rest(group: EnvRunne
     # The runners still sampling give no metrics yet; nothing is lost.
     nothing = MetricsLogger.peek_results(group.get_metrics()).get("num_env_steps_sampled", 0)
     assert nothing == 0 or math.isnan(nothing)
+    # Busy runners keep their connector states (merged at a later sync) but take weights.
+    seq = group.weights_seq_no + 1
+    weights = group.local_env_runner.get_weights()
+    group.sync_env_runner_states(rl_module_state={"rl_module": weights, "weights_seq_no": seq})
+    assert group.weights_seq_no == seq
     late = group.sample(num_timesteps=2000, sample_timeout_s=30)
     gained = sum(b - a for a, b in zip(before, _lifetime_steps(group), strict=True))
     # The second call asked nothing new: the runners were busy with the first request.
     assert 2000 <= _steps(early + late) == gained < 2000 + 2 * NUM_ENVS
     metrics = MetricsLogger.peek_results(group.get_metrics())
     assert metrics["num_env_steps_sampled"] == gained
+    for runner_seq, delta in group.foreach_env_runner(
+        lambda r: (r._weights_seq_no, _filter_state(r)["delta"]["count"]), local_env_runner=False
+    ):
+        assert runner_seq == seq and delta >= 1000
 
 
 def test_runner_gone_for_good_is_left_out(group: EnvRunnerGroup) -> None:
@@ -512,9 +521,15 @@ def test_without_fault_tolerance_a_failure_raises(ray_local: Any) -> None:
             group.foreach_env_runner(fail, local_env_runner=False)
 
 
-def test_too_few_cpus_in_the_cluster_fail_fast(ray_local: Any) -> None:
+def test_too_few_cpus_or_gpus_in_the_cluster_fail_fast(ray_local: Any) -> None:
     with pytest.raises(ValueError, match=r"3 remote env runners x num_cpus_per_env_runner=1"):
         EnvRunnerGroup(config=_config(num_env_runners=3))
+    with pytest.raises(ValueError, match=r"need 1 GPUs, the Ray cluster has 0 in all"):
+        EnvRunnerGroup(
+            config=_config(
+                num_env_runners=1, num_cpus_per_env_runner=0.5, num_gpus_per_env_runner=1
+            )
+        )
 
 
 def test_sampled_episodes_pickle_close_to_their_raw_bytes(group_free_runner: Any) -> None:

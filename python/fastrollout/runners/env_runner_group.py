@@ -589,15 +589,10 @@ class EnvRunnerGroup:
             given = rl_module_state.get(s.WEIGHTS_SEQ_NO)
             if given is not None:
                 self._weights_seq_no = max(self._weights_seq_no, int(given))
+        targets = self._targets(env_runner_indices_to_update)
         idle = [
-            i
-            for i in self._targets(env_runner_indices_to_update)
-            if self._remotes[i].pending_sample is None and not self._has_async(i)
+            i for i in targets if self._remotes[i].pending_sample is None and not self._has_async(i)
         ]
-        if connector_states is None and not idle:
-            if extra:
-                target.set_state(extra)
-            return
         gathered: list[int] = []
         if connector_states is None:
             refs = {
@@ -626,6 +621,11 @@ class EnvRunnerGroup:
             target.set_state(state)
         if gathered and state:
             self._push("set_state", self._ray.put(state), gathered, timeout_seconds=0.0)
+        # Runners whose connector states were not merged keep them (merged at a later
+        # sync); the weights and the step count go to them all the same.
+        others = [i for i in targets if i not in gathered]
+        if others and extra:
+            self._push("set_state", self._ray.put(extra), others, timeout_seconds=0.0)
 
     # ------------------------------------------------------------------ foreach
 
