@@ -952,9 +952,11 @@ class EnvRunnerGroup:
         for ref, (i, _) in list(self._async_reqs.items()):
             if i == index:
                 del self._async_reqs[ref]
-        for ref, i in list(self._unchecked.items()):
-            if i == index:
-                del self._unchecked[ref]
+        # Calls still out to the failed process would only fail too.
+        for calls in (self._unchecked, self._pending_metrics):
+            for ref, i in list(calls.items()):
+                if i == index:
+                    del calls[ref]
         if not isinstance(err, ray.exceptions.RayActorError):
             # The call raised inside a live runner, whose state may now be broken: as
             # RLlib does, end the process, which Ray restarts when restarts are on.
