@@ -7,7 +7,6 @@ Nothing here imports Ray at module import (``import fastrollout`` stays free of 
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any, NamedTuple
@@ -73,10 +72,6 @@ class RunnerHost:
     ) -> None:
         from fastrollout.env import register_env
 
-        # Weights arrive as read-only views into Ray's object store; set_state copies
-        # them into the parameters and never writes to them, so torch's warning about
-        # non-writable arrays says nothing here (this process is the runner's own).
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         for name, creator in registered_envs.items():
             register_env(name, creator)
         self.runner = runner_cls(config=config, worker_index=worker_index, num_workers=num_workers)
