@@ -204,3 +204,90 @@ def test_runner_from_rllib_config_does_not_step_the_env_at_construction():
     assert _CountingEnv.steps == 0
     fr.SingleAgentEnvRunner(config=fr.RunnerConfig().environment(_CountingEnv))
     assert _CountingEnv.steps > 0
+
+
+def _map_agent(agent_id, *args, **kwargs):
+    return f"p{agent_id}"
+
+
+def _ma_config():
+    from ray.rllib.examples.envs.classes.multi_agent import MultiAgentCartPole
+
+    return (
+        ppo.PPOConfig()
+        .environment(MultiAgentCartPole, env_config={"num_agents": 2})
+        .env_runners(num_envs_per_env_runner=2)
+        .multi_agent(policies={"p1", "p0"}, policy_mapping_fn=_map_agent)
+        .rl_module(model_config={"fcnet_hiddens": [16]})
+        .debugging(seed=0)
+    )
+
+
+def test_multi_agent_runner_from_rllib_config():
+    runner = fr.MultiAgentEnvRunner(config=_ma_config())
+    assert sorted(runner.module) == ["p0", "p1"]
+    assert all(isinstance(runner.module[m], DefaultMLPModule) for m in ("p0", "p1"))
+    episodes = runner.sample(num_timesteps=40)
+    for e in episodes:
+        assert isinstance(e, RLlibMultiAgentEpisode) and isinstance(e, fr.MultiAgentEpisode)
+        for sa in e.agent_episodes.values():
+            assert isinstance(sa, RLlibSingleAgentEpisode)
+        back = pickle.loads(pickle.dumps(e))
+        assert type(back) is type(e)
+        assert all(
+            type(sa) is _rllib.RLlibSingleAgentEpisode for sa in back.agent_episodes.values()
+        )
+    # The successors of a cut keep the kind.
+    assert all(type(e) is _rllib.RLlibMultiAgentEpisode for e in runner._episodes)
+
+
+@pytest.mark.parametrize("multi_agent", [False, True], ids=["single_agent", "multi_agent"])
+def test_get_metrics_aggregate_in_rllibs_root_logger(multi_agent):
+    from ray.rllib.utils.metrics.metrics_logger import MetricsLogger as RLlibLogger
+
+    if multi_agent:
+        runners = [fr.MultiAgentEnvRunner(config=_ma_config()) for _ in range(2)]
+    else:
+        runners = [fr.SingleAgentEnvRunner(config=ppo_config()) for _ in range(2)]
+    root = RLlibLogger(root=True)
+    steps = 0
+    for _ in range(2):
+        results = []
+        for r in runners:
+            steps += sum(e.env_steps() for e in r.sample(num_timesteps=60))
+            results.append(r.get_metrics())
+        root.aggregate(results, key="env_runners")
+    assert root.peek(("env_runners", "num_env_steps_sampled_lifetime")) == steps
+    assert root.peek(("env_runners", "episode_return_mean")) > 0
+    # RLlib's root reports the lifetime count's throughput, as for its own runners.
+    assert "num_env_steps_sampled_lifetime_throughput" in root.compile()["env_runners"]
+
+
+def test_local_runner_of_a_group_holds_no_env():
+    """RLlib's rule: with remote runners, the group's local runner (index 0) has no env
+    unless create_env_on_local_worker; it builds its modules from the group's spaces."""
+    probe = fr.SingleAgentEnvRunner(config=ppo_config(num_env_runners=2))
+    spaces = probe.get_spaces()
+    local = fr.SingleAgentEnvRunner(
+        config=ppo_config(num_env_runners=2), worker_index=0, num_workers=2, spaces=spaces
+    )
+    assert local.env is None
+    assert local.module is not None
+    local.set_state(probe.get_state())
+    with pytest.raises(RuntimeError, match="no env"):
+        local.sample(num_timesteps=1)
+    with_env = fr.SingleAgentEnvRunner(
+        config=ppo_config(num_env_runners=2, create_env_on_local_worker=True),
+        worker_index=0,
+        num_workers=2,
+    )
+    assert with_env.env is not None
+
+
+def test_apply_and_ping():
+    runner = fr.SingleAgentEnvRunner(config=ppo_config())
+    assert runner.ping() == "pong"
+    assert runner.apply(lambda r, x: (r.worker_index, x), 5) == (0, 5)
+    # Outside a Ray actor an error in the function propagates.
+    with pytest.raises(ZeroDivisionError):
+        runner.apply(lambda r: 1 / 0)

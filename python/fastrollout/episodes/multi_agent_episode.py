@@ -509,7 +509,7 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
             kept.append((aid, eps, done))
         if not kept:
             return None
-        successor = MultiAgentEpisode.__new__(MultiAgentEpisode)
+        successor = type(self).__new__(type(self))
         successor.id_ = self.id_
         successor.agent_to_module_mapping_fn = self.agent_to_module_mapping_fn
         successor._agent_to_module_mapping = {
