@@ -299,7 +299,7 @@ def test_without_ray_the_error_names_the_extra(monkeypatch):
         monkeypatch.setitem(sys.modules, name, None)
     m = MetricsLogger()
     m.log_value("x", 1.0)
-    with pytest.raises(ImportError, match=r"pip install fastrollout\[ray\]"):
+    with pytest.raises(ImportError, match=r"pip install fastrollout\[rllib\]"):
         to_rllib_results(m.reduce())
 
 

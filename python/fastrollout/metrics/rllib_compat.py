@@ -20,7 +20,7 @@ from fastrollout._core import StatsSnapshot
 
 __all__ = ["stat_states_from_rllib", "to_rllib_results"]
 
-_INSTALL_HINT = "pip install fastrollout[ray]"
+_INSTALL_HINT = "pip install fastrollout[rllib]"
 
 # RLlib's defaults (its PercentilesStats and EmaStats constructors).
 _DEFAULT_PERCENTILES = (0, 50, 75, 90, 95, 99, 100)
