@@ -244,3 +244,20 @@ def test_concat_of_numpy_chunks_reads_as_the_numpy_episode(cls):
     ep, successor = _chunks(cls, numpy_first=True, extras_later=False)
     ep.concat_episode(successor)
     assert not ep.is_numpy
+
+
+# Setters.
+
+
+@BOTH
+def test_set_after_to_numpy_keeps_a_wider_value(cls):
+    # No space: the layout is inferred (ints). A float set after to_numpy is stored as
+    # add_env_step stores one (the batch becomes float); RLlib writes it into its int
+    # array and cuts it to 7353.
+    ep = cls(observations=[100, 101], actions=[1], rewards=[0.1]).to_numpy()
+    ep.set_observations(new_data=7353.5, at_indices=0)
+    expected = [7353] if cls is RLlibEpisode else [7353.5]
+    np.testing.assert_array_equal(ep.get_observations(), expected)
+    assert ep.get_observations(-1, neg_index_as_lookback=True) == 100
+    ep.add_env_step(0.5, 1, 1.0)
+    assert ep.get_observations().dtype == np.float64

@@ -1006,6 +1006,79 @@ def test_set_with_wrong_length_raises_index_error(numpy: bool) -> None:
     )
 
 
+def test_set_a_value_that_does_not_fit_the_inferred_layout() -> None:
+    # Without spaces the layouts come from the first items (ints); a float set later is
+    # stored as add_env_step stores one, and what was recorded before reads as it did.
+    ep = Episode(
+        observations=[100, 101, 102],
+        actions=[1, 2],
+        rewards=[0.1, 0.2],
+        extra_model_outputs={"n": [3, 4]},
+        len_lookback_buffer=1,
+    )
+    ep.set_observations(new_data=7353.0, at_indices=0)
+    assert_same(ep.get_observations(), [7353.0, 102])
+    assert_same(ep.get_observations(-1, neg_index_as_lookback=True), 100)
+    ep.set_actions(new_data=[0.5], at_indices=slice(0, 1))
+    ep.set_extra_model_outputs(key="n", new_data=np.float32(0.25), at_indices=-1)
+    assert_same(ep.get_actions(), [0.5])
+    assert_same(ep.get_extra_model_outputs("n"), [np.float32(0.25)])
+    assert_same(ep.get_actions(slice(-2, None), neg_index_as_lookback=True), [1, 0.5])
+    # A batch (an array) of floats into the rewards' float column needs no change; into
+    # the ints, it goes in item by item.
+    ep.set_observations(new_data=np.array([0.5, 1.5]), at_indices=[0, 1])
+    assert_same(ep.get_observations(), [np.float64(0.5), np.float64(1.5)])
+    ep.add_env_step(0.75, 3, 0.3, extra_model_outputs={"n": 5})
+    assert_same(ep.get_observations(), [np.float64(0.5), np.float64(1.5), 0.75])
+    ep.to_numpy()
+    np.testing.assert_array_equal(ep.get_observations(), [0.5, 1.5, 0.75])
+    np.testing.assert_array_equal(ep.get_actions(), [0.5, 3])
+    np.testing.assert_array_equal(ep.get_extra_model_outputs("n"), [0.25, 5])
+
+
+@fastrollout_only
+def test_set_a_value_that_does_not_fit_keeps_everything_on_errors() -> None:
+    # A wrong number of values changes nothing, also where the field would change kind.
+    ep = Episode(observations=[100, 101, 102], actions=[1, 2], rewards=[0.1, 0.2])
+    assert_rejected(
+        ep,
+        IndexError,
+        lambda: ep.set_observations(new_data=[0.5, 1.5], at_indices=slice(-3, None)),
+        extra_keys=(),
+    )
+    assert_rejected(
+        ep,
+        IndexError,
+        lambda: ep.set_observations(new_data=np.array([0.5, 1.5, 2.5])),
+        extra_keys=(),
+    )
+    assert_same(ep.get_observations(), [102])
+    # With a space, a value that does not fit it is an error, as in add_env_step.
+    spaced = Episode(
+        observations=[1, 2],
+        observation_space=gym.spaces.Discrete(8),
+        actions=[1],
+        action_space=gym.spaces.Discrete(4),
+        rewards=[0.1],
+    )
+    assert_rejected(
+        spaced,
+        SpaceMismatchError,
+        lambda: spaced.set_observations(new_data=7353.0, at_indices=0),
+        match="observation: expected shape \\(\\) and dtype int64, got 7353.0",
+        extra_keys=(),
+    )
+    assert_rejected(
+        spaced,
+        SpaceMismatchError,
+        lambda: spaced.set_actions(new_data=[0.5], at_indices=[-1]),
+        match="action",
+        extra_keys=(),
+    )
+    with pytest.raises(SpaceMismatchError):
+        spaced.add_env_step(0.5, 1, 1.0)
+
+
 # --------------------------------------------------------------------------------------
 # cut / concat_episode.
 # --------------------------------------------------------------------------------------

@@ -29,6 +29,18 @@ pub enum Storage<O> {
     Sparse { total: usize, lookback: usize, items: Vec<(usize, O)> },
 }
 
+/// One stored item of a typed column, handed to the caller that turns it into a host
+/// object (see [`Field::make_objects`]).
+#[derive(Clone, Copy, Debug)]
+pub struct TypedItem<'a> {
+    pub column: &'a Column,
+    /// Absolute position (look-back included).
+    pub pos: usize,
+    /// The item was given as a host scalar and reads back as one (the field's
+    /// `host_scalars`, before `to_numpy`): as an object it stays one.
+    pub host_scalar: bool,
+}
+
 /// The per-leaf buffers of one item. Most spaces (Box, Discrete, scalars) have one
 /// leaf: it is held inline, which saves an allocation per field and step (about a
 /// tenth of a multi-agent step's cost per agent).
@@ -316,9 +328,11 @@ impl<O: Clone> Field<O> {
 
     /// Turns typed storage into host objects with `to_object` (one call per item), e.g.
     /// when an item arrives that does not fit the schema inferred from the first one.
-    pub fn make_objects(&mut self, mut to_object: impl FnMut(&Column, usize) -> O) {
-        if let Storage::Typed { column, .. } = &self.storage {
-            let items = (0..column.total()).map(|p| to_object(column, p)).collect();
+    pub fn make_objects(&mut self, mut to_object: impl FnMut(TypedItem<'_>) -> O) {
+        if let Storage::Typed { column, host_scalars } = &self.storage {
+            let host_scalar = *host_scalars && !self.finalized;
+            let items =
+                (0..column.total()).map(|pos| to_object(TypedItem { column, pos, host_scalar })).collect();
             self.storage = Storage::Objects { items, lookback: column.lookback() };
         } else if let Storage::Untyped = self.storage {
             self.storage = Storage::Objects { items: Vec::new(), lookback: 0 };
@@ -348,7 +362,7 @@ impl<O: Clone> Field<O> {
     pub fn push<B: AsRef<[u8]>>(
         &mut self,
         item: Item<O, B>,
-        to_object: impl FnMut(&Column, usize) -> O,
+        to_object: impl FnMut(TypedItem<'_>) -> O,
     ) -> bool {
         if !self.accepts(&item) {
             return false;
@@ -362,7 +376,7 @@ impl<O: Clone> Field<O> {
     pub fn push_accepted<B: AsRef<[u8]>>(
         &mut self,
         item: Item<O, B>,
-        to_object: impl FnMut(&Column, usize) -> O,
+        to_object: impl FnMut(TypedItem<'_>) -> O,
     ) -> bool {
         match item {
             Item::Bytes(leaves) => {
@@ -574,7 +588,7 @@ mod tests {
         assert_eq!(dense(&e)[..2], [Some("set".into()), Some("over".into())]);
 
         let mut pushed = Field::<String>::sparse();
-        assert!(pushed.push(Item::<String>::Object("o".into()), |_, _| unreachable!()));
+        assert!(pushed.push(Item::<String>::Object("o".into()), |_| unreachable!()));
         assert!(matches!(pushed.storage, Storage::Sparse { total: 1, .. }), "objects keep it sparse");
     }
 
@@ -594,7 +608,10 @@ mod tests {
     #[test]
     fn make_objects_keeps_items_and_lookback() {
         let mut f = i64_field(&[5, 6, 7], 2);
-        f.make_objects(|c, p| format!("{}", i64::from_ne_bytes(c.item(0, p).try_into().unwrap())));
+        f.make_objects(|t| {
+            assert!(t.host_scalar, "given as host scalars");
+            format!("{}", i64::from_ne_bytes(t.column.item(0, t.pos).try_into().unwrap()))
+        });
         match &f.storage {
             Storage::Objects { items, lookback } => {
                 assert_eq!(items, &vec!["5".to_string(), "6".into(), "7".into()]);

@@ -8,7 +8,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use super::field::{Field, Item, Storage};
+use super::field::{Field, Item, Storage, TypedItem};
 use crate::column::{Column, Index, IndexError, Resolved};
 use crate::schema::Schema;
 
@@ -71,10 +71,10 @@ pub enum FieldName<'a> {
     Extra(&'a str),
 }
 
-/// Turns item `pos` of a typed column into a host object: `(field, from_other, column,
-/// pos)`, where `from_other` says the column belongs to the episode being concatenated.
-pub trait ToObject<O>: FnMut(FieldName<'_>, bool, &Column, usize) -> O {}
-impl<O, F: FnMut(FieldName<'_>, bool, &Column, usize) -> O> ToObject<O> for F {}
+/// Turns an item of a typed column into a host object: `(field, from_other, item)`, where
+/// `from_other` says the column belongs to the episode being concatenated.
+pub trait ToObject<O>: FnMut(FieldName<'_>, bool, TypedItem<'_>) -> O {}
+impl<O, F: FnMut(FieldName<'_>, bool, TypedItem<'_>) -> O> ToObject<O> for F {}
 
 /// The data of one environment step, converted by the caller.
 pub struct Step<'a, O, B = Vec<u8>> {
@@ -270,7 +270,7 @@ impl<O: Clone> SingleAgentCore<O> {
         if !self.observations.accepts(&observation) {
             return Err(EpisodeError::Item { field: "observation".into() });
         }
-        self.observations.push(observation, |c, p| to_object(FieldName::Observations, false, c, p));
+        self.observations.push(observation, |t| to_object(FieldName::Observations, false, t));
         self.infos.push_sparse(info);
         Ok(())
     }
@@ -302,19 +302,18 @@ impl<O: Clone> SingleAgentCore<O> {
                 return item_error(&format!("extra model output {key:?}"));
             }
         }
-        self.observations
-            .push_accepted(step.observation, |c, p| to_object(FieldName::Observations, false, c, p));
-        self.actions.push_accepted(step.action, |c, p| to_object(FieldName::Actions, false, c, p));
-        self.rewards.push_accepted(step.reward, |c, p| to_object(FieldName::Rewards, false, c, p));
+        self.observations.push_accepted(step.observation, |t| to_object(FieldName::Observations, false, t));
+        self.actions.push_accepted(step.action, |t| to_object(FieldName::Actions, false, t));
+        self.rewards.push_accepted(step.reward, |t| to_object(FieldName::Rewards, false, t));
         self.infos.push_sparse(step.info);
         for (key, item) in step.extra_model_outputs {
             if let Some(field) = self.extra_mut(key) {
-                field.push_accepted(item, |c, p| to_object(FieldName::Extra(key), false, c, p));
+                field.push_accepted(item, |t| to_object(FieldName::Extra(key), false, t));
             } else {
                 // A key first seen mid-episode starts its own column without look-back,
                 // as in RLlib.
                 let mut field = Field::untyped();
-                field.push_accepted(item, |c, p| to_object(FieldName::Extra(key), false, c, p));
+                field.push_accepted(item, |t| to_object(FieldName::Extra(key), false, t));
                 self.extra_model_outputs.push((super::intern_key(key), field));
             }
         }
@@ -687,8 +686,8 @@ fn extend<O: Clone>(
 ) {
     if !mine.extend_chunk(other) {
         let mut theirs = other.clone();
-        theirs.make_objects(|c, p| to_object(name, true, c, p));
-        mine.make_objects(|c, p| to_object(name, false, c, p));
+        theirs.make_objects(|t| to_object(name, true, t));
+        mine.make_objects(|t| to_object(name, false, t));
         let merged = mine.extend_chunk(&theirs);
         debug_assert!(merged, "two object fields always merge");
     }
@@ -732,7 +731,7 @@ mod tests {
             extra_model_outputs: vec![("logp".into(), Field::typed(scalar(), false))],
             ..Core::default()
         };
-        core.add_reset(f32_item(0.0), Some("i0".into()), |_, _, _: &Column, _| String::new()).unwrap();
+        core.add_reset(f32_item(0.0), Some("i0".into()), |_, _, _: TypedItem<'_>| String::new()).unwrap();
         core
     }
 
@@ -746,7 +745,7 @@ mod tests {
             terminated: false,
             truncated: false,
         };
-        core.add_step(s, |_, _, _: &Column, _| String::new()).unwrap();
+        core.add_step(s, |_, _, _: TypedItem<'_>| String::new()).unwrap();
     }
 
     /// The layouts of `e`'s observation, action, reward and `logp` columns.
@@ -882,7 +881,7 @@ mod tests {
     fn reset_step_validate() {
         let mut e = new_episode();
         assert_eq!(
-            e.add_reset(f32_item(0.0), None, |_, _, _: &Column, _| String::new()),
+            e.add_reset(f32_item(0.0), None, |_, _, _: TypedItem<'_>| String::new()),
             Err(EpisodeError::AlreadyReset)
         );
         for t in 1..=3 {
@@ -909,7 +908,7 @@ mod tests {
             truncated: false,
         };
         assert!(matches!(
-            e.add_step(bad, |_, _, _: &Column, _| String::new()),
+            e.add_step(bad, |_, _, _: TypedItem<'_>| String::new()),
             Err(EpisodeError::Item { .. })
         ));
         assert_eq!(e, before);
@@ -932,7 +931,7 @@ mod tests {
                     terminated: false,
                     truncated: false,
                 },
-                |_, _, _: &Column, _| String::new()
+                |_, _, _: TypedItem<'_>| String::new()
             ),
             Err(EpisodeError::NotReset)
         );
@@ -955,7 +954,7 @@ mod tests {
             step(&mut succ, 6.0);
             step(&mut succ, 7.0);
             let mut joined = e.clone();
-            joined.concat(&succ, |_, _, _: &Column, _| String::new()).unwrap();
+            joined.concat(&succ, |_, _, _: TypedItem<'_>| String::new()).unwrap();
             assert_eq!(read(&joined.observations), vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]);
             assert_eq!(read(&joined.rewards), vec![100.0, 200.0, 300.0, 400.0, 500.0, 600.0, 700.0]);
             assert_eq!(read(joined.extra("logp").unwrap()).len(), 7);
@@ -1004,7 +1003,7 @@ mod tests {
         let mut succ = succ;
         step(&mut succ, 6.0);
         let mut joined = e.clone();
-        joined.concat(&succ, |_, _, _: &Column, _| String::new()).unwrap();
+        joined.concat(&succ, |_, _, _: TypedItem<'_>| String::new()).unwrap();
         assert_eq!(infos(&joined), vec![some("i0"), None, some("i2"), None, some("i4"), None, some("i6")]);
     }
 
@@ -1017,7 +1016,7 @@ mod tests {
         second.extra_model_outputs.push(("logp".into(), Field::typed(scalar.clone(), false)));
         step(&mut second, 1.0);
         let mut joined = first.clone();
-        joined.concat(&second, |_, _, _: &Column, _| String::new()).unwrap();
+        joined.concat(&second, |_, _, _: TypedItem<'_>| String::new()).unwrap();
         assert_eq!(read(joined.extra("logp").unwrap()), vec![-1.0]);
         assert_eq!((joined.t, joined.extra("logp").unwrap().lookback()), (1, 0));
 
@@ -1031,12 +1030,12 @@ mod tests {
             terminated: false,
             truncated: false,
         };
-        first.add_step(no_extras, |_, _, _: &Column, _| String::new()).unwrap();
+        first.add_step(no_extras, |_, _, _: TypedItem<'_>| String::new()).unwrap();
         let mut later = first.cut(0).unwrap();
         later.extra_model_outputs.push(("logp".into(), Field::typed(scalar, false)));
         step(&mut later, 2.0);
         let before = first.clone();
-        let err = first.concat(&later, |_, _, _: &Column, _| String::new()).unwrap_err();
+        let err = first.concat(&later, |_, _, _: TypedItem<'_>| String::new()).unwrap_err();
         assert!(err.to_string().contains("\"logp\" is not in this episode, which has 1 steps"), "{err}");
         assert_eq!(first, before, "nothing changes");
     }
@@ -1050,7 +1049,7 @@ mod tests {
         step(&mut next, 1.0);
         next.to_numpy().unwrap();
         let mut joined = first.clone();
-        joined.concat(&next, |_, _, _: &Column, _| String::new()).unwrap();
+        joined.concat(&next, |_, _, _: TypedItem<'_>| String::new()).unwrap();
         let mut whole = new_episode();
         step(&mut whole, 1.0);
         whole.to_numpy().unwrap();
@@ -1061,12 +1060,12 @@ mod tests {
         // A chunk that was not numpy'd stays as it is, and so does one followed by a
         // chunk that was not.
         let mut plain = new_episode();
-        plain.concat(&next, |_, _, _: &Column, _| String::new()).unwrap();
+        plain.concat(&next, |_, _, _: TypedItem<'_>| String::new()).unwrap();
         assert!(!plain.rewards.finalized && !plain.observations.finalized);
         let mut lists = new_episode().cut(0).unwrap();
         step(&mut lists, 1.0);
         let mut mixed = first.clone();
-        mixed.concat(&lists, |_, _, _: &Column, _| String::new()).unwrap();
+        mixed.concat(&lists, |_, _, _: TypedItem<'_>| String::new()).unwrap();
         assert!(mixed.observations.finalized && !mixed.rewards.finalized);
     }
 
@@ -1079,7 +1078,7 @@ mod tests {
             next.is_terminated = terminated;
             next.is_truncated = truncated;
             let mut joined = e.clone();
-            joined.concat(&next, |_, _, _: &Column, _| String::new()).unwrap();
+            joined.concat(&next, |_, _, _: TypedItem<'_>| String::new()).unwrap();
             assert_eq!((joined.is_terminated, joined.is_truncated), (terminated, truncated));
         }
     }
@@ -1091,7 +1090,7 @@ mod tests {
         let mut other = e.cut(0).unwrap();
         other.t_started = 9;
         assert!(matches!(
-            e.concat(&other, |_, _, _: &Column, _| String::new()),
+            e.concat(&other, |_, _, _: TypedItem<'_>| String::new()),
             Err(EpisodeError::NotContinuation(_))
         ));
     }
@@ -1127,7 +1126,7 @@ mod tests {
                 host_scalars: true,
             },
             None,
-            |_, _, _: &Column, _| String::new(),
+            |_, _, _: TypedItem<'_>| String::new(),
         )
         .unwrap();
         let s = Step {
@@ -1148,7 +1147,7 @@ mod tests {
             },
             ..s
         };
-        e.add_step(s, |_, _, c: &Column, p| format!("{:?}", c.item(0, p))).unwrap();
+        e.add_step(s, |_, _, t: TypedItem<'_>| format!("{:?}", t.column.item(0, t.pos))).unwrap();
         match &e.observations.storage {
             Storage::Objects { items, .. } => assert_eq!(items.len(), 2),
             _ => panic!("observations should have become objects"),

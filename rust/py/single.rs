@@ -16,7 +16,9 @@ use super::object::PyObj;
 use super::outputs::AgentOutputsPy;
 use super::spec::{self, LeafBytes, Spec};
 use crate::column::{Column, Index, Pos, Resolved};
-use crate::episode::{EpisodeError, Field, FieldName, Item, Leaves, SingleAgentCore, Step, Storage};
+use crate::episode::{
+    EpisodeError, Field, FieldName, Item, Leaves, SingleAgentCore, Step, Storage, TypedItem,
+};
 use crate::schema::DType;
 
 /// Specs of the typed fields, parallel to the core's fields.
@@ -167,18 +169,19 @@ fn label(name: FieldName<'_>) -> String {
     }
 }
 
-/// The core's items as Python objects, for fields that turn into object storage.
+/// The core's items as Python objects, for fields that turn into object storage: as they
+/// read before (items given as Python scalars stay Python scalars, as in RLlib's lists).
 fn to_object(
     py: Python<'_>,
     specs: &Specs,
     other: Option<&Specs>,
     name: FieldName<'_>,
     from_other: bool,
-    column: &Column,
-    pos: usize,
+    item: TypedItem<'_>,
 ) -> PyObj {
     let specs = if from_other { other.unwrap_or(specs) } else { specs };
-    let value = specs.get(name).and_then(|s| spec::item(py, s, column, pos, false, false).ok());
+    let value =
+        specs.get(name).and_then(|s| spec::item(py, s, item.column, item.pos, item.host_scalar, false).ok());
     PyObj(value.map_or_else(|| py.None(), Bound::unbind))
 }
 
@@ -554,7 +557,7 @@ impl SingleAgentEpisodePy {
                     self.core.extra_mut(k).ok_or_else(|| PyKeyError::new_err(k.to_string()))?
                 }
             };
-            if !f.push(it, |c, p| to_object(py, specs, None, name, false, c, p)) {
+            if !f.push(it, |t| to_object(py, specs, None, name, false, t)) {
                 return Err(super::errors::SpaceMismatchError::new_err(format!(
                     "{} does not fit its column",
                     label(name)
@@ -768,7 +771,7 @@ impl SingleAgentEpisodePy {
         let other = &*other;
         let specs = &self.specs;
         self.core
-            .concat(&other.core, |n, o, c, p| to_object(py, specs, Some(&other.specs), n, o, c, p))
+            .concat(&other.core, |n, o, t| to_object(py, specs, Some(&other.specs), n, o, t))
             .map_err(|e| episode_error(&e))?;
         // The other episode's specs for the fields this one has none for, in one update.
         let fields = [FieldName::Observations, FieldName::Actions, FieldName::Rewards];
@@ -1038,7 +1041,7 @@ impl SingleAgentEpisodePy {
         if let Some(value) = add_last {
             let (item, inferred) = prepare(value, &view, spec.as_deref(), name)?;
             let specs = &self.specs;
-            if !view.push(item, |c, p| to_object(py, specs, None, name, false, c, p)) {
+            if !view.push(item, |t| to_object(py, specs, None, name, false, t)) {
                 return Err(super::errors::SpaceMismatchError::new_err(format!(
                     "{} does not fit its column",
                     label(name)
@@ -1104,50 +1107,52 @@ impl SingleAgentEpisodePy {
             None
         };
         let spec = self.specs.get_shared(name).cloned();
-        let f = self.field_mut(name)?;
-        #[allow(clippy::single_match_else)]
-        match (&mut f.storage, spec) {
-            (Storage::Typed { column, .. }, Some(spec)) => {
-                let leaves: Vec<Vec<u8>> = match values {
-                    Some(vals) => {
-                        let mut acc = vec![Vec::new(); spec.schema.leaves.len()];
-                        for v in &vals {
-                            for (a, b) in
-                                acc.iter_mut().zip(spec::to_leaves(&spec, v, None, &|| label(name))?)
-                            {
-                                a.extend_from_slice(&b);
-                            }
+        let mut values = values;
+        if let (Storage::Typed { .. }, Some(spec)) = (&self.field(name)?.storage, spec) {
+            match typed_set_leaves(&spec, values.as_deref(), new_data, positions.len(), name) {
+                Ok(leaves) => {
+                    let Storage::Typed { column, .. } = &mut self.field_mut(name)?.storage else {
+                        return Err(PyValueError::new_err("internal error: typed field changed"));
+                    };
+                    let refs: Vec<&[u8]> = leaves.iter().map(Vec::as_slice).collect();
+                    return column.overwrite_many(&positions, &refs).map_err(|e| column_error(&e));
+                }
+                Err(e) if spec.from_space => return Err(e),
+                Err(_) => {
+                    // A value that does not fit the layout inferred from the first item
+                    // (a float into ints, another shape): the field keeps Python objects
+                    // from now on, as `add_env_step` does with such a value. The values
+                    // are counted first: a wrong number of them changes nothing.
+                    let vals = match values {
+                        Some(v) => v,
+                        None if new_data.cast::<PyList>().is_ok() => {
+                            new_data.try_iter()?.collect::<PyResult<Vec<_>>>()?
                         }
-                        acc
+                        None => split_rows(new_data)?,
+                    };
+                    if vals.len() != positions.len() {
+                        return Err(column_error(&crate::column::ColumnError::SetLength {
+                            selected: positions.len(),
+                            given: vals.len(),
+                        }));
                     }
-                    None => {
-                        let leaves = spec::to_leaves(&spec, new_data, Some(None), &|| label(name))?;
-                        if let Some(l) = spec.schema.leaves.first() {
-                            let n = if l.item_bytes() == 0 {
-                                positions.len()
-                            } else {
-                                leaves[0].len() / l.item_bytes()
-                            };
-                            if n != positions.len() {
-                                return Err(column_error(&crate::column::ColumnError::SetLength {
-                                    selected: positions.len(),
-                                    given: n,
-                                }));
-                            }
-                        }
-                        leaves
-                    }
-                };
-                let refs: Vec<&[u8]> = leaves.iter().map(Vec::as_slice).collect();
-                column.overwrite_many(&positions, &refs).map_err(|e| column_error(&e))
+                    let py = new_data.py();
+                    let specs = &self.specs;
+                    core_field_mut(&mut self.core, name)?
+                        .make_objects(|t| to_object(py, specs, None, name, false, t));
+                    values = Some(vals);
+                }
             }
-            (Storage::Objects { items, .. }, _) => {
+        }
+        let f = self.field_mut(name)?;
+        match &mut f.storage {
+            Storage::Objects { items, .. } => {
                 for (p, v) in positions.iter().zip(object_values(values, new_data, positions.len())?) {
                     items[*p] = PyObj(v.unbind());
                 }
                 Ok(())
             }
-            (Storage::Sparse { .. }, _) => {
+            Storage::Sparse { .. } => {
                 for (p, v) in positions.iter().zip(object_values(values, new_data, positions.len())?) {
                     f.set_object(*p, PyObj(v.unbind()));
                 }
@@ -1165,6 +1170,49 @@ impl SingleAgentEpisodePy {
             }
         }
     }
+}
+
+/// The field `name` of `core` (apart from the episode, so that its specs stay borrowable).
+fn core_field_mut<'c>(
+    core: &'c mut SingleAgentCore<PyObj>,
+    name: FieldName<'_>,
+) -> PyResult<&'c mut Field<PyObj>> {
+    Ok(match name {
+        FieldName::Observations => &mut core.observations,
+        FieldName::Infos => &mut core.infos,
+        FieldName::Actions => &mut core.actions,
+        FieldName::Rewards => &mut core.rewards,
+        FieldName::Extra(k) => core.extra_mut(k).ok_or_else(|| PyKeyError::new_err(k.to_string()))?,
+    })
+}
+
+/// The bytes a set writes into a typed field laid out by `spec`: one buffer per leaf with
+/// `selected` items, from `values` (one Python value per position) or, where the caller
+/// did not split them, from `new_data` as a batch.
+fn typed_set_leaves(
+    spec: &Spec,
+    values: Option<&[Bound<'_, PyAny>]>,
+    new_data: &Bound<'_, PyAny>,
+    selected: usize,
+    name: FieldName<'_>,
+) -> PyResult<Vec<Vec<u8>>> {
+    if let Some(vals) = values {
+        let mut acc = vec![Vec::new(); spec.schema.leaves.len()];
+        for v in vals {
+            for (a, b) in acc.iter_mut().zip(spec::to_leaves(spec, v, None, &|| label(name))?) {
+                a.extend_from_slice(&b);
+            }
+        }
+        return Ok(acc);
+    }
+    let leaves = spec::to_leaves(spec, new_data, Some(None), &|| label(name))?;
+    if let Some(l) = spec.schema.leaves.first() {
+        let n = if l.item_bytes() == 0 { selected } else { leaves[0].len() / l.item_bytes() };
+        if n != selected {
+            return Err(column_error(&crate::column::ColumnError::SetLength { selected, given: n }));
+        }
+    }
+    Ok(leaves)
 }
 
 /// The values a set writes into a field of Python objects: `values` if the caller split
@@ -1600,8 +1648,8 @@ impl SingleAgentEpisodePy {
     ) -> PyResult<()> {
         let specs = &self.specs;
         self.core
-            .add_reset(prepared.observation, info_or_absent(infos), |n, o, c, p| {
-                to_object(py, specs, None, n, o, c, p)
+            .add_reset(prepared.observation, info_or_absent(infos), |n, o, t| {
+                to_object(py, specs, None, n, o, t)
             })
             .map_err(|e| episode_error(&e))?;
         if let Some(s) = prepared.spec {
@@ -1842,7 +1890,7 @@ impl SingleAgentEpisodePy {
         let step = Step { observation, action, reward, info, extra_model_outputs, terminated, truncated };
         let specs = &self.specs;
         self.core
-            .add_step(step, |n, o, c, p| to_object(py, specs, None, n, o, c, p))
+            .add_step(step, |n, o, t| to_object(py, specs, None, n, o, t))
             .map_err(|e| episode_error(&e))?;
         self.specs.set_all(new_specs.iter().map(|(slot, s)| {
             let field = match slot {
