@@ -135,9 +135,9 @@ impl Specs {
                     FieldName::Actions => set.actions = spec,
                     FieldName::Rewards => set.rewards = spec,
                     FieldName::Extra(k) => {
+                        let key = crate::episode::intern_key(k);
+                        set.extra_model_outputs.retain(|(n, _)| *n != key);
                         if let Some(s) = spec {
-                            let key = crate::episode::intern_key(k);
-                            set.extra_model_outputs.retain(|(n, _)| *n != key);
                             set.extra_model_outputs.push((key, s));
                         }
                     }
@@ -381,6 +381,16 @@ pub fn perf_counter() -> f64 {
 }
 
 impl SingleAgentEpisodePy {
+    /// An episode core holding nothing (what `__new__` makes).
+    fn blank(py: Python<'_>) -> Self {
+        SingleAgentEpisodePy {
+            core: SingleAgentCore::default(),
+            specs: Specs::new(py),
+            start_time: None,
+            last_step_time: None,
+        }
+    }
+
     fn field(&self, name: FieldName<'_>) -> PyResult<&Field<PyObj>> {
         Ok(match name {
             FieldName::Observations => &self.core.observations,
@@ -430,12 +440,7 @@ impl SingleAgentEpisodePy {
         _args: &Bound<'_, pyo3::types::PyTuple>,
         _kwargs: Option<&Bound<'_, PyDict>>,
     ) -> Self {
-        SingleAgentEpisodePy {
-            core: SingleAgentCore::default(),
-            specs: Specs::new(py),
-            start_time: None,
-            last_step_time: None,
-        }
+        Self::blank(py)
     }
 
     /// Sets the space of `field` ("observations" or "actions"). Takes effect for the
@@ -613,6 +618,90 @@ impl SingleAgentEpisodePy {
     #[pyo3(name = "_extra_keys")]
     fn extra_keys(&self) -> Vec<String> {
         self.core.extra_model_outputs.iter().map(|(k, _)| k.to_string()).collect()
+    }
+
+    /// Removes the item at `index` of a field (RLlib's `InfiniteLookbackBuffer.pop`): an
+    /// index into all stored items, look-back included (negative: from the end). The
+    /// look-back shrinks when the item was part of it.
+    ///
+    /// Raises:
+    ///     IndexError: If there is no such item (nothing changes).
+    ///     KeyError: For an unknown extra model output key.
+    #[pyo3(name = "_pop", signature = (field, index=-1, key=None))]
+    fn pop(&mut self, field: &str, index: i64, key: Option<&str>) -> PyResult<()> {
+        let f = self.field_mut(field_name(field, key)?)?;
+        let total = f.geometry().total;
+        let pos = if index < 0 { i64::try_from(total).unwrap_or(i64::MAX) + index } else { index };
+        match usize::try_from(pos) {
+            Ok(pos) if pos < total => {
+                f.remove(pos);
+                Ok(())
+            }
+            _ => Err(pyo3::exceptions::PyIndexError::new_err(format!(
+                "pop index {index} out of range for {total} stored items of the {field}"
+            ))),
+        }
+    }
+
+    /// Makes `data` (a list of items, or a batch: an array or a dict/tuple of arrays with
+    /// the items on the first axis) the extra model output `key`, its first `lookback`
+    /// items look-back: a new key goes last, an existing one is replaced in place. The
+    /// layout is inferred from the data, as for a new episode's.
+    ///
+    /// Raises:
+    ///     EpisodeStateError: If the items after the look-back are not one per step of
+    ///         the episode. Nothing changes then, nor on any other error.
+    #[pyo3(name = "_put_extra")]
+    fn put_extra(
+        &mut self,
+        py: Python<'_>,
+        key: &str,
+        data: &Bound<'_, PyAny>,
+        lookback: usize,
+    ) -> PyResult<()> {
+        // Built in a scratch episode, with the same conversions as `_extend`'s.
+        let mut scratch = SingleAgentEpisodePy::blank(py);
+        scratch.extend(py, "extra_model_outputs", data, Some(key))?;
+        let name = FieldName::Extra(key);
+        let mut field = core_field_mut(&mut scratch.core, name)?.clone();
+        field.set_lookback(lookback);
+        let steps = self.core.observations.len().saturating_sub(1);
+        if field.len() != steps {
+            return Err(super::errors::EpisodeStateError::new_err(format!(
+                "extra_model_outputs[{key:?}]: {} items after a look-back of {}, but the \
+                 episode has {steps} steps",
+                field.len(),
+                field.lookback()
+            )));
+        }
+        let spec = scratch.specs.get_shared(name).cloned();
+        match self.core.extra_mut(key) {
+            Some(mine) => *mine = field,
+            None => self.core.extra_model_outputs.push((crate::episode::intern_key(key), field)),
+        }
+        self.specs.set_opt(name, spec);
+        Ok(())
+    }
+
+    /// Removes the extra model output `key`.
+    ///
+    /// Raises:
+    ///     KeyError: If there is none.
+    #[pyo3(name = "_del_extra")]
+    fn del_extra(&mut self, key: &str) -> PyResult<()> {
+        let Some(i) = self.core.extra_model_outputs.iter().position(|(k, _)| &**k == key) else {
+            return Err(PyKeyError::new_err(key.to_string()));
+        };
+        self.core.extra_model_outputs.remove(i);
+        self.specs.set_opt(FieldName::Extra(key), None);
+        Ok(())
+    }
+
+    /// Whether the rewards have RLlib's float32 reward space (its fills are float32):
+    /// every episode's but a slice's, as in RLlib.
+    #[pyo3(name = "_rewards_have_space")]
+    fn rewards_have_space(&self) -> bool {
+        self.specs.rewards_fill.is_some()
     }
 
     #[getter]

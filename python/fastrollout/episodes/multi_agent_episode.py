@@ -1222,7 +1222,10 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
             "_dropped_agents": set(self._dropped_agents),
             "is_terminated": self.is_terminated,
             "is_truncated": self.is_truncated,
-            "agent_episodes": [(aid, eps.get_state()) for aid, eps in self.agent_episodes.items()],
+            # The agents' states keep their space objects (no serialization per agent).
+            "agent_episodes": [
+                (aid, eps._state(rllib=False)) for aid, eps in self.agent_episodes.items()
+            ],
             "_start_time": self._start_time,
             "_last_step_time": self._last_step_time,
             "custom_data": self._custom_data,

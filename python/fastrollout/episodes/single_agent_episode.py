@@ -20,11 +20,25 @@ import numpy as np
 
 from fastrollout._core import SingleAgentEpisodeCore
 from fastrollout.episodes._ids import new_episode_id
+from fastrollout.episodes.buffers import ExtraModelOutputsView, LookbackBufferView, space_state
 from fastrollout.errors import EpisodeStateError
 
 Index = int | list[int] | slice | None
 
 _FIELDS = ("observations", "infos", "actions", "rewards")
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def _space_from_state(value: Any) -> gym.Space | None:
+    """A space from a state: itself, or rebuilt from RLlib's serialized form (a dict)."""
+    if isinstance(value, dict):
+        from ray.rllib.utils.serialization import gym_space_from_dict
+
+        return gym_space_from_dict(value)
+    return value
 
 
 def _same_item(a: Any, b: Any) -> bool:
@@ -314,10 +328,35 @@ class SingleAgentEpisode(SingleAgentEpisodeCore):
     # get_extra_model_outputs) and setters (set_observations, set_actions, set_rewards,
     # set_extra_model_outputs) are native.
 
+    # ------------------------------------------------------------------ buffers
+
     @property
-    def extra_model_outputs(self) -> dict[str, Any]:
-        """The extra model outputs of the chunk, by key (a read-only snapshot)."""
-        return {k: self.get_extra_model_outputs(k) for k in self._extra_keys()}
+    def observations(self) -> LookbackBufferView:
+        """The observations as RLlib's ``InfiniteLookbackBuffer`` (a live view)."""
+        return LookbackBufferView(self, "observations")
+
+    @property
+    def infos(self) -> LookbackBufferView:
+        """The infos as RLlib's ``InfiniteLookbackBuffer`` (a live view)."""
+        return LookbackBufferView(self, "infos")
+
+    @property
+    def actions(self) -> LookbackBufferView:
+        """The actions as RLlib's ``InfiniteLookbackBuffer`` (a live view)."""
+        return LookbackBufferView(self, "actions")
+
+    @property
+    def rewards(self) -> LookbackBufferView:
+        """The rewards as RLlib's ``InfiniteLookbackBuffer`` (a live view)."""
+        return LookbackBufferView(self, "rewards")
+
+    @property
+    def extra_model_outputs(self) -> ExtraModelOutputsView:
+        """The extra model outputs as RLlib's dict of buffers (key -> live view).
+
+        Setting a key takes a buffer, a list or an array (see ExtraModelOutputsView).
+        """
+        return ExtraModelOutputsView(self)
 
     # get_return, get_duration_s, env_steps, agent_steps and __len__ are native.
 
@@ -345,40 +384,61 @@ class SingleAgentEpisode(SingleAgentEpisodeCore):
         data["infos"] = self.get_infos(slice(None, -1))
         data["actions"] = self.get_actions()
         data["rewards"] = self.get_rewards()
-        data.update(self.extra_model_outputs)
+        data.update((k, self.get_extra_model_outputs(k)) for k in self._extra_keys())
         return data
 
     # ------------------------------------------------------------------ state
 
-    def _field_state(self, field: str, key: str | None = None) -> dict[str, Any]:
+    def _field_state(
+        self, field: str, key: str | None = None, *, rllib: bool = False
+    ) -> dict[str, Any]:
+        if rllib:
+            return LookbackBufferView(self, field, key).get_state()
         lookback = self._lookback(field, key)
         data = self._get(field, key, slice(-lookback, None), True, None, False)
         return {"data": data, "lookback": lookback, "finalized": self._is_finalized(field, key)}
 
     def get_state(self) -> dict[str, Any]:
-        """All of the episode as plain Python/numpy data (for checkpoints and Ray).
+        """All of the episode as plain data, in the form of RLlib's ``get_state()``.
+
+        For checkpoints and Ray. Where RLlib is installed, the spaces are serialized as
+        RLlib serializes them (``gym_space_to_dict``) and each buffer's state carries its
+        space, so that RLlib's ``SingleAgentEpisode.from_state`` (which RLlib's replay
+        buffers' ``set_state`` calls) rebuilds the episode too; pickling and copies skip
+        that serialization.
 
         Returns:
             A dict that :meth:`from_state` turns back into an equal episode.
         """
+        return self._state(rllib=True)
+
+    def _state(self, *, rllib: bool) -> dict[str, Any]:
+        """The episode's state.
+
+        With ``rllib``, in RLlib's form (see :meth:`get_state`); else with the space
+        objects themselves, for pickling and copies (serializing a Box costs tens of
+        microseconds).
+        """
+        space = space_state if rllib else _same
         return {
             "id_": self.id_,
             "agent_id": self.agent_id,
             "module_id": self.module_id,
             "multi_agent_episode_id": self.multi_agent_episode_id,
-            "observations": self._field_state("observations"),
-            "actions": self._field_state("actions"),
-            "rewards": self._field_state("rewards"),
-            "infos": self._field_state("infos"),
+            "observations": self._field_state("observations", rllib=rllib),
+            "actions": self._field_state("actions", rllib=rllib),
+            "rewards": self._field_state("rewards", rllib=rllib),
+            "infos": self._field_state("infos", rllib=rllib),
             "extra_model_outputs": {
-                k: self._field_state("extra_model_outputs", k) for k in self._extra_keys()
+                k: self._field_state("extra_model_outputs", k, rllib=rllib)
+                for k in self._extra_keys()
             },
             "is_terminated": self.is_terminated,
             "is_truncated": self.is_truncated,
             "t_started": self.t_started,
             "t": self.t,
-            "_observation_space": self._observation_space,
-            "_action_space": self._action_space,
+            "_observation_space": space(self._observation_space),
+            "_action_space": space(self._action_space),
             "_start_time": self._start_time,
             "_last_step_time": self._last_step_time,
             "custom_data": self.custom_data,
@@ -386,18 +446,21 @@ class SingleAgentEpisode(SingleAgentEpisodeCore):
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> SingleAgentEpisode:
-        """Rebuilds an episode from :meth:`get_state`'s dict.
+        """Rebuilds an episode from :meth:`get_state`'s dict, or from RLlib's episode's.
 
         Args:
             state: The dict.
 
         Returns:
             The episode.
+
+        Raises:
+            ImportError: For spaces serialized by RLlib where RLlib is not installed.
         """
         episode = cls(
             state["id_"],
-            observation_space=state["_observation_space"],
-            action_space=state["_action_space"],
+            observation_space=_space_from_state(state["_observation_space"]),
+            action_space=_space_from_state(state["_action_space"]),
             agent_id=state["agent_id"],
             module_id=state["module_id"],
             multi_agent_episode_id=state["multi_agent_episode_id"],
@@ -409,6 +472,9 @@ class SingleAgentEpisode(SingleAgentEpisodeCore):
             ("extra_model_outputs", k, s) for k, s in (state["extra_model_outputs"] or {}).items()
         ]
         for field, key, fstate in fields:
+            if not isinstance(fstate, dict):
+                # RLlib's get_state keeps a buffer without chunk items as the buffer itself.
+                fstate = {"data": fstate.data, "lookback": fstate.lookback}
             episode._extend(field, fstate["data"], key=key)
             episode._set_lookback(field, fstate["lookback"], key=key)
         episode.t_started = state["t_started"]
@@ -422,10 +488,10 @@ class SingleAgentEpisode(SingleAgentEpisodeCore):
         return episode
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self).from_state, (self.get_state(),))
+        return (type(self).from_state, (self._state(rllib=False),))
 
     def __copy__(self) -> SingleAgentEpisode:
-        return type(self).from_state(self.get_state())
+        return type(self).from_state(self._state(rllib=False))
 
     def __deepcopy__(self, memo: dict[int, Any]) -> SingleAgentEpisode:
-        return type(self).from_state(copy.deepcopy(self.get_state(), memo))
+        return type(self).from_state(copy.deepcopy(self._state(rllib=False), memo))
