@@ -28,7 +28,7 @@ from ray.rllib.env.single_agent_episode import SingleAgentEpisode as RLlibEpisod
 from ray.rllib.env.utils.infinite_lookback_buffer import InfiniteLookbackBuffer
 
 from _helpers import Raised, assert_same, assert_same_outcome, count, outcome, raised
-from fastrollout import MultiAgentEpisode, SingleAgentEpisode
+from fastrollout import MultiAgentEpisode, SingleAgentEpisode, SpaceMismatchError
 from fastrollout.episodes.buffers import ExtraModelOutputsView, LookbackBufferView
 
 F = np.float32
@@ -248,6 +248,16 @@ def test_views_are_live_and_fail_clearly() -> None:
     assert "logp" not in ep.extra_model_outputs and list(ep.extra_model_outputs) == ["dist"]
     with pytest.raises(IndexError, match="pop index 9"):
         ep.actions.pop(9)
+    # extend is all or nothing: an item that does not fit the space takes the others back.
+    spaced = record(SingleAgentEpisode, "box", spaces=True, steps=1, extras=False)
+    good = np.zeros(3, F)
+    with pytest.raises(SpaceMismatchError, match="observation"):
+        spaced.observations.extend([good, good, np.zeros(2, F)])
+    assert len(spaced.observations) == 2
+    spaced.observations.extend([good])
+    with pytest.raises(SpaceMismatchError):
+        spaced.observations.append("text")
+    assert len(spaced.observations) == 3
     assert isinstance(ep.extra_model_outputs, ExtraModelOutputsView)
     assert repr(ep.actions) == "LookbackBufferView([] <- lookback(0) | [1, 2, 1])"
     assert ep.actions == InfiniteLookbackBuffer([1, 2, 1]) and ep.actions != ep.rewards

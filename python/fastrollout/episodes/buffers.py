@@ -267,7 +267,14 @@ class LookbackBufferView:
         """
         if not isinstance(items, list) and not self.finalized:
             items = list(items)
-        self._episode._extend(self._field, items, key=self._key)
+        stored = self.len_incl_lookback()
+        try:
+            self._episode._extend(self._field, items, key=self._key)
+        except BaseException:
+            # All or nothing: the items appended before the one that failed go again.
+            while self.len_incl_lookback() > stored:
+                self.pop()
+            raise
 
     def pop(self, index: int = -1) -> None:
         """Removes an item without returning it, as RLlib's ``pop``.
