@@ -47,11 +47,19 @@ SPACES = [
 ]
 
 
+def _impala_config():
+    from ray.rllib.algorithms.impala import IMPALAConfig
+
+    # IMPALA leaves vf_share_layers to RLlib's DefaultModelConfig (True): one shared encoder.
+    return IMPALAConfig().rl_module(model_config={"fcnet_hiddens": [16, 8]})
+
+
+@pytest.mark.parametrize("make_config", [ppo_config, _impala_config], ids=["ppo", "impala"])
 @pytest.mark.parametrize("spaces", SPACES, ids=["discrete", "box", "multi_discrete"])
-def test_default_ppo_module_is_built_as_its_fastrollout_twin(spaces):
+def test_default_ppo_module_is_built_as_its_fastrollout_twin(spaces, make_config):
     """RLlib's default PPO module and fastrollout's twin: same parameters, same outputs."""
     obs_space, act_space = spaces
-    spec = ppo_config().get_rl_module_spec(spaces={"default_policy": spaces}, inference_only=True)
+    spec = make_config().get_rl_module_spec(spaces={"default_policy": spaces}, inference_only=True)
     spec.observation_space, spec.action_space = obs_space, act_space
     theirs = spec.build()
     ours = _rllib._build_one(spec)

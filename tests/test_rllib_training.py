@@ -144,3 +144,48 @@ def test_off_policy_algorithms_learn_from_the_runners_episodes(ray_local, algo_n
         assert result["env_runners"]["num_env_steps_sampled_lifetime"] >= 400
     finally:
         algo.stop()
+
+
+@pytest.mark.parametrize("algo_name", ["APPO", "IMPALA"])
+def test_async_algorithms_train_with_a_remote_runner(ray_local, algo_name):
+    """APPO and IMPALA: a remote runner samples through RLlib's asynchronous protocol
+    (sample_get_state_and_metrics, weights pulled from the EnvRunnerStateServer) and the
+    Learner updates from its episodes."""
+    if algo_name == "APPO":
+        from ray.rllib.algorithms.appo import APPOConfig as Config
+    else:
+        from ray.rllib.algorithms.impala import IMPALAConfig as Config
+    config = (
+        Config()
+        .environment("CartPole-v1")
+        .env_runners(
+            env_runner_cls=fr.SingleAgentEnvRunner,
+            num_env_runners=1,
+            num_envs_per_env_runner=2,
+            rollout_fragment_length=50,
+        )
+        .learners(num_learners=0, num_aggregator_actors_per_learner=0)
+        .training(train_batch_size_per_learner=200)
+        .rl_module(model_config={"fcnet_hiddens": [32]})
+        .reporting(min_time_s_per_iteration=0, min_sample_timesteps_per_iteration=200)
+        .debugging(seed=0)
+    )
+    algo = config.build_algo()
+    try:
+        trained = 0
+        for _ in range(6):
+            result = algo.train()
+            trained += (
+                result.get("learners", {})
+                .get("default_policy", {})
+                .get("num_module_steps_trained", 0)
+            )
+        assert trained > 0
+        assert result["env_runners"]["num_env_steps_sampled_lifetime"] > 0
+        # The remote runner took the Learner's newer weights.
+        seqs = algo.env_runner_group.foreach_env_runner(
+            lambda r: r._weights_seq_no, local_env_runner=False
+        )
+        assert seqs and seqs[0] > 0
+    finally:
+        algo.stop()

@@ -117,12 +117,23 @@ def _same_encoding(obs_space: Any) -> bool:
     )
 
 
+def _rllib_default_model_config() -> dict[str, Any]:
+    """RLlib's ``DefaultModelConfig`` as a dict."""
+    import dataclasses
+
+    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+
+    return dataclasses.asdict(DefaultModelConfig())
+
+
 def _build_one(spec: Any) -> Any:
     """Builds one module of an RLlib ``RLModuleSpec``: fastrollout's twin or RLlib's own."""
     from fastrollout.modules.default import DefaultMLPModule
 
     if _is_rllib_default_ppo(spec) and _same_encoding(spec.observation_space):
-        model_config = dict(spec.model_config or {})
+        # RLlib's catalog reads missing keys from its DefaultModelConfig (whose
+        # vf_share_layers is True, where fastrollout's default is PPO's False).
+        model_config = {**_rllib_default_model_config(), **dict(spec.model_config or {})}
         try:
             return RLModuleSpec(
                 module_class=DefaultMLPModule,
