@@ -299,3 +299,20 @@ def test_apply_and_ping():
     # Outside a Ray actor an error in the function propagates.
     with pytest.raises(ZeroDivisionError):
         runner.apply(lambda r: 1 / 0)
+
+
+def test_rllib_callbacks_run_and_its_empty_base_hooks_are_skipped():
+    from ray.rllib.callbacks.callbacks import RLlibCallback
+
+    ended = []
+
+    class OnEnd(RLlibCallback):
+        def on_episode_end(self, *, episode, **kwargs):
+            ended.append(episode.id_)
+
+    runner = fr.SingleAgentEnvRunner(config=ppo_config().callbacks(OnEnd))
+    # RLlibCallback's own hooks do nothing: no per-step loop for them.
+    assert not runner._has_callbacks("on_episode_step")
+    assert runner._has_callbacks("on_episode_end")
+    episodes = runner.sample(num_episodes=3)
+    assert ended == [e.id_ for e in episodes]

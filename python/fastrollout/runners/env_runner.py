@@ -30,6 +30,21 @@ from fastrollout.runners._default_act import DefaultAct
 __all__ = ["EnvRunner"]
 
 
+def _is_base_hook(fn: Any, name: str) -> bool:
+    """Whether ``fn`` is a callbacks base class's own (empty) hook ``name``.
+
+    fastrollout's ``Callbacks`` and RLlib's ``RLlibCallback`` (the callbacks class of
+    every RLlib config) define every hook as a no-op.
+    """
+    from fastrollout.callbacks import Callbacks
+
+    if fn is getattr(Callbacks, name, None):
+        return True
+    return getattr(fn, "__module__", "") == "ray.rllib.callbacks.callbacks" and getattr(
+        fn, "__qualname__", ""
+    ) == f"RLlibCallback.{name}"
+
+
 def _in_ray_actor() -> bool:
     """Whether this process is a Ray actor (never imports ray to answer)."""
     ray = sys.modules.get("ray")
@@ -137,14 +152,12 @@ class EnvRunner(abc.ABC):
         return [c() if isinstance(c, type) else c for c in classes]
 
     def _callback_list(self, name: str) -> list[Any]:
-        from fastrollout.callbacks import Callbacks
-
         fns = []
         for obj in self._callback_objects:
             fn = getattr(obj, name, None)
-            # The base class's hooks do nothing: skipping them keeps the per-step loop
+            # The base classes' hooks do nothing: skipping them keeps the per-step loop
             # over sub-envs out of the hot path when no callback needs it.
-            if fn is not None and getattr(type(obj), name, None) is not getattr(Callbacks, name):
+            if fn is not None and not _is_base_hook(getattr(type(obj), name, None), name):
                 fns.append(fn)
         extra = s.cfg(self.config, f"callbacks_{name}")
         if extra is not None:
