@@ -25,7 +25,7 @@ import time
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-import torch  # noqa: E402
+import torch
 
 
 def build(use_fastrollout: bool, num_envs: int):

@@ -40,9 +40,10 @@ def _is_base_hook(fn: Any, name: str) -> bool:
 
     if fn is getattr(Callbacks, name, None):
         return True
-    return getattr(fn, "__module__", "") == "ray.rllib.callbacks.callbacks" and getattr(
-        fn, "__qualname__", ""
-    ) == f"RLlibCallback.{name}"
+    return (
+        getattr(fn, "__module__", "") == "ray.rllib.callbacks.callbacks"
+        and getattr(fn, "__qualname__", "") == f"RLlibCallback.{name}"
+    )
 
 
 def _in_ray_actor() -> bool:
