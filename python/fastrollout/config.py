@@ -267,14 +267,11 @@ class RunnerConfig:
         if action_space is not NotProvided:
             _check_space(action_space, "action_space")
             self.action_space = action_space
-        for name, value in (
+        self._set_flags(
             ("normalize_actions", normalize_actions),
             ("clip_actions", clip_actions),
             ("disable_env_checking", disable_env_checking),
-        ):
-            if value is not NotProvided:
-                _check_bool(value, name)
-                setattr(self, name, value)
+        )
         return self
 
     def env_runners(
@@ -389,7 +386,7 @@ class RunnerConfig:
         if module_to_env_connector is not NotProvided:
             _check_optional_callable(module_to_env_connector, "module_to_env_connector")
             self._module_to_env_connector = module_to_env_connector
-        for name, value in (
+        self._set_flags(
             (
                 "add_default_connectors_to_env_to_module_pipeline",
                 add_default_connectors_to_env_to_module_pipeline,
@@ -400,10 +397,7 @@ class RunnerConfig:
             ),
             ("explore", explore),
             ("episodes_to_numpy", episodes_to_numpy),
-        ):
-            if value is not NotProvided:
-                _check_bool(value, name)
-                setattr(self, name, value)
+        )
         if episode_lookback_horizon is not NotProvided:
             _check_int(episode_lookback_horizon, "episode_lookback_horizon", 0)
             self.episode_lookback_horizon = episode_lookback_horizon
@@ -415,6 +409,13 @@ class RunnerConfig:
             self.batch_mode = batch_mode
         self._set_restarts(restart_failed_sub_environments, max_sub_environment_restart_attempts)
         return self
+
+    def _set_flags(self, *flags: tuple[str, Any]) -> None:
+        """Sets each ``(name, value)`` flag that was given, after checking it is a bool."""
+        for name, value in flags:
+            if value is not NotProvided:
+                _check_bool(value, name)
+                setattr(self, name, value)
 
     def fault_tolerance(
         self,
@@ -449,13 +450,10 @@ class RunnerConfig:
             TypeError: A value of the wrong type.
         """
         self._set_restarts(restart_failed_sub_environments, max_sub_environment_restart_attempts)
-        for name, flag in (
+        self._set_flags(
             ("restart_failed_env_runners", restart_failed_env_runners),
             ("ignore_env_runner_failures", ignore_env_runner_failures),
-        ):
-            if flag is not NotProvided:
-                _check_bool(flag, name)
-                setattr(self, name, flag)
+        )
         if max_num_env_runner_restarts is not NotProvided:
             _check_int(max_num_env_runner_restarts, "max_num_env_runner_restarts", 0)
             self.max_num_env_runner_restarts = max_num_env_runner_restarts
