@@ -109,16 +109,9 @@ def config(args: argparse.Namespace, num_env_runners: int, env: Any = None) -> A
 
 
 def machine() -> str:
-    model = platform.processor() or "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return f"{model}, {os.cpu_count()} logical CPUs, {platform.system()} {platform.release()}"
+    from side_by_side import cpu_model
+
+    return f"{cpu_model()}, {os.cpu_count()} logical CPUs, {platform.system()} {platform.release()}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -500,21 +500,25 @@ def _between(run: Callable[[], int]) -> None:
         between()
 
 
+def cpu_model() -> str:
+    """The CPU's model name (from /proc/cpuinfo where there is one)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
 def machine() -> dict[str, Any]:
     """The machine and versions, for the table's header.
 
     Returns:
         A dict of names to strings.
     """
-    cpu = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    cpu = cpu_model()
     # From the installed metadata: importing ray here would put it (and what it loads) in
     # every process, `--no-rllib` ones included, and imports move the figures.
     try:
