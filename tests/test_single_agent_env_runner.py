@@ -557,3 +557,14 @@ def test_restarts_work_in_async_sub_processes():
         assert compiled(r)["num_env_restarts_lifetime"] > 0
     finally:
         r.stop()
+
+
+def test_repr_says_a_runner_is_one_of_a_group():
+    """Built from a config with remote runners, a runner is the group's local runner."""
+    base = fr.RunnerConfig().environment("CartPole-v1").env_runners(num_envs_per_env_runner=2)
+    alone = fr.SingleAgentEnvRunner(config=base)
+    assert repr(alone) == "SingleAgentEnvRunner(sub-envs: 2)"
+    in_group = fr.SingleAgentEnvRunner(config=base.copy().env_runners(num_env_runners=3))
+    assert repr(in_group) == (
+        "SingleAgentEnvRunner(sub-envs: 2, runner 0 of a group with 3 remote runners)"
+    )

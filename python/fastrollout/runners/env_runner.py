@@ -606,6 +606,17 @@ class EnvRunner(abc.ABC):
             device=self._device,
         )
 
+    def __repr__(self) -> str:
+        # A runner built from a config with remote runners is one runner of a group: the
+        # local one (index 0), which samples its own sub-envs only.
+        group = (
+            f", runner {self.worker_index} of a group with {self.num_workers} remote runners"
+            if self.num_workers
+            else ""
+        )
+        env = "no env" if self.env is None else f"sub-envs: {self.num_envs}"
+        return f"{type(self).__name__}({env}{group})"
+
     def ping(self) -> str:
         """Answers a health check (RLlib's ``FaultAwareApply.ping``).
 
