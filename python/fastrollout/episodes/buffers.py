@@ -14,6 +14,7 @@ A view holds no data: it reads the episode as it is at the time of each access.
 from __future__ import annotations
 
 import builtins
+import sys
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any
 
@@ -31,15 +32,18 @@ def space_state(space: gym.Space | None) -> Any:
     """A space as RLlib's buffer states hold it.
 
     Returns:
-        ``gym_space_to_dict(space)`` where RLlib is installed, else the space itself (None
-        for None).
+        ``gym_space_to_dict(space)`` where RLlib is loaded in this process, else the space
+        itself (None for None).
     """
     if space is None:
         return None
-    try:
-        from ray.rllib.utils.serialization import gym_space_to_dict
-    except ImportError:
+    # Only where RLlib is in use already (loaded): importing it here would cost seconds on
+    # a first get_state() in a process that never needs RLlib's form. fastrollout's
+    # from_state takes both forms.
+    if "ray.rllib" not in sys.modules:
         return space
+    from ray.rllib.utils.serialization import gym_space_to_dict
+
     return gym_space_to_dict(space)
 
 
