@@ -316,3 +316,18 @@ def test_rllib_callbacks_run_and_its_empty_base_hooks_are_skipped():
     assert runner._has_callbacks("on_episode_end")
     episodes = runner.sample(num_episodes=3)
     assert ended == [e.id_ for e in episodes]
+
+
+def test_multi_agent_runner_needs_a_multi_agent_rllib_config():
+    """As RLlib's runner: RLlib's config without multi_agent(...) is refused."""
+    from ray.rllib.examples.envs.classes.multi_agent import MultiAgentCartPole
+
+    config = AlgorithmConfig().environment(MultiAgentCartPole, env_config={"num_agents": 2})
+    with pytest.raises(ValueError, match="multi_agent"):
+        fr.MultiAgentEnvRunner(config=config)
+    # With it, and no module to build (RLlib's base config), random actions.
+    config = config.multi_agent(policies=["p0", "p1"], policy_mapping_fn=_map_agent)
+    runner = fr.MultiAgentEnvRunner(config=config)
+    assert runner.module is None
+    episodes = runner.sample(num_timesteps=20, random_actions=True)
+    assert sum(e.env_steps() for e in episodes) >= 20

@@ -65,6 +65,13 @@ class MultiAgentEnvRunner(EnvRunner):
         super().__init__(
             config=config, worker_index=worker_index, num_workers=num_workers, **kwargs
         )
+        if self._rllib and not self.config.is_multi_agent:
+            # As RLlib's runner: its config's default mapping (for the old stack) takes
+            # arguments an episode does not pass.
+            raise ValueError(
+                f"{type(self).__name__} needs a multi-agent config: call "
+                "config.multi_agent(policies=..., policy_mapping_fn=...)"
+            )
         self._creator: Any = None
         self._obs: list[Any] = []
         self._terminateds: list[Any] = []
