@@ -16,6 +16,7 @@ Actions: Discrete (Categorical), float Box (DiagGaussian, log-stds clipped to
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -192,38 +193,66 @@ class _ActorCriticEncoder(nn.Module):
                 self.critic_encoder = _Encoder(make())
 
 
+# The observation encoders below are module-level functions (bound with
+# functools.partial), not closures, so that a module pickles with the standard library.
+
+
+def _flatten_box(x: torch.Tensor) -> torch.Tensor:
+    """A batch of Box observations as rows of float32 (as they come: no copy)."""
+    if x.dim() != 2 or x.dtype != torch.float32:
+        x = x.reshape(x.shape[0], -1).float()
+    return x
+
+
+def _flatten_float(x: torch.Tensor) -> torch.Tensor:
+    """A batch of MultiBinary observations as rows of float32."""
+    return x.reshape(x.shape[0], -1).float()
+
+
+def _one_hot(n: int, start: int, x: torch.Tensor) -> torch.Tensor:
+    """A batch of Discrete(n, start) observations one-hot encoded."""
+    idx = x.reshape(x.shape[0]).long() - start
+    return nn.functional.one_hot(idx, n).float()
+
+
+def _multi_one_hot(nvec: list[int], starts: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """A batch of MultiDiscrete observations as concatenated one-hots."""
+    idx = x.reshape(x.shape[0], -1).long() - starts.to(x.device)
+    parts = [nn.functional.one_hot(idx[:, i], n) for i, n in enumerate(nvec)]
+    return torch.cat(parts, dim=-1).float()
+
+
+def _concat_parts(
+    names: list[Any], parts: list[Callable[[Any], torch.Tensor]], x: Any
+) -> torch.Tensor:
+    """A batch of Dict/Tuple observations: each part encoded, then concatenated."""
+    return torch.cat([fn(x[k]) for k, fn in zip(names, parts, strict=True)], dim=-1)
+
+
 def _obs_preprocessor(space: gym.Space, path: str = "obs") -> tuple[int, Callable[[Any], Any]]:
-    """The flat size of ``space`` and a function that flattens a batch of it."""
+    """The flat size of ``space`` and a (picklable) function that flattens a batch of it.
+
+    Args:
+        space: The observation space.
+        path: How to name the space in errors (nested spaces add their keys).
+
+    Returns:
+        ``(size, fn)``: ``fn(batch)`` is a ``(B, size)`` float32 tensor.
+
+    Raises:
+        TypeError: For a space the module cannot encode (named by ``path``).
+    """
     if isinstance(space, gym.spaces.Box):
-        dim = int(np.prod(space.shape, dtype=np.int64))
-
-        def box(x: torch.Tensor) -> torch.Tensor:
-            if x.dim() != 2 or x.dtype != torch.float32:
-                x = x.reshape(x.shape[0], -1).float()
-            return x
-
-        return dim, box
+        return int(np.prod(space.shape, dtype=np.int64)), _flatten_box
     if isinstance(space, gym.spaces.Discrete):
-        n, start = int(space.n), int(space.start)
-
-        def discrete(x: torch.Tensor) -> torch.Tensor:
-            idx = x.reshape(x.shape[0]).long() - start
-            return nn.functional.one_hot(idx, n).float()
-
-        return n, discrete
+        n = int(space.n)
+        return n, functools.partial(_one_hot, n, int(space.start))
     if isinstance(space, gym.spaces.MultiDiscrete):
         nvec = [int(n) for n in space.nvec.reshape(-1)]
         starts = torch.as_tensor(space.start.reshape(-1).astype(np.int64))
-
-        def multi_discrete(x: torch.Tensor) -> torch.Tensor:
-            idx = x.reshape(x.shape[0], -1).long() - starts.to(x.device)
-            parts = [nn.functional.one_hot(idx[:, i], n) for i, n in enumerate(nvec)]
-            return torch.cat(parts, dim=-1).float()
-
-        return sum(nvec), multi_discrete
+        return sum(nvec), functools.partial(_multi_one_hot, nvec, starts)
     if isinstance(space, gym.spaces.MultiBinary):
-        dim = int(np.prod(space.shape, dtype=np.int64))
-        return dim, lambda x: x.reshape(x.shape[0], -1).float()
+        return int(np.prod(space.shape, dtype=np.int64)), _flatten_float
     if isinstance(space, gym.spaces.Dict | gym.spaces.Tuple):
         items: list[tuple[Any, gym.Space]] = (
             list(space.spaces.items())
@@ -231,13 +260,9 @@ def _obs_preprocessor(space: gym.Space, path: str = "obs") -> tuple[int, Callabl
             else list(enumerate(space.spaces))
         )
         names = [k for k, _ in items]
-        parts = [_obs_preprocessor(s, f"{path}[{k!r}]") for k, s in items]
-        dim = sum(d for d, _ in parts)
-
-        def nested(x: Any) -> torch.Tensor:
-            return torch.cat([fn(x[k]) for k, (_, fn) in zip(names, parts, strict=True)], dim=-1)
-
-        return dim, nested
+        encoded = [_obs_preprocessor(s, f"{path}[{k!r}]") for k, s in items]
+        dim = sum(d for d, _ in encoded)
+        return dim, functools.partial(_concat_parts, names, [fn for _, fn in encoded])
     raise TypeError(
         f"DefaultMLPModule cannot encode the observation space {path} = {space}: supported "
         "are Box, Discrete, MultiDiscrete, MultiBinary and Dict/Tuple of those"
@@ -279,7 +304,7 @@ class DefaultMLPModule(RLModule):
         self._shared = shared
 
         self.encoder = _ActorCriticEncoder(
-            lambda: _layers(in_dim, hiddens, act, None),
+            functools.partial(_layers, in_dim, hiddens, act, None),
             shared=shared,
             with_critic=not self.inference_only,
         )
