@@ -227,3 +227,25 @@ class SeededLengthVectorEnv(gym.vector.VectorEnv):
         self._done = term.copy()
         infos = {"len": lens, "_len": reset} if reset.any() else {}
         return np.stack(obs), rew, term, np.zeros(self.num_envs, bool), infos
+
+
+class WrongShapeSubEnv(gym.Env):
+    """Observations of shape (4,); the sub-env ``config["bad_index"]`` returns shape (5,)
+    from its 3rd step on (the others never do)."""
+
+    def __init__(self, config: Any = None) -> None:
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        index = getattr(config, "vector_index", 0)
+        self._bad = index == (config or {}).get("bad_index", 0)
+        self._t = 0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> Any:
+        super().reset(seed=seed)
+        self._t = 0
+        return np.zeros(4, np.float32), {}
+
+    def step(self, action: Any) -> Any:
+        self._t += 1
+        obs = np.zeros(5 if self._bad and self._t >= 3 else 4, np.float32)
+        return obs, 1.0, False, self._t >= 20, {}

@@ -11,6 +11,7 @@ __all__ = [
     "EpisodeStateError",
     "IndexFormError",
     "MultiAgentEnvError",
+    "RunnerStoppedError",
     "SampleArgumentError",
     "SpaceMismatchError",
 ]
@@ -25,10 +26,12 @@ class MultiAgentEnvError(ValueError):
 
     Raised for data for an agent that is done, an agent that acted and observed without a
     reward, an agent truncated right after acting without a last observation, and a step
-    after the episode is done.
+    after the episode is done. RLlib raises its own ``MultiAgentEnvError`` in those places;
+    the message names the agent.
 
-    RLlib raises its own ``MultiAgentEnvError`` in the same places; the message names the
-    agent.
+    A runner's episodes also raise it for an observation of an agent that is not among the
+    env's ``possible_agents`` (RLlib records such an agent, without a space); the message
+    names the agent, the sub-env and the declared agents.
     """
 
 
@@ -52,4 +55,14 @@ class SampleArgumentError(ValueError, AssertionError):
 
     RLlib 2.60's runners assert on them (``AssertionError``); a ``ValueError`` is what
     Python callers expect for a bad argument. This error is both.
+    """
+
+
+class RunnerStoppedError(RuntimeError):
+    """A runner was asked to sample after ``stop()`` closed its env(s).
+
+    RLlib's runners have no such guard: a stopped synchronous vector env samples on, an
+    asynchronous one raises gymnasium's ``ClosedEnvironmentError``. fastrollout's runners
+    raise this one error for every kind of env; ``make_env()`` creates new envs, after
+    which the runner samples again.
     """

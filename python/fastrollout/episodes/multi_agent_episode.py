@@ -28,7 +28,12 @@ import numpy as np
 from fastrollout._core import MultiAgentEpisodeCore, StepMap, multi_agent_add_env_reset
 from fastrollout.episodes._ids import new_episode_id
 from fastrollout.episodes.single_agent_episode import SingleAgentEpisode
-from fastrollout.errors import EpisodeDoneError, EpisodeStateError, IndexFormError
+from fastrollout.errors import (
+    EpisodeDoneError,
+    EpisodeStateError,
+    IndexFormError,
+    MultiAgentEnvError,
+)
 
 DEFAULT_MODULE_ID = "default_policy"
 SKIP = "S"  # An env step at which an agent did not step (RLlib's skip tag).
@@ -75,6 +80,11 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
 
     #: The class of the agents' episodes (a subclass keeps its own kind for them).
     _agent_episode_cls: type[SingleAgentEpisode] = SingleAgentEpisode
+
+    #: The env's declared agents (its ``possible_agents``, as dict keys: ordered, O(1)
+    #: lookups), which a runner sets on its episodes; an agent outside them that
+    #: observes raises ``MultiAgentEnvError``. None: any agent may join (RLlib's episode).
+    _declared_agents: dict[Any, None] | None = None
 
     SKIP_ENV_TS_TAG = SKIP
 
@@ -142,6 +152,29 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
     # ------------------------------------------------------------------ recording
 
     def _new_agent_episode(self, agent_id: Any) -> SingleAgentEpisode:
+        """The episode of an agent that observes for the first time in this chunk.
+
+        The native ``add_env_reset``/``add_env_step`` call this while they check the step,
+        before they store anything, so that the check of the env's declared agents costs
+        one lookup per agent and chunk, nothing per step.
+
+        Args:
+            agent_id: The agent.
+
+        Returns:
+            Its new (empty) episode.
+
+        Raises:
+            MultiAgentEnvError: If the episode has declared agents (a runner's) and
+                ``agent_id`` is not among them; nothing of the step is stored then.
+        """
+        declared = self._declared_agents
+        if declared is not None and agent_id not in declared:
+            raise MultiAgentEnvError(
+                f"the env returned an observation for agent {agent_id!r}, which is not one "
+                f"of its possible_agents {list(declared)}: list every agent the env may "
+                "return data for in possible_agents"
+            )
         return self._agent_episode_cls(
             agent_id=agent_id,
             module_id=self.module_for(agent_id),
@@ -387,6 +420,8 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
         successor = self._cut_simultaneous(len_lookback_buffer)
         if successor is None:
             successor = self._cut_rebuilt(len_lookback_buffer)
+        if self._declared_agents is not None:
+            successor._declared_agents = self._declared_agents
         return successor
 
     def _cut_rebuilt(self, len_lookback_buffer: int) -> MultiAgentEpisode:

@@ -13,14 +13,14 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Collection, Mapping
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import torch
 
 from fastrollout.connectors.pipeline import ConnectorPipelineV2
 from fastrollout.core import DEFAULT_MODULE_ID, Columns
-from fastrollout.errors import SampleArgumentError
+from fastrollout.errors import RunnerStoppedError, SampleArgumentError
 from fastrollout.modules import MultiRLModule, MultiRLModuleSpec, RLModuleSpec, resolve_device
 from fastrollout.modules._grad import grad_off, grad_restore
 from fastrollout.runners import _rllib
@@ -28,6 +28,10 @@ from fastrollout.runners import _support as s
 from fastrollout.runners._default_act import DefaultAct
 
 __all__ = ["EnvRunner"]
+
+#: The episode class a runner's ``sample`` returns (``SingleAgentEpisode`` or
+#: ``MultiAgentEpisode``; RLlib-flavoured subclasses of them under RLlib's config).
+EpisodeT = TypeVar("EpisodeT")
 
 
 def _is_base_hook(fn: Any, name: str) -> bool:
@@ -54,6 +58,22 @@ def _in_ray_actor() -> bool:
     return ray.get_runtime_context().get_actor_id() is not None
 
 
+def _rebuild_runner(cls: type[EnvRunner[Any]], kwargs: dict[str, Any], state: Any) -> Any:
+    """Builds a runner and loads a state into it: what unpickling a runner does.
+
+    Args:
+        cls: The runner class.
+        kwargs: Its constructor's arguments (config, worker_index, num_workers, spaces).
+        state: ``get_state()`` of the pickled runner.
+
+    Returns:
+        The new runner.
+    """
+    runner = cls(**kwargs)
+    runner.set_state(state)
+    return runner
+
+
 _CALLBACKS = (
     "on_environment_created",
     "on_episode_created",
@@ -64,7 +84,7 @@ _CALLBACKS = (
 )
 
 
-class EnvRunner(abc.ABC):
+class EnvRunner(abc.ABC, Generic[EpisodeT]):
     """Steps environments with a torch policy and returns episodes.
 
     Subclasses implement ``make_env``, ``make_module``, ``_sample``, ``get_spaces`` and
@@ -72,6 +92,9 @@ class EnvRunner(abc.ABC):
     the device, seeding, callbacks, the weights' sequence number, state handling, the
     ``sample`` entry point with its timers, the forward pass, and the sampled-step and
     episode metrics.
+
+    A runner pickles as its config and state (see ``__reduce__``): unpickling builds a
+    new runner with new envs.
 
     Args:
         config: The runner config (``fastrollout.RunnerConfig``).
@@ -128,6 +151,10 @@ class EnvRunner(abc.ABC):
         self._callback_fns = {name: self._callback_list(name) for name in _CALLBACKS}
         self.num_envs = 0
         self._needs_initial_reset = True
+        # Why the runner cannot sample until make_env() (None: it can); see stop().
+        self._stopped: str | None = None
+        # A sample() call raised: its envs stepped past what the episodes hold.
+        self._interrupted = False
         self._episodes: list[Any] = []
         self._done_episodes_for_metrics: list[Any] = []
         # Episode id -> the chunks of that episode returned by earlier ``sample`` calls.
@@ -238,7 +265,7 @@ class EnvRunner(abc.ABC):
         explore: bool | None = None,
         random_actions: bool = False,
         force_reset: bool = False,
-    ) -> list[Any]:
+    ) -> list[EpisodeT]:
         """Samples ``num_timesteps`` env steps or ``num_episodes`` done episodes.
 
         With neither given: ``rollout_fragment_length * num_envs`` timesteps under
@@ -248,7 +275,9 @@ class EnvRunner(abc.ABC):
         ``id_``, ``t_started`` at the chunk's end, ``episode_lookback_horizon`` steps of
         look-back); between ``num_timesteps`` and ``num_timesteps + num_envs - 1`` steps.
         Episodes: exactly ``num_episodes`` done episodes, from freshly reset envs.
-        Returned episodes are numpy'ized (unless ``episodes_to_numpy`` is off).
+        Returned episodes are numpy'ized (unless ``episodes_to_numpy`` is off). After a
+        call that raised (an env's error), the next call resets every sub-env first: the
+        envs stepped past what the episodes hold.
 
         Args:
             num_timesteps: Env steps to sample.
@@ -259,18 +288,27 @@ class EnvRunner(abc.ABC):
             force_reset: Reset all sub-envs first (always so with ``num_episodes``).
 
         Returns:
-            The episodes.
+            The episodes: ``SingleAgentEpisode`` objects from ``SingleAgentEnvRunner``,
+            ``MultiAgentEpisode`` objects from ``MultiAgentEnvRunner``.
 
         Raises:
             SampleArgumentError: (a ``ValueError`` and an ``AssertionError``) If both
                 ``num_timesteps`` and ``num_episodes`` are given or one is negative.
-            RuntimeError: If the runner has no module and ``random_actions`` is False.
+            RunnerStoppedError: (a ``RuntimeError``) If ``stop()`` closed the envs (or a
+                sub-env's worker process was lost) and ``make_env()`` was not called since.
+            RuntimeError: If the runner has no env (the local runner of a group with
+                remote runners) or no module and ``random_actions`` is False.
         """
         if num_timesteps is not None and num_episodes is not None:
             raise SampleArgumentError("give num_timesteps or num_episodes, not both")
         for name, v in (("num_timesteps", num_timesteps), ("num_episodes", num_episodes)):
             if v is not None and v < 0:
                 raise SampleArgumentError(f"{name} must be >= 0, got {v}")
+        if self._stopped is not None:
+            raise RunnerStoppedError(
+                f"{type(self).__name__} cannot sample: {self._stopped}; call make_env() to "
+                "create new envs, then sample again"
+            )
         if self.env is None:
             raise RuntimeError(
                 f"{type(self).__name__} has no env: it is the local runner of a group "
@@ -304,13 +342,20 @@ class EnvRunner(abc.ABC):
                     num_timesteps = self._fragment_length() * self.num_envs
                 else:
                     num_episodes = self.num_envs
-            samples = self._sample(
-                num_timesteps=num_timesteps,
-                num_episodes=num_episodes,
-                explore=explore,
-                random_actions=random_actions,
-                force_reset=force_reset,
-            )
+            try:
+                samples = self._sample(
+                    num_timesteps=num_timesteps,
+                    num_episodes=num_episodes,
+                    explore=explore,
+                    random_actions=random_actions,
+                    # After a call that raised, the envs are ahead of their episodes (or a
+                    # sub-env is half-stepped): continuing would record a gap.
+                    force_reset=force_reset or self._interrupted,
+                )
+            except BaseException:
+                self._interrupted = True
+                raise
+            self._interrupted = False
             self._callback(
                 "on_sample_end", env_runner=self, metrics_logger=self.metrics, samples=samples
             )
@@ -380,7 +425,7 @@ class EnvRunner(abc.ABC):
         explore: bool,
         random_actions: bool,
         force_reset: bool,
-    ) -> list[Any]:
+    ) -> list[EpisodeT]:
         """Samples with the counts resolved (exactly one of them is given)."""
 
     def _log_time_since(self, key: str, start: float) -> None:
@@ -617,6 +662,33 @@ class EnvRunner(abc.ABC):
         env = "no env" if self.env is None else f"sub-envs: {self.num_envs}"
         return f"{type(self).__name__}({env}{group})"
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickles the runner as its config and state; unpickling builds a new runner.
+
+        RLlib's runners are not pickled (they live in Ray actors); here
+        ``pickle.loads(pickle.dumps(runner))`` is a runner of the same class built from
+        the same config, worker index and spaces, with this runner's ``get_state()``
+        loaded: module weights and ``weights_seq_no``, connector states and
+        ``num_env_steps_sampled_lifetime``. Its envs are new and reset at its first
+        ``sample`` (envs and ongoing episodes do not travel), its modules are built from
+        the config (a module set on the runner by hand is not kept), and its
+        MetricsLogger starts empty, so that metrics are not reported twice. The config
+        must pickle: the callables in it (env creators, the policy mapping function)
+        must be module-level functions or classes, not lambdas.
+
+        Returns:
+            The rebuild function and its arguments.
+        """
+        kwargs: dict[str, Any] = {
+            "config": self.config,
+            # None: built directly, not by a group (see __init__).
+            "worker_index": self.worker_index if self._in_group else None,
+            "num_workers": self.num_workers,
+        }
+        if self.spaces:
+            kwargs["spaces"] = self.spaces
+        return _rebuild_runner, (type(self), kwargs, self.get_state())
+
     def ping(self) -> str:
         """Answers a health check (RLlib's ``FaultAwareApply.ping``).
 
@@ -652,18 +724,33 @@ class EnvRunner(abc.ABC):
             sys.exit(1)
 
     def assert_healthy(self) -> None:
-        """Checks that the runner has its env(s) and module.
+        """Checks that the runner has its env(s) and module, and was not stopped.
 
         Raises:
-            AssertionError: If the env or the module is missing.
+            AssertionError: If the env or the module is missing, or the envs are closed.
         """
         assert self.env is not None, f"{type(self).__name__} has no env (call make_env())"
+        assert self._stopped is None, (
+            f"{type(self).__name__} cannot sample: {self._stopped} (call make_env())"
+        )
         assert self._module is not None, f"{type(self).__name__} has no module"
 
     def stop(self) -> None:
-        """Closes the env(s)."""
+        """Closes the env(s); the runner samples again only after ``make_env()``.
+
+        A second call does nothing. The state, weights and metrics stay readable.
+        """
+        if self._stopped is not None:
+            return
+        self._stopped = "stop() closed its env(s)"
         for env in self._env_list():
             env.close()
+
+    def _envs_ready(self) -> None:
+        """Marks new envs: ``make_env`` calls this once it has created them."""
+        self._stopped = None
+        self._interrupted = False
+        self._needs_initial_reset = True
 
     def _env_list(self) -> list[Any]:
         """The env(s) to close: the vector env, or the list of sub-envs."""

@@ -20,6 +20,7 @@ from typing import Any
 from fastrollout._core import ModuleBatcher, multi_agent_record_steps
 from fastrollout.core import DEFAULT_MODULE_ID, Columns
 from fastrollout.episodes import MultiAgentEpisode
+from fastrollout.errors import MultiAgentEnvError, SpaceMismatchError
 from fastrollout.runners import _rllib
 from fastrollout.runners import _support as s
 from fastrollout.runners.env_runner import EnvRunner
@@ -31,7 +32,7 @@ def _default_mapping(agent_id: Any, episode: Any, **kwargs: Any) -> str:
     return DEFAULT_MODULE_ID
 
 
-class MultiAgentEnvRunner(EnvRunner):
+class MultiAgentEnvRunner(EnvRunner[MultiAgentEpisode]):
     """Samples ``num_envs_per_env_runner`` copies of a ``MultiAgentEnv``.
 
     ``sample(num_timesteps=N)`` counts env steps, or, under
@@ -104,7 +105,7 @@ class MultiAgentEnvRunner(EnvRunner):
         n = int(s.cfg(self.config, "num_envs_per_env_runner", 1))
         self.env = [self._creator(i) for i in range(n)]
         self.num_envs = n
-        self._needs_initial_reset = True
+        self._envs_ready()
         for i, env in enumerate(self.env):
             self._callback(
                 "on_environment_created",
@@ -180,11 +181,15 @@ class MultiAgentEnvRunner(EnvRunner):
         env = self.env[i].unwrapped
         agents = list(env.possible_agents)
         episode_cls = _rllib.RLlibMultiAgentEpisode if self._rllib else MultiAgentEpisode
-        self._episodes[i] = episode_cls(
+        episode = self._episodes[i] = episode_cls(
             observation_space={aid: env.get_observation_space(aid) for aid in agents},
             action_space={aid: env.get_action_space(aid) for aid in agents},
             agent_to_module_mapping_fn=self._mapping_fn,
         )
+        if agents:
+            # An agent outside them fails when it first observes (one lookup per agent
+            # and chunk, in the episode); RLlib records it, without a space.
+            episode._declared_agents = dict.fromkeys(agents)
         self._episode_callback("on_episode_created", i)
 
     def _callback_env(self, i: int) -> Any:
@@ -205,7 +210,11 @@ class MultiAgentEnvRunner(EnvRunner):
                 if not restart or attempts > max_attempts:
                     raise
                 self._recreate(i)
-        self._episodes[i].add_env_reset(observations=obs, infos=infos)
+        try:
+            self._episodes[i].add_env_reset(observations=obs, infos=infos)
+        except (MultiAgentEnvError, SpaceMismatchError) as err:
+            # The native step names the sub-env; a reset is recorded one sub-env at a time.
+            raise type(err)(f"sub-env {i}: {err}") from err
         self._obs[i] = obs
         self._terminateds[i] = None
         self._truncateds[i] = None

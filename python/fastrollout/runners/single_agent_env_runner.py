@@ -17,6 +17,7 @@ import numpy as np
 
 from fastrollout._core import single_agent_record_vector_step
 from fastrollout.core import DEFAULT_MODULE_ID, Columns
+from fastrollout.env.check import space_mismatch
 from fastrollout.episodes import SingleAgentEpisode
 from fastrollout.errors import SpaceMismatchError
 from fastrollout.modules import MultiRLModule
@@ -29,7 +30,26 @@ __all__ = ["SingleAgentEnvRunner"]
 _RESTART_KEYS = (s.RESTARTED_KEY, "_" + s.RESTARTED_KEY)
 
 
-class SingleAgentEnvRunner(EnvRunner):
+def _stacks(space: gym.Space[Any], observation: Any) -> bool:
+    """Whether gymnasium's vector envs can stack ``observation`` into a batch of ``space``.
+
+    Args:
+        space: A sub-env's observation space.
+        observation: One sub-env's observation.
+
+    Returns:
+        False where stacking it alone fails as it failed in the vector env's ``step``.
+    """
+    from gymnasium.vector.utils import concatenate, create_empty_array
+
+    try:
+        concatenate(space, [observation], create_empty_array(space, n=1))
+    except (ValueError, TypeError, KeyError, IndexError):
+        return False
+    return True
+
+
+class SingleAgentEnvRunner(EnvRunner[SingleAgentEpisode]):
     """Samples ``num_envs_per_env_runner`` copies of a gymnasium env (sync or async).
 
     Args:
@@ -103,7 +123,7 @@ class SingleAgentEnvRunner(EnvRunner):
                 f"got {mode!r}"
             )
         self.num_envs = self.env.num_envs
-        self._needs_initial_reset = True
+        self._envs_ready()
         self._callback(
             "on_environment_created",
             env_runner=self,
@@ -231,6 +251,59 @@ class SingleAgentEnvRunner(EnvRunner):
         )
         self._log_time_since(s.ENV_TO_MODULE_CONNECTOR, start)
 
+    def _observation_mismatch(self, err: ValueError) -> SpaceMismatchError | None:
+        """The error naming the sub-env whose observation broke a vector step, if one did.
+
+        gymnasium's vector envs stack the sub-envs' observations into one batch, and an
+        observation of the wrong shape fails there with numpy's message only. This runs on
+        that error path alone (the step itself checks nothing per sub-env): a
+        ``SyncVectorEnv`` still holds each sub-env's observation of the failed step, each
+        is stacked alone as the env stacked them all, and the first that fails is named
+        with its shape; an ``AsyncVectorEnv`` has shut the failed sub-env's worker down,
+        which names it, and its message has the shapes (flattened: the worker writes the
+        observation into shared memory flat). The async env is closed then, as it cannot
+        step again.
+
+        Args:
+            err: What the vector env's ``step`` raised.
+
+        Returns:
+            The ``SpaceMismatchError`` to raise instead, or None if ``err`` is not about
+            an observation's shape.
+        """
+        env = self.env
+        space = env.single_observation_space
+        sub_obs = getattr(env, "_env_obs", None)
+        if isinstance(env, gym.vector.SyncVectorEnv) and sub_obs is not None:
+            for i, o in enumerate(sub_obs):
+                if not _stacks(space, o):
+                    return SpaceMismatchError(
+                        f"sub-env {i} returned an observation that does not fit the "
+                        f"observation space: {space_mismatch(space, o)}"
+                    )
+            return None
+        text = str(err)
+        if "broadcast" not in text and "shape" not in text:
+            return None
+        pipes = getattr(env, "parent_pipes", None)
+        lost = [] if pipes is None else [i for i, p in enumerate(pipes) if p is None]
+        if isinstance(env, gym.vector.AsyncVectorEnv) and lost:
+            self._close_env_quietly()
+            self._stopped = (
+                f"its AsyncVectorEnv lost the worker process of sub-env {lost[0]} to an "
+                "observation that does not fit the observation space, and was closed"
+            )
+            return SpaceMismatchError(
+                f"sub-env {lost[0]} returned an observation that does not fit the "
+                f"observation space {space}: {text} (the shapes flattened, as gymnasium's "
+                "worker writes observations into shared memory); gymnasium shut the "
+                "sub-env's worker down: call make_env() before sampling again"
+            )
+        return SpaceMismatchError(
+            "a sub-env returned an observation that does not fit the observation space "
+            f"{space}: {text}"
+        )
+
     def _compute_actions(self, explore: bool, ts: int) -> tuple[Any, Any, dict[str, Any]]:
         batch = self._cached_to_module
         self._cached_to_module = None
@@ -275,14 +348,10 @@ class SingleAgentEnvRunner(EnvRunner):
             try:
                 obs, rewards, terminateds, truncateds, infos = self.env.step(env_actions)
             except ValueError as err:
-                # The vector env stacks the sub-envs' observations into its buffer; an
-                # observation of the wrong shape fails there with numpy's message only.
-                if "broadcast" in str(err) or "shape" in str(err):
-                    raise SpaceMismatchError(
-                        f"a sub-env returned an observation that does not fit the "
-                        f"observation space {self.env.single_observation_space}: {err}"
-                    ) from err
-                raise
+                mismatch = self._observation_mismatch(err)
+                if mismatch is None:
+                    raise
+                raise mismatch from err
             self._log_time_since(s.ENV_STEP_TIMER, start)
             restarted = self._count_restarts(infos)
             if restarted is not None:
