@@ -167,6 +167,35 @@ def test_async_vector_env_names_the_sub_env_and_the_shape_it_returned():
         runner.stop()
 
 
+class WideFromStep3(SeededLengthVectorEnv):
+    """A native vector env whose batch gains a column (in every sub-env's row) from the
+    3rd step after a reset on."""
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> Any:
+        self._steps = 0
+        return super().reset(seed=seed, options=options)
+
+    def step(self, actions: Any) -> Any:
+        obs, *rest = super().step(actions)
+        self._steps += 1
+        if self._steps >= 3:
+            obs = np.concatenate([obs, np.zeros((len(obs), 1), np.float32)], axis=1)
+        return (obs, *rest)
+
+
+def test_native_vector_env_batch_of_the_wrong_shape_names_both_shapes():
+    runner = fr.SingleAgentEnvRunner(
+        config=config(WideFromStep3, n=3, gym_env_vectorize_mode="vector_entry_point")
+    )
+    # The batch's rows share one shape, so no sub-env is singled out.
+    with pytest.raises(SpaceMismatchError) as info:
+        runner.sample(num_timesteps=30)
+    assert str(info.value) == (
+        "observations: expected a batch of items of shape (2,) and dtype float32, got an "
+        "array of shape (3, 3) and dtype float32"
+    )
+
+
 def test_multi_agent_wrong_shape_names_sub_env_agent_and_shapes():
     runner = fr.MultiAgentEnvRunner(
         config=config(Agents, n=3, env_config={"bad_index": 1, "wrong_shape_at_step": 5})

@@ -107,13 +107,13 @@ impl<'py> BatchField<'py> {
 
     /// Row `i` of the batch for `episode`: bytes laid out for its field where it stores
     /// typed items of the batch's layout, else the row as a Python object.
-    fn input(&mut self, episode: &SingleAgentEpisodePy, i: usize) -> PyResult<Input<'py>> {
+    fn input(&mut self, episode: &SingleAgentEpisodePy, i: usize) -> Result<Input<'py>, FieldError> {
         if episode.infers_spec(self.field_name()) {
             if self.first.is_none() {
-                self.first = Some(self.first_rows()?);
+                self.first = Some(self.first_rows().map_err(FieldError::Batch)?);
             }
             if let Some(Some(first)) = &self.first {
-                return first.input(i);
+                return first.input(i).map_err(FieldError::Row);
             }
         }
         // A non-array value (a constant such as the weights' sequence number) goes to
@@ -124,16 +124,16 @@ impl<'py> BatchField<'py> {
         let spec = episode.row_spec(self.field_name());
         if self.rows.is_none() {
             self.rows = Some(match spec {
-                Some(s) => Some(self.convert(s)?),
+                Some(s) => Some(self.convert(s).map_err(FieldError::Batch)?),
                 None => None,
             });
         }
         if let (Some(Some(rows)), Some(s)) = (&self.rows, spec) {
             if same_layout(&rows.schema, &s.schema) {
-                return Ok(Input::Row(rows.row(i)?));
+                return Ok(Input::Row(rows.row(i).map_err(FieldError::Row)?));
             }
         }
-        Ok(Input::Object(row_object(&self.value, i)?))
+        Ok(Input::Object(row_object(&self.value, i).map_err(FieldError::Row)?))
     }
 
     /// The spec that an episode storing its first item of this field infers from row 0
@@ -189,6 +189,25 @@ impl<'py> BatchField<'py> {
             .map_err(|e| PyValueError::new_err(format!("{}: {e}", self.label())))?;
         let widths = schema.leaves.iter().map(crate::schema::Leaf::item_bytes).collect();
         Ok(BatchRows { schema, views: views.into_vec(), widths })
+    }
+}
+
+/// Why a field of a vector step did not convert: the whole batch (its shape or dtype, the
+/// same for every sub-env, e.g. a vector env's own batch of the wrong shape) or one
+/// sub-env's row.
+enum FieldError {
+    Batch(PyErr),
+    Row(PyErr),
+}
+
+impl FieldError {
+    /// The Python error: a row's names its sub-env; a batch's names none, as every
+    /// sub-env's row is alike.
+    fn into_py(self, py: Python<'_>, env: usize) -> PyErr {
+        match self {
+            FieldError::Batch(err) => err,
+            FieldError::Row(err) => for_env(py, env, err),
+        }
     }
 }
 
@@ -496,12 +515,12 @@ pub fn single_agent_record_vector_step<'py>(
         let p = if layouts.as_ref().is_some_and(|(l, k)| e.fits_rows(l, k)) {
             None
         } else if e.is_reset() {
-            let o = obs.input(&e, i).map_err(|err| for_env(py, i, err))?;
-            let a = act.input(&e, i).map_err(|err| for_env(py, i, err))?;
-            let r = rew.input(&e, i).map_err(|err| for_env(py, i, err))?;
+            let o = obs.input(&e, i).map_err(|err| err.into_py(py, i))?;
+            let a = act.input(&e, i).map_err(|err| err.into_py(py, i))?;
+            let r = rew.input(&e, i).map_err(|err| err.into_py(py, i))?;
             let mut x = Vec::with_capacity(extras.len());
             for (k, f) in &mut extras {
-                x.push((k.clone(), f.input(&e, i).map_err(|err| for_env(py, i, err))?));
+                x.push((k.clone(), f.input(&e, i).map_err(|err| err.into_py(py, i))?));
             }
             Some(Prepared::Step(
                 e.prepare_step_inputs(o, a, r, info.as_ref(), x).map_err(|err| for_env(py, i, err))?,
