@@ -249,3 +249,11 @@ class WrongShapeSubEnv(gym.Env):
         self._t += 1
         obs = np.zeros(5 if self._bad and self._t >= 3 else 4, np.float32)
         return obs, 1.0, False, self._t >= 20, {}
+
+
+def crash_sub_env_1_on_step_3(ctx: Any) -> Any:
+    """SeededLengthEnv; sub-env 1 raises EnvCrash on its 3rd step call (the env check's is
+    its 1st), the others never."""
+    from fastrollout.env.examples import CrashingEnv
+
+    return CrashingEnv(SeededLengthEnv(), crash_on_step={3} if ctx.vector_index == 1 else ())

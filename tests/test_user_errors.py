@@ -14,10 +14,16 @@ import pytest
 import torch
 
 import fastrollout as fr
-from _runner_envs import SeededLengthEnv, SeededLengthVectorEnv, WrongShapeSubEnv
+from _runner_envs import (
+    SeededLengthEnv,
+    SeededLengthVectorEnv,
+    WrongShapeSubEnv,
+    crash_sub_env_1_on_step_3,
+)
 from fastrollout.connectors import MeanStdFilter
 from fastrollout.core import DEFAULT_MODULE_ID, Columns
 from fastrollout.env import MultiAgentEnv
+from fastrollout.env.examples import EnvCrash
 from fastrollout.errors import MultiAgentEnvError, RunnerStoppedError, SpaceMismatchError
 from fastrollout.modules import DefaultMLPModule, RLModuleSpec
 from fastrollout.runners.env_runner import EnvRunner
@@ -181,6 +187,27 @@ class WideFromStep3(SeededLengthVectorEnv):
         if self._steps >= 3:
             obs = np.concatenate([obs, np.zeros((len(obs), 1), np.float32)], axis=1)
         return (obs, *rest)
+
+
+@pytest.mark.filterwarnings("ignore:.*ERROR:UserWarning")
+def test_async_sub_env_that_crashes_leaves_a_runner_that_says_so_until_make_env():
+    runner = fr.SingleAgentEnvRunner(
+        config=config(crash_sub_env_1_on_step_3, n=3, gym_env_vectorize_mode="async")
+    )
+    try:
+        with pytest.raises(EnvCrash):
+            runner.sample(num_timesteps=30)
+        # Without the guard, the reset of the next call fails inside gymnasium (its pipe
+        # to the lost worker is None).
+        with pytest.raises(
+            RunnerStoppedError,
+            match=r"lost the worker process of sub-env 1 to an error in its step \(EnvCrash\)",
+        ):
+            runner.sample(num_timesteps=3)
+        runner.make_env()
+        assert [len(e) for e in runner.sample(num_timesteps=3)] == [1, 1, 1]
+    finally:
+        runner.stop()
 
 
 def test_native_vector_env_batch_of_the_wrong_shape_names_both_shapes():

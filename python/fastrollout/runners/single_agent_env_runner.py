@@ -251,28 +251,40 @@ class SingleAgentEnvRunner(EnvRunner[SingleAgentEpisode]):
         )
         self._log_time_since(s.ENV_TO_MODULE_CONNECTOR, start)
 
-    def _observation_mismatch(self, err: ValueError) -> SpaceMismatchError | None:
-        """The error naming the sub-env whose observation broke a vector step, if one did.
+    def _step_failed(self, err: Exception) -> SpaceMismatchError | None:
+        """Handles an error of the vector env's ``step``, on that error path alone.
 
         gymnasium's vector envs stack the sub-envs' observations into one batch, and an
-        observation of the wrong shape fails there with numpy's message only. This runs on
-        that error path alone (the step itself checks nothing per sub-env): a
-        ``SyncVectorEnv`` still holds each sub-env's observation of the failed step, each
+        observation of the wrong shape fails there with numpy's message only; the step
+        itself checks nothing per sub-env, so the sub-env is found here. A
+        ``SyncVectorEnv`` still holds each sub-env's observation of the failed step: each
         is stacked alone as the env stacked them all, and the first that fails is named
-        with its shape; an ``AsyncVectorEnv`` has shut the failed sub-env's worker down,
-        which names it, and its message has the shapes (flattened: the worker writes the
-        observation into shared memory flat). The async env is closed then, as it cannot
-        step again.
+        with its shape. An ``AsyncVectorEnv`` has shut down the worker of each sub-env
+        that failed (whatever the error), which names it; its message has the shapes
+        (flattened: the worker writes observations into shared memory flat). Such an env
+        cannot step or reset again: it is closed, and the runner refuses to sample until
+        ``make_env()``.
 
         Args:
             err: What the vector env's ``step`` raised.
 
         Returns:
-            The ``SpaceMismatchError`` to raise instead, or None if ``err`` is not about
-            an observation's shape.
+            The ``SpaceMismatchError`` to raise instead, or None to raise ``err``.
         """
         env = self.env
         space = env.single_observation_space
+        lost: list[int] = []
+        if isinstance(env, gym.vector.AsyncVectorEnv):
+            lost = [i for i, pipe in enumerate(env.parent_pipes) if pipe is None]
+        if lost:
+            self._close_env_quietly()
+            self._stopped = (
+                f"its AsyncVectorEnv lost the worker process of sub-env "
+                f"{', '.join(map(str, lost))} to an error in its step ({type(err).__name__}),"
+                " and was closed"
+            )
+        if not isinstance(err, ValueError):
+            return None
         sub_obs = getattr(env, "_env_obs", None)
         if isinstance(env, gym.vector.SyncVectorEnv) and sub_obs is not None:
             for i, o in enumerate(sub_obs):
@@ -285,14 +297,7 @@ class SingleAgentEnvRunner(EnvRunner[SingleAgentEpisode]):
         text = str(err)
         if "broadcast" not in text and "shape" not in text:
             return None
-        pipes = getattr(env, "parent_pipes", None)
-        lost = [] if pipes is None else [i for i, p in enumerate(pipes) if p is None]
-        if isinstance(env, gym.vector.AsyncVectorEnv) and lost:
-            self._close_env_quietly()
-            self._stopped = (
-                f"its AsyncVectorEnv lost the worker process of sub-env {lost[0]} to an "
-                "observation that does not fit the observation space, and was closed"
-            )
+        if lost:
             return SpaceMismatchError(
                 f"sub-env {lost[0]} returned an observation that does not fit the "
                 f"observation space {space}: {text} (the shapes flattened, as gymnasium's "
@@ -347,8 +352,8 @@ class SingleAgentEnvRunner(EnvRunner[SingleAgentEpisode]):
             start = time.perf_counter()
             try:
                 obs, rewards, terminateds, truncateds, infos = self.env.step(env_actions)
-            except ValueError as err:
-                mismatch = self._observation_mismatch(err)
+            except Exception as err:
+                mismatch = self._step_failed(err)
                 if mismatch is None:
                     raise
                 raise mismatch from err
