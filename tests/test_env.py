@@ -441,6 +441,21 @@ def test_is_multi_agent_env() -> None:
     assert not is_multi_agent_env(lambda ctx: None)
 
 
+@pytest.mark.parametrize(
+    ("name", "hint"),
+    [
+        ("NoSuchEnv-v0", "gymnasium: Environment `NoSuchEnv` doesn't exist."),
+        ("CartPol-v1", "Did you mean: `CartPole`?"),
+        ("CartPole-v9", "It provides versioned environments: [ `v0`, `v1` ]."),
+        ("ALE/Pong-v5", "Namespace ALE not found. Have you installed the proper package for ALE?"),
+    ],
+)
+def test_an_unknown_env_keeps_gymnasiums_hint(name: str, hint: str) -> None:
+    with pytest.raises(ValueError, match=rf"unknown env {name!r}") as info:
+        make_env_creator(name)
+    assert hint in str(info.value) and "\n" not in str(info.value)
+
+
 def test_registry_errors_name_the_culprit() -> None:
     with pytest.raises(ValueError, match=r"unknown env 'NoSuchEnv-v9'"):
         make_env_creator("NoSuchEnv-v9")

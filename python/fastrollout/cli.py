@@ -2,40 +2,111 @@
 
 Example::
 
-    python -m fastrollout sample --env CartPole-v1 --num-envs 8 --timesteps 100000
+    python -m fastrollout sample --env CartPole-v1 --num-envs 8 --timesteps 1e5
     python -m fastrollout sample --env CartPole-v1 --multi-agent 4 --device cpu --seed 0
     python -m fastrollout sample --env CartPole-v1 --num-env-runners 2   # Ray actors
+    python -m fastrollout sample --output runs/cartpole --json > summary.json
 
-A progress bar (tqdm) shows env steps per second and the running mean episode return; a
-table of the runners' metrics follows (RLlib's metric names), aggregated over the runners
-by an ``EnvRunnerGroup``.
+A progress bar (tqdm, on stderr) shows env steps per second and the running mean episode
+return. Then a summary (throughput, episodes and returns, where the time went) and the
+runners' metrics (RLlib's names, aggregated over the runners by an ``EnvRunnerGroup``),
+or with ``--json`` only the summary as JSON. ``--output DIR`` also writes every
+``sample`` call's metrics as JSON lines and a plot.
+
+Exit status: 0 on success, 2 on a configuration error (bad arguments, an unknown env, a
+device this machine lacks), with a one-line message on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import decimal
 import math
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TextIO
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import IO, Any, TextIO
 
-__all__ = ["build_parser", "config_from_args", "flatten_metrics", "main", "render_table"]
+from fastrollout._cli_report import (
+    JSONL_NAME,
+    PLOT_NAME,
+    RunLog,
+    flatten_metrics,
+    render_summary,
+    render_table,
+    summarize,
+    to_json,
+    write_plot,
+)
+from fastrollout._cli_threads import DEFAULT_NUM_THREADS, apply_num_threads
 
-EPISODE_RETURN_MEAN = "episode_return_mean"
+__all__ = [
+    "ConfigurationError",
+    "build_parser",
+    "check_config",
+    "config_from_args",
+    "flatten_metrics",
+    "main",
+    "render_table",
+    "run_sample",
+]
+
+PROG = "python -m fastrollout"
+
+# The measurements behind --num-threads' default (2-core machine, CartPole-v1, 8 sub-envs,
+# `python -m fastrollout sample --no-progress --num-threads N`, busy: with a
+# `python -c "while 1: pass"` beside it).
+_THREADS_EPILOG = """\
+threads: torch and OpenBLAS start one thread per core, and on the small batches of a
+sampling loop those threads only fight for the cores. Measured on a 2-core machine
+(CartPole-v1, 8 sub-envs, env steps/s): THREADS_NUMBERS. Hence the default of
+--num-threads, 1; it sets torch.set_num_threads, the running OpenBLAS, and
+OMP/OPENBLAS/MKL_NUM_THREADS for the processes the run starts. When --num-threads is not
+given and OMP_NUM_THREADS is set, the libraries keep what they read from it; 0 keeps the
+libraries' own defaults. Remote runners (Ray actors) get Ray's setting instead.
+"""
+_THREADS_NUMBERS = (
+    "2 threads, 37,000 idle but 10,700 with one other busy process; 1 thread, 39,800 with it"
+)
 
 
-def _int_at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse type: an int of at least ``minimum``."""
+class ConfigurationError(ValueError):
+    """A configuration the run cannot start with (exit status 2, one line on stderr)."""
+
+
+def _whole_number(text: str) -> int:
+    """Parses an int, also one written as a float or in scientific notation (``1e5``).
+
+    Raises:
+        argparse.ArgumentTypeError: If the text is not a whole number.
+    """
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = decimal.Decimal(text.strip())
+    except decimal.InvalidOperation:
+        raise argparse.ArgumentTypeError(f"expected an int, got {text!r}") from None
+    # Decimal, not float: "1e20" is exactly 10**20, and "1.5e3" is 1500 without rounding.
+    if not value.is_finite() or value != value.to_integral_value():
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
+    return int(value)
+
+
+def _int_at_least(minimum: int, what: str = "an int") -> Callable[[str], int]:
+    """An argparse type: a whole number of at least ``minimum``."""
 
     def parse(text: str) -> int:
         try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an int, got {text!r}") from None
+            value = _whole_number(text)
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
         if value < minimum:
-            raise argparse.ArgumentTypeError(f"expected an int >= {minimum}, got {value}")
+            raise argparse.ArgumentTypeError(f"expected {what} >= {minimum}, got {value}")
         return value
 
     return parse
@@ -43,6 +114,7 @@ def _int_at_least(minimum: int) -> Callable[[str], int]:
 
 _positive_int = _int_at_least(1)
 _non_negative_int = _int_at_least(0)
+_seed = _int_at_least(0, "an int seed")
 
 
 def _positive_float(text: str) -> float:
@@ -55,14 +127,18 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an int seed, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a seed >= 0, got {value}")
-    return value
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default.
+
+    Flags (default False) and options whose help explains their default (default None)
+    get no ``(default: ...)``.
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        # Identity, not ==: a default of 0 is shown.
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,28 +148,34 @@ def build_parser() -> argparse.ArgumentParser:
         The parser (sub-command ``sample``).
     """
     parser = argparse.ArgumentParser(
-        prog="python -m fastrollout",
-        description="Fast RL experience collection with RLlib's API.",
+        prog=PROG, description="Fast RL experience collection with RLlib's API."
     )
     commands = parser.add_subparsers(dest="command", required=True)
     sample = commands.add_parser(
         "sample",
         help="sample an env with the default policy and print the metrics",
-        description="Sample an env with the default (untrained) policy and print the metrics.",
+        description="Sample an env with the default (untrained) policy and print a summary "
+        "and the metrics. Exit status 2 on a configuration error.",
+        epilog=_THREADS_EPILOG.replace("THREADS_NUMBERS", _THREADS_NUMBERS),
+        formatter_class=_HelpFormatter,
     )
     sample.add_argument("--env", default="CartPole-v1", help="gymnasium id or registered name")
     sample.add_argument(
-        "--num-envs", type=_positive_int, default=8, help="sub-envs stepped together (default 8)"
+        "--num-envs", type=_positive_int, default=8, help="sub-envs stepped together"
     )
     sample.add_argument(
-        "--timesteps", type=_positive_int, default=100_000, help="env steps to sample"
+        "--timesteps",
+        type=_positive_int,
+        default=100_000,
+        help="env steps to sample (1e5 and 100000.0 are read as 100000)",
     )
     sample.add_argument(
         "--multi-agent",
         type=_positive_int,
         default=None,
         metavar="N",
-        help="N copies of the env as agents 0..N-1 (make_multi_agent), one shared module",
+        help="N copies of the env as agents 0..N-1 (make_multi_agent), one shared module "
+        "(default: single-agent)",
     )
     sample.add_argument(
         "--num-env-runners",
@@ -101,29 +183,54 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         metavar="N",
         help="sample with N remote runners (Ray actors; needs fastrollout[ray]) instead of "
-        "in this process (default 0)",
+        "in this process",
     )
     sample.add_argument(
         "--num-cpus-per-env-runner",
         type=_positive_float,
         default=1.0,
         metavar="C",
-        help="CPUs Ray reserves per remote runner (default 1)",
+        help="CPUs Ray reserves per remote runner",
     )
-    sample.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
-    sample.add_argument("--seed", type=_seed, default=None, help="seed of envs and module")
+    sample.add_argument(
+        "--num-threads",
+        type=_non_negative_int,
+        default=None,
+        metavar="N",
+        help=f"torch and BLAS threads of this process; 0: the libraries' defaults, one per "
+        f"core (default: {DEFAULT_NUM_THREADS}, or what OMP_NUM_THREADS sets; see below)",
+    )
+    sample.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    sample.add_argument(
+        "--seed", type=_seed, default=None, help="seed of envs and module (default: random)"
+    )
     sample.add_argument(
         "--rollout-fragment-length",
         type=_positive_int,
         default=64,
-        help="env steps per sub-env per sample() call (default 64)",
+        help="env steps per sub-env per sample() call",
     )
     sample.add_argument(
         "--vectorize-mode",
         choices=["sync", "async", "vector_entry_point"],
         default="sync",
         help="single-agent vector env: in-process, sub-processes, or the env's own "
-        "vectorized implementation such as CartPole's (default sync)",
+        "vectorized implementation such as CartPole's",
+    )
+    sample.add_argument(
+        "--output",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help=f"write every sample() call's metrics to DIR/{JSONL_NAME} (one JSON object "
+        f"per line) and a plot of return and throughput to DIR/{PLOT_NAME} (needs "
+        "matplotlib: pip install 'fastrollout[plot]')",
+    )
+    sample.add_argument(
+        "--json",
+        action="store_true",
+        help="print the summary as JSON on stdout, nothing else (the progress bar and "
+        "messages go to stderr)",
     )
     sample.add_argument("--no-explore", action="store_true", help="greedy actions")
     sample.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -140,108 +247,67 @@ def config_from_args(args: argparse.Namespace) -> Any:
         A validated ``RunnerConfig``.
 
     Raises:
-        ValueError: An invalid combination (e.g. a bad device), from ``validate()``.
+        ConfigurationError: An invalid combination (e.g. a bad device), from ``validate()``.
     """
     from fastrollout.config import RunnerConfig
     from fastrollout.env import make_multi_agent
 
-    config = RunnerConfig()
-    if args.multi_agent is not None:
-        config.environment(make_multi_agent(args.env), env_config={"num_agents": args.multi_agent})
-    else:
-        config.environment(args.env)
-    config.env_runners(
-        num_env_runners=args.num_env_runners,
-        num_cpus_per_env_runner=args.num_cpus_per_env_runner,
-        num_envs_per_env_runner=args.num_envs,
-        rollout_fragment_length=args.rollout_fragment_length,
-        gym_env_vectorize_mode=args.vectorize_mode,
-        explore=not args.no_explore,
-    )
-    config.resources(device=args.device)
-    config.debugging(seed=args.seed)
-    config.validate()
+    try:
+        config = RunnerConfig()
+        if args.multi_agent is not None:
+            config.environment(
+                make_multi_agent(args.env), env_config={"num_agents": args.multi_agent}
+            )
+        else:
+            config.environment(args.env)
+        config.env_runners(
+            num_env_runners=args.num_env_runners,
+            num_cpus_per_env_runner=args.num_cpus_per_env_runner,
+            num_envs_per_env_runner=args.num_envs,
+            rollout_fragment_length=args.rollout_fragment_length,
+            gym_env_vectorize_mode=args.vectorize_mode,
+            explore=not args.no_explore,
+        )
+        config.resources(device=args.device)
+        config.debugging(seed=args.seed)
+        config.validate()
+    except (ValueError, TypeError) as err:
+        raise ConfigurationError(str(err)) from err
     return config
 
 
-def flatten_metrics(metrics: Mapping[Any, Any], prefix: str = "") -> dict[str, Any]:
-    """Flattens nested metric dicts into ``"outer/inner"`` keys, with plain values.
+def check_config(args: argparse.Namespace) -> None:
+    """Checks, before anything is built, what would fail later with a traceback.
 
-    Leaves with a ``peek()`` method (the snapshots a ``MetricsLogger.reduce()`` returns)
-    are replaced by their reduced value.
+    The env name is resolved (gymnasium's own hint included where it knows none by that
+    name), the device is resolved where the runner samples in this process (remote
+    runners resolve theirs on their own machines), Ray is imported for remote runners,
+    and the output folder is created.
 
     Args:
-        metrics: Possibly nested dict of metric values.
-        prefix: Key prefix (used in recursion).
+        args: Parsed arguments of the ``sample`` command.
 
-    Returns:
-        A flat dict, keys in the nested dict's order.
+    Raises:
+        ConfigurationError: With a one-line message.
     """
-    flat: dict[str, Any] = {}
-    for key, value in metrics.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            flat.update(flatten_metrics(value, f"{name}/"))
+    from fastrollout.env import make_env_creator
+    from fastrollout.modules import resolve_device
+
+    try:
+        make_env_creator(args.env, disable_env_checking=True)
+        if not args.num_env_runners:
+            resolve_device(args.device)
         else:
-            peek = getattr(value, "peek", None)
-            flat[name] = peek() if callable(peek) else value
-    return flat
+            from fastrollout.runners._ray_host import require_ray
 
-
-def _format_value(value: Any) -> str:
-    if hasattr(value, "item") and getattr(value, "shape", None) == ():
-        value = value.item()
-    if isinstance(value, bool) or value is None:
-        return str(value)
-    if isinstance(value, int):
-        return f"{value:,}"
-    if isinstance(value, float):
-        if math.isnan(value) or math.isinf(value):
-            return str(value)
-        if value != 0 and (abs(value) >= 1e6 or abs(value) < 1e-3):
-            return f"{value:.3e}"
-        return f"{value:,.3f}"
-    text = str(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def render_table(metrics: Mapping[Any, Any], title: str | None = None) -> str:
-    """Renders metrics as a two-column text table, sorted by name.
-
-    Args:
-        metrics: Possibly nested dict of metric values.
-        title: Optional heading line.
-
-    Returns:
-        The table (no trailing newline).
-
-    >>> print(render_table({"a": 1, "b": {"c": 2.5}}))
-    metric  value
-    ------  -----
-    a           1
-    b/c     2.500
-    """
-    rows = sorted((name, _format_value(v)) for name, v in flatten_metrics(metrics).items())
-    name_width = max([len("metric"), *(len(n) for n, _ in rows)])
-    value_width = max([len("value"), *(len(v) for _, v in rows)])
-    lines = [title] if title else []
-    lines.append(f"{'metric':<{name_width}}  {'value':>{value_width}}".rstrip())
-    lines.append(f"{'-' * name_width}  {'-' * value_width}")
-    lines.extend(f"{n:<{name_width}}  {v:>{value_width}}" for n, v in rows)
-    return "\n".join(lines)
-
-
-def _merge_latest(latest: dict[str, Any], new: Mapping[str, Any]) -> None:
-    """Updates ``latest`` with ``new``, except where ``new`` is NaN and a number is known."""
-    for key, value in new.items():
-        if isinstance(value, float) and math.isnan(value) and key in latest:
-            continue
-        latest[key] = value
-
-
-def _env_steps(episodes: Sequence[Any]) -> int:
-    # len() of single- and multi-agent episodes counts env steps.
-    return sum(len(e) for e in episodes)
+            require_ray(f"--num-env-runners {args.num_env_runners}")
+    except (ValueError, TypeError, ImportError) as err:
+        raise ConfigurationError(str(err)) from err
+    if args.output is not None:
+        try:
+            args.output.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise ConfigurationError(f"--output {str(args.output)!r}: {err}") from err
 
 
 def _start_ray(num_env_runners: int, cpus_per_runner: float) -> bool:
@@ -275,95 +341,159 @@ def _start_ray(num_env_runners: int, cpus_per_runner: float) -> bool:
     return True
 
 
+def _stop_ray() -> None:
+    import ray
+
+    ray.shutdown()
+
+
+def _build_group(config: Any) -> Any:
+    """The ``EnvRunnerGroup``; an env that cannot be made is a configuration error.
+
+    Raises:
+        ConfigurationError: gymnasium could not make the env (e.g. a missing dependency)
+            or the env failed fastrollout's env check.
+    """
+    import gymnasium as gym
+
+    from fastrollout.env import EnvCheckError
+    from fastrollout.runners import EnvRunnerGroup
+
+    try:
+        return EnvRunnerGroup(config=config)
+    except (gym.error.Error, EnvCheckError) as err:
+        raise ConfigurationError(f"the env could not be made: {err}") from err
+
+
+def _title(args: argparse.Namespace, env_steps: int, threads: str) -> str:
+    return (
+        f"fastrollout sample: {args.env}"
+        + (f" x{args.multi_agent} agents" if args.multi_agent else "")
+        + f", {args.num_envs} sub-envs"
+        + (f" x {args.num_env_runners} remote runners" if args.num_env_runners else "")
+        + f", {env_steps:,} env steps, {threads}"
+    )
+
+
 def run_sample(args: argparse.Namespace, out: TextIO | None = None) -> dict[str, Any]:
-    """Runs the ``sample`` command: samples ``args.timesteps`` env steps, then prints metrics.
+    """Runs the ``sample`` command: samples ``args.timesteps`` env steps, then reports.
 
     The runners are an ``EnvRunnerGroup``: with ``--num-env-runners 0`` one runner in this
     process, else that many Ray actors (Ray is started if it does not run yet).
 
     Args:
         args: Parsed ``sample`` arguments.
-        out: Where the table goes (default stdout); the progress bar goes to stderr.
+        out: Where the report goes (default stdout); the progress bar and messages go to
+            stderr.
 
     Returns:
-        The runners' metrics, flattened (the latest non-NaN value of each), plus
-        ``"cli"`` totals and timing.
+        The summary (as ``--json`` prints it): settings, ``env_steps``,
+        ``env_steps_per_s``, ``episodes``, returns, ``time_per_env_step_us`` and
+        ``time_share``; ``metrics`` holds every metric (the latest non-NaN value of each,
+        flat ``"outer/inner"`` names) with the run's totals under ``"cli/..."``.
+
+    Raises:
+        ConfigurationError: The arguments name an env, device or output folder that
+            cannot be used.
+        RuntimeError: The runners returned no env steps.
     """
     from tqdm import tqdm
 
-    from fastrollout.runners import EnvRunnerGroup
-
     out = out or sys.stdout
+    threads = apply_num_threads(args.num_threads)
     config = config_from_args(args)
+    check_config(args)
     started_ray = (
         _start_ray(args.num_env_runners, args.num_cpus_per_env_runner)
         if args.num_env_runners
         else False
     )
     try:
-        group = EnvRunnerGroup(config=config)
+        group = _build_group(config)
     except BaseException:
         if started_ray:
             _stop_ray()
         raise
+    samplers = max(1, args.num_env_runners)
     # One sample() call gives every runner one fragment per sub-env.
-    per_call = args.rollout_fragment_length * args.num_envs * max(1, args.num_env_runners)
-    sampled = 0
-    episodes_done = 0
-    # The group's metrics are per get_metrics() call; episode statistics are NaN for a
-    # call that finished no episode, so the table keeps the latest number seen for each key.
-    latest: dict[str, Any] = {}
-    running_return = float("nan")
-    start = time.perf_counter()
-    try:
-        with tqdm(
-            total=args.timesteps,
-            unit="step",
-            unit_scale=True,
-            disable=args.no_progress,
-            dynamic_ncols=True,
-            file=sys.stderr,
-        ) as bar:
-            while sampled < args.timesteps:
-                episodes = group.sample(num_timesteps=min(per_call, args.timesteps - sampled))
-                steps = _env_steps(episodes)
-                if steps == 0:
+    per_call = args.rollout_fragment_length * args.num_envs * samplers
+    with contextlib.ExitStack() as stack:
+        jsonl: IO[str] | None = None
+        if args.output is not None:
+            jsonl = stack.enter_context(open(args.output / JSONL_NAME, "w", encoding="utf-8"))
+        log = RunLog(num_envs=args.num_envs, num_samplers=samplers, jsonl=jsonl)
+        try:
+            bar = stack.enter_context(
+                tqdm(
+                    total=args.timesteps,
+                    unit="step",
+                    unit_scale=True,
+                    disable=args.no_progress,
+                    dynamic_ncols=True,
+                    file=sys.stderr,
+                )
+            )
+            while log.env_steps < args.timesteps:
+                start = time.perf_counter()
+                episodes = group.sample(num_timesteps=min(per_call, args.timesteps - log.env_steps))
+                call_s = time.perf_counter() - start
+                if not any(len(e) for e in episodes):
                     raise RuntimeError("the runners returned no env steps; stopping")
-                sampled += steps
-                episodes_done += sum(1 for e in episodes if e.is_done)
-                _merge_latest(latest, flatten_metrics(group.get_metrics()))
-                value = latest.get(EPISODE_RETURN_MEAN)
-                if value is not None:
-                    running_return = float(value)
-                bar.set_postfix(ret=f"{running_return:.1f}", refresh=False)
-                bar.update(steps)
-        elapsed = time.perf_counter() - start
-    finally:
-        group.stop()
-        if started_ray:
-            _stop_ray()
-    metrics: dict[str, Any] = dict(latest)
-    metrics["cli"] = {
-        "env_steps": sampled,
-        "episodes_done": episodes_done,
-        "wall_time_s": elapsed,
-        "env_steps_per_s": sampled / elapsed if elapsed > 0 else float("nan"),
-    }
-    title = (
-        f"fastrollout sample: {args.env}"
-        + (f" x{args.multi_agent} agents" if args.multi_agent else "")
-        + f", {args.num_envs} sub-envs"
-        + (f" x {args.num_env_runners} remote runners" if args.num_env_runners else "")
-        + f", {sampled:,} env steps"
+                record = log.add_call(episodes, call_s=call_s, metrics=group.get_metrics())
+                if log.episodes:
+                    bar.set_postfix(ret=f"{log.return_sum / log.episodes:.1f}", refresh=False)
+                bar.update(record["call_env_steps"])
+            elapsed = time.perf_counter() - log.start
+        finally:
+            group.stop()
+            if started_ray:
+                _stop_ray()
+    summary = summarize(
+        log,
+        elapsed,
+        env=args.env,
+        num_envs=args.num_envs,
+        num_agents=args.multi_agent,
+        num_env_runners=args.num_env_runners,
+        num_threads=threads.num_threads,
+        threads=threads.describe(),
     )
-    print(render_table(metrics, title=title), file=out)
-    return metrics
+    metrics = dict(log.latest)
+    metrics.update(
+        {
+            "cli/env_steps": log.env_steps,
+            "cli/agent_steps": log.agent_steps,
+            "cli/episodes_done": log.episodes,
+            "cli/sample_calls": log.calls,
+            "cli/wall_time_s": elapsed,
+            "cli/env_steps_per_s": summary["env_steps_per_s"],
+            "cli/agent_steps_per_s": summary["agent_steps_per_s"],
+        }
+    )
+    summary["metrics"] = metrics
+    title = _title(args, log.env_steps, threads.describe())
+    if args.output is not None:
+        _write_plot(log, args.output / PLOT_NAME, title)
+    if args.json:
+        print(to_json(summary), file=out)
+    else:
+        print(render_summary(summary, title=title, multi_agent=bool(args.multi_agent)), file=out)
+        print(file=out)
+        print(render_table(metrics, title="all metrics (RLlib's names)"), file=out)
+    return summary
 
 
-def _stop_ray() -> None:
-    import ray
-
-    ray.shutdown()
+def _write_plot(log: RunLog, path: Path, title: str) -> None:
+    """Writes the plot, or says in one line on stderr why not (matplotlib missing)."""
+    try:
+        write_plot(log, path, title)
+    except ImportError:
+        print(
+            f"{PROG} sample: no plot written: it needs matplotlib "
+            f"(pip install 'fastrollout[plot]'); the metrics are in "
+            f"{path.with_name(JSONL_NAME)}",
+            file=sys.stderr,
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -373,18 +503,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv: Arguments (default ``sys.argv[1:]``).
 
     Returns:
-        The exit status (0 on success, 2 on a configuration error).
+        The exit status: 0 on success, 2 on a configuration error (after a one-line
+        message on stderr; argparse exits with 2 itself on a malformed argument).
     """
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "sample":
         try:
-            config_from_args(args)
-            if args.num_env_runners:
-                from fastrollout.runners._ray_host import require_ray
-
-                require_ray(f"--num-env-runners {args.num_env_runners}")
-        except (ValueError, TypeError, ImportError) as e:
-            parser.error(str(e))
-        run_sample(args)
+            run_sample(args)
+        except ConfigurationError as err:
+            # One line, however the library worded it (gymnasium's hints included).
+            message = " ".join(str(err).split())
+            print(f"{PROG} sample: error: {message}", file=sys.stderr)
+            return 2
     return 0

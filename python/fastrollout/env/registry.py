@@ -285,6 +285,19 @@ def _tune_registered(name: str) -> Callable[[EnvContext], Any] | None:
     return None
 
 
+def _gym_unknown_reason(env_id: str) -> str:
+    """The words gymnasium has for an id it does not know, with its hints.
+
+    The hints: a close name ("Did you mean: `CartPole`?"), the versions that
+    exist, a namespace whose package is missing (``ALE``).
+    """
+    try:
+        gym.spec(env_id)
+    except gym.error.Error as err:
+        return f"gymnasium: {err}"
+    return "not a gymnasium id"
+
+
 def _resolve(env_spec: EnvSpec) -> Callable[[EnvContext], Any]:
     """Returns the callable ``ctx -> env`` for a spec, or raises naming the spec."""
     if isinstance(env_spec, str):
@@ -305,9 +318,9 @@ def _resolve(env_spec: EnvSpec) -> Callable[[EnvContext], Any]:
         if callable(target):
             return target  # type: ignore[no-any-return]
         raise ValueError(
-            f"unknown env {env_spec!r}: not a name given to fastrollout.register_env "
-            f"(registered: {registered_envs()}), not a gymnasium id, and not an importable "
-            "'module.Class' path"
+            f"unknown env {env_spec!r} (not a name given to fastrollout.register_env, "
+            f"registered: {registered_envs()}, nor an importable 'module.Class' path); "
+            f"{_gym_unknown_reason(env_spec)}"
         )
     if not isinstance(env_spec, type) and (
         isinstance(env_spec, gym.Env) or is_multi_agent_env(env_spec)
