@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -435,7 +436,7 @@ def write_plot(log: RunLog, path: Path, title: str) -> None:
     try:
         top.plot(steps, [h[2] for h in log.history], marker=".")
         top.set_ylabel("episode return\n(mean of the call's episodes)")
-        top.set_title(title)
+        top.set_title(textwrap.fill(title, 80), fontsize=10)
         top.grid(True, alpha=0.3)
         bottom.plot(steps, [h[3] for h in log.history], marker=".")
         bottom.set_ylabel("env steps/s (per sample call)")
