@@ -66,7 +66,8 @@ sampling loop those threads only fight for the cores. Measured on a 2-core machi
 --num-threads, 1; it sets torch.set_num_threads, the running OpenBLAS, and
 OMP/OPENBLAS/MKL_NUM_THREADS for the processes the run starts. When --num-threads is not
 given and OMP_NUM_THREADS is set, the libraries keep what they read from it; 0 keeps the
-libraries' own defaults. Remote runners (Ray actors) get Ray's setting instead.
+libraries' own defaults. Remote runners (Ray actors) inherit the variables from a Ray the
+run starts; otherwise Ray sets OMP_NUM_THREADS to each runner's CPUs.
 """
 _THREADS_NUMBERS = (
     "2 threads, 37,000 idle but 10,700 with one other busy process; 1 thread, 39,800 with it"
