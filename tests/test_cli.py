@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -26,7 +27,7 @@ from fastrollout.cli import (
     render_table,
     run_sample,
 )
-from fastrollout.env import is_multi_agent_env
+from fastrollout.env import is_multi_agent_env, register_env
 
 
 @pytest.fixture(autouse=True)
@@ -131,6 +132,21 @@ def test_configuration_errors_exit_2_with_one_line(
     assert captured.out == ""
     assert captured.err.startswith("python -m fastrollout sample: error: ")
     assert message in captured.err and captured.err.count("\n") == 1
+
+
+def test_an_env_that_cannot_be_made_exits_2_with_gymnasiums_message(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def missing_dependency(ctx: Any) -> Any:
+        raise gym.error.DependencyNotInstalled('Box2D is not installed, run `pip install "x"`')
+
+    register_env("_test_cli_missing_dependency", missing_dependency)
+    argv = ["sample", "--no-progress", "--env", "_test_cli_missing_dependency"]
+    assert _exit_status(argv) == 2
+    assert capsys.readouterr().err == (
+        "python -m fastrollout sample: error: the env could not be made: Box2D is not "
+        'installed, run `pip install "x"`\n'
+    )
 
 
 def test_cuda_without_a_gpu_exits_2_with_one_line(

@@ -380,7 +380,8 @@ def run_sample(args: argparse.Namespace, out: TextIO | None = None) -> dict[str,
     """Runs the ``sample`` command: samples ``args.timesteps`` env steps, then reports.
 
     The runners are an ``EnvRunnerGroup``: with ``--num-env-runners 0`` one runner in this
-    process, else that many Ray actors (Ray is started if it does not run yet).
+    process, else that many Ray actors (Ray is started if it does not run yet). The
+    process's thread counts are set first (``--num-threads``; see ``apply_num_threads``).
 
     Args:
         args: Parsed ``sample`` arguments.
