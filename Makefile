@@ -8,7 +8,7 @@ export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(VIRTUAL_ENV)/bin:$(PATH)
 
 .DEFAULT_GOAL := test
-.PHONY: install build test test-rust test-python lint format bench bench-rust bench-python demo clean
+.PHONY: install build wheel test test-rust test-python lint format bench bench-rust bench-python demo clean
 
 # The venv and every dependency named in pyproject.toml (build backend, runtime, and the
 # dev/test extra with RLlib 2.60 as the reference). The package itself is built by `build`.
@@ -27,10 +27,20 @@ install: $(VENV)/.installed
 build: install
 	maturin develop --release -q
 
+# One wheel for every CPython from 3.10 on (abi3) and every x86-64 Linux with glibc 2.17 or
+# newer (manylinux2014), into target/wheels/. zig (the ziglang package of the dev extra) links
+# it against glibc 2.17 instead of a manylinux docker image; older wheels there are removed so
+# that the one wheel left is this source's.
+wheel: install
+	rm -f target/wheels/fastrollout-*.whl
+	maturin build --release --features abi3 --zig --compatibility manylinux2014 -i $(PY) -o target/wheels -q
+
 test-rust:
 	cargo test --release -q
 
-test-python: build
+# The wheel too: tests/test_install.py installs it into a fresh venv (its own `make wheel`
+# then has nothing left to compile).
+test-python: build wheel
 	$(PY) -m pytest -q
 
 test: test-rust test-python
@@ -38,6 +48,7 @@ test: test-rust test-python
 lint: install
 	cargo clippy --all-targets -q -- -D warnings
 	cargo clippy --all-targets --features python -q -- -D warnings
+	cargo clippy --all-targets --features abi3 -q -- -D warnings
 	cargo fmt --check
 	$(PY) -m ruff check python tests benches examples
 	$(PY) -m ruff format --check python tests benches examples

@@ -1084,7 +1084,12 @@ fn is_all_key(key: &Bound<'_, PyAny>, all: &Bound<'_, PyAny>) -> PyResult<bool> 
     if let Ok(s) = key.cast_exact::<PyString>() {
         // The length (a field read) rules out most ids before their text is read.
         // SAFETY: `s` is an exact `str` object, whose length field the macro reads.
+        #[cfg(not(feature = "abi3"))]
         let len = unsafe { pyo3::ffi::PyUnicode_GET_LENGTH(s.as_ptr()) };
+        // The stable ABI hides the field: a call.
+        // SAFETY: `s` is a `str` object.
+        #[cfg(feature = "abi3")]
+        let len = unsafe { pyo3::ffi::PyUnicode_GetLength(s.as_ptr()) };
         return Ok(len == 7 && s.to_str().is_ok_and(|s| s == "__all__"));
     }
     // Int agent ids (a rich comparison with a str each, per dict and agent, cost about a
