@@ -185,7 +185,7 @@ def test_help_shows_defaults_and_the_thread_measurements(
     ):
         assert default in text
     assert "(default: False)" not in text and "(default: None)" not in text
-    assert "Measured on a 2-core machine" in text and "env steps/s" in text
+    assert "Measured on a 2-core machine" in text and "8 sub-envs 27,100 vs 13,900" in text
     assert "pip install 'fastrollout[plot]'" in text
 
 

@@ -3,7 +3,7 @@
 torch and OpenBLAS start one thread per core by default. The sampling loop runs small
 batches (one row per sub-env), where those threads only contend for the cores, with each
 other and with any other busy process. The CLI therefore sets the counts itself; the
-measurements behind its default are in ``docs/performance.md`` and in ``--help``.
+measurements behind its default are in ``python -m fastrollout sample --help``.
 
 The package imports numpy (and its OpenBLAS) before the CLI runs, so ``OPENBLAS_NUM_THREADS``
 set by the CLI is too late for this process: the running OpenBLAS is set through
@@ -21,7 +21,8 @@ from dataclasses import dataclass
 __all__ = ["DEFAULT_NUM_THREADS", "THREAD_ENV_VARS", "ThreadSettings", "apply_num_threads"]
 
 #: The default of ``--num-threads``. One thread was the fastest in every case measured
-#: (CartPole, 8 and 256 sub-envs, idle and with another busy process; docs/performance.md).
+#: (CartPole, 8 and 256 sub-envs, with and without another busy process; the numbers are
+#: in ``fastrollout.cli``'s help).
 DEFAULT_NUM_THREADS = 1
 
 #: The variables OpenMP, OpenBLAS and MKL read when a process starts.

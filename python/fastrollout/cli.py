@@ -56,22 +56,24 @@ __all__ = [
 
 PROG = "python -m fastrollout"
 
-# The measurements behind --num-threads' default (2-core machine, CartPole-v1, 8 sub-envs,
-# `python -m fastrollout sample --no-progress --num-threads N`, busy: with a
-# `python -c "while 1: pass"` beside it).
+# The measurements behind --num-threads' default: medians of 8 (8 sub-envs) and 4 (256)
+# paired runs in one process that switches between 1 and 2 threads, on a 2-core machine
+# that other work kept at a load average of 4-8; "busy": one more `python -c "while 1:
+# pass"`. The CLI gives the same picture: `python -m fastrollout sample --no-progress
+# --timesteps 1e5 --json --num-threads N` gave 30,000 and 28,300 (busy) env steps/s with
+# 1 thread, 10,500 and 710 (busy) with 2.
 _THREADS_EPILOG = """\
-threads: torch and OpenBLAS start one thread per core, and on the small batches of a
-sampling loop those threads only fight for the cores. Measured on a 2-core machine
-(CartPole-v1, 8 sub-envs, env steps/s): THREADS_NUMBERS. Hence the default of
---num-threads, 1; it sets torch.set_num_threads, the running OpenBLAS, and
-OMP/OPENBLAS/MKL_NUM_THREADS for the processes the run starts. When --num-threads is not
-given and OMP_NUM_THREADS is set, the libraries keep what they read from it; 0 keeps the
+threads: torch and OpenBLAS start one thread per core. On a sampling loop's small batches
+those threads mostly wait for each other, and far longer when another process holds a
+core. Measured on a 2-core machine (CartPole-v1, env steps/s, 1 thread vs 2; busy: with
+one more process spinning): 8 sub-envs 27,100 vs 13,900, busy 26,700 vs 1,150; 256
+sub-envs (vector_entry_point) 212,600 vs 7,400, busy 90,500 vs 4,800. Hence the default,
+1 thread: the option sets torch.set_num_threads, the running OpenBLAS, and
+OMP/OPENBLAS/MKL_NUM_THREADS for the processes the run starts. Without the option and
+with OMP_NUM_THREADS set, the libraries keep what they read from it; 0 keeps the
 libraries' own defaults. Remote runners (Ray actors) inherit the variables from a Ray the
 run starts; otherwise Ray sets OMP_NUM_THREADS to each runner's CPUs.
 """
-_THREADS_NUMBERS = (
-    "2 threads, 37,000 idle but 10,700 with one other busy process; 1 thread, 39,800 with it"
-)
 
 
 class ConfigurationError(ValueError):
@@ -157,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="sample an env with the default policy and print the metrics",
         description="Sample an env with the default (untrained) policy and print a summary "
         "and the metrics. Exit status 2 on a configuration error.",
-        epilog=_THREADS_EPILOG.replace("THREADS_NUMBERS", _THREADS_NUMBERS),
+        epilog=_THREADS_EPILOG,
         formatter_class=_HelpFormatter,
     )
     sample.add_argument("--env", default="CartPole-v1", help="gymnasium id or registered name")
