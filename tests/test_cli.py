@@ -405,11 +405,15 @@ def test_summary_scales_timers_that_add_up_to_more_than_the_time_measured() -> N
     )
 
 
-def _quick(*extra: str) -> Any:
-    return _parse(
+def _quick_argv(*extra: str) -> list[str]:
+    return [
         "--num-envs", "2", "--timesteps", "3e2", "--rollout-fragment-length", "20",
         "--seed", "0", "--device", "cpu", "--no-progress", *extra,
-    )  # fmt: skip
+    ]  # fmt: skip
+
+
+def _quick(*extra: str) -> Any:
+    return _parse(*_quick_argv(*extra))
 
 
 # The merged runners pass clear_on_reduce to the metrics logger, which deprecates it; that
@@ -558,6 +562,27 @@ def test_output_that_is_a_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFix
     blocker.write_text("x")
     assert _exit_status(["sample", "--no-progress", "--output", str(blocker / "d")]) == 2
     assert capsys.readouterr().err.startswith("python -m fastrollout sample: error: --output ")
+
+
+class _PrintingCartPole(gym.Wrapper):  # type: ignore[type-arg]
+    """CartPole that prints on every reset, as some envs do."""
+
+    def __init__(self) -> None:
+        super().__init__(gym.make("CartPole-v1"))
+
+    def reset(self, **kwargs: Any) -> Any:
+        print("an env's own print")
+        return self.env.reset(**kwargs)
+
+
+@pytest.mark.filterwarnings(_RUNNER_WARNING)
+def test_json_keeps_what_else_prints_off_stdout(capsys: pytest.CaptureFixture[str]) -> None:
+    register_env("_test_cli_printing_cartpole", lambda ctx: _PrintingCartPole())
+    argv = ["--env", "_test_cli_printing_cartpole", "--json"]
+    assert main(["sample", *_quick_argv(*argv)]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["env_steps"] >= 300 and captured.out.count("\n") == 1
+    assert "an env's own print" in captured.err
 
 
 def _run_module(*argv: str) -> subprocess.CompletedProcess[str]:

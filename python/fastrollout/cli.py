@@ -401,9 +401,28 @@ def run_sample(args: argparse.Namespace, out: TextIO | None = None) -> dict[str,
             cannot be used.
         RuntimeError: The runners returned no env steps.
     """
+    out = out or sys.stdout
+    # With --json, stdout carries the summary only: what the envs, the runners or Ray's
+    # forwarded worker output print meanwhile goes to stderr.
+    with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
+        summary, title = _sample(args)
+    if args.json:
+        print(to_json(summary), file=out)
+    else:
+        print(render_summary(summary, title=title, multi_agent=bool(args.multi_agent)), file=out)
+        print(file=out)
+        print(render_table(summary["metrics"], title="all metrics (RLlib's names)"), file=out)
+    return summary
+
+
+def _sample(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    """Samples as ``run_sample`` says and writes the output files.
+
+    Returns:
+        The summary, and the report's title.
+    """
     from tqdm import tqdm
 
-    out = out or sys.stdout
     threads = apply_num_threads(args.num_threads)
     config = config_from_args(args)
     check_config(args)
@@ -478,13 +497,7 @@ def run_sample(args: argparse.Namespace, out: TextIO | None = None) -> dict[str,
     title = _title(args, log.env_steps, threads.describe())
     if args.output is not None:
         _write_plot(log, args.output / PLOT_NAME, title)
-    if args.json:
-        print(to_json(summary), file=out)
-    else:
-        print(render_summary(summary, title=title, multi_agent=bool(args.multi_agent)), file=out)
-        print(file=out)
-        print(render_table(metrics, title="all metrics (RLlib's names)"), file=out)
-    return summary
+    return summary, title
 
 
 def _write_plot(log: RunLog, path: Path, title: str) -> None:
