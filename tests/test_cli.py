@@ -463,7 +463,7 @@ def test_end_to_end_single_agent_summary_first_then_the_table() -> None:
         "module-to-env connector",
         "env.step",
         "record, cut, rest of sample()",
-        "get_metrics, progress bar",
+        "get_metrics and the CLI",
     ]
     assert all(line.endswith("%") and " µs " in line for line in lines[4:10])
     table = "\n".join(lines[11:])

@@ -40,7 +40,7 @@ _STAGES = (
     ("env_step_timer", "env_step", "env.step"),
 )
 _REST_OF_SAMPLE = ("rest_of_sample", "record, cut, rest of sample()")
-_OUTSIDE_SAMPLE = ("outside_sample", "get_metrics, progress bar")
+_OUTSIDE_SAMPLE = ("outside_sample", "get_metrics and the CLI")
 
 # Timers logged once per sample() call, reset or the pause between calls (seconds).
 _CALL_TIMERS = {
