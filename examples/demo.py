@@ -1,8 +1,8 @@
 """fastrollout demo: record a CartPole episode, cut it into chunks with look-back, and
 print the arrays a trainer receives.
 
-Run with ``make demo``. (The env runners of a later release replace this with
-``python -m fastrollout sample``.)
+Run with ``make demo``, which then samples with the runners
+(``python -m fastrollout sample``, single- and multi-agent).
 """
 
 from __future__ import annotations
