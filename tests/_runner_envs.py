@@ -60,25 +60,6 @@ class ActionRecordingEnv(gym.Env):
         return np.zeros(2, np.float32), 0.0, False, self._t >= 20, {}
 
 
-class WrongShapeEnv(gym.Env):
-    """Returns an observation of the wrong shape from its 3rd step on."""
-
-    def __init__(self, config: Any = None) -> None:
-        self.observation_space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
-        self.action_space = gym.spaces.Discrete(2)
-        self._t = 0
-
-    def reset(self, *, seed: int | None = None, options: dict | None = None) -> Any:
-        super().reset(seed=seed)
-        self._t = 0
-        return np.zeros(4, np.float32), {}
-
-    def step(self, action: Any) -> Any:
-        self._t += 1
-        obs = np.zeros(5 if self._t >= 3 else 4, np.float32)
-        return obs, 1.0, False, False, {}
-
-
 class LongEnv(gym.Env):
     """Episodes of 1000 steps; counts the steps all instances took (``LongEnv.steps``)."""
 

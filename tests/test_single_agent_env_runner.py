@@ -11,7 +11,12 @@ import pytest
 import torch
 
 import fastrollout as fr
-from _runner_envs import ActionRecordingEnv, SeededLengthEnv, SeededLengthVectorEnv, WrongShapeEnv
+from _runner_envs import (
+    ActionRecordingEnv,
+    SeededLengthEnv,
+    SeededLengthVectorEnv,
+    WrongShapeSubEnv,
+)
 from fastrollout.core import DEFAULT_MODULE_ID, Columns
 from fastrollout.env.examples import CrashingEnv, EnvCrash
 from fastrollout.errors import SpaceMismatchError
@@ -265,7 +270,7 @@ def test_continuous_actions_are_clipped_for_env_but_stored_as_computed():
 
 
 def test_wrong_observation_shape_is_a_clear_error():
-    r = fr.SingleAgentEnvRunner(config=config(WrongShapeEnv, n=2))
+    r = fr.SingleAgentEnvRunner(config=config(WrongShapeSubEnv, n=2))
     with pytest.raises(SpaceMismatchError, match=r"observation.*Box\(-1\.0, 1\.0, \(4,\)"):
         r.sample(num_timesteps=20)
 
