@@ -10,8 +10,8 @@ config is RLlib's is decided here:
   observation space fastrollout's :class:`~fastrollout.modules.DefaultMLPModule` encodes
   the same way, that module is built instead: it has RLlib's parameter names and computes
   the same outputs, and the runners' one-pass default step applies to it;
-- ``get_metrics`` returns RLlib's Stats objects, which RLlib's root ``MetricsLogger``
-  aggregates;
+- ``get_metrics`` returns RLlib's Stats objects (``fastrollout.metrics.to_rllib_results``),
+  which RLlib's root ``MetricsLogger`` aggregates;
 - the episodes are :class:`RLlibSingleAgentEpisode` / :class:`RLlibMultiAgentEpisode`, which
   RLlib's ``isinstance`` checks (its learner connectors') take for its own classes.
 
@@ -199,17 +199,3 @@ def device_for(config: Any, worker_index: int) -> Any:
 
     gpus = 0 if not worker_index else config.num_gpus_per_env_runner
     return get_device(config, gpus)
-
-
-def metrics_out(results: Any) -> Any:
-    """``reduce()``'s results as RLlib's root ``MetricsLogger.aggregate`` takes them.
-
-    Args:
-        results: The nested result of fastrollout's ``MetricsLogger.reduce()``.
-
-    Returns:
-        The same keys with RLlib's Stats objects as leaves.
-    """
-    from fastrollout.metrics import to_rllib_results
-
-    return to_rllib_results(results)

@@ -849,7 +849,11 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
     def _reduced_metrics(self) -> dict[str, Any]:
         """``reduce()`` of the runner's logger, in RLlib's form when the config is RLlib's."""
         results = self.metrics.reduce()
-        return _rllib.metrics_out(results) if self._rllib else results
+        if not self._rllib:
+            return results
+        from fastrollout.metrics import to_rllib_results
+
+        return to_rllib_results(results)
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Loads a state from ``get_state`` (of this or another runner).
