@@ -12,6 +12,8 @@ Rewards are exact (sums of small binary fractions) so tests can compare returns 
   while receiving rewards every step.
 - :class:`SyntheticImageEnv`: a single-agent env with Atari-sized (84, 84, 4) uint8
   observations that costs almost nothing to step.
+- :class:`SlowEnv`: a single-agent env whose steps take a set time, by sub-env (slow
+  simulators of different speeds).
 - :class:`CrashingEnv` / :class:`CrashingMultiAgentEnv`: wrappers that raise
   :class:`EnvCrash` on ``reset``/``step`` by schedule or with a seeded probability, and
   tag infos with an id of the env instance.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 from collections.abc import Collection, Mapping
 from typing import Any
 
@@ -35,6 +38,7 @@ __all__ = [
     "EnvCrash",
     "HangingRewardsEnv",
     "JoinLeaveEnv",
+    "SlowEnv",
     "SyntheticImageEnv",
     "TurnBasedEnv",
 ]
@@ -386,6 +390,74 @@ class SyntheticImageEnv(gym.Env[np.ndarray, np.int64]):
         self._t += 1
         frame = self._frames[self._t % self.num_frames].copy()
         return frame, reward, False, self._t >= self.episode_len, {}
+
+
+class SlowEnv(gym.Env[np.ndarray, np.int64]):
+    """A single-agent env whose ``step`` takes a set wall time: a slow simulator.
+
+    The time is ``step_ms`` milliseconds, or, when ``step_ms`` is a list, its entry for the
+    sub-env (``vector_index`` of the ``EnvContext``, modulo the list's length), so one
+    vector of sub-envs holds simulators of different speeds. The wait sleeps (the GIL is
+    free meanwhile, as a simulator in C or another process would leave it). Observations
+    are ``[t / episode_len, vector_index]`` (float32); the reward is 1.0 when the action is
+    ``t % 2``, else 0.0; the episode is truncated after ``episode_len`` (default 100)
+    steps. The observation records which sub-env and step it came from, so tests can
+    check that every episode's steps come from one sub-env, in order.
+
+    Args:
+        config: Optional ``{"step_ms": float or list of floats (default 1.0),
+            "episode_len": int >= 1}``; an ``EnvContext`` gives the ``vector_index``.
+    """
+
+    def __init__(self, config: Mapping[str, Any] | None = None) -> None:
+        config = config or {}
+        self.episode_len = _int_option(config, "episode_len", 100, 1)
+        self.vector_index = int(getattr(config, "vector_index", 0) or 0)
+        step_ms = config.get("step_ms", 1.0)
+        if isinstance(step_ms, (list, tuple)):
+            if not step_ms:
+                raise ValueError("SlowEnv: step_ms must be a number or a non-empty list")
+            step_ms = step_ms[self.vector_index % len(step_ms)]
+        if float(step_ms) < 0:
+            raise ValueError(f"SlowEnv: step_ms must be >= 0, got {step_ms}")
+        self.step_s = float(step_ms) / 1000.0
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self._t = 0
+
+    def _obs(self) -> np.ndarray:
+        return np.array([self._t / self.episode_len, self.vector_index], np.float32)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        """Starts an episode.
+
+        Args:
+            seed: Seeds the env's generator (nothing here draws from it).
+            options: Unused.
+
+        Returns:
+            ``([0, vector_index], {})``.
+        """
+        super().reset(seed=seed)
+        self._t = 0
+        return self._obs(), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        """Waits ``step_ms``, then advances one step.
+
+        Args:
+            action: 0 or 1.
+
+        Returns:
+            ``(obs, reward, False, truncated, {})``.
+        """
+        if self.step_s > 0:
+            time.sleep(self.step_s)
+        reward = 1.0 if int(action) == self._t % 2 else 0.0
+        self._t += 1
+        return self._obs(), reward, False, self._t >= self.episode_len, {}
 
 
 class EnvCrash(RuntimeError):
