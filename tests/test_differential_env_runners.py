@@ -81,10 +81,12 @@ def test_a_crash_keeps_the_other_sub_envs_episodes_rllib_drops_them():
         results[name] = (LongEnv.steps, episodes)
     steps, eps = results["fastrollout"]
     # Only the crashed sub-env's 4 steps (before its 5th, failing one) are dropped; the
-    # recreated env's check took 1 step that no episode records. The other sub-env's
-    # episode keeps all its 11 steps; the new one has 6.
-    assert sum(len(e) for e in eps) == steps - 4 - 1
-    assert sorted((len(e), e.t_started) for e in eps) == [(6, 0), (11, 0)]
+    # recreated env's check took 1 step that no episode records. The dropped steps do
+    # not count: the call still returns the 20 it was asked for. The other sub-env's
+    # episode keeps all its 13 steps; the new one (reset on the turn after the crash)
+    # has 7.
+    assert sum(len(e) for e in eps) == steps - 4 - 1 == 20
+    assert sorted((len(e), e.t_started) for e in eps) == [(7, 0), (13, 0)]
     steps, eps = results["rllib"]
     # RLlib starts every episode over: the other sub-env's steps are lost as well.
     assert all(e.t_started == 0 for e in eps)

@@ -234,10 +234,10 @@ def test_runner_length_guess_changes_no_episode(monkeypatch, episode_len):
     record = sar.single_agent_record_vector_step
     guesses: list = []
 
-    def without_guess(*args):
+    def without_guess(*args, **kwargs):
         args = args + (None,) * (10 - len(args))  # (the reset passes no guess)
         guesses.append(args[8:])  # (expected_len, steps_left)
-        return record(*args[:8], None, None)
+        return record(*args[:8], None, None, **kwargs)
 
     def sample(guess: bool) -> list:
         c = fr.RunnerConfig().debugging(seed=5).env_runners(num_envs_per_env_runner=3)

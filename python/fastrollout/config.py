@@ -128,6 +128,8 @@ class RunnerConfig:
         self.num_env_runners = 0
         self.num_envs_per_env_runner = 1
         self.gym_env_vectorize_mode: Any = "sync"
+        self.remote_worker_envs = False
+        self.remote_env_batch_wait_ms: float = 0
         self.num_cpus_per_env_runner: float = 1
         self.num_gpus_per_env_runner: float = 0
         self.sample_timeout_s: float | None = 60.0
@@ -144,6 +146,7 @@ class RunnerConfig:
         # fault_tolerance()
         self.restart_failed_sub_environments = False
         self.max_sub_environment_restart_attempts = 5
+        self.sub_env_step_timeout_s: float | None = None
         self.restart_failed_env_runners = True
         self.ignore_env_runner_failures = False
         self.max_num_env_runner_restarts = 1000
@@ -281,6 +284,8 @@ class RunnerConfig:
         num_env_runners: int = NotProvided,
         num_envs_per_env_runner: int = NotProvided,
         gym_env_vectorize_mode: Any = NotProvided,
+        remote_worker_envs: bool = NotProvided,
+        remote_env_batch_wait_ms: float = NotProvided,
         num_cpus_per_env_runner: float = NotProvided,
         num_gpus_per_env_runner: float = NotProvided,
         sample_timeout_s: float | None = NotProvided,
@@ -296,6 +301,7 @@ class RunnerConfig:
         episodes_to_numpy: bool = NotProvided,
         restart_failed_sub_environments: bool = NotProvided,
         max_sub_environment_restart_attempts: int = NotProvided,
+        sub_env_step_timeout_s: float | None = NotProvided,
     ) -> RunnerConfig:
         """Sets how runners sample.
 
@@ -313,8 +319,16 @@ class RunnerConfig:
             gym_env_vectorize_mode: ``"sync"``, ``"async"`` (sub-processes) or
                 ``"vector_entry_point"`` (the env's own vectorized implementation, for
                 example CartPole's numpy one) for single-agent vector envs; a
-                ``gymnasium.VectorizeMode`` also works. The multi-agent runner always
-                steps its sub-envs in this process.
+                ``gymnasium.VectorizeMode`` also works. The multi-agent runner steps its
+                sub-envs in this process (or remotely, see ``remote_worker_envs``).
+            remote_worker_envs: Run each sub-env in its own Ray actor (no CPU reserved)
+                and step the sub-envs as they become ready: each turn the runner acts, in
+                one forward pass, for the sub-envs whose step has finished, so a slow
+                sub-env does not hold back the others. Single- and multi-agent; needs ray
+                (the ``ray`` extra) and replaces ``gym_env_vectorize_mode``.
+            remote_env_batch_wait_ms: With ``remote_worker_envs``: once one sub-env is
+                ready, how long to wait for more before acting (0: act at once for those
+                that are ready). Larger batches, fewer forward passes; slower turns.
             num_cpus_per_env_runner: CPUs reserved per remote runner.
             num_gpus_per_env_runner: GPUs reserved per remote runner.
             sample_timeout_s: How long ``EnvRunnerGroup.sample()`` waits for the remote
@@ -344,6 +358,11 @@ class RunnerConfig:
             max_sub_environment_restart_attempts: How many times in a row a runner tries
                 to recreate and reset a failed sub-env before giving up (fastrollout's
                 own setting; RLlib retries without bound).
+            sub_env_step_timeout_s: A step (or reset) of a sub-env in another process
+                (``remote_worker_envs``, or ``gym_env_vectorize_mode="async"`` with
+                restarts) that takes longer counts as that sub-env's failure, so one hung
+                simulator cannot hang the runner; None (default): no limit.
+                fastrollout's own setting.
 
         Returns:
             self.
@@ -365,6 +384,10 @@ class RunnerConfig:
         if gym_env_vectorize_mode is not NotProvided:
             _check_vectorize_mode(gym_env_vectorize_mode)
             self.gym_env_vectorize_mode = gym_env_vectorize_mode
+        self._set_flags(("remote_worker_envs", remote_worker_envs))
+        if remote_env_batch_wait_ms is not NotProvided:
+            _check_number(remote_env_batch_wait_ms, "remote_env_batch_wait_ms", 0)
+            self.remote_env_batch_wait_ms = remote_env_batch_wait_ms
         if num_cpus_per_env_runner is not NotProvided:
             _check_number(num_cpus_per_env_runner, "num_cpus_per_env_runner", 0)
             self.num_cpus_per_env_runner = num_cpus_per_env_runner
@@ -407,7 +430,11 @@ class RunnerConfig:
         if batch_mode is not NotProvided:
             _check_choice(batch_mode, "batch_mode", BATCH_MODES)
             self.batch_mode = batch_mode
-        self._set_restarts(restart_failed_sub_environments, max_sub_environment_restart_attempts)
+        self._set_restarts(
+            restart_failed_sub_environments,
+            max_sub_environment_restart_attempts,
+            sub_env_step_timeout_s,
+        )
         return self
 
     def _set_flags(self, *flags: tuple[str, Any]) -> None:
@@ -422,6 +449,7 @@ class RunnerConfig:
         *,
         restart_failed_sub_environments: bool = NotProvided,
         max_sub_environment_restart_attempts: int = NotProvided,
+        sub_env_step_timeout_s: float | None = NotProvided,
         restart_failed_env_runners: bool = NotProvided,
         ignore_env_runner_failures: bool = NotProvided,
         max_num_env_runner_restarts: int = NotProvided,
@@ -432,6 +460,7 @@ class RunnerConfig:
         Args:
             restart_failed_sub_environments: See :meth:`env_runners`.
             max_sub_environment_restart_attempts: See :meth:`env_runners`.
+            sub_env_step_timeout_s: See :meth:`env_runners`.
             restart_failed_env_runners: Whether Ray restarts a remote runner whose actor
                 died (or whose call raised) in an ``EnvRunnerGroup``; the group sends it
                 the latest weights and connector states before it samples again.
@@ -449,7 +478,11 @@ class RunnerConfig:
             ValueError: A value out of range.
             TypeError: A value of the wrong type.
         """
-        self._set_restarts(restart_failed_sub_environments, max_sub_environment_restart_attempts)
+        self._set_restarts(
+            restart_failed_sub_environments,
+            max_sub_environment_restart_attempts,
+            sub_env_step_timeout_s,
+        )
         self._set_flags(
             ("restart_failed_env_runners", restart_failed_env_runners),
             ("ignore_env_runner_failures", ignore_env_runner_failures),
@@ -462,7 +495,11 @@ class RunnerConfig:
             self.env_runner_health_probe_timeout_s = env_runner_health_probe_timeout_s
         return self
 
-    def _set_restarts(self, restart: Any, attempts: Any) -> None:
+    def _set_restarts(self, restart: Any, attempts: Any, timeout: Any) -> None:
+        if timeout is not NotProvided:
+            if timeout is not None:
+                _check_number(timeout, "sub_env_step_timeout_s", 0)
+            self.sub_env_step_timeout_s = timeout
         if restart is not NotProvided:
             _check_bool(restart, "restart_failed_sub_environments")
             self.restart_failed_sub_environments = restart

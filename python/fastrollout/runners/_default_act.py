@@ -44,7 +44,7 @@ from fastrollout.modules.distributions import (
     native_draw_applies,
 )
 from fastrollout.modules.multi_rl_module import MultiRLModule
-from fastrollout.runners import _support as s
+from fastrollout.runners import _keys as keys
 
 __all__ = ["DefaultAct"]
 
@@ -221,7 +221,7 @@ class DefaultAct:
                 logits[module_id] = _own_logits(output)
             else:
                 logits[module_id] = run_layers(layers, module._obs(module_batch))
-        runner._log_time_since(s.RLMODULE_INFERENCE_TIMER, start)
+        runner._log_time_since(keys.RLMODULE_INFERENCE_TIMER, start)
         start = time.perf_counter()
         if not all(
             x is not None and (not explore or native_draw_applies(x)) for x in logits.values()

@@ -24,14 +24,47 @@ from fastrollout.errors import RunnerStoppedError, SampleArgumentError
 from fastrollout.modules import MultiRLModule, MultiRLModuleSpec, RLModuleSpec, resolve_device
 from fastrollout.modules._grad import grad_off, grad_restore
 from fastrollout.runners import _rllib
-from fastrollout.runners import _support as s
+from fastrollout.metrics import MetricsLogger
+from fastrollout.runners import _keys as keys
+from fastrollout.runners._config import cfg
+from fastrollout.runners._connectors import Connectors
 from fastrollout.runners._default_act import DefaultAct
+from fastrollout.runners.sub_envs import StepResults, SubEnvs, make_sub_envs
+from fastrollout.runners.sub_envs.creator import make_sub_env_creator
 
 __all__ = ["EnvRunner"]
 
 #: The episode class a runner's ``sample`` returns (``SingleAgentEpisode`` or
 #: ``MultiAgentEpisode``; RLlib-flavoured subclasses of them under RLlib's config).
 EpisodeT = TypeVar("EpisodeT")
+
+
+class _SampleCall:
+    """The counts of one ``sample`` call, which the loop's hooks update."""
+
+    def __init__(
+        self,
+        *,
+        num_timesteps: int | None,
+        num_episodes: int | None,
+        explore: bool,
+        random_actions: bool,
+        to_numpy: bool,
+    ) -> None:
+        self.num_timesteps = num_timesteps
+        self.num_episodes = num_episodes
+        self.explore = explore
+        self.random_actions = random_actions
+        self.to_numpy = to_numpy
+        self.env_steps = 0
+        self.episodes = 0
+        self.done_out: list[Any] = []
+
+    def finished(self, steps: int) -> bool:
+        """Whether the call has its steps (``steps`` counted as configured) or episodes."""
+        if self.num_timesteps is not None:
+            return steps >= self.num_timesteps
+        return self.episodes >= (self.num_episodes or 0)
 
 
 def _is_base_hook(fn: Any, name: str) -> bool:
@@ -117,10 +150,17 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
         self._in_group = worker_index is not None
         self.worker_index = int(worker_index or 0)
         self.num_workers = int(
-            num_workers if num_workers is not None else s.cfg(config, "num_env_runners", 0)
+            num_workers if num_workers is not None else cfg(config, "num_env_runners", 0)
         )
-        self.metrics = s.make_metrics_logger()
+        self.metrics = MetricsLogger()
         self.env: Any = None
+        self._sub_envs: SubEnvs | None = None  # type: ignore[assignment]
+        # The sub-envs that wait for an action (None: all of them).
+        self._ready: Any = None
+        self._failures_in_a_row: list[int] = []
+        self._call: _SampleCall = _SampleCall(
+            num_timesteps=0, num_episodes=None, explore=False, random_actions=False, to_numpy=True
+        )
         # The modules as one MultiRLModule, which the loop and the connectors use;
         # ``module`` is what RLlib's runner of the same kind exposes.
         self._module: MultiRLModule | None = None
@@ -129,19 +169,19 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
         self._device = (
             _rllib.device_for(config, self.worker_index)
             if self._rllib
-            else resolve_device(s.cfg(config, "device", "auto"))
+            else resolve_device(cfg(config, "device", "auto"))
         )
         self._weights_seq_no = 0
         self.num_env_steps_sampled_lifetime = 0
         self._default_act: DefaultAct | None = None
-        seed = s.cfg(config, "seed")
+        seed = cfg(config, "seed")
         # As RLlib: one seed per runner, evaluation runners a million apart.
         self._seed: int | None = (
             None
             if seed is None
             else int(seed)
             + self.worker_index
-            + (1_000_000 if s.cfg(config, "in_evaluation", False) else 0)
+            + (1_000_000 if cfg(config, "in_evaluation", False) else 0)
         )
         if self._seed is not None:
             random.seed(self._seed)
@@ -163,7 +203,7 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
         self._time_after_sampling: float | None = None
         # The per-step timers created in the current sample() call (_log_time_since).
         self._timers_ready: set[str] = set()
-        self._conn: s.Connectors | None = None
+        self._conn: Connectors | None = None
         # RLlib's IMPALA/APPO set this to their EnvRunnerStateServer actor: the runner
         # pulls newer weights and connector states from it before each sample.
         self._env_runner_state_server: Any = None
@@ -173,7 +213,7 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
     # -- callbacks -------------------------------------------------------------------
 
     def _make_callback_objects(self) -> list[Any]:
-        cls = s.cfg(self.config, "callbacks_class")
+        cls = cfg(self.config, "callbacks_class")
         if cls is None:
             return []
         classes = cls if isinstance(cls, (list, tuple)) else [cls]
@@ -187,7 +227,7 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
             # over sub-envs out of the hot path when no callback needs it.
             if fn is not None and not _is_base_hook(getattr(type(obj), name, None), name):
                 fns.append(fn)
-        extra = s.cfg(self.config, f"callbacks_{name}")
+        extra = cfg(self.config, f"callbacks_{name}")
         if extra is not None:
             fns.extend(extra if isinstance(extra, (list, tuple)) else [extra])
         return fns
@@ -233,8 +273,8 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
             self._rllib
             and self._in_group
             and self.worker_index == 0
-            and int(s.cfg(self.config, "num_env_runners", 0)) > 0
-            and not s.cfg(self.config, "create_env_on_local_worker", False)
+            and int(cfg(self.config, "num_env_runners", 0)) > 0
+            and not cfg(self.config, "create_env_on_local_worker", False)
         )
 
     # -- module --------------------------------------------------------------------
@@ -253,9 +293,28 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
 
     # -- API -----------------------------------------------------------------------
 
-    @abc.abstractmethod
     def make_env(self) -> None:
-        """Creates (or re-creates) the env(s) from the config."""
+        """Creates the sub-envs (closing existing ones) and schedules a reset.
+
+        The backend is the config's: one Ray actor per sub-env with
+        ``remote_worker_envs=True``; else, multi-agent, a list of envs in this process;
+        single-agent, the gymnasium vector env of ``gym_env_vectorize_mode``.
+
+        Raises:
+            ValueError: If the config names no env or an unknown vectorize mode.
+            ImportError: For remote sub-envs without ray (naming the extra).
+        """
+        self._close_env_quietly()
+        creator = make_sub_env_creator(self.config, self.worker_index, self.num_workers)
+        self._sub_envs = make_sub_envs(self.config, creator, multi_agent=self._multi_agent)
+        self.env = self._sub_envs.env
+        self.num_envs = self._sub_envs.num_envs
+        self._failures_in_a_row = [0] * self.num_envs
+        self._envs_ready()
+        self._envs_created(creator)
+
+    def _envs_created(self, creator: Any) -> None:
+        """Calls ``on_environment_created`` for new envs (once per vector env or sub-env)."""
 
     def sample(
         self,
@@ -321,15 +380,15 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
             )
         if self._time_after_sampling is not None:
             self.metrics.log_value(
-                s.TIME_BETWEEN_SAMPLING, time.perf_counter() - self._time_after_sampling
+                keys.TIME_BETWEEN_SAMPLING, time.perf_counter() - self._time_after_sampling
             )
         if self._env_runner_state_server is not None:
             self._pull_state()
-        self.metrics.log_value(s.WEIGHTS_SEQ_NO, self._weights_seq_no, window=1)
-        with self.metrics.log_time(s.SAMPLE_TIMER):
+        self.metrics.log_value(keys.WEIGHTS_SEQ_NO, self._weights_seq_no, window=1)
+        with self.metrics.log_time(keys.SAMPLE_TIMER):
             self._timers_ready.clear()
             if explore is None:
-                explore = bool(s.cfg(self.config, "explore", True))
+                explore = bool(cfg(self.config, "explore", True))
             # The default module and pieces' step in one pass (see _default_act); built
             # per call, as the module and the pipelines may change between calls.
             self._default_act = (
@@ -338,7 +397,7 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
                 else None
             )
             if num_timesteps is None and num_episodes is None:
-                if s.cfg(self.config, "batch_mode", "truncate_episodes") == "truncate_episodes":
+                if cfg(self.config, "batch_mode", "truncate_episodes") == "truncate_episodes":
                     num_timesteps = self._fragment_length() * self.num_envs
                 else:
                     num_episodes = self.num_envs
@@ -397,7 +456,7 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
         import ray
 
         episodes = self.sample()
-        states = self.get_state(not_components=s.COMPONENT_RL_MODULE)
+        states = self.get_state(not_components=keys.COMPONENT_RL_MODULE)
         return ray.put(episodes), states, self.get_metrics()
 
     def _fragment_length(self) -> int:
@@ -413,10 +472,17 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
                 return max(1, int(get(self.worker_index)))
             except (ValueError, TypeError, AttributeError):  # "auto" with no batch size
                 pass
-        fragment = s.cfg(self.config, "rollout_fragment_length", 200)
+        fragment = cfg(self.config, "rollout_fragment_length", 200)
         return 200 if fragment == "auto" else int(fragment)
 
-    @abc.abstractmethod
+    # -- the sampling loop -----------------------------------------------------------
+    #
+    # One loop for both runners and every sub-env backend. A turn: the sub-envs that wait
+    # for an action get one (env-to-module, one forward pass per module, module-to-env),
+    # the backend steps them, and the steps that finished are recorded in one native
+    # call. The runners differ in the hooks: _reset_all, _act_and_send, _record_steps,
+    # _record_reset, _restart_sub_env, _episode_ended.
+
     def _sample(
         self,
         *,
@@ -427,6 +493,155 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
         force_reset: bool,
     ) -> list[EpisodeT]:
         """Samples with the counts resolved (exactly one of them is given)."""
+        self._call = _SampleCall(
+            num_timesteps=num_timesteps,
+            num_episodes=num_episodes,
+            explore=explore,
+            random_actions=random_actions,
+            to_numpy=bool(cfg(self.config, "episodes_to_numpy", True)),
+        )
+        call = self._call
+        if force_reset or num_episodes is not None or self._needs_initial_reset:
+            self._reset_all()
+        if num_episodes is not None:
+            self._needs_initial_reset = True
+        wait_s = float(cfg(self.config, "remote_env_batch_wait_ms", 0)) / 1000.0
+        while not call.finished(self._counted_steps()):
+            if self._ready is None or len(self._ready):
+                self._act_and_send()
+            start = time.perf_counter()
+            results = self._poll(wait_s)
+            self._log_time_since(keys.ENV_STEP_TIMER, start)
+            done = self._record_steps(results)
+            for i, obs, infos in results.resets:
+                self._record_reset(i, obs, infos)
+            for i, err in results.failed.items():
+                self._sub_env_failed(i, err)
+            self._end_episodes(done)
+        self._done_episodes_for_metrics.extend(call.done_out)
+        ongoing = self._cut_ongoing(call.to_numpy) if num_timesteps is not None else []
+        self._increase_sampled_metrics(
+            call.env_steps, len(call.done_out), *self._agent_and_module_steps()
+        )
+        return call.done_out + ongoing
+
+    def _poll(self, wait_s: float) -> StepResults:
+        """The sub-envs whose step finished (see ``SubEnvs.poll``)."""
+        return self._sub_envs.poll(wait_s)
+
+    def _counted_steps(self) -> int:
+        """The steps ``num_timesteps`` counts (env steps; agent steps where configured)."""
+        return self._call.env_steps
+
+    def _agent_and_module_steps(self) -> tuple[Mapping[Any, int], Mapping[Any, int]]:
+        """This call's steps per agent and per module, for the sampled-step metrics."""
+        n = self._call.env_steps
+        return {keys.DEFAULT_AGENT_ID: n}, {DEFAULT_MODULE_ID: n}
+
+    def _end_episodes(self, done: list[int]) -> None:
+        """Returns the episodes that ended and starts their sub-envs' next ones."""
+        call = self._call
+        for i in done:
+            call.episodes += 1
+            self._episode_callback("on_episode_end", i)
+            episode = self._episodes[i]
+            self._episode_ended(episode)
+            call.done_out.append(self._episode_out(episode, call.to_numpy))
+            self._new_episode(i)
+            if call.num_episodes is not None and call.episodes >= call.num_episodes:
+                return
+            if not self._sub_envs.autoresets:
+                self._reset_sub_env(i, None)
+
+    def _episode_ended(self, episode: Any) -> None:
+        """Notes an episode that ended (before it is returned)."""
+
+    def _reset_sub_env(self, i: int, seed: int | None) -> None:
+        """Resets sub-env ``i`` into its new episode (recorded now, or when it finishes)."""
+        start = time.perf_counter()
+        try:
+            result = self._sub_envs.reset(i, seed)
+        except Exception as err:
+            self._sub_env_failed(i, err)
+            return
+        self._log_time_since(keys.ENV_RESET_TIMER, start)
+        if result is not None:
+            self._record_reset(i, *result)
+
+    def _sub_env_failed(self, i: int, err: BaseException) -> None:
+        """A sub-env's step or reset raised, or its process or actor was lost.
+
+        Without ``restart_failed_sub_environments`` the error is raised. With it, only
+        this sub-env's episode is dropped (its steps in this call no longer count) and the
+        sub-env is recreated; a failure to create it (its env check included) is one more
+        failed attempt. More than ``max_sub_environment_restart_attempts`` failures of
+        one sub-env in a row raise the last error.
+
+        Raises:
+            BaseException: ``err`` (or a later creation error), as described.
+        """
+        self.metrics.log_value(keys.NUM_ENV_STEP_FAILURES_LIFETIME, 1, reduce="lifetime_sum")
+        if not cfg(self.config, "restart_failed_sub_environments", False):
+            raise err
+        max_attempts = int(cfg(self.config, "max_sub_environment_restart_attempts", 5))
+        episode = self._episodes[i]
+        self._ongoing_episodes_for_metrics.pop(episode.id_, None)
+        self._drop_steps(episode)
+        self._new_episode(i)
+        while True:
+            self._failures_in_a_row[i] += 1
+            if self._failures_in_a_row[i] > max_attempts:
+                err.add_note(
+                    f"sub-env {i} failed {self._failures_in_a_row[i]} times in a row "
+                    f"(max_sub_environment_restart_attempts={max_attempts})"
+                )
+                raise err
+            try:
+                self._sub_envs.recreate(i)
+            except Exception as creation_err:
+                err = creation_err
+                continue
+            self.metrics.log_value(keys.NUM_ENV_RESTARTS_LIFETIME, 1, reduce="lifetime_sum")
+            break
+        self._restart_sub_env(i)
+
+    def _drop_steps(self, episode: Any) -> None:
+        """Uncounts a dropped episode's steps in this call (they are not returned)."""
+        self._call.env_steps -= len(episode)
+
+    def _sub_env_stepped(self, ids: Any) -> None:
+        """Sub-envs ``ids`` (None: all) recorded a step: their failure runs end."""
+        if ids is None:
+            if any(self._failures_in_a_row):
+                self._failures_in_a_row = [0] * self.num_envs
+            return
+        for i in ids:
+            self._failures_in_a_row[i] = 0
+
+    @abc.abstractmethod
+    def _reset_all(self) -> None:
+        """Starts new episodes in every sub-env (with the runner's seed the first time)."""
+
+    @abc.abstractmethod
+    def _act_and_send(self) -> None:
+        """Computes the actions of the sub-envs that wait for one, and sends them."""
+
+    @abc.abstractmethod
+    def _record_steps(self, results: StepResults) -> list[int]:
+        """Records the finished steps (one native call); returns the sub-envs whose
+        episode ended."""
+
+    @abc.abstractmethod
+    def _record_reset(self, i: int, obs: Any, infos: Any) -> None:
+        """Records a finished reset of sub-env ``i`` into its (new) episode."""
+
+    @abc.abstractmethod
+    def _restart_sub_env(self, i: int) -> None:
+        """Starts the recreated sub-env ``i`` into its new episode."""
+
+    @abc.abstractmethod
+    def _new_episode(self, i: int) -> None:
+        """Makes sub-env ``i``'s new (empty) episode."""
 
     def _log_time_since(self, key: str, start: float) -> None:
         """Logs ``perf_counter() - start`` as the per-step timer ``key``.
@@ -532,7 +747,7 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
             out = self._module.forward_inference(batch)
         else:
             out = self._module.forward_exploration(batch, t=self._exploration_t(ts))
-        self._log_time_since(s.RLMODULE_INFERENCE_TIMER, start)
+        self._log_time_since(keys.RLMODULE_INFERENCE_TIMER, start)
         return out
 
     def _exploration_t(self, ts: int) -> int:
@@ -547,7 +762,7 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
         Returns:
             The estimate.
         """
-        runners = int(s.cfg(self.config, "num_env_runners", 0)) or 1
+        runners = int(cfg(self.config, "num_env_runners", 0)) or 1
         return (self.num_env_steps_sampled_lifetime // runners + ts) * runners
 
     def _episode_out(self, episode: Any, to_numpy: bool) -> Any:
@@ -563,7 +778,7 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
         Returns:
             The non-empty chunks (also kept for the episodes' metrics).
         """
-        horizon = int(s.cfg(self.config, "episode_lookback_horizon", 1))
+        horizon = int(cfg(self.config, "episode_lookback_horizon", 1))
         continuations = [e.cut(len_lookback_buffer=horizon) for e in self._episodes]
         out = []
         for e in self._episodes:
@@ -585,8 +800,8 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
 
     def _module_spec(self, spaces: dict[str, tuple[Any, Any]]) -> MultiRLModuleSpec:
         """The MultiRLModuleSpec to build, from the config and the modules' spaces."""
-        spec = s.cfg(self.config, "rl_module_spec")
-        model_config = s.cfg(self.config, "model_config")
+        spec = cfg(self.config, "rl_module_spec")
+        model_config = cfg(self.config, "model_config")
         if isinstance(spec, MultiRLModuleSpec):
             specs = dict(spec.rl_module_specs)
         elif isinstance(spec, RLModuleSpec):
@@ -595,7 +810,7 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
             specs = {mid: RLModuleSpec(module_class=spec) for mid in spaces}
         else:
             specs = {}
-        policies = s.cfg(self.config, "policies")
+        policies = cfg(self.config, "policies")
         if isinstance(policies, dict):
             for mid, p in policies.items():
                 if isinstance(p, RLModuleSpec) and mid not in specs:
@@ -642,7 +857,7 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
             for sub in module.values():
                 sub.eval()
         self._module = module
-        self._conn = s.Connectors(
+        self._conn = Connectors(
             config=self.config,
             env=self.env,
             spaces=spaces,
@@ -719,8 +934,8 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
             if not _in_ray_actor():
                 raise
             logging.getLogger(__name__).exception("runner call failed; ending this actor")
-            if s.cfg(self.config, "restart_failed_env_runners", False):
-                time.sleep(float(s.cfg(self.config, "delay_between_env_runner_restarts_s", 0)))
+            if cfg(self.config, "restart_failed_env_runners", False):
+                time.sleep(float(cfg(self.config, "delay_between_env_runner_restarts_s", 0)))
             sys.exit(1)
 
     def assert_healthy(self) -> None:
@@ -743,8 +958,8 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
         if self._stopped is not None:
             return
         self._stopped = "stop() closed its env(s)"
-        for env in self._env_list():
-            env.close()
+        if self._sub_envs is not None:
+            self._sub_envs.close()
 
     def _envs_ready(self) -> None:
         """Marks new envs: ``make_env`` calls this once it has created them."""
@@ -752,17 +967,11 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
         self._interrupted = False
         self._needs_initial_reset = True
 
-    def _env_list(self) -> list[Any]:
-        """The env(s) to close: the vector env, or the list of sub-envs."""
-        if self.env is None:
-            return []
-        return self.env if isinstance(self.env, list) else [self.env]
-
     def _close_env_quietly(self) -> None:
-        """Closes existing env(s) before they are replaced (errors ignored)."""
-        for env in self._env_list():
+        """Closes existing sub-envs before they are replaced (errors ignored)."""
+        if self._sub_envs is not None:
             with contextlib.suppress(Exception):
-                env.close()
+                self._sub_envs.close()
 
     # -- metrics -------------------------------------------------------------------
 
@@ -776,29 +985,29 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
         """Logs the counts of one ``sample`` call and adds to the lifetime env steps."""
         m = self.metrics
         self.num_env_steps_sampled_lifetime += env_steps
-        m.log_value(s.NUM_ENV_STEPS_SAMPLED, env_steps, reduce="sum")
+        m.log_value(keys.NUM_ENV_STEPS_SAMPLED, env_steps, reduce="sum")
         m.log_value(
-            s.NUM_ENV_STEPS_SAMPLED_LIFETIME, env_steps, reduce="lifetime_sum", with_throughput=True
+            keys.NUM_ENV_STEPS_SAMPLED_LIFETIME, env_steps, reduce="lifetime_sum", with_throughput=True
         )
-        m.log_value(s.NUM_EPISODES, episodes, reduce="sum")
-        m.log_value(s.NUM_EPISODES_LIFETIME, episodes, reduce="lifetime_sum")
+        m.log_value(keys.NUM_EPISODES, episodes, reduce="sum")
+        m.log_value(keys.NUM_EPISODES_LIFETIME, episodes, reduce="lifetime_sum")
         for aid, k in agent_steps.items():
-            m.log_value((s.NUM_AGENT_STEPS_SAMPLED, str(aid)), k, reduce="sum")
-            m.log_value((s.NUM_AGENT_STEPS_SAMPLED_LIFETIME, str(aid)), k, reduce="lifetime_sum")
+            m.log_value((keys.NUM_AGENT_STEPS_SAMPLED, str(aid)), k, reduce="sum")
+            m.log_value((keys.NUM_AGENT_STEPS_SAMPLED_LIFETIME, str(aid)), k, reduce="lifetime_sum")
         for mid, k in module_steps.items():
-            m.log_value((s.NUM_MODULE_STEPS_SAMPLED, mid), k, reduce="sum")
-            m.log_value((s.NUM_MODULE_STEPS_SAMPLED_LIFETIME, mid), k, reduce="lifetime_sum")
+            m.log_value((keys.NUM_MODULE_STEPS_SAMPLED, mid), k, reduce="sum")
+            m.log_value((keys.NUM_MODULE_STEPS_SAMPLED_LIFETIME, mid), k, reduce="lifetime_sum")
 
     def _log_episode_end(self, length: int, ret: float, sec: float, win: int) -> None:
         """Logs a done episode's length, return and duration (all its chunks summed)."""
         m = self.metrics
-        m.log_value(s.EPISODE_LEN_MEAN, length, window=win)
-        m.log_value(s.EPISODE_RETURN_MEAN, ret, window=win)
-        m.log_value(s.EPISODE_DURATION_SEC_MEAN, sec, window=win)
-        m.log_value(s.EPISODE_LEN_MIN, length, reduce="min", window=win)
-        m.log_value(s.EPISODE_RETURN_MIN, ret, reduce="min", window=win)
-        m.log_value(s.EPISODE_LEN_MAX, length, reduce="max", window=win)
-        m.log_value(s.EPISODE_RETURN_MAX, ret, reduce="max", window=win)
+        m.log_value(keys.EPISODE_LEN_MEAN, length, window=win)
+        m.log_value(keys.EPISODE_RETURN_MEAN, ret, window=win)
+        m.log_value(keys.EPISODE_DURATION_SEC_MEAN, sec, window=win)
+        m.log_value(keys.EPISODE_LEN_MIN, length, reduce="min", window=win)
+        m.log_value(keys.EPISODE_RETURN_MIN, ret, reduce="min", window=win)
+        m.log_value(keys.EPISODE_LEN_MAX, length, reduce="max", window=win)
+        m.log_value(keys.EPISODE_RETURN_MAX, ret, reduce="max", window=win)
 
     # -- state -----------------------------------------------------------------------
 
@@ -830,13 +1039,13 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
             return (keep is None or c in keep) and (drop is None or c not in drop)
 
         state: dict[str, Any] = {
-            s.NUM_ENV_STEPS_SAMPLED_LIFETIME: self.num_env_steps_sampled_lifetime
+            keys.NUM_ENV_STEPS_SAMPLED_LIFETIME: self.num_env_steps_sampled_lifetime
         }
-        if wanted(s.COMPONENT_RL_MODULE) and self._module is not None:
-            state[s.COMPONENT_RL_MODULE] = self._module_state(**kwargs)
-            state[s.WEIGHTS_SEQ_NO] = self._weights_seq_no
+        if wanted(keys.COMPONENT_RL_MODULE) and self._module is not None:
+            state[keys.COMPONENT_RL_MODULE] = self._module_state(**kwargs)
+            state[keys.WEIGHTS_SEQ_NO] = self._weights_seq_no
         conn = self._connectors.get_state()
-        for c in (s.COMPONENT_ENV_TO_MODULE_CONNECTOR, s.COMPONENT_MODULE_TO_ENV_CONNECTOR):
+        for c in (keys.COMPONENT_ENV_TO_MODULE_CONNECTOR, keys.COMPONENT_MODULE_TO_ENV_CONNECTOR):
             if wanted(c):
                 state[c] = conn[c]
         return state
@@ -867,13 +1076,13 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
         Args:
             state: The state.
         """
-        for c in (s.COMPONENT_ENV_TO_MODULE_CONNECTOR, s.COMPONENT_MODULE_TO_ENV_CONNECTOR):
+        for c in (keys.COMPONENT_ENV_TO_MODULE_CONNECTOR, keys.COMPONENT_MODULE_TO_ENV_CONNECTOR):
             if c in state:
                 self._connectors.set_state(c, state[c])
-        if s.COMPONENT_RL_MODULE in state and self._module is not None:
-            seq = int(state.get(s.WEIGHTS_SEQ_NO, 0) or 0)
+        if keys.COMPONENT_RL_MODULE in state and self._module is not None:
+            seq = int(state.get(keys.WEIGHTS_SEQ_NO, 0) or 0)
             if seq == 0 or self._weights_seq_no < seq:
-                weights = state[s.COMPONENT_RL_MODULE]
+                weights = state[keys.COMPONENT_RL_MODULE]
                 if type(weights).__name__ == "ObjectRef":
                     # RLlib's group puts the weights into Ray's object store once for all.
                     import ray
@@ -887,8 +1096,8 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
             # only moves forward (pinned in tests/test_single_agent_env_runner.py).
             if seq > self._weights_seq_no:
                 self._weights_seq_no = seq
-        if s.NUM_ENV_STEPS_SAMPLED_LIFETIME in state:
-            self.num_env_steps_sampled_lifetime = int(state[s.NUM_ENV_STEPS_SAMPLED_LIFETIME])
+        if keys.NUM_ENV_STEPS_SAMPLED_LIFETIME in state:
+            self.num_env_steps_sampled_lifetime = int(state[keys.NUM_ENV_STEPS_SAMPLED_LIFETIME])
 
     def get_weights(self, modules: Collection[str] | None = None) -> dict[str, Any]:
         """The modules' weights (``get_state(components="rl_module")["rl_module"]``).
@@ -917,7 +1126,7 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
         """
         if global_vars is not None:
             raise ValueError("global_vars is not supported (RLlib's new stack has none either)")
-        self.set_state({s.COMPONENT_RL_MODULE: weights, s.WEIGHTS_SEQ_NO: weights_seq_no})
+        self.set_state({keys.COMPONENT_RL_MODULE: weights, keys.WEIGHTS_SEQ_NO: weights_seq_no})
 
     def save_to_path(self, path: str | os.PathLike[str] | None = None) -> str:
         """Writes the runner's state to a directory (``state.pkl`` in it).
@@ -953,8 +1162,8 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
         with open(file, "rb") as f:
             saved = pickle.load(f)
         state = dict(saved["state"])
-        state[s.WEIGHTS_SEQ_NO] = 0
-        seq = saved["state"].get(s.WEIGHTS_SEQ_NO, 0)
+        state[keys.WEIGHTS_SEQ_NO] = 0
+        seq = saved["state"].get(keys.WEIGHTS_SEQ_NO, 0)
         self.set_state(state)
         self._weights_seq_no = int(seq or 0)
 
@@ -973,7 +1182,7 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
         return self._connectors.module_to_env
 
     @property
-    def _connectors(self) -> s.Connectors:
+    def _connectors(self) -> Connectors:
         assert self._conn is not None, "the connectors are built with the module"
         return self._conn
 

@@ -33,7 +33,7 @@ from typing import Any
 from fastrollout.core import DEFAULT_MODULE_ID
 from fastrollout.metrics import MetricsLogger
 from fastrollout.modules import MultiRLModule, RLModule
-from fastrollout.runners import _support as s
+from fastrollout.runners import _keys as keys
 from fastrollout.runners._ray_host import NeedsState, RunnerHost, require_ray
 from fastrollout.runners.env_runner import EnvRunner
 
@@ -41,7 +41,7 @@ __all__ = ["EnvRunnerGroup", "split_count"]
 
 logger = logging.getLogger(__name__)
 
-_CONNECTOR_COMPONENTS = (s.COMPONENT_ENV_TO_MODULE_CONNECTOR, s.COMPONENT_MODULE_TO_ENV_CONNECTOR)
+_CONNECTOR_COMPONENTS = (keys.COMPONENT_ENV_TO_MODULE_CONNECTOR, keys.COMPONENT_MODULE_TO_ENV_CONNECTOR)
 
 
 class _FromConfig:
@@ -525,7 +525,7 @@ class EnvRunnerGroup:
                 )
             weights = {m: weights[m] for m in policies}
         seq_no = max(self._weights_seq_no + 1, int(given_seq_no or 0))
-        state = {s.COMPONENT_RL_MODULE: weights, s.WEIGHTS_SEQ_NO: seq_no}
+        state = {keys.COMPONENT_RL_MODULE: weights, keys.WEIGHTS_SEQ_NO: seq_no}
         self._local.set_state(state)
         self._weights_seq_no = seq_no
         if self._remotes:
@@ -583,10 +583,10 @@ class EnvRunnerGroup:
         target = from_worker or self._local
         extra: dict[str, Any] = {}
         if env_steps_sampled is not None:
-            extra[s.NUM_ENV_STEPS_SAMPLED_LIFETIME] = int(env_steps_sampled)
+            extra[keys.NUM_ENV_STEPS_SAMPLED_LIFETIME] = int(env_steps_sampled)
         if rl_module_state:
             extra.update(rl_module_state)
-            given = rl_module_state.get(s.WEIGHTS_SEQ_NO)
+            given = rl_module_state.get(keys.WEIGHTS_SEQ_NO)
             if given is not None:
                 self._weights_seq_no = max(self._weights_seq_no, int(given))
         targets = self._targets(env_runner_indices_to_update)
@@ -1042,8 +1042,8 @@ class EnvRunnerGroup:
         if isinstance(source, RLModule):
             return {DEFAULT_MODULE_ID: source.get_state(inference_only=inference_only)}, None
         if isinstance(source, Mapping):
-            if s.COMPONENT_RL_MODULE in source:
-                return dict(source[s.COMPONENT_RL_MODULE]), source.get(s.WEIGHTS_SEQ_NO)
+            if keys.COMPONENT_RL_MODULE in source:
+                return dict(source[keys.COMPONENT_RL_MODULE]), source.get(keys.WEIGHTS_SEQ_NO)
             return dict(source), None
         get_weights = getattr(source, "get_weights", None)
         if callable(get_weights):
@@ -1108,8 +1108,8 @@ def _check_cluster_resources(ray: Any, n: int, cpus: float, gpus: float) -> None
 def _pipelines(runner: Any) -> dict[str, Any]:
     """A runner's two connector pipelines, by state component (RLlib's attribute names)."""
     return {
-        s.COMPONENT_ENV_TO_MODULE_CONNECTOR: runner._env_to_module,
-        s.COMPONENT_MODULE_TO_ENV_CONNECTOR: runner._module_to_env,
+        keys.COMPONENT_ENV_TO_MODULE_CONNECTOR: runner._env_to_module,
+        keys.COMPONENT_MODULE_TO_ENV_CONNECTOR: runner._module_to_env,
     }
 
 

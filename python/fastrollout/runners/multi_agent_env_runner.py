@@ -12,18 +12,22 @@ next step starts its new episode; no wasted step).
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections import Counter, defaultdict
+
 from typing import Any
+
+import numpy as np
 
 from fastrollout._core import ModuleBatcher, multi_agent_record_steps
 from fastrollout.core import DEFAULT_MODULE_ID, Columns
 from fastrollout.episodes import MultiAgentEpisode
 from fastrollout.errors import MultiAgentEnvError, SpaceMismatchError
 from fastrollout.runners import _rllib
-from fastrollout.runners import _support as s
+from fastrollout.runners import _keys as keys
+from fastrollout.runners._config import cfg, smoothing_window
 from fastrollout.runners.env_runner import EnvRunner
+from fastrollout.runners.sub_envs import StepResults
 
 __all__ = ["MultiAgentEnvRunner"]
 
@@ -73,8 +77,14 @@ class MultiAgentEnvRunner(EnvRunner[MultiAgentEpisode]):
                 f"{type(self).__name__} needs a multi-agent config: call "
                 "config.multi_agent(policies=..., policy_mapping_fn=...)"
             )
-        self._creator: Any = None
         self._obs: list[Any] = []
+        # What was sent to each sub-env whose step is in flight: (actions for the env,
+        # actions, extra model outputs), as the batcher's scatter gives them.
+        self._sent: list[Any] = []
+        # This call's steps per agent and per module (the native record counts them).
+        self._agent_steps: Counter[Any] = Counter()
+        self._module_steps: Counter[Any] = Counter()
+        self._count_agent_steps = False
         self._terminateds: list[Any] = []
         self._truncateds: list[Any] = []
         self._batcher: ModuleBatcher | None = None
@@ -83,10 +93,10 @@ class MultiAgentEnvRunner(EnvRunner[MultiAgentEpisode]):
         self._rows_pending: dict[str, Any] | None = None
         # The config's checked mapping names the agent and module when a mapping goes to
         # a module that is not configured.
-        self._mapping_fn = s.cfg(
+        self._mapping_fn = cfg(
             config,
             "agent_to_module_mapping_fn",
-            s.cfg(config, "policy_mapping_fn", _default_mapping),
+            cfg(config, "policy_mapping_fn", _default_mapping),
         )
         if self._wants_env():
             self.make_env()
@@ -94,27 +104,17 @@ class MultiAgentEnvRunner(EnvRunner[MultiAgentEpisode]):
 
     # -- env and module ----------------------------------------------------------
 
-    def make_env(self) -> None:
-        """Creates the sub-envs (closing existing ones) and schedules a reset.
-
-        Raises:
-            ValueError: If the config names no env.
-        """
-        self._close_env_quietly()
-        self._creator = s.make_sub_env_creator(self.config, self.worker_index, self.num_workers)
-        n = int(s.cfg(self.config, "num_envs_per_env_runner", 1))
-        self.env = [self._creator(i) for i in range(n)]
-        self.num_envs = n
-        self._envs_ready()
-        for i, env in enumerate(self.env):
+    def _envs_created(self, creator: Any) -> None:
+        n = self.num_envs
+        self._obs, self._terminateds, self._truncateds = [None] * n, [None] * n, [None] * n
+        self._sent = [None] * n
+        for i in range(n):
             self._callback(
                 "on_environment_created",
                 env_runner=self,
                 metrics_logger=self.metrics,
-                env=env.unwrapped,
-                env_context=self._creator.env_context(i)
-                if hasattr(self._creator, "env_context")
-                else None,
+                env=self._sub_envs.agent_spaces(i),
+                env_context=creator.env_context(i) if hasattr(creator, "env_context") else None,
             )
 
     def _module_ids(self) -> list[str]:
@@ -127,9 +127,9 @@ class MultiAgentEnvRunner(EnvRunner[MultiAgentEpisode]):
         Returns:
             The sorted ids (``["default_policy"]`` when the config names none).
         """
-        ids = s.cfg(self.config, "module_ids")
+        ids = cfg(self.config, "module_ids")
         if ids is None:
-            ids = s.cfg(self.config, "policies", [DEFAULT_MODULE_ID])
+            ids = cfg(self.config, "policies", [DEFAULT_MODULE_ID])
         return sorted(str(m) for m in ids)
 
     def get_spaces(self) -> dict[str, Any]:
@@ -143,12 +143,12 @@ class MultiAgentEnvRunner(EnvRunner[MultiAgentEpisode]):
         """
         if self.env is None:
             return dict(self.spaces)
-        env = self.env[0].unwrapped
+        env = self._sub_envs.agent_spaces(0)
         probe = MultiAgentEpisode(agent_to_module_mapping_fn=self._mapping_fn)
         agent_of: dict[str, Any] = {}
         for aid in env.possible_agents:
             agent_of.setdefault(str(probe.module_for(aid)), aid)
-        policies = s.cfg(self.config, "policies")
+        policies = cfg(self.config, "policies")
         out: dict[str, Any] = {
             "__env__": (getattr(env, "observation_space", None), getattr(env, "action_space", None))
         }
@@ -178,7 +178,7 @@ class MultiAgentEnvRunner(EnvRunner[MultiAgentEpisode]):
     # -- sampling ------------------------------------------------------------------
 
     def _new_episode(self, i: int) -> None:
-        env = self.env[i].unwrapped
+        env = self._sub_envs.agent_spaces(i)
         agents = list(env.possible_agents)
         episode_cls = _rllib.RLlibMultiAgentEpisode if self._rllib else MultiAgentEpisode
         episode = self._episodes[i] = episode_cls(
@@ -193,75 +193,164 @@ class MultiAgentEnvRunner(EnvRunner[MultiAgentEpisode]):
         self._episode_callback("on_episode_created", i)
 
     def _callback_env(self, i: int) -> Any:
-        return self.env[i].unwrapped
+        env = self._sub_envs.sub_env(i)
+        return self._sub_envs.agent_spaces(i) if env is None else env.unwrapped
 
-    def _reset_env(self, i: int, seed: int | None) -> None:
-        """Resets sub-env ``i`` into its (new) episode, recreating it if that fails."""
-        restart = bool(s.cfg(self.config, "restart_failed_sub_environments", False))
-        max_attempts = int(s.cfg(self.config, "max_sub_environment_restart_attempts", 5))
-        attempts = 0
-        while True:
-            try:
-                with self.metrics.log_time(s.ENV_RESET_TIMER):
-                    obs, infos = self.env[i].reset(seed=seed)
-                break
-            except Exception:
-                attempts += 1
-                if not restart or attempts > max_attempts:
-                    raise
-                self._recreate(i)
+    def _sample(self, **kwargs: Any) -> list[MultiAgentEpisode]:
+        self._agent_steps, self._module_steps = Counter(), Counter()
+        self._count_agent_steps = self._counts_agent_steps()
+        return super()._sample(**kwargs)
+
+    def _counted_steps(self) -> int:
+        # Agent steps: every observation a stepped sub-env returned, summed over the
+        # sub-envs (an agent seen only in a terminal step included).
+        return self._agent_steps.total() if self._count_agent_steps else self._call.env_steps
+
+    def _agent_and_module_steps(self) -> tuple[Counter[Any], Counter[Any]]:
+        return self._agent_steps, self._module_steps
+
+    def _drop_steps(self, episode: Any) -> None:
+        super()._drop_steps(episode)
+        for aid, ae in episode.agent_episodes.items():
+            self._agent_steps[aid] -= len(ae)
+            self._module_steps[ae.module_id] -= len(ae)
+
+    def _reset_all(self) -> None:
+        n = self.num_envs
+        self._episodes = [None] * n  # type: ignore[list-item]
+        self._obs, self._terminateds, self._truncateds = [None] * n, [None] * n, [None] * n
+        for i in range(n):
+            self._new_episode(i)
+        self._ongoing_episodes_for_metrics.clear()
+        # Sub-env i gets seed + i, as a gymnasium vector env (and RLlib) seeds them.
+        seed = self._seed if self._needs_initial_reset else None
+        self._needs_initial_reset = False
+        with self.metrics.log_time(keys.ENV_RESET_TIMER):
+            results = self._sub_envs.reset_all(seed)
+        self._ready = None if self._sub_envs.lockstep else np.zeros(0, np.int64)
+        for i, obs, infos in results.resets:
+            self._record_reset(i, obs, infos)
+        for i, err in results.failed.items():
+            self._sub_env_failed(i, err)
+
+    def _record_reset(self, i: int, obs: Any, infos: Any) -> None:
         try:
             self._episodes[i].add_env_reset(observations=obs, infos=infos)
         except (MultiAgentEnvError, SpaceMismatchError) as err:
             # The native step names the sub-env; a reset is recorded one sub-env at a time.
             raise type(err)(f"sub-env {i}: {err}") from err
-        self._obs[i] = obs
-        self._terminateds[i] = None
-        self._truncateds[i] = None
+        self._obs[i], self._terminateds[i], self._truncateds[i] = obs, None, None
+        if self._ready is not None:
+            self._ready = np.append(self._ready, i)
         self._episode_callback("on_episode_start", i)
 
-    def _recreate(self, i: int) -> None:
-        with contextlib.suppress(Exception):
-            self.env[i].close()
-        self.env[i] = self._creator(i)
-        self.metrics.log_value(s.NUM_ENV_RESTARTS_LIFETIME, 1, reduce="lifetime_sum")
+    def _restart_sub_env(self, i: int) -> None:
+        self._reset_sub_env(i, None)
 
-    def _reset_envs(self) -> None:
-        n = self.num_envs
-        self._episodes = [None] * n  # type: ignore[list-item]
-        self._obs = [None] * n
-        self._terminateds = [None] * n
-        self._truncateds = [None] * n
-        for i in range(n):
-            self._new_episode(i)
-        self._ongoing_episodes_for_metrics.clear()
-        for i in range(n):
-            # Sub-env i gets seed + i, as a gymnasium vector env (and RLlib) seeds them.
-            seed = None
-            if self._needs_initial_reset and self._seed is not None:
-                seed = self._seed + i
-            self._reset_env(i, seed)
-        self._needs_initial_reset = False
+    def _act_and_send(self) -> None:
+        call = self._call
+        ids = self._ready
+        if call.random_actions:
+            per_env = self._random_actions(ids)
+        else:
+            per_env = self._compute_actions(ids, call.explore, call.env_steps)
+        self._sub_envs.send(ids, [p[0] for p in per_env])
+        if ids is None:
+            self._sent = per_env
+        else:
+            for j, i in enumerate(ids):
+                self._sent[i] = per_env[j]
+            self._ready = np.zeros(0, np.int64)
 
-    def _compute_actions(self, explore: bool, ts: int) -> list[Any]:
+    def _record_steps(self, results: StepResults) -> list[int]:
+        ids = results.env_ids
+        failed = results.failed
+        if ids is None:
+            rows = [i for i in range(self.num_envs) if i not in failed] if failed else None
+        else:
+            rows = list(ids)
+        if rows is not None and not rows:
+            return []
+        cols = (
+            results.observations,
+            results.rewards,
+            results.infos,
+            results.terminateds,
+            results.truncateds,
+        )
+        sent = self._sent
+        if rows is None:
+            o, r, inf, te, tr = cols
+            acts, extras = [p[1] for p in sent], [p[2] for p in sent]
+        else:
+            # Lockstep rows are by sub-env; remote rows are in ids' order.
+            at = rows if ids is None else range(len(rows))
+            o, r, inf, te, tr = ([c[j] for j in at] for c in cols)
+            acts, extras = [sent[i][1] for i in rows], [sent[i][2] for i in rows]
+        # The native call also counts each observing agent's step for the agent and its
+        # module (a Python loop over the sub-envs cost about 3% at 8 sub-envs).
+        done = multi_agent_record_steps(
+            self._episodes,
+            o,
+            acts,
+            r,
+            inf,
+            te,
+            tr,
+            extras,
+            agent_steps=self._agent_steps,
+            module_steps=self._module_steps,
+            env_indices=rows,
+        )
+        self._call.env_steps += self.num_envs if rows is None else len(rows)
+        self._sub_env_stepped(rows)
+        if rows is None:
+            self._obs, self._terminateds, self._truncateds = list(o), list(te), list(tr)
+        else:
+            for j, i in enumerate(rows):
+                self._obs[i], self._terminateds[i], self._truncateds[i] = o[j], te[j], tr[j]
+        if self._has_callbacks("on_episode_step"):
+            for i in range(self.num_envs) if rows is None else rows:
+                self._episode_callback("on_episode_step", i)
+        if ids is not None:
+            # Remote: the sub-envs that stepped wait for their next action (those whose
+            # episode ended wait for their reset instead).
+            finished = set(done)
+            self._ready = np.array([i for i in rows if i not in finished], np.int64)
+        if done and not self._call.random_actions:
+            self._env_to_module_done(
+                [self._episodes[i] for i in done], [self._obs[i] for i in done], self._call.explore
+            )
+        return done  # type: ignore[no-any-return]
+
+    def _compute_actions(self, ids: Any, explore: bool, ts: int) -> list[Any]:
         assert self.module is not None and self._batcher is not None
         start = time.perf_counter()
-        gathered = self._batcher.gather(
-            self._episodes, self._obs, self._terminateds, self._truncateds
-        )
+        if ids is None:
+            gathered = self._batcher.gather(
+                self._episodes, self._obs, self._terminateds, self._truncateds
+            )
+        else:
+            gathered = self._batcher.gather(
+                self._episodes,
+                [self._obs[i] for i in ids],
+                [self._terminateds[i] for i in ids],
+                [self._truncateds[i] for i in ids],
+                env_indices=ids,
+            )
         self._rows_pending = gathered
         batch = self._observations_to_module(gathered, explore)
-        self._log_time_since(s.ENV_TO_MODULE_CONNECTOR, start)
+        self._log_time_since(keys.ENV_TO_MODULE_CONNECTOR, start)
         if not batch:
-            return [({}, {}, {}) for _ in range(self.num_envs)]
+            return [({}, {}, {}) for _ in range(self.num_envs if ids is None else len(ids))]
         to_env, start = self._act(batch, explore, ts)
         # Each agent's extra outputs stay rows of its module's arrays until the record
         # copies them into its columns (no per-agent numpy scalars and views in between).
         per_env = self._batcher.scatter(
-            to_env, extra_constants={s.WEIGHTS_SEQ_NO: self._weights_seq_no}, extras_as_rows=True
+            to_env, extra_constants={keys.WEIGHTS_SEQ_NO: self._weights_seq_no}, extras_as_rows=True
         )
-        self._log_time_since(s.MODULE_TO_ENV_CONNECTOR, start)
-        return per_env
+        self._log_time_since(keys.MODULE_TO_ENV_CONNECTOR, start)
+        return per_env  # type: ignore[no-any-return]
 
     def _connect(self, pipeline: Any, batch: dict[Any, Any], explore: bool) -> dict[Any, Any]:
         """Runs a connector pipeline, with this step's ``shared_data["agent_rows"]``.
@@ -321,132 +410,24 @@ class MultiAgentEnvRunner(EnvRunner[MultiAgentEpisode]):
             metrics=None,
         )
 
-    def _random_actions(self) -> list[Any]:
+    def _random_actions(self, ids: Any) -> list[Any]:
         out = []
-        for i, env in enumerate(self.env):
+        for i in range(self.num_envs) if ids is None else ids:
+            env = self._sub_envs.agent_spaces(i)
             obs, term, trunc = (
                 self._obs[i] or {},
                 self._terminateds[i] or {},
                 self._truncateds[i] or {},
             )
             acts = {
-                aid: env.unwrapped.get_action_space(aid).sample()
+                aid: env.get_action_space(aid).sample()
                 for aid in obs
                 if not term.get(aid, False) and not trunc.get(aid, False)
             }
             out.append(
-                (acts, acts, {aid: {s.WEIGHTS_SEQ_NO: self._weights_seq_no} for aid in acts})
+                (acts, acts, {aid: {keys.WEIGHTS_SEQ_NO: self._weights_seq_no} for aid in acts})
             )
         return out
-
-    def _step_envs(self, per_env: list[Any]) -> tuple[list[Any], ...]:
-        n = self.num_envs
-        obs, rew, term, trunc, infos = [None] * n, [None] * n, [None] * n, [None] * n, [None] * n
-        crashed = []
-        restart = bool(s.cfg(self.config, "restart_failed_sub_environments", False))
-        start = time.perf_counter()
-        for i, env in enumerate(self.env):
-            try:
-                obs[i], rew[i], term[i], trunc[i], infos[i] = env.step(per_env[i][0])
-            except Exception:
-                self.metrics.log_value(s.NUM_ENV_STEP_FAILURES_LIFETIME, 1, reduce="lifetime_sum")
-                if not restart:
-                    raise
-                crashed.append(i)
-        self._log_time_since(s.ENV_STEP_TIMER, start)
-        return obs, rew, term, trunc, infos, crashed
-
-    def _sample(
-        self,
-        *,
-        num_timesteps: int | None,
-        num_episodes: int | None,
-        explore: bool,
-        random_actions: bool,
-        force_reset: bool,
-    ) -> list[MultiAgentEpisode]:
-        to_numpy = bool(s.cfg(self.config, "episodes_to_numpy", True))
-        done_out: list[MultiAgentEpisode] = []
-        env_ts = 0
-        eps = 0
-        # This call's steps per agent and per module (the native record counts them).
-        agent_steps: Counter[Any] = Counter()
-        module_steps: Counter[Any] = Counter()
-        count_agent_steps = self._counts_agent_steps()
-        if force_reset or num_episodes is not None or self._needs_initial_reset:
-            self._reset_envs()
-        if num_episodes is not None:
-            self._needs_initial_reset = True
-        step_callbacks = self._has_callbacks("on_episode_step")
-        while (
-            (
-                # Agent steps: every observation a stepped sub-env returned, summed over
-                # the sub-envs (an agent seen only in a terminal step included).
-                (agent_steps.total() if count_agent_steps else env_ts) < num_timesteps
-            )
-            if num_timesteps is not None
-            else (eps < (num_episodes or 0))
-        ):
-            per_env = (
-                self._random_actions() if random_actions else self._compute_actions(explore, env_ts)
-            )
-            obs, rew, term, trunc, infos, crashed = self._step_envs(per_env)
-            for i in crashed:
-                # Only the crashed sub-env is recreated and only its episode is dropped
-                # (RLlib drops every ongoing episode and resets all sub-envs).
-                self._ongoing_episodes_for_metrics.pop(self._episodes[i].id_, None)
-                self._recreate(i)
-                self._new_episode(i)
-                self._reset_env(i, None)
-            active = [i for i in range(self.num_envs) if i not in crashed]
-            columns: tuple[list[Any], ...] = (
-                obs,
-                [p[1] for p in per_env],
-                rew,
-                infos,
-                term,
-                trunc,
-                [p[2] for p in per_env],
-            )
-            if crashed:
-                columns = tuple([c[i] for i in active] for c in columns)
-            # The native call also counts each observing agent's step for the agent and
-            # its module (a Python loop over the sub-envs cost about 3% at 8 sub-envs).
-            o, a, r, inf, te, tr, x = columns
-            done_local = multi_agent_record_steps(
-                [self._episodes[i] for i in active],
-                o,
-                a,
-                r,
-                inf,
-                te,
-                tr,
-                x,
-                agent_steps=agent_steps,
-                module_steps=module_steps,
-            )
-            done = [active[j] for j in done_local]
-            env_ts += len(active)
-            for i in active:
-                self._obs[i], self._terminateds[i], self._truncateds[i] = obs[i], term[i], trunc[i]
-                if step_callbacks:
-                    self._episode_callback("on_episode_step", i)
-            if done and not random_actions:
-                self._env_to_module_done(
-                    [self._episodes[i] for i in done], [obs[i] for i in done], explore
-                )
-            for i in done:
-                eps += 1
-                self._episode_callback("on_episode_end", i)
-                done_out.append(self._episode_out(self._episodes[i], to_numpy))
-                self._new_episode(i)
-                if num_episodes is not None and eps >= num_episodes:
-                    break
-                self._reset_env(i, None)
-        self._done_episodes_for_metrics.extend(done_out)
-        ongoing_out = self._cut_ongoing(to_numpy) if num_timesteps is not None else []
-        self._increase_sampled_metrics(env_ts, len(done_out), agent_steps, module_steps)
-        return done_out + ongoing_out
 
     def _counts_agent_steps(self) -> bool:
         """Whether ``num_timesteps`` counts agent steps (else env steps).
@@ -458,7 +439,7 @@ class MultiAgentEnvRunner(EnvRunner[MultiAgentEpisode]):
             ValueError: If ``count_steps_by`` is neither ``"env_steps"`` nor
                 ``"agent_steps"``.
         """
-        by = s.cfg(self.config, "count_steps_by", "env_steps")
+        by = cfg(self.config, "count_steps_by", "env_steps")
         if by not in ("env_steps", "agent_steps"):
             raise ValueError(f"count_steps_by must be 'env_steps' or 'agent_steps', got {by!r}")
         return bool(by == "agent_steps")
@@ -480,7 +461,7 @@ class MultiAgentEnvRunner(EnvRunner[MultiAgentEpisode]):
         Returns:
             The reduced metrics dict.
         """
-        win = s.smoothing_window(self.config)
+        win = smoothing_window(self.config)
         m = self.metrics
         for e in self._done_episodes_for_metrics:
             chunks = [*self._ongoing_episodes_for_metrics.pop(e.id_, []), e]
@@ -497,10 +478,10 @@ class MultiAgentEnvRunner(EnvRunner[MultiAgentEpisode]):
                     steps[str(aid)] += len(ae)
                     modules[str(ae.module_id)] += r
             for aid, r in agents.items():
-                m.log_value((s.EPISODE_AGENT_RETURN_MEAN, aid), r, window=win)
-                m.log_value((s.EPISODE_AGENT_STEPS, aid), steps[aid], window=win)
+                m.log_value((keys.EPISODE_AGENT_RETURN_MEAN, aid), r, window=win)
+                m.log_value((keys.EPISODE_AGENT_STEPS, aid), steps[aid], window=win)
             for mid, r in modules.items():
-                m.log_value((s.EPISODE_MODULE_RETURN_MEAN, mid), r, window=win)
+                m.log_value((keys.EPISODE_MODULE_RETURN_MEAN, mid), r, window=win)
             self._log_episode_end(length, ret, sec, win)
         self._done_episodes_for_metrics.clear()
         return self._reduced_metrics()

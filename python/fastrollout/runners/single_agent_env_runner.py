@@ -1,14 +1,14 @@
-"""``SingleAgentEnvRunner``: samples a gymnasium vector env with a torch policy.
+"""``SingleAgentEnvRunner``: samples N copies of a gymnasium env with a torch policy.
 
 Semantics follow RLlib 2.60's ``SingleAgentEnvRunner``; the per-step work is native: one
-call records the vector step into all sub-envs' episodes (``single_agent_record_vector_step``)
-and the next inference batch is the env's own observation array.
+call records the step of the sub-envs that stepped into their episodes
+(``single_agent_record_vector_step``) and the next inference batch is the backend's own
+observation array (gymnasium's vector layout). The loop is the base class's.
 """
 
 from __future__ import annotations
 
 import collections
-import functools
 import time
 from typing import Any
 
@@ -22,13 +22,13 @@ from fastrollout.episodes import SingleAgentEpisode
 from fastrollout.errors import SpaceMismatchError
 from fastrollout.modules import MultiRLModule
 from fastrollout.runners import _rllib
-from fastrollout.runners import _support as s
+from fastrollout.runners import _keys as keys
+from fastrollout.runners._config import cfg, smoothing_window
 from fastrollout.runners.env_runner import EnvRunner
+from fastrollout.runners.sub_envs import StepResults
+from fastrollout.runners.sub_envs.vector import set_rows, take_rows
 
 __all__ = ["SingleAgentEnvRunner"]
-
-_RESTART_KEYS = (s.RESTARTED_KEY, "_" + s.RESTARTED_KEY)
-
 
 def _stacks(space: gym.Space[Any], observation: Any) -> bool:
     """Whether gymnasium's vector envs can stack ``observation`` into a batch of ``space``.
@@ -47,6 +47,105 @@ def _stacks(space: gym.Space[Any], observation: Any) -> bool:
     except (ValueError, TypeError, KeyError, IndexError):
         return False
     return True
+
+
+def _rows_without(ids: Any, failed: dict[int, BaseException], n: int) -> np.ndarray | None:
+    """The rows of a lockstep batch whose sub-env did not fail (None: all rows).
+
+    Args:
+        ids: The batch's sub-envs (None: all N, in order; else every row is good).
+        failed: The failed sub-envs.
+        n: N.
+
+    Returns:
+        The good rows' sub-env indices, or None when every row is good.
+    """
+    if ids is not None:
+        return np.asarray(ids, np.int64)
+    if not failed:
+        return None
+    return np.array([i for i in range(n) if i not in failed], np.int64)
+
+
+def _take_infos(infos: Any, rows: np.ndarray) -> Any:
+    """Rows of a vector env's infos (gymnasium's dict of arrays, or a list of dicts)."""
+    if isinstance(infos, dict):
+        return take_rows(infos, rows)
+    return [infos[i] for i in rows]
+
+
+def _take_extras(extras: dict[str, Any], rows: np.ndarray) -> dict[str, Any]:
+    """Rows of the extra model outputs (constants, such as the weights' number, stay)."""
+    return {k: v[rows] if isinstance(v, np.ndarray) and v.ndim else v for k, v in extras.items()}
+
+
+def _batched_resets(space: gym.Space[Any], results: StepResults) -> StepResults:
+    """Remote sub-envs' resets as one batch (gymnasium's vector layout), as a vector
+    env's reset returns them."""
+    from gymnasium.vector.utils import concatenate, create_empty_array
+
+    ids = [r[0] for r in results.resets]
+    obs = concatenate(space, [r[1] for r in results.resets], create_empty_array(space, len(ids)))
+    m = len(ids)
+    return StepResults(
+        np.asarray(ids, np.int64),
+        obs,
+        np.zeros(m),
+        np.zeros(m, bool),
+        np.zeros(m, bool),
+        [r[2] for r in results.resets],
+        failed=results.failed,
+    )
+
+
+class _PendingRows:
+    """The actions and extra model outputs of steps in flight, by sub-env.
+
+    Remote sub-envs finish their steps in any order and groups: the rows sent to each
+    are kept in arrays of N rows, written and read with fancy indexing.
+
+    Args:
+        n: The number of sub-envs.
+    """
+
+    def __init__(self, n: int) -> None:
+        self._n = n
+        self._actions: Any = None
+        self._extras: dict[str, Any] = {}
+        # The extras' keys sent to each sub-env (random actions have none of the
+        # module's): a row is read back with its own keys only.
+        self._keys: list[frozenset[str]] = [frozenset()] * n
+
+    def _buffer_like(self, batch: Any) -> Any:
+        if isinstance(batch, dict):
+            return {k: self._buffer_like(v) for k, v in batch.items()}
+        if isinstance(batch, tuple):
+            return tuple(self._buffer_like(v) for v in batch)
+        a = np.asarray(batch)
+        return np.zeros((self._n, *a.shape[1:]), a.dtype)
+
+    def put(self, ids: np.ndarray, actions: Any, extras: dict[str, Any]) -> None:
+        """Keeps the rows sent to sub-envs ``ids``."""
+        if self._actions is None:
+            self._actions = self._buffer_like(actions)
+        set_rows(self._actions, ids, actions)
+        for k, v in extras.items():
+            v = np.asarray(v)
+            if v.ndim == 0:
+                v = np.full(len(ids), v)
+            buf = self._extras.get(k)
+            if buf is None or buf.dtype != v.dtype or buf.shape[1:] != v.shape[1:]:
+                buf = self._extras[k] = np.zeros((self._n, *v.shape[1:]), v.dtype)
+            buf[ids] = v
+        sent = frozenset(extras)
+        for i in ids:
+            self._keys[i] = sent
+
+    def take(self, ids: np.ndarray) -> tuple[Any, dict[str, Any]]:
+        """The rows sent to sub-envs ``ids`` (actions, extras): the extras that every one
+        of them was sent."""
+        wanted = frozenset.intersection(*(self._keys[i] for i in ids)) if len(ids) else ()
+        return take_rows(self._actions, ids), {k: self._extras[k][ids] for k in wanted}
 
 
 class SingleAgentEnvRunner(EnvRunner[SingleAgentEpisode]):
@@ -74,6 +173,10 @@ class SingleAgentEnvRunner(EnvRunner[SingleAgentEpisode]):
             config=config, worker_index=worker_index, num_workers=num_workers, **kwargs
         )
         self._obs: Any = None
+        # The actions and extras of the last lockstep send, and those of steps in flight
+        # by sub-env (remote sub-envs).
+        self._sent: tuple[Any, dict[str, Any]] = (None, {})
+        self._pending = _PendingRows(0)
         self._cached_to_module: dict[str, Any] | None = None
         # The lengths of the last episodes that ended; their longest is the record's
         # guess for new chunks (their columns reserve room up to it).
@@ -87,43 +190,8 @@ class SingleAgentEnvRunner(EnvRunner[SingleAgentEpisode]):
 
     # -- env and module ----------------------------------------------------------
 
-    def make_env(self) -> None:
-        """Creates the vector env (closing an existing one) and schedules a reset.
-
-        Raises:
-            ValueError: If the config names no env or an unknown vectorize mode.
-        """
-        self._close_env_quietly()
-        creator = s.make_sub_env_creator(self.config, self.worker_index, self.num_workers)
-        n = int(s.cfg(self.config, "num_envs_per_env_runner", 1))
-        restart = bool(s.cfg(self.config, "restart_failed_sub_environments", False))
-        attempts = int(s.cfg(self.config, "max_sub_environment_restart_attempts", 5))
-        fns = []
-        for i in range(n):
-            make = functools.partial(creator, i)
-            fns.append(functools.partial(s.RestartingEnv, make, attempts) if restart else make)
-        mode = s.cfg(self.config, "gym_env_vectorize_mode", "sync")
-        # gymnasium's VectorizeMode enum holds the name in its value.
-        mode = str(getattr(mode, "value", mode)).lower()
-        if mode == "sync":
-            self.env = gym.vector.SyncVectorEnv(fns)
-        elif mode == "async":
-            self.env = gym.vector.AsyncVectorEnv(fns)
-        elif mode == "vector_entry_point":
-            if restart:
-                # A natively vectorized env cannot recreate one crashed sub-env alone.
-                raise ValueError(
-                    "restart_failed_sub_environments needs gym_env_vectorize_mode 'sync' or "
-                    "'async' (sub-envs created one by one), not 'vector_entry_point'"
-                )
-            self.env = creator.make_vector(n)
-        else:
-            raise ValueError(
-                "gym_env_vectorize_mode must be 'sync', 'async' or 'vector_entry_point', "
-                f"got {mode!r}"
-            )
-        self.num_envs = self.env.num_envs
-        self._envs_ready()
+    def _envs_created(self, creator: Any) -> None:
+        self._pending = _PendingRows(self.num_envs)
         self._callback(
             "on_environment_created",
             env_runner=self,
@@ -198,41 +266,155 @@ class SingleAgentEnvRunner(EnvRunner[SingleAgentEpisode]):
         # RLlib passes the whole vector env's ``unwrapped`` for every sub-env.
         return self.env.unwrapped
 
-    def _reset_envs(self, explore: bool) -> None:
-        self._episodes = [None] * self.num_envs  # type: ignore[list-item]
-        for i in range(self.num_envs):
+    def _episode_ended(self, episode: Any) -> None:
+        self._recent_lengths.append(episode.t)
+        self._expected_len = max(self._recent_lengths)
+
+    def _reset_all(self) -> None:
+        n = self.num_envs
+        self._episodes = [None] * n  # type: ignore[list-item]
+        for i in range(n):
             self._new_episode(i)
         self._ongoing_episodes_for_metrics.clear()
-        with self.metrics.log_time(s.ENV_RESET_TIMER):
-            obs, infos = self.env.reset(seed=self._seed if self._needs_initial_reset else None)
-        self._count_restarts(infos)
-        n = self.num_envs
+        with self.metrics.log_time(keys.ENV_RESET_TIMER):
+            results = self._sub_envs.reset_all(self._seed if self._needs_initial_reset else None)
+        self._needs_initial_reset = False
+        if results.resets:
+            # Resets from actors, one per sub-env: batched as a vector env's.
+            results = _batched_resets(self.env.single_observation_space, results)
+        ids = results.env_ids
+        rows = _rows_without(ids, results.failed, n)
+        obs, infos = results.observations, results.infos
+        if rows is not None:
+            obs, infos = take_rows(obs, rows), _take_infos(infos, rows)
+        m = n if rows is None else len(rows)
         # A reset is recorded like a step of never-reset episodes (their reset rows).
         single_agent_record_vector_step(
             self._episodes,
             obs,
-            np.zeros(n, np.int64),
-            np.zeros(n),
-            np.zeros(n, bool),
-            np.zeros(n, bool),
+            np.zeros(m, np.int64),
+            np.zeros(m),
+            np.zeros(m, bool),
+            np.zeros(m, bool),
             infos,
             None,
+            env_indices=rows,
         )
-        self._obs = obs
-        self._needs_initial_reset = False
-        self._run_env_to_module(explore)
-        for i in range(n):
-            self._episode_callback("on_episode_start", i)
+        self._obs = results.observations
+        self._ready = ids
+        self._run_env_to_module(self._call.explore)
+        for i in range(n) if rows is None else rows:
+            self._episode_callback("on_episode_start", int(i))
+        for i, err in results.failed.items():
+            self._sub_env_failed(i, err)
 
-    def _count_restarts(self, infos: Any) -> np.ndarray | None:
-        mask = infos.get("_" + s.RESTARTED_KEY) if isinstance(infos, dict) else None
-        if mask is None or not mask.any():
-            return None
-        # Each recreation follows a crash of the sub-env, so both counters grow alike.
-        restarts = int(np.sum(infos[s.RESTARTED_KEY][mask]))
-        self.metrics.log_value(s.NUM_ENV_RESTARTS_LIFETIME, restarts, reduce="lifetime_sum")
-        self.metrics.log_value(s.NUM_ENV_STEP_FAILURES_LIFETIME, restarts, reduce="lifetime_sum")
-        return np.flatnonzero(mask)
+    def _act_and_send(self) -> None:
+        call = self._call
+        ids = self._ready
+        if call.random_actions:
+            space = (
+                self.env.action_space
+                if ids is None
+                else gym.vector.utils.batch_space(self.env.single_action_space, len(ids))
+            )
+            actions = env_actions = space.sample()
+            extras: dict[str, Any] = {}
+        else:
+            actions, env_actions, extras = self._compute_actions(call.explore, call.env_steps)
+        extras[keys.WEIGHTS_SEQ_NO] = self._weights_seq_no
+        self._sub_envs.send(ids, env_actions)
+        if self._sub_envs.lockstep:
+            self._sent = (actions, extras)
+        else:
+            self._pending.put(ids, actions, extras)
+            self._ready = np.zeros(0, np.int64)
+
+    def _poll(self, wait_s: float) -> StepResults:
+        try:
+            return self._sub_envs.poll(wait_s)
+        except Exception as err:
+            mismatch = self._step_failed(err)
+            if mismatch is None:
+                raise
+            raise mismatch from err
+
+    def _record_steps(self, results: StepResults) -> list[int]:
+        call = self._call
+        n = self.num_envs
+        ids = results.env_ids
+        obs, rewards, terminateds, truncateds, infos = (
+            results.observations,
+            results.rewards,
+            results.terminateds,
+            results.truncateds,
+            results.infos,
+        )
+        if ids is None:
+            actions, extras = self._sent
+            rows = _rows_without(None, results.failed, n)
+            if rows is not None:
+                # Failed sub-envs' rows hold no step: leave them out of the record.
+                obs, rewards, terminateds, truncateds = (
+                    take_rows(x, rows) for x in (obs, rewards, terminateds, truncateds)
+                )
+                infos = _take_infos(infos, rows)
+                actions, extras = take_rows(actions, rows), _take_extras(extras, rows)
+        else:
+            rows = ids
+            if not len(ids):
+                self._ready = ids
+                return []
+            actions, extras = self._pending.take(ids)
+        m = n if rows is None else len(rows)
+        started, done = single_agent_record_vector_step(
+            self._episodes,
+            obs,
+            actions,
+            rewards,
+            terminateds,
+            truncateds,
+            infos,
+            extras,
+            self._expected_len,
+            # The vector steps this call takes after this one, plus two (next-step
+            # resets add about one per episode length): a chunk's reservation stops
+            # about where the call cuts it, which to_numpy then need not move.
+            None
+            if call.num_timesteps is None
+            else (call.num_timesteps - call.env_steps + n - 1) // n + 1,
+            env_indices=rows,
+        )
+        call.env_steps += m - len(started)
+        self._sub_env_stepped(rows)
+        self._obs = results.observations
+        self._ready = ids
+        self._run_env_to_module(call.explore)
+        if self._per_step_callbacks:
+            started_set = set(started)
+            for i in range(n) if rows is None else rows:
+                self._episode_callback(
+                    "on_episode_start" if i in started_set else "on_episode_step", int(i)
+                )
+        return done  # type: ignore[no-any-return]
+
+    def _record_reset(self, i: int, obs: Any, infos: Any) -> None:
+        # Single-agent sub-envs reset on their next step (every backend autoresets); only
+        # reset_all resets them otherwise.
+        raise RuntimeError(f"internal error: a single-agent sub-env ({i}) reset on its own")
+
+    def _restart_sub_env(self, i: int) -> None:
+        # The recreated sub-env resets on its next step (its action ignored): a lockstep
+        # backend steps it with the others; a remote one is sent a step now.
+        if self._sub_envs.lockstep:
+            return
+        action = gym.vector.utils.batch_space(self.env.single_action_space, 1).sample()
+        ids = np.array([i], np.int64)
+        self._sub_envs.send(ids, action)
+        self._pending.put(ids, action, {keys.WEIGHTS_SEQ_NO: self._weights_seq_no})
+
+    @property
+    def _per_step_callbacks(self) -> bool:
+        return self._has_callbacks("on_episode_start") or self._has_callbacks("on_episode_step")
 
     def _run_env_to_module(self, explore: bool) -> None:
         """Runs the env-to-module pipeline on the latest observations (cached).
@@ -244,12 +426,17 @@ class SingleAgentEnvRunner(EnvRunner[SingleAgentEpisode]):
         if self._module is None:
             # No module (RLlib's base config): random actions only, nothing to infer.
             return
-        self._shared_data["agent_rows"] = self._agent_rows
+        ids = self._ready
+        self._shared_data["agent_rows"] = (
+            self._agent_rows
+            if ids is None
+            else {DEFAULT_MODULE_ID: [(int(i), None) for i in ids]}
+        )
         start = time.perf_counter()
         self._cached_to_module = self._observations_to_module(
             {DEFAULT_MODULE_ID: self._obs}, explore
         )
-        self._log_time_since(s.ENV_TO_MODULE_CONNECTOR, start)
+        self._log_time_since(keys.ENV_TO_MODULE_CONNECTOR, start)
 
     def _step_failed(self, err: Exception) -> SpaceMismatchError | None:
         """Handles an error of the vector env's ``step``, on that error path alone.
@@ -318,97 +505,8 @@ class SingleAgentEnvRunner(EnvRunner[SingleAgentEpisode]):
         to_env = out[DEFAULT_MODULE_ID]
         actions = to_env.pop(Columns.ACTIONS)
         env_actions = to_env.pop(Columns.ACTIONS_FOR_ENV, actions)
-        self._log_time_since(s.MODULE_TO_ENV_CONNECTOR, start)
+        self._log_time_since(keys.MODULE_TO_ENV_CONNECTOR, start)
         return actions, env_actions, to_env
-
-    def _sample(
-        self,
-        *,
-        num_timesteps: int | None,
-        num_episodes: int | None,
-        explore: bool,
-        random_actions: bool,
-        force_reset: bool,
-    ) -> list[SingleAgentEpisode]:
-        to_numpy = bool(s.cfg(self.config, "episodes_to_numpy", True))
-        done_out: list[SingleAgentEpisode] = []
-        ts = 0
-        eps = 0
-        if force_reset or num_episodes is not None or self._needs_initial_reset:
-            self._reset_envs(explore)
-        if num_episodes is not None:
-            self._needs_initial_reset = True
-        per_step_callbacks = self._has_callbacks("on_episode_start") or self._has_callbacks(
-            "on_episode_step"
-        )
-        n = self.num_envs
-        while (ts < num_timesteps) if num_timesteps is not None else (eps < (num_episodes or 0)):
-            if random_actions:
-                actions = env_actions = self.env.action_space.sample()
-                extras: dict[str, Any] = {}
-            else:
-                actions, env_actions, extras = self._compute_actions(explore, ts)
-            extras[s.WEIGHTS_SEQ_NO] = self._weights_seq_no
-            start = time.perf_counter()
-            try:
-                obs, rewards, terminateds, truncateds, infos = self.env.step(env_actions)
-            except Exception as err:
-                mismatch = self._step_failed(err)
-                if mismatch is None:
-                    raise
-                raise mismatch from err
-            self._log_time_since(s.ENV_STEP_TIMER, start)
-            restarted = self._count_restarts(infos)
-            if restarted is not None:
-                # Better than RLlib (which drops every episode, ray issue 47608): only
-                # the crashed sub-env's episode is dropped; its row is the new env's
-                # reset observation and starts a new episode.
-                for i in restarted:
-                    self._ongoing_episodes_for_metrics.pop(self._episodes[i].id_, None)
-                    self._new_episode(int(i))
-                # The restart flag is the runner's, not the env's: keep it out of the
-                # new episodes' infos.
-                infos = {k: v for k, v in infos.items() if k not in _RESTART_KEYS}
-            started, done = single_agent_record_vector_step(
-                self._episodes,
-                obs,
-                actions,
-                rewards,
-                terminateds,
-                truncateds,
-                infos,
-                extras,
-                self._expected_len,
-                # The vector steps this call takes after this one, plus two (next-step
-                # resets add about one per episode length): a chunk's reservation stops
-                # about where the call cuts it, which to_numpy then need not move.
-                None if num_timesteps is None else (num_timesteps - ts + n - 1) // n + 1,
-            )
-            ts += n - len(started)
-            self._obs = obs
-            self._run_env_to_module(explore)
-            if per_step_callbacks:
-                started_set = set(started)
-                for i in range(self.num_envs):
-                    self._episode_callback(
-                        "on_episode_start" if i in started_set else "on_episode_step", i
-                    )
-            for i in done:
-                eps += 1
-                self._episode_callback("on_episode_end", i)
-                e = self._episodes[i]
-                self._recent_lengths.append(e.t)
-                self._expected_len = max(self._recent_lengths)
-                done_out.append(self._episode_out(e, to_numpy))
-                self._new_episode(i)
-                if num_episodes is not None and eps >= num_episodes:
-                    break
-        self._done_episodes_for_metrics.extend(done_out)
-        ongoing_out = self._cut_ongoing(to_numpy) if num_timesteps is not None else []
-        self._increase_sampled_metrics(
-            ts, len(done_out), {s.DEFAULT_AGENT_ID: ts}, {DEFAULT_MODULE_ID: ts}
-        )
-        return done_out + ongoing_out
 
     # -- metrics -------------------------------------------------------------------
 
@@ -421,7 +519,7 @@ class SingleAgentEnvRunner(EnvRunner[SingleAgentEpisode]):
         Returns:
             The reduced metrics dict.
         """
-        win = s.smoothing_window(self.config)
+        win = smoothing_window(self.config)
         m = self.metrics
         for e in self._done_episodes_for_metrics:
             length, ret, sec = len(e), float(e.get_return()), e.get_duration_s()
@@ -430,7 +528,7 @@ class SingleAgentEnvRunner(EnvRunner[SingleAgentEpisode]):
                 ret += float(prev.get_return())
                 sec += prev.get_duration_s()
             self._log_episode_end(length, ret, sec, win)
-            m.log_value((s.SA_AGENT_RETURN_MEAN, s.DEFAULT_AGENT_ID), ret, window=win)
-            m.log_value((s.SA_MODULE_RETURN_MEAN, DEFAULT_MODULE_ID), ret, window=win)
+            m.log_value((keys.SA_AGENT_RETURN_MEAN, keys.DEFAULT_AGENT_ID), ret, window=win)
+            m.log_value((keys.SA_MODULE_RETURN_MEAN, DEFAULT_MODULE_ID), ret, window=win)
         self._done_episodes_for_metrics.clear()
         return self._reduced_metrics()

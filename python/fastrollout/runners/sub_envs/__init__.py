@@ -1,0 +1,74 @@
+"""Sub-env backends: the sub-envs a runner steps, behind one small interface.
+
+- :class:`~fastrollout.runners.sub_envs.base.SubEnvs`: send actions to some sub-envs, poll
+  those that finished, reset one, recreate one, close;
+- :class:`~fastrollout.runners.sub_envs.vector.GymVectorSubEnvs`: a gymnasium vector env
+  (in-process, natively vectorized, or ``AsyncVectorEnv`` sub-processes), single-agent;
+- :class:`~fastrollout.runners.sub_envs.multi_agent.MultiAgentListSubEnvs`: a list of
+  multi-agent envs in this process;
+- :class:`~fastrollout.runners.sub_envs.remote.RemoteSubEnvs`: one Ray actor per sub-env,
+  stepped as they become ready (``remote_worker_envs``), single- and multi-agent;
+- :func:`make_sub_envs`: the backend a runner config asks for.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastrollout.runners._config import cfg
+from fastrollout.runners.sub_envs.base import StepResults, SubEnvs
+
+__all__ = ["StepResults", "SubEnvs", "make_sub_envs"]
+
+
+def make_sub_envs(config: Any, creator: Any, *, multi_agent: bool) -> SubEnvs:
+    """The sub-envs of a runner, as its config asks.
+
+    ``remote_worker_envs=True``: one Ray actor per sub-env; else a multi-agent env gets a
+    list of envs in this process and a single-agent env the gymnasium vector env of
+    ``gym_env_vectorize_mode``.
+
+    Args:
+        config: The runner config (``num_envs_per_env_runner``, ``remote_worker_envs``,
+            ``gym_env_vectorize_mode``, ``restart_failed_sub_environments``,
+            ``sub_env_step_timeout_s``).
+        creator: ``creator(vector_index) -> env``.
+        multi_agent: The env is a ``MultiAgentEnv``.
+
+    Returns:
+        The backend, its sub-envs created.
+
+    Raises:
+        ValueError: For an unknown vectorize mode, or restarts with gymnasium's
+            natively vectorized entry point.
+        ImportError: For remote sub-envs without ray (naming the extra).
+    """
+    n = int(cfg(config, "num_envs_per_env_runner", 1))
+    timeout = cfg(config, "sub_env_step_timeout_s")
+    timeout = None if timeout is None else float(timeout)
+    if cfg(config, "remote_worker_envs", False):
+        from fastrollout.runners.sub_envs.remote import RemoteSubEnvs
+
+        return RemoteSubEnvs(
+            creator,
+            n,
+            multi_agent=multi_agent,
+            step_timeout_s=timeout,
+        )
+    if multi_agent:
+        from fastrollout.runners.sub_envs.multi_agent import MultiAgentListSubEnvs
+
+        return MultiAgentListSubEnvs(creator, n)
+    from fastrollout.runners.sub_envs.vector import GymVectorSubEnvs
+
+    mode = cfg(config, "gym_env_vectorize_mode", "sync")
+    # gymnasium's VectorizeMode enum holds the name in its value.
+    mode = str(getattr(mode, "value", mode)).lower()
+    return GymVectorSubEnvs(
+        creator,
+        n,
+        mode,
+        guard=bool(cfg(config, "restart_failed_sub_environments", False)),
+        make_vector=getattr(creator, "make_vector", None),
+        step_timeout_s=timeout,
+    )

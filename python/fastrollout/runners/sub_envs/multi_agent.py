@@ -1,0 +1,87 @@
+"""Multi-agent sub-envs in this process: a list of ``MultiAgentEnv`` objects."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from fastrollout.runners.sub_envs.base import StepResults, SubEnvs
+
+__all__ = ["MultiAgentListSubEnvs"]
+
+
+class MultiAgentListSubEnvs(SubEnvs):
+    """``num_envs`` multi-agent envs stepped one after another in this process.
+
+    ``send`` steps the named sub-envs at once (each sub-env's error is caught and
+    reported by ``poll``: the runner restarts the sub-env or raises the error); ``reset``
+    is immediate.
+
+    Args:
+        creator: ``creator(vector_index) -> MultiAgentEnv``.
+        num_envs: The number of sub-envs.
+    """
+
+    multi_agent = True
+
+    def __init__(self, creator: Callable[[int], Any], num_envs: int) -> None:
+        self._creator = creator
+        self.envs = [creator(i) for i in range(num_envs)]
+        self.num_envs = num_envs
+        self._results: StepResults | None = None
+
+    @property
+    def env(self) -> Any:
+        return self.envs
+
+    def sub_env(self, i: int) -> Any:
+        return self.envs[i]
+
+    def reset_all(self, seed: int | None) -> StepResults:
+        resets: list[tuple[int, Any, Any]] = []
+        failed: dict[int, BaseException] = {}
+        for i, env in enumerate(self.envs):
+            try:
+                obs, infos = env.reset(seed=None if seed is None else seed + i)
+            except Exception as err:  # the runner decides: restart or raise
+                failed[i] = err
+                continue
+            resets.append((i, obs, infos))
+        return StepResults(None, [], [], [], [], [], resets=resets, failed=failed)
+
+    def send(self, env_ids: np.ndarray | None, actions: Any) -> None:
+        envs = self.envs if env_ids is None else [self.envs[i] for i in env_ids]
+        n = len(envs)
+        obs: list[Any] = [None] * n
+        rew: list[Any] = [None] * n
+        term: list[Any] = [None] * n
+        trunc: list[Any] = [None] * n
+        infos: list[Any] = [None] * n
+        failed: dict[int, BaseException] = {}
+        for j, env in enumerate(envs):
+            try:
+                obs[j], rew[j], term[j], trunc[j], infos[j] = env.step(actions[j])
+            except Exception as err:
+                failed[j if env_ids is None else int(env_ids[j])] = err
+        self._results = StepResults(env_ids, obs, rew, term, trunc, infos, failed=failed)
+
+    def poll(self, wait_s: float) -> StepResults:
+        results, self._results = self._results, None
+        if results is None:
+            return StepResults(np.zeros(0, np.int64), [], [], [], [], [])
+        return results
+
+    def reset(self, i: int, seed: int | None = None) -> tuple[Any, Any]:
+        return self.envs[i].reset(seed=seed)  # type: ignore[no-any-return]
+
+    def recreate(self, i: int) -> None:
+        with contextlib.suppress(Exception):
+            self.envs[i].close()
+        self.envs[i] = self._creator(i)
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()

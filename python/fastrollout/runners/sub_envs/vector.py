@@ -1,0 +1,395 @@
+"""Single-agent sub-envs in a gymnasium vector env: in-process, natively vectorized, or
+one sub-process per sub-env (``AsyncVectorEnv``, observations in shared memory).
+
+All three step in lockstep and reset a finished sub-env on its next step (gymnasium's
+next-step autoreset). With restarts on, a sub-env's failure is reported per sub-env
+instead of failing the whole vector step: in-process, a thin wrapper catches the error of
+each sub-env; in sub-processes, a worker that raised, died or hung is replaced alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import multiprocessing
+import time
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from fastrollout.runners.sub_envs.base import StepResults, SubEnvs
+
+__all__ = ["GymVectorSubEnvs"]
+
+# The info key under which a guarded in-process sub-env reports its step's error.
+_FAILED = "__fastrollout_sub_env_error__"
+
+
+class _Guarded(gym.Wrapper):  # type: ignore[type-arg]
+    """A sub-env of a runner that restarts failed sub-envs.
+
+    It reports an error of its ``step``/``reset`` in its infos instead of raising it (the
+    failed call returns the last observation, so the vector env can stack it, reward 0,
+    not done, and ``infos[_FAILED] = the error``), and it resets on its first ``step`` if
+    it was not reset since it was created (a recreated sub-env: the action is ignored,
+    as in gymnasium's next-step autoreset).
+
+    Args:
+        env: The env.
+    """
+
+    def __init__(self, env: gym.Env) -> None:  # type: ignore[type-arg]
+        super().__init__(env)
+        self._needs_reset = True
+        self._last_obs: Any = None
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> Any:
+        try:
+            obs, infos = self.env.reset(seed=seed, options=options)
+        except Exception as err:  # the runner restarts the sub-env
+            return self._placeholder(), {_FAILED: err}
+        self._needs_reset = False
+        self._last_obs = obs
+        return obs, infos
+
+    def step(self, action: Any) -> Any:
+        if self._needs_reset:
+            obs, infos = self.reset()
+            return obs, 0.0, False, False, infos
+        try:
+            obs, reward, terminated, truncated, infos = self.env.step(action)
+        except Exception as err:
+            return self._placeholder(), 0.0, False, False, {_FAILED: err}
+        self._last_obs = obs
+        return obs, reward, terminated, truncated, infos
+
+    def _placeholder(self) -> Any:
+        if self._last_obs is None:
+            self._last_obs = self.env.observation_space.sample()
+        return self._last_obs
+
+
+def set_rows(batch: Any, rows: Any, values: Any) -> None:
+    """Writes ``values`` (batched) into rows ``rows`` of ``batch`` (nested dicts/tuples).
+
+    Args:
+        batch: A batched array, or a dict/tuple of them (gymnasium's vector layout).
+        rows: Row indices (or one index, with ``values`` one item).
+        values: The rows' values, laid out as ``batch``.
+    """
+    if isinstance(batch, dict):
+        for k, v in batch.items():
+            set_rows(v, rows, values[k])
+    elif isinstance(batch, tuple):
+        for b, v in zip(batch, values, strict=True):
+            set_rows(b, rows, v)
+    else:
+        batch[rows] = values
+
+
+def take_rows(batch: Any, rows: Any) -> Any:
+    """Rows ``rows`` of ``batch`` (nested dicts/tuples), as a new batch.
+
+    Args:
+        batch: A batched array, or a dict/tuple of them.
+        rows: Row indices.
+
+    Returns:
+        The rows, laid out as ``batch``.
+    """
+    if isinstance(batch, dict):
+        return {k: take_rows(v, rows) for k, v in batch.items()}
+    if isinstance(batch, tuple):
+        return tuple(take_rows(v, rows) for v in batch)
+    return batch[rows]
+
+
+def _factory(creator: Callable[[int], Any], i: int, guard: bool) -> Callable[[], Any]:
+    """``() -> sub-env i`` (guarded), picklable for gymnasium's sub-process workers."""
+    return functools.partial(_make, creator, i, guard)
+
+
+def _make(creator: Callable[[int], Any], i: int, guard: bool) -> Any:
+    env = creator(i)
+    return _Guarded(env) if guard else env
+
+
+class GymVectorSubEnvs(SubEnvs):
+    """Single-agent sub-envs in a gymnasium vector env.
+
+    Args:
+        creator: ``creator(vector_index) -> env``.
+        num_envs: The number of sub-envs.
+        mode: ``"sync"``, ``"async"`` or ``"vector_entry_point"``.
+        guard: Report each sub-env's failure (restarts on) instead of raising.
+        make_vector: ``make_vector(n) -> vector env`` for ``"vector_entry_point"``.
+        step_timeout_s: (``"async"``, with ``guard``) A step that takes longer fails its
+            sub-env; None: no limit.
+
+    Raises:
+        ValueError: For an unknown mode, or ``guard`` with ``"vector_entry_point"`` (a
+            natively vectorized env cannot replace one sub-env).
+    """
+
+    autoresets = True
+
+    def __init__(
+        self,
+        creator: Callable[[int], Any],
+        num_envs: int,
+        mode: str,
+        *,
+        guard: bool,
+        make_vector: Callable[[int], Any] | None = None,
+        step_timeout_s: float | None = None,
+    ) -> None:
+        self._creator = creator
+        self._guard = guard
+        self._step_timeout_s = step_timeout_s
+        self._actions: Any = None
+        self.mode = mode
+        if mode in ("sync", "async"):
+            fns = [_factory(creator, i, guard) for i in range(num_envs)]
+            if mode == "sync":
+                self._vec: Any = gym.vector.SyncVectorEnv(fns)
+            else:
+                self._vec = (
+                    # Replacing one worker needs its arguments, and gymnasium keeps no
+                    # handle on its shared memory: with restarts, observations come
+                    # through the workers' pipes.
+                    _ResilientAsyncVectorEnv(fns, shared_memory=False)
+                    if guard
+                    else gym.vector.AsyncVectorEnv(fns)
+                )
+        elif mode == "vector_entry_point":
+            if guard:
+                raise ValueError(
+                    "restart_failed_sub_environments needs gym_env_vectorize_mode 'sync' or "
+                    "'async' (sub-envs created one by one), not 'vector_entry_point'"
+                )
+            assert make_vector is not None
+            self._vec = make_vector(num_envs)
+        else:
+            raise ValueError(
+                "gym_env_vectorize_mode must be 'sync', 'async' or 'vector_entry_point', "
+                f"got {mode!r}"
+            )
+        self.num_envs = self._vec.num_envs
+
+    @property
+    def env(self) -> Any:
+        return self._vec
+
+    def sub_env(self, i: int) -> Any:
+        envs = getattr(self._vec, "envs", None)
+        if envs is None:
+            return None
+        env = envs[i]
+        return env.env if isinstance(env, _Guarded) else env
+
+    def reset_all(self, seed: int | None) -> StepResults:
+        obs, infos = self._vec.reset(seed=seed)
+        failed = self._failures(infos)
+        return StepResults(
+            env_ids=None,
+            observations=obs,
+            rewards=np.zeros(self.num_envs),
+            terminateds=np.zeros(self.num_envs, bool),
+            truncateds=np.zeros(self.num_envs, bool),
+            infos=infos,
+            failed=failed,
+            resets=[],
+        )
+
+    def send(self, env_ids: np.ndarray | None, actions: Any) -> None:
+        if isinstance(self._vec, _ResilientAsyncVectorEnv):
+            self._vec.send_steps(actions)
+        else:
+            self._actions = actions
+
+    def poll(self, wait_s: float) -> StepResults:
+        if isinstance(self._vec, _ResilientAsyncVectorEnv):
+            obs, rewards, terminateds, truncateds, infos, failed = self._vec.wait_steps(
+                self._step_timeout_s
+            )
+            failed.update(self._failures(infos))
+        else:
+            actions, self._actions = self._actions, None
+            obs, rewards, terminateds, truncateds, infos = self._vec.step(actions)
+            failed = self._failures(infos)
+        return StepResults(None, obs, rewards, terminateds, truncateds, infos, failed=failed)
+
+    def _failures(self, infos: Any) -> dict[int, BaseException]:
+        """Takes the guarded sub-envs' errors out of the vector infos."""
+        if not self._guard or not isinstance(infos, dict) or _FAILED not in infos:
+            return {}
+        mask = infos.pop("_" + _FAILED)
+        errors = infos.pop(_FAILED)
+        return {int(i): errors[i] for i in np.flatnonzero(mask)}
+
+    def reset(self, i: int, seed: int | None = None) -> tuple[Any, Any]:
+        if isinstance(self._vec, _ResilientAsyncVectorEnv):
+            return self._vec.reset_one(i, seed)
+        env = self._vec.envs[i]
+        obs, infos = env.reset(seed=seed)
+        if isinstance(infos, dict) and _FAILED in infos:
+            raise infos[_FAILED]
+        # The vector env must not autoreset it again on its next step.
+        autoreset = getattr(self._vec, "_autoreset_envs", None)
+        if autoreset is not None:
+            autoreset[i] = False
+        return obs, infos
+
+    def recreate(self, i: int) -> None:
+        if isinstance(self._vec, _ResilientAsyncVectorEnv):
+            self._vec.respawn(i)
+            return
+        old = self._vec.envs[i]
+        with contextlib.suppress(Exception):
+            old.close()
+        self._vec.envs[i] = _make(self._creator, i, self._guard)
+
+    def close(self) -> None:
+        if isinstance(self._vec, _ResilientAsyncVectorEnv):
+            # A worker ended after a failure has no pipe to say goodbye on.
+            self._vec.close(terminate=True)
+        else:
+            self._vec.close()
+
+
+class _ResilientAsyncVectorEnv(gym.vector.AsyncVectorEnv):
+    """gymnasium's ``AsyncVectorEnv`` whose step reports each worker's failure.
+
+    Its sub-envs are guarded (they report their errors in their infos). A worker that
+    dies, ends with an error, or does not answer within the step timeout is ended;
+    ``wait_steps`` returns those sub-envs as failed instead of raising, and ``respawn``
+    starts a new worker (a new sub-env) in place of one.
+    """
+
+    def send_steps(self, actions: Any) -> None:
+        """Sends every sub-env its action (gymnasium's ``step_async`` without its checks
+        of the state, which a replaced worker would upset)."""
+        from gymnasium.vector.utils import iterate
+
+        for pipe, action in zip(self.parent_pipes, iterate(self.action_space, actions), strict=True):
+            pipe.send(("step", action))
+
+    def wait_steps(self, timeout_s: float | None) -> tuple[Any, ...]:
+        """Receives every sub-env's step; failed ones are reported, not raised.
+
+        Args:
+            timeout_s: The longest a step may take (None: no limit).
+
+        Returns:
+            ``(obs, rewards, terminateds, truncateds, infos, failed)``.
+        """
+        from gymnasium.vector.utils import concatenate
+
+        n = self.num_envs
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        rewards = np.zeros(n)
+        terminateds = np.zeros(n, bool)
+        truncateds = np.zeros(n, bool)
+        infos: dict[str, Any] = {}
+        items: list[Any] = []
+        failed: dict[int, BaseException] = {}
+        for i, pipe in enumerate(self.parent_pipes):
+            try:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if left is not None and not pipe.poll(left):
+                    raise TimeoutError(f"sub-env {i}: its step took longer than {timeout_s} s")
+                result, ok = pipe.recv()
+            except (EOFError, OSError, TimeoutError) as err:
+                failed[i] = (
+                    err
+                    if isinstance(err, TimeoutError)
+                    else ChildProcessError(f"sub-env {i}: its worker process died ({err!r})")
+                )
+                self._end_worker(i)
+                items.append(self.single_observation_space.sample())
+                continue
+            if not ok:
+                failed[i] = self._worker_error(i)
+                self._end_worker(i)
+                items.append(self.single_observation_space.sample())
+                continue
+            obs, rewards[i], terminateds[i], truncateds[i], info = result
+            items.append(obs)
+            infos = self._add_info(infos, info, i)
+        from gymnasium.vector.utils import create_empty_array
+
+        obs_batch = concatenate(
+                self.single_observation_space, items, create_empty_array(self.single_observation_space, n)
+            )
+        return obs_batch, rewards, terminateds, truncateds, infos, failed
+
+    def _worker_error(self, i: int) -> BaseException:
+        """The error a worker ended with (gymnasium's worker puts it in the error queue).
+
+        The guarded sub-envs report their own errors; a worker ends with one only when
+        something outside them failed (sending a result that does not pickle, say).
+        """
+        found: BaseException | None = None
+        with contextlib.suppress(Exception):
+            while not self.error_queue.empty():
+                index, exctype, value, _trace = self.error_queue.get_nowait()
+                if index == i:
+                    found = value if isinstance(value, BaseException) else exctype(value)
+        return found or RuntimeError(f"sub-env {i}: its worker process ended with an error")
+
+    def _end_worker(self, i: int) -> None:
+        process = self.processes[i]
+        with contextlib.suppress(Exception):
+            self.parent_pipes[i].close()
+        if process.is_alive():
+            process.terminate()
+        process.join(timeout=5)
+
+    def respawn(self, i: int) -> None:
+        """Starts a new worker (a new sub-env) for sub-env ``i``."""
+        from gymnasium.vector.async_vector_env import _async_worker
+        from gymnasium.vector.utils import CloudpickleWrapper
+
+        old = self.processes[i]
+        self._end_worker(i)
+        parent, child = multiprocessing.Pipe()
+        # gymnasium's worker, with its arguments (no shared memory, see GymVectorSubEnvs);
+        # the process class carries the vector env's start method.
+        args = (
+            i,
+            CloudpickleWrapper(self.env_fns[i]),
+            child,
+            parent,
+            None,
+            self.error_queue,
+            self.autoreset_mode,
+        )
+        process = type(old)(target=_async_worker, name=old.name, args=args)
+        process.daemon = old.daemon
+        process.start()
+        child.close()
+        self.parent_pipes[i] = parent
+        self.processes[i] = process
+
+    def reset_one(self, i: int, seed: int | None) -> tuple[Any, Any]:
+        """Resets sub-env ``i`` alone and waits for it.
+
+        Raises:
+            ChildProcessError: If its worker died (or failed to create its env).
+            Exception: What the sub-env's reset raised (its worker then ends).
+        """
+        pipe = self.parent_pipes[i]
+        try:
+            pipe.send(("reset", {"seed": seed, "options": None}))
+            result, ok = pipe.recv()
+        except (EOFError, OSError) as err:
+            self._end_worker(i)
+            raise ChildProcessError(f"sub-env {i}: its worker process died ({err!r})") from err
+        if not ok:
+            err = self._worker_error(i)
+            self._end_worker(i)
+            raise err
+        obs, infos = result
+        return obs, infos
