@@ -140,7 +140,9 @@ def _counts(vector_indices: np.ndarray, weights: np.ndarray | None = None) -> np
 # ---------------------------------------------------------------------------- fastrollout
 
 
-def _fr_builder(args: argparse.Namespace, mode: str, wait_ms: int | None) -> Callable[[], Sampler]:
+def _fr_builder(
+    args: argparse.Namespace, mode: str | None, wait_ms: int | None
+) -> Callable[[], Sampler]:
     def build() -> Sampler:
         import fastrollout as fr
         from fastrollout.env.examples import SlowEnv
@@ -150,8 +152,9 @@ def _fr_builder(args: argparse.Namespace, mode: str, wait_ms: int | None) -> Cal
         kwargs: dict[str, Any] = {
             "num_envs_per_env_runner": NUM_ENVS,
             "rollout_fragment_length": args.fragment,
-            "gym_env_vectorize_mode": mode,
         }
+        if mode is not None:
+            kwargs["gym_env_vectorize_mode"] = mode
         if wait_ms is not None:
             kwargs.update(remote_worker_envs=True, remote_env_batch_wait_ms=wait_ms)
         runner = fr.SingleAgentEnvRunner(config=c.env_runners(**kwargs))
@@ -245,7 +248,7 @@ def contenders(args: argparse.Namespace) -> list[Contender]:
             Contender(
                 f"fr_remote_w{w}",
                 f"fastrollout remote, wait {w} ms",
-                _fr_builder(args, "sync", w),
+                _fr_builder(args, None, w),
                 wait_ms=w,
                 remote=True,
             )
