@@ -109,6 +109,7 @@ class Contender:
     seconds: float = 0.0
     error: str | None = None
     new_actors: int | None = None
+    build_s: float | None = None
     warmup_s: float | None = None
 
 
@@ -281,6 +282,7 @@ def measure(c: Contender, args: argparse.Namespace) -> None:
         args: The parsed command line.
     """
     before = _live_actor_ids() if c.remote else set()
+    t_build = time.perf_counter()
     try:
         s = c.build()
     except Exception as e:  # a contender that does not build is reported
@@ -296,6 +298,7 @@ def measure(c: Contender, args: argparse.Namespace) -> None:
             seen += s.sample()[1]
             s.between()
             calls += 1
+        c.build_s = t_warm - t_build
         c.warmup_s = time.perf_counter() - t_warm
         if not seen.all():
             c.error = f"sub-envs {np.flatnonzero(seen == 0).tolist()} never stepped in warm-up"
@@ -308,7 +311,11 @@ def measure(c: Contender, args: argparse.Namespace) -> None:
                     f"{NUM_ENVS} sub-envs (not remote)"
                 )
                 return
-        print(f"  {c.name}: built and warmed up in {c.warmup_s:.1f} s", flush=True)
+        print(
+            f"  {c.name}: built in {c.build_s:.1f} s, every sub-env stepped "
+            f"{c.warmup_s:.1f} s later",
+            flush=True,
+        )
         for r in range(args.rounds):
             steps, counts = 0, np.zeros(NUM_ENVS)
             t0 = time.perf_counter()
@@ -496,6 +503,7 @@ def main(argv: list[str] | None = None) -> int:
                 if c.seconds
                 else None,
                 "sub_env_actors": c.new_actors,
+                "build_s": c.build_s,
                 "warmup_s": c.warmup_s,
                 "error": c.error,
                 **ratios(v, c.wait_ms, by_key, args),
