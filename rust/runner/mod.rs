@@ -7,6 +7,9 @@
 //! observations of the agents that act, stacked contiguously for one forward pass, plus
 //! where each row came from so the module's outputs can be split back. Both are plain byte
 //! bookkeeping and live here, free of Python.
+//!
+//! A step may concern only some of the sub-envs (remote sub-envs batched as they become
+//! ready): [`EnvIndices`] says which sub-env each row of such a step belongs to.
 
 use std::fmt;
 use std::sync::Arc;
@@ -22,6 +25,11 @@ pub enum BatchError {
     LeafCount { expected: usize, got: usize },
     /// An item leaf of the wrong size.
     ItemSize { leaf: usize, expected: usize, got: usize },
+    /// Entry `entry` of a subset of sub-envs names `index`, which is not one of the
+    /// `num_envs` sub-envs (negative or too large).
+    EnvIndexOutOfRange { entry: usize, index: i64, num_envs: usize },
+    /// Sub-env `index` appears twice in a subset of sub-envs, at entries `first` and `second`.
+    DuplicateEnvIndex { index: usize, first: usize, second: usize },
 }
 
 impl fmt::Display for BatchError {
@@ -39,6 +47,20 @@ impl fmt::Display for BatchError {
             BatchError::ItemSize { leaf, expected, got } => {
                 write!(f, "leaf {leaf}: expected {expected} bytes per item, got {got}")
             }
+            BatchError::EnvIndexOutOfRange { entry, index, num_envs } => match num_envs {
+                0 => write!(f, "env_indices[{entry}] is {index}, but there are no sub-envs (no episodes)"),
+                n => write!(
+                    f,
+                    "env_indices[{entry}] is {index}, not a sub-env index: the {n} episodes are \
+                     sub-envs 0 to {}",
+                    n - 1
+                ),
+            },
+            BatchError::DuplicateEnvIndex { index, first, second } => write!(
+                f,
+                "env_indices names sub-env {index} twice (entries {first} and {second}); each \
+                 sub-env steps at most once per call"
+            ),
         }
     }
 }
@@ -95,9 +117,94 @@ impl<'a> Rows<'a> {
     }
 }
 
+/// Which sub-env each row of a step belongs to: row `i` to sub-env `i` for all of them
+/// (the common case, no allocation), or row `j` to sub-env `indices[j]` for a subset of
+/// distinct sub-envs, in any order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EnvIndices {
+    num_envs: usize,
+    /// `None`: every sub-env, in order.
+    subset: Option<Vec<usize>>,
+}
+
+impl EnvIndices {
+    /// Every one of `num_envs` sub-envs, row `i` for sub-env `i`.
+    #[must_use]
+    pub fn all(num_envs: usize) -> EnvIndices {
+        EnvIndices { num_envs, subset: None }
+    }
+
+    /// The sub-envs `indices` (row `j` for sub-env `indices[j]`) of `num_envs`.
+    ///
+    /// Checks every index: each must be in `0..num_envs` and appear once.
+    pub fn subset(indices: &[i64], num_envs: usize) -> Result<EnvIndices, BatchError> {
+        let mut out = Vec::with_capacity(indices.len());
+        for (entry, &index) in indices.iter().enumerate() {
+            match usize::try_from(index) {
+                Ok(i) if i < num_envs => out.push(i),
+                _ => return Err(BatchError::EnvIndexOutOfRange { entry, index, num_envs }),
+            }
+        }
+        // Duplicates: one bit per sub-env, in a word on the stack for up to 64 sub-envs
+        // (no allocation: the table took a third of the check for 8 sub-envs).
+        let mut small = 0u64;
+        let mut big = vec![0u64; if num_envs > 64 { num_envs.div_ceil(64) } else { 0 }];
+        for (entry, &i) in out.iter().enumerate() {
+            let word = if big.is_empty() { &mut small } else { &mut big[i / 64] };
+            let bit = 1u64 << (i % 64);
+            if *word & bit != 0 {
+                let first = out.iter().position(|&x| x == i).unwrap_or(0);
+                return Err(BatchError::DuplicateEnvIndex { index: i, first, second: entry });
+            }
+            *word |= bit;
+        }
+        Ok(EnvIndices { num_envs, subset: Some(out) })
+    }
+
+    /// Rows of the step (sub-envs it concerns).
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.subset.as_ref().map_or(self.num_envs, Vec::len)
+    }
+
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The number of sub-envs the indices are taken from.
+    #[must_use]
+    pub fn num_envs(&self) -> usize {
+        self.num_envs
+    }
+
+    /// The subset's indices in row order; `None` for every sub-env.
+    #[must_use]
+    pub fn subset_indices(&self) -> Option<&[usize]> {
+        self.subset.as_deref()
+    }
+
+    /// The sub-env of row `row` (`row < len()`; past the end, `row` itself, as for every
+    /// sub-env: callers index their rows first).
+    #[must_use]
+    pub fn env(&self, row: usize) -> usize {
+        match &self.subset {
+            Some(v) => v.get(row).copied().unwrap_or(row),
+            None => row,
+        }
+    }
+
+    /// `(row, sub-env)` pairs in row order.
+    #[must_use]
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = (usize, usize)> + '_ {
+        (0..self.len()).map(|row| (row, self.env(row)))
+    }
+}
+
 /// One module's inference batch under construction: rows appended one item at a time
 /// (the observations of the agents mapped to the module that act now), with the
-/// `(sub-env index, agent slot)` each row came from.
+/// `(sub-env row, agent slot)` each row came from: the sub-env's position among those
+/// gathered (its sub-env index when every sub-env is, see [`EnvIndices`]).
 ///
 /// Reused across env steps: `clear` keeps the buffers' capacity, so a runner in steady
 /// state does not allocate here.
@@ -129,7 +236,7 @@ impl ModuleBatch {
         self.index.clear();
     }
 
-    /// Appends one item (one slice per leaf) for agent slot `agent` of sub-env `env`.
+    /// Appends one item (one slice per leaf) for agent slot `agent` of sub-env row `env`.
     /// Checks the item first: on error the batch is unchanged.
     pub fn push<B: AsRef<[u8]>>(&mut self, env: usize, agent: usize, item: &[B]) -> Result<(), BatchError> {
         if item.len() != self.schema.leaves.len() {
@@ -165,7 +272,7 @@ impl ModuleBatch {
         &self.leaves[leaf]
     }
 
-    /// Where each row came from: `(sub-env index, agent slot)`, in row order.
+    /// Where each row came from: `(sub-env row, agent slot)`, in row order.
     #[must_use]
     pub fn index(&self) -> &[(usize, usize)] {
         &self.index
@@ -173,7 +280,7 @@ impl ModuleBatch {
 }
 
 /// Groups the rows of a module batch's index map by sub-env: for each of `num_envs`
-/// sub-envs, the `(row, agent slot)` pairs that belong to it, in row order.
+/// sub-env rows, the `(row, agent slot)` pairs that belong to it, in row order.
 ///
 /// This is the scatter plan: a module's outputs (one row per index entry) go back to the
 /// sub-envs and agents they were computed for.
@@ -280,6 +387,78 @@ mod tests {
             let (row, a) = plan[env].iter().copied().find(|(_, a)| *a == agent).unwrap();
             assert_eq!(a, agent);
             assert_eq!(rows.row(row).unwrap()[0], f32s(&[v, -v]).as_slice());
+        }
+    }
+
+    #[test]
+    fn env_indices_all_is_the_identity() {
+        let all = EnvIndices::all(3);
+        assert_eq!((all.len(), all.num_envs(), all.subset_indices()), (3, 3, None));
+        assert_eq!(all.iter().collect::<Vec<_>>(), vec![(0, 0), (1, 1), (2, 2)]);
+        assert!(EnvIndices::all(0).is_empty());
+    }
+
+    #[test]
+    fn env_indices_subset_maps_rows_to_sub_envs_in_any_order() {
+        let s = EnvIndices::subset(&[5, 0, 3], 8).unwrap();
+        assert_eq!((s.len(), s.num_envs()), (3, 8));
+        assert_eq!(s.subset_indices(), Some(&[5usize, 0, 3][..]));
+        assert_eq!(s.iter().collect::<Vec<_>>(), vec![(0, 5), (1, 0), (2, 3)]);
+        // Every sub-env, given explicitly, is the identity; none is an empty step.
+        let full = EnvIndices::subset(&[0, 1, 2], 3).unwrap();
+        assert_eq!(full.iter().collect::<Vec<_>>(), EnvIndices::all(3).iter().collect::<Vec<_>>());
+        assert!(EnvIndices::subset(&[], 4).unwrap().is_empty());
+    }
+
+    #[test]
+    fn env_indices_reject_out_of_range_negative_and_duplicates() {
+        assert_eq!(
+            EnvIndices::subset(&[1, 8], 8),
+            Err(BatchError::EnvIndexOutOfRange { entry: 1, index: 8, num_envs: 8 })
+        );
+        let neg = EnvIndices::subset(&[-1], 8).unwrap_err();
+        assert_eq!(neg, BatchError::EnvIndexOutOfRange { entry: 0, index: -1, num_envs: 8 });
+        assert!(neg.to_string().contains("env_indices[0] is -1"), "{neg}");
+        assert!(neg.to_string().contains("sub-envs 0 to 7"), "{neg}");
+        let dup = EnvIndices::subset(&[2, 4, 2], 8).unwrap_err();
+        assert_eq!(dup, BatchError::DuplicateEnvIndex { index: 2, first: 0, second: 2 });
+        assert!(dup.to_string().contains("sub-env 2 twice (entries 0 and 2)"), "{dup}");
+        // Past 64 sub-envs (the table on the heap) too.
+        let big: Vec<i64> = (0..200).chain([130]).collect();
+        assert_eq!(
+            EnvIndices::subset(&big, 200),
+            Err(BatchError::DuplicateEnvIndex { index: 130, first: 130, second: 200 })
+        );
+        assert_eq!(EnvIndices::subset(&big[..200], 200).unwrap().len(), 200);
+        assert_eq!(
+            EnvIndices::subset(&[63, 0, 63], 64),
+            Err(BatchError::DuplicateEnvIndex { index: 63, first: 0, second: 2 })
+        );
+        let none = EnvIndices::subset(&[0], 0).unwrap_err();
+        assert!(none.to_string().contains("no sub-envs"), "{none}");
+        assert!(EnvIndices::subset(&[i64::MIN, i64::MAX], 3).is_err());
+    }
+
+    #[test]
+    fn subset_gather_then_scatter_goes_back_to_each_rows_sub_env() {
+        // Rows of sub-envs 6, 1 and 4 of 8 (in that order), two agents each, one module:
+        // the batch indexes rows; the subset maps them back to sub-envs.
+        let envs = EnvIndices::subset(&[6, 1, 4], 8).unwrap();
+        let mut mb = ModuleBatch::new(schema());
+        for (row, env) in envs.iter() {
+            for agent in 0..2 {
+                let v = (env * 10 + agent) as f32;
+                mb.push(row, agent, &[f32s(&[v, v]), (v as i64).to_ne_bytes().to_vec()]).unwrap();
+            }
+        }
+        let plan = scatter_plan(mb.index(), envs.len());
+        assert_eq!(plan.len(), 3);
+        let rows = Rows::new(mb.schema(), &[mb.leaf(0), mb.leaf(1)], mb.len()).unwrap();
+        for (row, env) in envs.iter() {
+            for &(r, agent) in &plan[row] {
+                let v = (env * 10 + agent) as f32;
+                assert_eq!(rows.row(r).unwrap()[0], f32s(&[v, v]).as_slice());
+            }
         }
     }
 }
