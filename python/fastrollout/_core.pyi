@@ -1,5 +1,6 @@
 """Type stubs for the native module ``fastrollout._core`` (hand-written, checked by stubtest)."""
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -263,6 +264,7 @@ def single_agent_record_vector_step(
     extra_model_outputs: dict[str, Any] | None = None,
     expected_len: int | None = None,
     steps_left: int | None = None,
+    env_indices: Sequence[int] | npt.NDArray[np.integer[Any]] | None = None,
 ) -> tuple[list[int], list[int]]: ...
 def multi_agent_record_steps(
     episodes: list[Any],
@@ -275,6 +277,7 @@ def multi_agent_record_steps(
     extra_model_outputs: list[Any],
     agent_steps: dict[Any, int] | None = None,
     module_steps: dict[Any, int] | None = None,
+    env_indices: Sequence[int] | npt.NDArray[np.integer[Any]] | None = None,
 ) -> list[int]: ...
 
 @final
@@ -290,6 +293,7 @@ class ModuleBatcher:
         observations: list[Any],
         terminateds: list[Any] | None = None,
         truncateds: list[Any] | None = None,
+        env_indices: Sequence[int] | npt.NDArray[np.integer[Any]] | None = None,
     ) -> dict[str, Any]: ...
     def index_map(self, module_id: str) -> list[tuple[int, Any]]: ...
     def scatter(

@@ -1,18 +1,24 @@
 //! The runner's hot path: one call records a vector-env step into all sub-envs' episodes,
 //! one call gathers each module's inference batch, one call scatters module outputs back.
 //!
-//! The byte bookkeeping (rows of a batch, per-module gather with its index map) is the
-//! pure core's (`crate::runner`); this layer converts numpy/Python values to and from it.
+//! The byte bookkeeping (rows of a batch, per-module gather with its index map, which
+//! sub-env each row belongs to) is the pure core's (`crate::runner`); this layer converts
+//! numpy/Python values to and from it.
+//!
+//! Each call takes the runner's full list of episodes and, optionally, `env_indices`: the
+//! sub-envs that stepped (row `j` of every batch belongs to `episodes[env_indices[j]]`),
+//! so that a runner whose sub-envs become ready at different times records and gathers
+//! the ready ones without a Python loop over sub-envs.
 
 use std::sync::Arc;
 
 use pyo3::exceptions::{PyKeyError, PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{PyBool, PyDict, PyInt, PyList, PyString, PyTuple};
 use smallvec::SmallVec;
 
-use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::{PyArray1, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 
 use super::errors::with_prefix;
 use super::multi::MultiAgentEpisodeCore;
@@ -21,7 +27,7 @@ use super::outputs::{AgentOutputsPy, ModuleOutputs, OutputColumn};
 use super::single::{Input, LengthGuess, SingleAgentEpisodePy};
 use super::spec::{self, LeafBytes, Spec};
 use crate::episode::FieldName;
-use crate::runner::{scatter_plan, ModuleBatch, Rows};
+use crate::runner::{scatter_plan, EnvIndices, ModuleBatch, Rows};
 use crate::schema::Schema;
 
 /// A batched array viewed as rows through the spec of the episodes' field that stores it.
@@ -314,6 +320,7 @@ impl<'py> FastStep<'py> {
 
 /// Stores the steps of the episodes that take the fast path: row `i` of every batch,
 /// no conversion, no Python code run (the batches' bytes are read once for all rows).
+/// Errors name the sub-env by its episode index (`envs.env(i)`).
 fn record_rows(
     fast: &FastStep<'_>,
     steps: Vec<(usize, Bound<'_, SingleAgentEpisodePy>, Option<PyObj>)>,
@@ -321,6 +328,7 @@ fn record_rows(
     truncateds: &[bool],
     now: f64,
     guess: Option<LengthGuess>,
+    envs: &EnvIndices,
 ) -> PyResult<()> {
     let leaves: Vec<(&[u8], Option<usize>)> = fast.fields.iter().flat_map(FastRows::leaf_slices).collect();
     // The batches' sizes were checked when they were converted, but Python code ran since
@@ -344,7 +352,7 @@ fn record_rows(
         }
         let mut e = ep.borrow_mut();
         e.add_row_step(&row, &keys, info, terminateds[i], truncateds[i], now)
-            .map_err(|err| for_env(ep.py(), i, err))?;
+            .map_err(|err| for_env(ep.py(), envs.env(i), err))?;
         e.reserve_after_first_step(guess);
     }
     Ok(())
@@ -368,8 +376,9 @@ fn row_object<'py>(value: &Bound<'py, PyAny>, i: usize) -> PyResult<Bound<'py, P
     value.get_item(i)
 }
 
-/// Reads a length-`n` sequence of flags (a numpy bool array or any sequence).
-fn flags(value: &Bound<'_, PyAny>, n: usize, what: &str) -> PyResult<Vec<bool>> {
+/// Reads a length-`n` sequence of flags (a numpy bool array or any sequence); `per` says
+/// what each flag is for (for the error message).
+fn flags(value: &Bound<'_, PyAny>, n: usize, what: &str, per: &str) -> PyResult<Vec<bool>> {
     // Fast path: a contiguous numpy bool array (what vector envs return) is read as bytes,
     // without creating a numpy scalar per sub-env.
     if let Ok(a) = value.cast::<PyUntypedArray>() {
@@ -384,10 +393,7 @@ fn flags(value: &Bound<'_, PyAny>, n: usize, what: &str) -> PyResult<Vec<bool>> 
     }
     let out = value.try_iter()?.map(|v| v.and_then(|v| v.is_truthy())).collect::<PyResult<Vec<bool>>>()?;
     if out.len() != n {
-        return Err(PyValueError::new_err(format!(
-            "{what}: expected {n} flags (one per sub-env), got {}",
-            out.len()
-        )));
+        return Err(PyValueError::new_err(format!("{what}: expected {n} flags ({per}), got {}", out.len())));
     }
     Ok(out)
 }
@@ -399,6 +405,7 @@ fn unbatch_infos<'py>(
     py: Python<'py>,
     infos: Option<&Bound<'py, PyAny>>,
     n: usize,
+    per: &str,
 ) -> PyResult<Vec<Option<Bound<'py, PyAny>>>> {
     let mut out: Vec<Option<Bound<'py, PyAny>>> = vec![None; n];
     let Some(infos) = infos.filter(|i| !i.is_none()) else { return Ok(out) };
@@ -429,7 +436,7 @@ fn unbatch_infos<'py>(
     let list: Vec<Bound<'py, PyAny>> = infos.try_iter()?.collect::<PyResult<_>>()?;
     if list.len() != n {
         return Err(PyValueError::new_err(format!(
-            "infos: expected {n} info dicts (one per sub-env), got {}",
+            "infos: expected {n} info dicts ({per}), got {}",
             list.len()
         )));
     }
@@ -437,6 +444,104 @@ fn unbatch_infos<'py>(
         *o = Some(v);
     }
     Ok(out)
+}
+
+/// The sub-envs a call's rows belong to: every one of `num_envs` (`env_indices` None), or
+/// the subset `env_indices` names (a sequence of ints or a 1-D integer numpy array).
+///
+/// Raises `ValueError` naming the entry and its value for an index out of range (negative
+/// included) or given twice, and `TypeError` for what is not integers (a bool mask too).
+fn env_indices(value: Option<&Bound<'_, PyAny>>, num_envs: usize) -> PyResult<EnvIndices> {
+    let Some(value) = value.filter(|v| !v.is_none()) else { return Ok(EnvIndices::all(num_envs)) };
+    let not_ints = |what: String| {
+        PyTypeError::new_err(format!(
+            "env_indices must be a sequence of ints or a 1-D integer numpy array, got {what}"
+        ))
+    };
+    let indices: Vec<i64> = if let Ok(a) = value.cast::<PyUntypedArray>() {
+        let dtype = a.dtype();
+        if a.ndim() != 1 || !matches!(dtype.kind(), b'i' | b'u') {
+            let repr = dtype.str().map(|r| r.to_string()).unwrap_or_default();
+            return Err(not_ints(format!("an array of dtype {repr} and shape {:?}", a.shape())));
+        }
+        match a.cast::<PyArray1<i64>>() {
+            // The common case (np.array of ints, np.flatnonzero): read without a Python call.
+            Ok(a) => a.readonly().as_array().iter().copied().collect(),
+            Err(_) => ints(value.call_method0(intern!(value.py(), "tolist"))?.try_iter()?)?,
+        }
+    } else {
+        let Ok(items) = value.try_iter() else {
+            let name = value.get_type().name().map(|n| n.to_string()).unwrap_or_default();
+            return Err(not_ints(format!("a {name}")));
+        };
+        ints(items)?
+    };
+    EnvIndices::subset(&indices, num_envs).map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+/// The items of `env_indices` as `i64`s: `ValueError` naming an int too large for any
+/// sub-env, `TypeError` naming an item that is not an int (bools are not taken for indices).
+fn ints(items: Bound<'_, pyo3::types::PyIterator>) -> PyResult<Vec<i64>> {
+    let mut out = Vec::new();
+    for (entry, item) in items.enumerate() {
+        let item = item?;
+        let repr = || item.repr().map(|r| r.to_string()).unwrap_or_default();
+        if item.is_instance_of::<PyBool>() {
+            return Err(PyTypeError::new_err(format!("env_indices[{entry}] is {}, not an int", repr())));
+        }
+        match item.extract::<i64>() {
+            Ok(i) => out.push(i),
+            Err(_) if item.is_instance_of::<PyInt>() => {
+                return Err(PyValueError::new_err(format!(
+                    "env_indices[{entry}] is {}, not a sub-env index",
+                    repr()
+                )))
+            }
+            Err(_) => {
+                return Err(PyTypeError::new_err(format!("env_indices[{entry}] is {}, not an int", repr())))
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// What one entry of a call's per-sub-env inputs stands for (for error messages).
+fn per_row(envs: &EnvIndices) -> &'static str {
+    match envs.subset_indices() {
+        Some(_) => "one per entry of env_indices",
+        None => "one per sub-env",
+    }
+}
+
+/// Checks that a batch given with `env_indices` has one row per entry: numpy arrays (and
+/// lists) by their length, dicts and tuples of them (Dict/Tuple spaces) leaf by leaf;
+/// anything else is left to the conversion. Without this, a batch of every sub-env given
+/// with a subset of their indices would be recorded row by row into the wrong episodes.
+fn check_subset_rows(value: &Bound<'_, PyAny>, m: usize, what: &dyn Fn() -> String) -> PyResult<()> {
+    let rows = if let Ok(a) = value.cast::<PyUntypedArray>() {
+        a.shape().first().copied()
+    } else if let Ok(d) = value.cast::<PyDict>() {
+        for (_, v) in d.iter() {
+            check_subset_rows(&v, m, what)?;
+        }
+        None
+    } else if let Ok(t) = value.cast::<PyTuple>() {
+        for v in t.iter() {
+            check_subset_rows(&v, m, what)?;
+        }
+        None
+    } else if let Ok(l) = value.cast::<PyList>() {
+        Some(l.len())
+    } else {
+        None
+    };
+    match rows {
+        Some(rows) if rows != m => Err(PyValueError::new_err(format!(
+            "{}: {rows} rows, but env_indices has {m} entries (one row per entry)",
+            what()
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// Prefixes `err`'s message with the sub-env it concerns (same exception type).
@@ -449,12 +554,35 @@ enum Prepared<'py> {
     Step(super::single::PreparedStep<'py>),
 }
 
+/// The episodes of a subset's rows (`episodes[subset[j]]` for row `j`), once each batch
+/// is checked to have one row per entry of the subset (observations, actions, rewards;
+/// extra model outputs that are numpy arrays: any other extra is a constant for every row).
+///
+/// Kept out of the record's body (never inlined) so that the call without `env_indices`
+/// compiles as it did: inlined here, it made the compiler stop inlining the per-episode
+/// helpers of the record loop (about 1% more instructions per call at 64 sub-envs).
+#[inline(never)]
+fn subset_episodes<'py>(
+    episodes: &Bound<'py, PyList>,
+    subset: &[usize],
+    fields: [&BatchField<'py>; 3],
+    extras: &[(Bound<'py, PyString>, BatchField<'py>)],
+) -> PyResult<Vec<Bound<'py, SingleAgentEpisodePy>>> {
+    let extras = extras.iter().map(|(_, f)| f).filter(|f| f.value.cast::<PyUntypedArray>().is_ok());
+    for f in fields.into_iter().chain(extras) {
+        check_subset_rows(&f.value, subset.len(), &|| f.label())?;
+    }
+    subset.iter().map(|&i| Ok(episodes.get_item(i)?.cast_into::<SingleAgentEpisodePy>()?)).collect()
+}
+
 /// Records one vector-env step into the N sub-envs' `SingleAgentEpisode`s in one call.
 ///
-/// Row `i` of every batch belongs to `episodes[i]`. An episode that was not reset yet
-/// (a new episode after gymnasium's next-step autoreset) gets row `i`'s observation and
-/// infos as its reset; the others get a step. Everything is converted and checked first;
-/// only then is anything stored, so an error leaves every episode as it was.
+/// Row `i` of every batch belongs to `episodes[i]`; with `env_indices`, the batches have
+/// one row per entry and row `j` belongs to `episodes[env_indices[j]]` (the other
+/// episodes are left as they are). An episode that was not reset yet (a new episode after
+/// gymnasium's next-step autoreset) gets its row's observation and infos as its reset;
+/// the others get a step. Everything is converted and checked first; only then is
+/// anything stored, so an error leaves every episode as it was.
 ///
 /// With `expected_len` (the runner's guess of an episode's length, from those that
 /// ended), an episode whose chunk has just made its first step reserves room in its
@@ -463,11 +591,41 @@ enum Prepared<'py> {
 /// they then neither copy themselves as they grow nor, when the guess is right, when
 /// `to_numpy` shrinks them.
 ///
-/// Returns `(started, done)`: the sub-env indices whose episode was reset now, and those
-/// whose episode is done after this step.
+/// Args:
+///     episodes: The runner's episodes, one per sub-env (all N, also with `env_indices`).
+///     observations: Batch of observations (a numpy array, or dicts/tuples of them for
+///         Dict/Tuple spaces), one row per sub-env that stepped.
+///     actions: Batch of the actions taken.
+///     rewards: Batch of rewards.
+///     terminateds: One flag per row (a numpy bool array or any sequence).
+///     truncateds: One flag per row.
+///     infos: gymnasium's vector infos (a dict of arrays with `_key` masks) or one dict
+///         per row; None: no infos.
+///     extra_model_outputs: Key -> batch (or a constant for every row, such as the
+///         weights' sequence number).
+///     expected_len: The runner's guess of an episode's length (see above).
+///     steps_left: The vector steps left before the runner cuts its chunks.
+///     env_indices: The sub-envs that stepped, in row order (a sequence of ints or a 1-D
+///         integer numpy array, distinct, each in `range(len(episodes))`); None: all of
+///         them, in order.
+///
+/// Returns:
+///     `(started, done)`: the indices into `episodes` of the episodes that were reset now
+///     and of those that are done after this step, in row order (with `env_indices`,
+///     values of it, not row numbers).
+///
+/// Raises:
+///     ValueError: For an `env_indices` entry out of range (negative included) or given
+///         twice, or a batch, flags or infos without one row per entry of `env_indices`
+///         (the message names the entry and its value, or the lengths), before anything
+///         is checked or stored.
+///     TypeError: If `env_indices` is not integers.
+///     SpaceMismatchError, EpisodeStateError: For a row that does not fit its episode's
+///         space or an episode that cannot take the step; the message names the sub-env
+///         by its index into `episodes` (`sub-env 5: ...`).
 #[pyfunction]
-#[pyo3(signature = (episodes, observations, actions, rewards, terminateds, truncateds, infos=None, extra_model_outputs=None, expected_len=None, steps_left=None))]
-#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (episodes, observations, actions, rewards, terminateds, truncateds, infos=None, extra_model_outputs=None, expected_len=None, steps_left=None, env_indices=None))]
+#[allow(clippy::too_many_arguments, clippy::too_many_lines)]
 pub fn single_agent_record_vector_step<'py>(
     py: Python<'py>,
     episodes: &Bound<'py, PyList>,
@@ -480,13 +638,17 @@ pub fn single_agent_record_vector_step<'py>(
     extra_model_outputs: Option<&Bound<'py, PyDict>>,
     expected_len: Option<i64>,
     steps_left: Option<usize>,
+    env_indices: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<(Vec<usize>, Vec<usize>)> {
     let guess = expected_len
         .map(|expected_len| LengthGuess { expected_len, steps_left: steps_left.unwrap_or(usize::MAX) });
-    let n = episodes.len();
-    let terminateds = flags(terminateds, n, "terminateds")?;
-    let truncateds = flags(truncateds, n, "truncateds")?;
-    let infos = unbatch_infos(py, infos, n)?;
+    let envs = self::env_indices(env_indices, episodes.len())?;
+    // Rows of the step: one per sub-env that stepped.
+    let n = envs.len();
+    let per = per_row(&envs);
+    let terminateds = flags(terminateds, n, "terminateds", per)?;
+    let truncateds = flags(truncateds, n, "truncateds", per)?;
+    let infos = unbatch_infos(py, infos, n, per)?;
     let mut obs = BatchField::new(observations.clone(), "observation", None, n);
     let mut act = BatchField::new(actions.clone(), "action", None, n);
     let mut rew = BatchField::new(rewards.clone(), "reward", None, n);
@@ -500,34 +662,39 @@ pub fn single_agent_record_vector_step<'py>(
             extras.push((k, BatchField::new(v, "extra", Some(key), n)));
         }
     }
-    let episodes: Vec<Bound<'py, SingleAgentEpisodePy>> =
-        episodes.iter().map(Bound::cast_into::<SingleAgentEpisodePy>).collect::<Result<_, _>>()?;
+    let episodes: Vec<Bound<'py, SingleAgentEpisodePy>> = match envs.subset_indices() {
+        None => episodes.iter().map(Bound::cast_into::<SingleAgentEpisodePy>).collect::<Result<_, _>>()?,
+        Some(subset) => subset_episodes(episodes, subset, [&obs, &act, &rew], &extras)?,
+    };
     let fast = match episodes.iter().find(|e| e.borrow().chunk_len() > 0) {
         Some(model) => FastStep::new(&model.borrow(), [&obs, &act, &rew], &extras)?,
         None => None,
     };
     let layouts = fast.as_ref().map(|f| (f.layouts(), f.keys()));
-    // Everything is checked (and every Python call made) before anything is stored.
-    let mut rows = Vec::new();
+    // Everything is checked (and every Python call made) before anything is stored. `i`
+    // is a row of the batches; `envs.env(i)` its episode's index, for messages and results.
+    // (Sized once: in steady state every episode takes the fast path.)
+    let mut rows = Vec::with_capacity(if fast.is_some() { n } else { 0 });
     let mut others = Vec::new();
     for (i, (ep, info)) in episodes.into_iter().zip(&infos).enumerate() {
         let e = ep.borrow();
+        let env = envs.env(i);
         let p = if layouts.as_ref().is_some_and(|(l, k)| e.fits_rows(l, k)) {
             None
         } else if e.is_reset() {
-            let o = obs.input(&e, i).map_err(|err| err.into_py(py, i))?;
-            let a = act.input(&e, i).map_err(|err| err.into_py(py, i))?;
-            let r = rew.input(&e, i).map_err(|err| err.into_py(py, i))?;
+            let o = obs.input(&e, i).map_err(|err| err.into_py(py, env))?;
+            let a = act.input(&e, i).map_err(|err| err.into_py(py, env))?;
+            let r = rew.input(&e, i).map_err(|err| err.into_py(py, env))?;
             let mut x = Vec::with_capacity(extras.len());
             for (k, f) in &mut extras {
-                x.push((k.clone(), f.input(&e, i).map_err(|err| err.into_py(py, i))?));
+                x.push((k.clone(), f.input(&e, i).map_err(|err| err.into_py(py, env))?));
             }
             Some(Prepared::Step(
-                e.prepare_step_inputs(o, a, r, info.as_ref(), x).map_err(|err| for_env(py, i, err))?,
+                e.prepare_step_inputs(o, a, r, info.as_ref(), x).map_err(|err| for_env(py, env, err))?,
             ))
         } else {
             let o = row_object(observations, i)?;
-            Some(Prepared::Reset(e.prepare_reset(&o).map_err(|err| for_env(py, i, err))?))
+            Some(Prepared::Reset(e.prepare_reset(&o).map_err(|err| for_env(py, env, err))?))
         };
         drop(e);
         match p {
@@ -537,8 +704,9 @@ pub fn single_agent_record_vector_step<'py>(
     }
     let now = super::single::perf_counter();
     if let Some(f) = &fast {
-        record_rows(f, rows, &terminateds, &truncateds, now, guess)?;
+        record_rows(f, rows, &terminateds, &truncateds, now, guess, &envs)?;
     }
+    // Rows whose episode was reset now, ascending (`others` is in row order).
     let mut started = Vec::new();
     for (i, ep, p) in others {
         let mut e = ep.borrow_mut();
@@ -555,8 +723,15 @@ pub fn single_agent_record_vector_step<'py>(
     }
     // A stepped episode is done exactly when its step says so (a reset one never is), so
     // the episodes need not be borrowed again to tell.
-    let done =
-        (0..n).filter(|i| (terminateds[*i] || truncateds[*i]) && started.binary_search(i).is_err()).collect();
+    let done = (0..n)
+        .filter(|i| (terminateds[*i] || truncateds[*i]) && started.binary_search(i).is_err())
+        .map(|i| envs.env(i))
+        .collect();
+    if envs.subset_indices().is_some() {
+        for i in &mut started {
+            *i = envs.env(*i);
+        }
+    }
     Ok((started, done))
 }
 
@@ -564,16 +739,46 @@ pub fn single_agent_record_vector_step<'py>(
 /// runner's sub-envs) in one call.
 ///
 /// Each argument is a list with one per-agent dict (or None) per sub-env, as the sub-env
-/// returned it (the runner's scatter gives actions and extra model outputs in this form).
-/// Returns the indices of the sub-envs whose episode is done (`__all__`) after the step.
+/// returned it (the runner's scatter gives actions and extra model outputs in this form);
+/// with `env_indices`, one per entry of it, entry `j` for `episodes[env_indices[j]]`.
+/// Each episode checks its whole step before it stores any of it (`add_env_step`), and
+/// the lists and `env_indices` are checked before any episode is stepped; the episodes
+/// are stepped in row order, so an error in one leaves the earlier ones stepped.
 ///
 /// With `agent_steps` and `module_steps` (dicts, e.g. `Counter`s), each agent that
 /// observes in a sub-env counts one step for itself and one for its module (the
 /// episode's `_agent_to_module_mapping`, or its `module_for` for an agent it has not
 /// mapped yet): the runner's sampled step counts, kept here instead of in a Python loop
-/// over the sub-envs. Raises `ValueError` if an agent maps to None.
+/// over the sub-envs.
+///
+/// Args:
+///     episodes: The runner's episodes, one per sub-env (all N, also with `env_indices`).
+///     observations: Per row, agent id -> observation (None: no agent observes).
+///     actions: Per row, agent id -> action.
+///     rewards: Per row, agent id -> reward.
+///     infos: Per row, agent id -> infos (or None).
+///     terminateds: Per row, agent id (and `"__all__"`) -> terminated (or None).
+///     truncateds: Per row, agent id (and `"__all__"`) -> truncated (or None).
+///     extra_model_outputs: Per row, agent id -> extra outputs (a dict or the scatter's
+///         `AgentOutputs`), or None.
+///     agent_steps: Agent id -> steps, added to.
+///     module_steps: Module id -> steps, added to.
+///     env_indices: The sub-envs that stepped, in row order (a sequence of ints or a 1-D
+///         integer numpy array, distinct, each in `range(len(episodes))`); None: all of
+///         them, in order.
+///
+/// Returns:
+///     The indices into `episodes` of the episodes that are done (`__all__`) after the
+///     step, in row order (with `env_indices`, values of it, not row numbers).
+///
+/// Raises:
+///     ValueError: For an `env_indices` entry out of range or given twice, a list
+///         without one entry per row, or an agent that maps to no module.
+///     TypeError: If `env_indices` is not integers.
+///     MultiAgentEnvError, SpaceMismatchError: From an episode's `add_env_step`; the
+///         message names the sub-env by its index into `episodes` (`sub-env 5: ...`).
 #[pyfunction]
-#[pyo3(signature = (episodes, observations, actions, rewards, infos, terminateds, truncateds, extra_model_outputs, agent_steps=None, module_steps=None))]
+#[pyo3(signature = (episodes, observations, actions, rewards, infos, terminateds, truncateds, extra_model_outputs, agent_steps=None, module_steps=None, env_indices=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn multi_agent_record_steps<'py>(
     py: Python<'py>,
@@ -587,8 +792,11 @@ pub fn multi_agent_record_steps<'py>(
     extra_model_outputs: &Bound<'py, PyList>,
     agent_steps: Option<&Bound<'py, PyDict>>,
     module_steps: Option<&Bound<'py, PyDict>>,
+    env_indices: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Vec<usize>> {
-    let n = episodes.len();
+    let envs = self::env_indices(env_indices, episodes.len())?;
+    let n = envs.len();
+    let per = per_row(&envs);
     for (what, l) in [
         ("observations", observations),
         ("actions", actions),
@@ -600,7 +808,7 @@ pub fn multi_agent_record_steps<'py>(
     ] {
         if l.len() != n {
             return Err(PyValueError::new_err(format!(
-                "{what}: expected {n} dicts (one per sub-env), got {}",
+                "{what}: expected {n} dicts ({per}), got {}",
                 l.len()
             )));
         }
@@ -611,8 +819,9 @@ pub fn multi_agent_record_steps<'py>(
     // The call's counts, written to the dicts once per agent and module at the end.
     let mut agent_tally = Tally::default();
     let mut module_tally = Tally::default();
-    for (i, ep) in episodes.iter().enumerate() {
-        let ep = ep.cast_into::<MultiAgentEpisodeCore>()?;
+    // `i` is a row of the lists; `env` its episode's index, for messages and results.
+    for (i, env) in envs.iter() {
+        let ep = episodes.get_item(env)?.cast_into::<MultiAgentEpisodeCore>()?;
         let get = |l: &Bound<'py, PyList>| -> PyResult<Option<Bound<'py, PyAny>>> {
             let v = l.get_item(i)?;
             Ok(if v.is_none() { None } else { Some(v) })
@@ -634,12 +843,12 @@ pub fn multi_agent_record_steps<'py>(
             get(truncateds)?.as_ref(),
             get(extra_model_outputs)?.as_ref(),
         )
-        .map_err(|err| for_env(py, i, err))?;
+        .map_err(|err| for_env(py, env, err))?;
         if agent_steps.is_some() && module_steps.is_some() {
             count_steps(py, ep.as_any(), &obs, &mut agent_tally, &mut module_tally)?;
         }
         if ep.try_borrow()?.done() {
-            done.push(i);
+            done.push(env);
         }
     }
     if let (Some(agents), Some(modules)) = (agent_steps, module_steps) {
@@ -770,19 +979,55 @@ fn agent_dict<'py>(d: &Bound<'py, PyDict>, aid: &Bound<'py, PyAny>) -> PyResult<
     Ok(x)
 }
 
+/// Checks that a gather's lists have one entry per row: `n_obs` observation dicts, one
+/// per episode (or per entry of `env_indices`), and as many done-flag dicts where given.
+fn check_gather_rows(
+    envs: &EnvIndices,
+    n_episodes: usize,
+    n_obs: usize,
+    terminateds: Option<&Bound<'_, PyList>>,
+    truncateds: Option<&Bound<'_, PyList>>,
+) -> PyResult<()> {
+    if envs.len() != n_obs {
+        return Err(PyValueError::new_err(match envs.subset_indices() {
+            None => {
+                format!("expected one episode per sub-env: {n_episodes} episodes, {n_obs} observation dicts")
+            }
+            Some(_) => format!(
+                "expected one observation dict per entry of env_indices: {} entries, {n_obs} \
+                 observation dicts",
+                envs.len()
+            ),
+        }));
+    }
+    for (what, l) in [("terminateds", terminateds), ("truncateds", truncateds)] {
+        if let Some(l) = l.filter(|l| l.len() != n_obs) {
+            return Err(PyValueError::new_err(format!(
+                "{what}: expected {n_obs} dicts ({}), got {}",
+                per_row(envs),
+                l.len()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Per-module inference batches for a (vectorized) multi-agent runner.
 ///
-/// `gather` stacks, per module, the observations of the agents that act now across all
-/// sub-envs into one contiguous numpy array per observation leaf (nested as the module's
-/// observation space), remembering where each row came from; `scatter` splits the
-/// module outputs back into per-sub-env, per-agent dicts. The buffers are reused across
-/// steps.
+/// `gather` stacks, per module, the observations of the agents that act now across the
+/// sub-envs (all of them, or the subset `env_indices` names) into one contiguous numpy
+/// array per observation leaf (nested as the module's observation space), remembering
+/// where each row came from; `scatter` splits the module outputs back into per-sub-env,
+/// per-agent dicts. The buffers are reused across steps.
 #[pyclass(name = "ModuleBatcher", module = "fastrollout._core")]
 pub struct ModuleBatcherPy {
-    /// Module id, its observation spec, its batch under construction.
+    /// Module id, its observation spec, its batch under construction (indexed by the
+    /// last gather's sub-env rows).
     modules: Vec<(String, Arc<Spec>, ModuleBatch)>,
-    /// Per sub-env of the last gather: the agent id of each agent slot.
+    /// Per sub-env row of the last gather: the agent id of each agent slot.
     agents: Vec<Vec<Py<PyAny>>>,
+    /// The episode index of each sub-env row of the last gather.
+    envs: EnvIndices,
 }
 
 impl ModuleBatcherPy {
@@ -817,7 +1062,7 @@ impl ModuleBatcherPy {
             let batch = ModuleBatch::new(spec.schema());
             modules.push((mid, spec, batch));
         }
-        Ok(ModuleBatcherPy { modules, agents: Vec::new() })
+        Ok(ModuleBatcherPy { modules, agents: Vec::new(), envs: EnvIndices::all(0) })
     }
 
     /// The module ids, in the order given.
@@ -828,16 +1073,36 @@ impl ModuleBatcherPy {
 
     /// Gathers each module's inference batch.
     ///
-    /// `observations[i]` is sub-env `i`'s agent -> observation dict (None: nothing to
-    /// gather there); agents flagged in `terminateds[i]` or `truncateds[i]` (done agents,
-    /// which do not act) are left out. Each agent's
-    /// module is read from `episodes[i]` (`module_for`, cached per episode). Returns
-    /// module id -> batched observations, for the modules with at least one row.
+    /// `observations[j]` is a sub-env's agent -> observation dict (None: nothing to
+    /// gather there): sub-env `j`'s, or with `env_indices` sub-env `env_indices[j]`'s.
+    /// Agents flagged in `terminateds[j]` or `truncateds[j]` (done agents, which do not
+    /// act) are left out. Each agent's module is read from its sub-env's episode
+    /// (`module_for`, cached per episode).
     ///
-    /// Raises `KeyError` if an agent maps to a module the batcher does not know and
-    /// `SpaceMismatchError` if an observation does not fit its module's space (naming the
-    /// sub-env, the agent and the module).
-    #[pyo3(signature = (episodes, observations, terminateds=None, truncateds=None))]
+    /// Args:
+    ///     episodes: The runner's episodes, one per sub-env (all N, also with
+    ///         `env_indices`).
+    ///     observations: Per row, agent id -> observation, or None.
+    ///     terminateds: Per row, agent id -> terminated (or None); None: no agent is.
+    ///     truncateds: Per row, agent id -> truncated (or None); None: no agent is.
+    ///     env_indices: The sub-envs the rows belong to, in row order (a sequence of
+    ///         ints or a 1-D integer numpy array, distinct, each in
+    ///         `range(len(episodes))`); None: row `j` is `episodes[j]`'s.
+    ///
+    /// Returns:
+    ///     Module id -> batched observations, for the modules with at least one row.
+    ///     `index_map(module_id)` then says which `(episode index, agent id)` each row is,
+    ///     and `scatter` splits outputs back into one entry per row of `observations`.
+    ///
+    /// Raises:
+    ///     ValueError: For an `env_indices` entry out of range or given twice, or lists
+    ///         without one entry per row (`episodes` must have one per row without
+    ///         `env_indices`).
+    ///     TypeError: If `env_indices` is not integers.
+    ///     KeyError: If an agent maps to a module the batcher does not know.
+    ///     SpaceMismatchError: If an observation does not fit its module's space (naming
+    ///         the sub-env by its episode index, the agent and the module).
+    #[pyo3(signature = (episodes, observations, terminateds=None, truncateds=None, env_indices=None))]
     fn gather<'py>(
         &mut self,
         py: Python<'py>,
@@ -845,30 +1110,30 @@ impl ModuleBatcherPy {
         observations: &Bound<'py, PyList>,
         terminateds: Option<&Bound<'py, PyList>>,
         truncateds: Option<&Bound<'py, PyList>>,
+        env_indices: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyDict>> {
+        let envs = self::env_indices(env_indices, episodes.len())?;
+        let n = observations.len();
+        check_gather_rows(&envs, episodes.len(), n, terminateds, truncateds)?;
         for (_, _, b) in &mut self.modules {
             b.clear();
         }
-        let n = observations.len();
-        if episodes.len() != n {
-            return Err(PyValueError::new_err(format!(
-                "expected one episode per sub-env: {} episodes, {n} observation dicts",
-                episodes.len()
-            )));
-        }
+        self.envs = envs;
         self.agents.clear();
         self.agents.resize_with(n, Vec::new);
-        for (env, obs) in observations.iter().enumerate() {
+        // `row` indexes the lists (and the batches' index maps); `env` is its episode's.
+        for (row, obs) in observations.iter().enumerate() {
             if obs.is_none() {
                 continue;
             }
+            let env = self.envs.env(row);
             let obs = obs.cast_into::<PyDict>()?;
             let episode = episodes.get_item(env)?;
             let mapping = episode.getattr(intern!(py, "_agent_to_module_mapping"))?.cast_into::<PyDict>()?;
             let done_flags = |l: Option<&Bound<'py, PyList>>| -> PyResult<Option<Bound<'py, PyDict>>> {
                 match l {
                     Some(l) => {
-                        let d = l.get_item(env)?;
+                        let d = l.get_item(row)?;
                         Ok(if d.is_none() { None } else { Some(d.cast_into::<PyDict>()?) })
                     }
                     None => Ok(None),
@@ -908,11 +1173,11 @@ impl ModuleBatcherPy {
                     )
                 };
                 let leaves = spec::to_leaf_views(spec, &o, None, &label)?;
-                let slot = self.agents[env].len();
+                let slot = self.agents[row].len();
                 batch
-                    .push(env, slot, &leaves)
+                    .push(row, slot, &leaves)
                     .map_err(|e| PyValueError::new_err(format!("{}: {e}", label())))?;
-                self.agents[env].push(aid.unbind());
+                self.agents[row].push(aid.unbind());
             }
         }
         let out = PyDict::new(py);
@@ -932,40 +1197,63 @@ impl ModuleBatcherPy {
         Ok(out)
     }
 
-    /// Where each row of module `module_id`'s last batch came from: `(sub-env index,
-    /// agent id)` per row.
+    /// Where each row of module `module_id`'s last batch came from.
     ///
-    /// Raises `KeyError` for an unknown module id.
+    /// Args:
+    ///     module_id: The module.
+    ///
+    /// Returns:
+    ///     `(env index, agent id)` per row of the module's last batch, where the env index
+    ///     is the index into the gather's `episodes` (with `env_indices`, a value of it;
+    ///     without, the row of `observations`, the same).
+    ///
+    /// Raises:
+    ///     KeyError: For an unknown module id.
     fn index_map(&self, py: Python<'_>, module_id: &str) -> PyResult<Vec<(usize, Py<PyAny>)>> {
         let m = self.module_index(module_id).ok_or_else(|| PyKeyError::new_err(module_id.to_string()))?;
         self.modules[m]
             .2
             .index()
             .iter()
-            .map(|&(env, slot)| {
+            .map(|&(row, slot)| {
                 let aid = self
                     .agents
-                    .get(env)
+                    .get(row)
                     .and_then(|a| a.get(slot))
                     .ok_or_else(|| PyValueError::new_err("the batcher's index map is out of date"))?;
-                Ok((env, aid.clone_ref(py)))
+                Ok((self.envs.env(row), aid.clone_ref(py)))
             })
             .collect()
     }
 
     /// Splits module outputs back per sub-env and agent.
     ///
-    /// `outputs` maps module id -> column -> batched value (one row per row of the last
-    /// gather). Returns one `(actions_for_env, actions, extra_model_outputs)` tuple per
-    /// sub-env: agent -> action for the env (the `actions_for_env_key` column, else the
-    /// action), agent -> action as the module chose it, and agent -> {column: value} for
-    /// every other column (plus `extra_constants`, the same for all agents). With
-    /// `extras_as_rows`, an agent's extra outputs are instead an `AgentOutputs`, its row of
-    /// its module's arrays, for the multi-agent record to copy (`super::outputs`; a module
-    /// whose outputs are not all C-contiguous arrays still gets the dicts).
+    /// The result has one entry per row of the last gather's `observations`, in its
+    /// order: one per sub-env, or with the gather's `env_indices`, entry `j` for sub-env
+    /// `env_indices[j]` (a sub-env whose row had no acting agent gets empty dicts) — the
+    /// rows the multi-agent record takes with the same `env_indices`.
     ///
-    /// Raises `KeyError` if a module's outputs lack `actions_key` or name an unknown
-    /// module, and `ValueError` if a column's length is not the batch's.
+    /// Args:
+    ///     outputs: Module id -> column -> batched value (one row per row of the module's
+    ///         last batch).
+    ///     actions_key: The column of the actions the module chose.
+    ///     actions_for_env_key: The column of the actions to send to the env (missing:
+    ///         the actions).
+    ///     extra_constants: Column -> value given to every agent (the weights' sequence
+    ///         number).
+    ///     extras_as_rows: Give each agent its extra outputs as an `AgentOutputs`, its row
+    ///         of its module's arrays, for the multi-agent record to copy
+    ///         (`super::outputs`; a module whose outputs are not all C-contiguous arrays
+    ///         still gets the dicts).
+    ///
+    /// Returns:
+    ///     Per gathered row, `(actions_for_env, actions, extra_model_outputs)`: agent ->
+    ///     action for the env, agent -> action as the module chose it, and agent ->
+    ///     {column: value} for every other column (plus `extra_constants`).
+    ///
+    /// Raises:
+    ///     KeyError: If a module's outputs lack `actions_key` or name an unknown module.
+    ///     ValueError: If a column's length is not the batch's.
     #[pyo3(signature = (outputs, actions_key="actions", actions_for_env_key="actions_for_env", extra_constants=None, extras_as_rows=false))]
     fn scatter<'py>(
         &self,
