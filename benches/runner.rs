@@ -7,7 +7,7 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use fastrollout::episode::{Field, FieldName, Item, Leaves, SingleAgentCore, Step, TypedItem};
-use fastrollout::runner::{scatter_plan, ModuleBatch, Rows};
+use fastrollout::runner::{scatter_plan, EnvIndices, ModuleBatch, Rows};
 use fastrollout::schema::{DType, Leaf, Schema};
 
 const OBS: usize = 4;
@@ -136,5 +136,95 @@ fn bench_gather_scatter(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_record_vector_step, bench_record_raw_rows, bench_gather_scatter);
+/// The sub-envs of a step: `k` of `n` (every third, wrapping), given as indices, or all `n`
+/// without indices (`k == n` and `given == false`: the runner's default call).
+fn env_indices(k: usize, n: usize, given: bool) -> EnvIndices {
+    if !given {
+        return EnvIndices::all(n);
+    }
+    let idx: Vec<i64> = (0..k).map(|j| ((j * 3) % n) as i64).collect();
+    EnvIndices::subset(&idx, n).expect("distinct when gcd(3, n) == 1")
+}
+
+/// Cases of the subset benches: (sub-envs stepped, of, indices given).
+const SUBSETS: [(usize, usize, bool); 4] = [(3, 8, true), (8, 8, true), (8, 8, false), (64, 64, true)];
+
+fn subset_name(k: usize, n: usize, given: bool) -> String {
+    if given {
+        format!("{k}_of_{n}_env_indices")
+    } else {
+        format!("{n}_of_{n}_all")
+    }
+}
+
+/// The fast-path record of a step of `k` of `n` sub-envs: the indices are checked (part of
+/// each call), then row `j` of the k-row batches goes into episode `env_indices[j]`.
+fn bench_record_subset_rows(c: &mut Criterion) {
+    let mut g = c.benchmark_group("record_subset_rows");
+    let schemas = [obs_schema(), scalar(DType::I64), scalar(DType::F64), scalar(DType::F32)];
+    let layouts: Vec<&Schema> = schemas.iter().collect();
+    let widths = [OBS * 4, 8, 8, 4];
+    for (k, n, given) in SUBSETS {
+        let batches = [vec![1u8; k * OBS * 4], vec![0u8; k * 8], vec![0u8; k * 8], vec![0u8; k * 4]];
+        g.throughput(Throughput::Elements(k as u64));
+        g.bench_function(subset_name(k, n, given), |b| {
+            let mut eps: Vec<_> = (0..n).map(|_| episode()).collect();
+            b.iter(|| {
+                if eps[0].len() >= 4096 {
+                    eps = (0..n).map(|_| episode()).collect();
+                }
+                let envs = env_indices(k, n, given);
+                for (j, env) in envs.iter() {
+                    let e = &mut eps[env];
+                    assert!(e.fits_rows(&layouts, &["action_logp"]));
+                    let row: Vec<&[u8]> =
+                        batches.iter().zip(widths).map(|(bytes, w)| &bytes[j * w..(j + 1) * w]).collect();
+                    e.add_row_step(&row, &["action_logp"], None, false, false).expect("step");
+                }
+                black_box(&eps);
+            });
+        });
+    }
+    g.finish();
+}
+
+/// Gather of 8 agents per sub-env of a step of `k` of `n` sub-envs into two modules, with
+/// the scatter plan back (one entry per gathered sub-env) and each row's episode index.
+fn bench_gather_subset(c: &mut Criterion) {
+    let mut g = c.benchmark_group("gather_subset");
+    let agents = 8;
+    let item = vec![vec![3u8; OBS * 4]];
+    for (k, n, given) in SUBSETS {
+        g.throughput(Throughput::Elements((k * agents) as u64));
+        g.bench_function(format!("{}_x_{agents}_agents", subset_name(k, n, given)), |b| {
+            let mut batches = [ModuleBatch::new(obs_schema()), ModuleBatch::new(obs_schema())];
+            b.iter(|| {
+                let envs = env_indices(k, n, given);
+                for mb in &mut batches {
+                    mb.clear();
+                }
+                for (row, _) in envs.iter() {
+                    for agent in 0..agents {
+                        batches[agent % 2].push(row, agent, &item).expect("push");
+                    }
+                }
+                for mb in &batches {
+                    black_box(scatter_plan(mb.index(), envs.len()));
+                    black_box(mb.index().iter().map(|&(row, _)| envs.env(row)).sum::<usize>());
+                    black_box(mb.leaf(0));
+                }
+            });
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    bench_record_vector_step,
+    bench_record_raw_rows,
+    bench_gather_scatter,
+    bench_record_subset_rows,
+    bench_gather_subset
+);
 criterion_main!(benches);
