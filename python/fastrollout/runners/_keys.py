@@ -41,4 +41,3 @@ NUM_ENV_RESTARTS_LIFETIME = "num_env_restarts_lifetime"
 COMPONENT_RL_MODULE = "rl_module"
 COMPONENT_ENV_TO_MODULE_CONNECTOR = "env_to_module_connector"
 COMPONENT_MODULE_TO_ENV_CONNECTOR = "module_to_env_connector"
-

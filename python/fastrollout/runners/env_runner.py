@@ -21,11 +21,11 @@ import torch
 from fastrollout.connectors.pipeline import ConnectorPipelineV2
 from fastrollout.core import DEFAULT_MODULE_ID, Columns
 from fastrollout.errors import RunnerStoppedError, SampleArgumentError
+from fastrollout.metrics import MetricsLogger
 from fastrollout.modules import MultiRLModule, MultiRLModuleSpec, RLModuleSpec, resolve_device
 from fastrollout.modules._grad import grad_off, grad_restore
-from fastrollout.runners import _rllib
-from fastrollout.metrics import MetricsLogger
 from fastrollout.runners import _keys as keys
+from fastrollout.runners import _rllib
 from fastrollout.runners._config import cfg
 from fastrollout.runners._connectors import Connectors
 from fastrollout.runners._default_act import DefaultAct
@@ -534,7 +534,7 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
         return self._call.env_steps
 
     def _agent_and_module_steps(self) -> tuple[Mapping[Any, int], Mapping[Any, int]]:
-        """This call's steps per agent and per module, for the sampled-step metrics."""
+        """The steps per agent and per module of this call, for the sampled-step metrics."""
         n = self._call.env_steps
         return {keys.DEFAULT_AGENT_ID: n}, {DEFAULT_MODULE_ID: n}
 
@@ -546,6 +546,7 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
             self._episode_callback("on_episode_end", i)
             episode = self._episodes[i]
             self._episode_ended(episode)
+            self._failures_in_a_row[i] = 0
             call.done_out.append(self._episode_out(episode, call.to_numpy))
             self._new_episode(i)
             if call.num_episodes is not None and call.episodes >= call.num_episodes:
@@ -575,7 +576,9 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
         this sub-env's episode is dropped (its steps in this call no longer count) and the
         sub-env is recreated; a failure to create it (its env check included) is one more
         failed attempt. More than ``max_sub_environment_restart_attempts`` failures of
-        one sub-env in a row raise the last error.
+        one sub-env in a row (no episode or chunk of it returned in between: an env that
+        always fails before its episode ends would otherwise keep ``sample`` from ever
+        having its steps) raise the last error.
 
         Raises:
             BaseException: ``err`` (or a later creation error), as described.
@@ -609,15 +612,6 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
         """Uncounts a dropped episode's steps in this call (they are not returned)."""
         self._call.env_steps -= len(episode)
 
-    def _sub_env_stepped(self, ids: Any) -> None:
-        """Sub-envs ``ids`` (None: all) recorded a step: their failure runs end."""
-        if ids is None:
-            if any(self._failures_in_a_row):
-                self._failures_in_a_row = [0] * self.num_envs
-            return
-        for i in ids:
-            self._failures_in_a_row[i] = 0
-
     @abc.abstractmethod
     def _reset_all(self) -> None:
         """Starts new episodes in every sub-env (with the runner's seed the first time)."""
@@ -628,8 +622,11 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
 
     @abc.abstractmethod
     def _record_steps(self, results: StepResults) -> list[int]:
-        """Records the finished steps (one native call); returns the sub-envs whose
-        episode ended."""
+        """Records the finished steps (one native call).
+
+        Returns:
+            The sub-envs whose episode ended.
+        """
 
     @abc.abstractmethod
     def _record_reset(self, i: int, obs: Any, infos: Any) -> None:
@@ -781,9 +778,11 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
         horizon = int(cfg(self.config, "episode_lookback_horizon", 1))
         continuations = [e.cut(len_lookback_buffer=horizon) for e in self._episodes]
         out = []
-        for e in self._episodes:
+        for i, e in enumerate(self._episodes):
             if len(e) == 0:
                 continue
+            if self._failures_in_a_row:
+                self._failures_in_a_row[i] = 0
             e.validate()
             self._ongoing_episodes_for_metrics[e.id_].append(e)
             out.append(self._episode_out(e, to_numpy))
@@ -987,7 +986,10 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
         self.num_env_steps_sampled_lifetime += env_steps
         m.log_value(keys.NUM_ENV_STEPS_SAMPLED, env_steps, reduce="sum")
         m.log_value(
-            keys.NUM_ENV_STEPS_SAMPLED_LIFETIME, env_steps, reduce="lifetime_sum", with_throughput=True
+            keys.NUM_ENV_STEPS_SAMPLED_LIFETIME,
+            env_steps,
+            reduce="lifetime_sum",
+            with_throughput=True,
         )
         m.log_value(keys.NUM_EPISODES, episodes, reduce="sum")
         m.log_value(keys.NUM_EPISODES_LIFETIME, episodes, reduce="lifetime_sum")

@@ -41,7 +41,10 @@ __all__ = ["EnvRunnerGroup", "split_count"]
 
 logger = logging.getLogger(__name__)
 
-_CONNECTOR_COMPONENTS = (keys.COMPONENT_ENV_TO_MODULE_CONNECTOR, keys.COMPONENT_MODULE_TO_ENV_CONNECTOR)
+_CONNECTOR_COMPONENTS = (
+    keys.COMPONENT_ENV_TO_MODULE_CONNECTOR,
+    keys.COMPONENT_MODULE_TO_ENV_CONNECTOR,
+)
 
 
 class _FromConfig:

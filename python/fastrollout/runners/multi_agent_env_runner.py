@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import time
 from collections import Counter, defaultdict
-
 from typing import Any
 
 import numpy as np
@@ -23,8 +22,8 @@ from fastrollout._core import ModuleBatcher, multi_agent_record_steps
 from fastrollout.core import DEFAULT_MODULE_ID, Columns
 from fastrollout.episodes import MultiAgentEpisode
 from fastrollout.errors import MultiAgentEnvError, SpaceMismatchError
-from fastrollout.runners import _rllib
 from fastrollout.runners import _keys as keys
+from fastrollout.runners import _rllib
 from fastrollout.runners._config import cfg, smoothing_window
 from fastrollout.runners.env_runner import EnvRunner
 from fastrollout.runners.sub_envs import StepResults
@@ -303,7 +302,6 @@ class MultiAgentEnvRunner(EnvRunner[MultiAgentEpisode]):
             env_indices=rows,
         )
         self._call.env_steps += self.num_envs if rows is None else len(rows)
-        self._sub_env_stepped(rows)
         if rows is None:
             self._obs, self._terminateds, self._truncateds = list(o), list(te), list(tr)
         else:

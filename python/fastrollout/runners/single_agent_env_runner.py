@@ -21,14 +21,15 @@ from fastrollout.env.check import space_mismatch
 from fastrollout.episodes import SingleAgentEpisode
 from fastrollout.errors import SpaceMismatchError
 from fastrollout.modules import MultiRLModule
-from fastrollout.runners import _rllib
 from fastrollout.runners import _keys as keys
-from fastrollout.runners._config import cfg, smoothing_window
+from fastrollout.runners import _rllib
+from fastrollout.runners._config import smoothing_window
 from fastrollout.runners.env_runner import EnvRunner
 from fastrollout.runners.sub_envs import StepResults
 from fastrollout.runners.sub_envs.vector import set_rows, take_rows
 
 __all__ = ["SingleAgentEnvRunner"]
+
 
 def _stacks(space: gym.Space[Any], observation: Any) -> bool:
     """Whether gymnasium's vector envs can stack ``observation`` into a batch of ``space``.
@@ -80,12 +81,12 @@ def _take_extras(extras: dict[str, Any], rows: np.ndarray) -> dict[str, Any]:
 
 
 def _batched_resets(space: gym.Space[Any], results: StepResults) -> StepResults:
-    """Remote sub-envs' resets as one batch (gymnasium's vector layout), as a vector
-    env's reset returns them."""
+    """Remote sub-envs' resets as one batch, as a vector env's reset returns them."""
     from gymnasium.vector.utils import concatenate, create_empty_array
 
     ids = [r[0] for r in results.resets]
-    obs = concatenate(space, [r[1] for r in results.resets], create_empty_array(space, len(ids)))
+    out = create_empty_array(space, len(ids))
+    obs = concatenate(space, [r[1] for r in results.resets], out) if ids else out
     m = len(ids)
     return StepResults(
         np.asarray(ids, np.int64),
@@ -142,8 +143,7 @@ class _PendingRows:
             self._keys[i] = sent
 
     def take(self, ids: np.ndarray) -> tuple[Any, dict[str, Any]]:
-        """The rows sent to sub-envs ``ids`` (actions, extras): the extras that every one
-        of them was sent."""
+        """The rows sent to sub-envs ``ids``: actions, and the extras all of them got."""
         wanted = frozenset.intersection(*(self._keys[i] for i in ids)) if len(ids) else ()
         return take_rows(self._actions, ids), {k: self._extras[k][ids] for k in wanted}
 
@@ -385,7 +385,6 @@ class SingleAgentEnvRunner(EnvRunner[SingleAgentEpisode]):
             env_indices=rows,
         )
         call.env_steps += m - len(started)
-        self._sub_env_stepped(rows)
         self._obs = results.observations
         self._ready = ids
         self._run_env_to_module(call.explore)
@@ -428,9 +427,7 @@ class SingleAgentEnvRunner(EnvRunner[SingleAgentEpisode]):
             return
         ids = self._ready
         self._shared_data["agent_rows"] = (
-            self._agent_rows
-            if ids is None
-            else {DEFAULT_MODULE_ID: [(int(i), None) for i in ids]}
+            self._agent_rows if ids is None else {DEFAULT_MODULE_ID: [(int(i), None) for i in ids]}
         )
         start = time.perf_counter()
         self._cached_to_module = self._observations_to_module(

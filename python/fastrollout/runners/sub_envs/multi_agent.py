@@ -35,12 +35,15 @@ class MultiAgentListSubEnvs(SubEnvs):
 
     @property
     def env(self) -> Any:
+        """See :attr:`SubEnvs.env`."""
         return self.envs
 
     def sub_env(self, i: int) -> Any:
+        """See :meth:`SubEnvs.sub_env`."""
         return self.envs[i]
 
     def reset_all(self, seed: int | None) -> StepResults:
+        """See :meth:`SubEnvs.reset_all`."""
         resets: list[tuple[int, Any, Any]] = []
         failed: dict[int, BaseException] = {}
         for i, env in enumerate(self.envs):
@@ -53,6 +56,7 @@ class MultiAgentListSubEnvs(SubEnvs):
         return StepResults(None, [], [], [], [], [], resets=resets, failed=failed)
 
     def send(self, env_ids: np.ndarray | None, actions: Any) -> None:
+        """See :meth:`SubEnvs.send`."""
         envs = self.envs if env_ids is None else [self.envs[i] for i in env_ids]
         n = len(envs)
         obs: list[Any] = [None] * n
@@ -69,19 +73,23 @@ class MultiAgentListSubEnvs(SubEnvs):
         self._results = StepResults(env_ids, obs, rew, term, trunc, infos, failed=failed)
 
     def poll(self, wait_s: float) -> StepResults:
+        """See :meth:`SubEnvs.poll`."""
         results, self._results = self._results, None
         if results is None:
             return StepResults(np.zeros(0, np.int64), [], [], [], [], [])
         return results
 
     def reset(self, i: int, seed: int | None = None) -> tuple[Any, Any]:
+        """See :meth:`SubEnvs.reset`."""
         return self.envs[i].reset(seed=seed)  # type: ignore[no-any-return]
 
     def recreate(self, i: int) -> None:
+        """See :meth:`SubEnvs.recreate`."""
         with contextlib.suppress(Exception):
             self.envs[i].close()
         self.envs[i] = self._creator(i)
 
     def close(self) -> None:
+        """See :meth:`SubEnvs.close`."""
         for env in self.envs:
             env.close()

@@ -20,6 +20,9 @@ from fastrollout.runners.sub_envs.base import StepResults, SubEnvs
 
 __all__ = ["RemoteSubEnvs", "SubEnvHost"]
 
+# Added to the step timeout for an actor's first call (its process starting).
+_STARTUP_ALLOWANCE_S = 60.0
+
 
 class SubEnvHost:
     """The body of one sub-env actor.
@@ -48,7 +51,10 @@ class SubEnvHost:
             ``MultiAgentEnv``.
         """
         env = self.env.unwrapped
-        out = {"observation_space": self.env.observation_space, "action_space": self.env.action_space}
+        out = {
+            "observation_space": self.env.observation_space,
+            "action_space": self.env.action_space,
+        }
         if hasattr(env, "possible_agents") and hasattr(env, "get_observation_space"):
             agents = list(env.possible_agents)
             out["possible_agents"] = agents
@@ -164,6 +170,8 @@ class RemoteSubEnvs(SubEnvs):
         self._step_timeout_s = step_timeout_s
         # No CPU reserved, as RLlib's remote sub-envs: they share the runner's.
         self._actor_cls = ray.remote(num_cpus=0, max_restarts=0)(SubEnvHost)
+        # Sub-envs whose actor has not answered a call yet (see _deadline).
+        self._starting: set[int] = set(range(num_envs))
         self._actors = [self._new_actor(i) for i in range(num_envs)]
         # ObjectRef -> (sub-env, "step" | "reset", deadline or None).
         self._inflight: dict[Any, tuple[int, str, float | None]] = {}
@@ -184,11 +192,14 @@ class RemoteSubEnvs(SubEnvs):
 
     @property
     def env(self) -> Any:
-        return self if not self.multi_agent else [self.agent_spaces(i) for i in range(self.num_envs)]
+        """See :attr:`SubEnvs.env`."""
+        return (
+            self if not self.multi_agent else [self.agent_spaces(i) for i in range(self.num_envs)]
+        )
 
     @property
     def unwrapped(self) -> RemoteSubEnvs:
-        """This object (as a vector env's ``unwrapped``)."""
+        """The object itself (as a vector env's ``unwrapped``)."""
         return self
 
     def get_sub_environments(self) -> list[Any]:
@@ -216,19 +227,32 @@ class RemoteSubEnvs(SubEnvs):
             )
         return spaces
 
-    def _deadline(self) -> float | None:
-        return None if self._step_timeout_s is None else time.monotonic() + self._step_timeout_s
+    def _deadline(self, i: int | None = None) -> float | None:
+        if self._step_timeout_s is None:
+            return None
+        allowance = 0.0
+        if i is not None and i in self._starting:
+            # An actor's first call also waits for its process to start and import its
+            # env (seconds, with torch): that is not the step timing out.
+            self._starting.discard(i)
+            allowance = _STARTUP_ALLOWANCE_S
+        return time.monotonic() + self._step_timeout_s + allowance
 
     def reset_all(self, seed: int | None) -> StepResults:
+        """See :meth:`SubEnvs.reset_all`."""
         self._inflight.clear()
         refs = [
             a.reset.remote(None if seed is None else seed + i) for i, a in enumerate(self._actors)
         ]
+        timeout = None
+        if self._step_timeout_s is not None:
+            timeout = self._step_timeout_s + (_STARTUP_ALLOWANCE_S if self._starting else 0.0)
+        self._starting.clear()
         resets: list[tuple[int, Any, Any]] = []
         failed: dict[int, BaseException] = {}
         for i, ref in enumerate(refs):
             try:
-                obs, infos = self._ray.get(ref, timeout=self._step_timeout_s)
+                obs, infos = self._ray.get(ref, timeout=timeout)
             except Exception as err:
                 failed[i] = _cause(err, i, self._step_timeout_s)
                 continue
@@ -236,18 +260,24 @@ class RemoteSubEnvs(SubEnvs):
         return StepResults(None, [], [], [], [], [], resets=resets, failed=failed)
 
     def send(self, env_ids: np.ndarray | None, actions: Any) -> None:
+        """See :meth:`SubEnvs.send`."""
         ids = range(self.num_envs) if env_ids is None else env_ids
-        deadline = self._deadline()
         if self.multi_agent:
             for j, i in enumerate(ids):
-                self._inflight[self._actors[i].step.remote(actions[j])] = (int(i), "step", deadline)
+                ref = self._actors[i].step.remote(actions[j])
+                self._inflight[ref] = (int(i), "step", self._deadline(int(i)))
             return
         from gymnasium.vector.utils import iterate
 
         for i, action in zip(ids, iterate(self.action_space, actions), strict=False):
-            self._inflight[self._actors[i].step.remote(action)] = (int(i), "step", deadline)
+            self._inflight[self._actors[i].step.remote(action)] = (
+                int(i),
+                "step",
+                self._deadline(int(i)),
+            )
 
     def poll(self, wait_s: float) -> StepResults:
+        """See :meth:`SubEnvs.poll`."""
         ray = self._ray
         refs = list(self._inflight)
         ready: list[Any] = []
@@ -265,14 +295,16 @@ class RemoteSubEnvs(SubEnvs):
         ids: list[int] = []
         rows: list[Any] = []
         resets: list[tuple[int, Any, Any]] = []
-        for ref in ready:
-            i, kind, _ = self._inflight.pop(ref)
-            try:
-                value = ray.get(ref)
-            except Exception as err:
-                failed[i] = _cause(err, i, None)
-                continue
-            if kind == "reset":
+        sent = [self._inflight.pop(ref) for ref in ready]
+        try:
+            # One call for all (a call per result cost a tenth of a step here).
+            values = ray.get(ready)
+        except Exception:
+            values = [_get_or_error(ray, ref) for ref in ready]
+        for (i, kind, _), value in zip(sent, values, strict=True):
+            if isinstance(value, _Failed):
+                failed[i] = _cause(value.error, i, None)
+            elif kind == "reset":
                 resets.append((i, value[0], value[1]))
             else:
                 ids.append(i)
@@ -305,7 +337,8 @@ class RemoteSubEnvs(SubEnvs):
         from gymnasium.vector.utils import concatenate, create_empty_array
 
         space = self.single_observation_space
-        obs = concatenate(space, [r[0] for r in rows], create_empty_array(space, len(rows)))
+        out = create_empty_array(space, len(rows))
+        obs = concatenate(space, [r[0] for r in rows], out) if rows else out
         return StepResults(
             env_ids,
             obs,
@@ -318,22 +351,40 @@ class RemoteSubEnvs(SubEnvs):
         )
 
     def reset(self, i: int, seed: int | None = None) -> None:
-        self._inflight[self._actors[i].reset.remote(seed)] = (i, "reset", self._deadline())
+        """See :meth:`SubEnvs.reset`."""
+        self._inflight[self._actors[i].reset.remote(seed)] = (i, "reset", self._deadline(i))
 
     def recreate(self, i: int) -> None:
+        """See :meth:`SubEnvs.recreate`."""
         for ref in [r for r, (j, _, _) in self._inflight.items() if j == i]:
             del self._inflight[ref]
         self._ray.kill(self._actors[i], no_restart=True)
+        # Its agents and spaces stay those read before: the same env, made again.
         self._actors[i] = self._new_actor(i)
-        self._agent_spaces[i] = None
+        self._starting.add(i)
 
     def close(self) -> None:
+        """See :meth:`SubEnvs.close`."""
         for actor in self._actors:
             try:
                 self._ray.kill(actor, no_restart=True)
-            except Exception:  # noqa: S112 - already gone
+            except Exception:
                 continue
         self._inflight.clear()
+
+
+class _Failed:
+    """A call's error, in place of its result."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+def _get_or_error(ray: Any, ref: Any) -> Any:
+    try:
+        return ray.get(ref)
+    except Exception as err:
+        return _Failed(err)
 
 
 def _cause(err: BaseException, i: int, timeout_s: float | None) -> BaseException:

@@ -1,5 +1,7 @@
-"""Single-agent sub-envs in a gymnasium vector env: in-process, natively vectorized, or
-one sub-process per sub-env (``AsyncVectorEnv``, observations in shared memory).
+"""Single-agent sub-envs in a gymnasium vector env: in-process, native, or sub-processes.
+
+One sub-process per sub-env is gymnasium's ``AsyncVectorEnv`` (observations in shared
+memory, or through the pipes with restarts on).
 
 All three step in lockstep and reset a finished sub-env on its next step (gymnasium's
 next-step autoreset). With restarts on, a sub-env's failure is reported per sub-env
@@ -180,9 +182,11 @@ class GymVectorSubEnvs(SubEnvs):
 
     @property
     def env(self) -> Any:
+        """See :attr:`SubEnvs.env`."""
         return self._vec
 
     def sub_env(self, i: int) -> Any:
+        """See :meth:`SubEnvs.sub_env`."""
         envs = getattr(self._vec, "envs", None)
         if envs is None:
             return None
@@ -190,6 +194,7 @@ class GymVectorSubEnvs(SubEnvs):
         return env.env if isinstance(env, _Guarded) else env
 
     def reset_all(self, seed: int | None) -> StepResults:
+        """See :meth:`SubEnvs.reset_all`."""
         obs, infos = self._vec.reset(seed=seed)
         failed = self._failures(infos)
         return StepResults(
@@ -204,12 +209,14 @@ class GymVectorSubEnvs(SubEnvs):
         )
 
     def send(self, env_ids: np.ndarray | None, actions: Any) -> None:
+        """See :meth:`SubEnvs.send`."""
         if isinstance(self._vec, _ResilientAsyncVectorEnv):
             self._vec.send_steps(actions)
         else:
             self._actions = actions
 
     def poll(self, wait_s: float) -> StepResults:
+        """See :meth:`SubEnvs.poll`."""
         if isinstance(self._vec, _ResilientAsyncVectorEnv):
             obs, rewards, terminateds, truncateds, infos, failed = self._vec.wait_steps(
                 self._step_timeout_s
@@ -230,6 +237,7 @@ class GymVectorSubEnvs(SubEnvs):
         return {int(i): errors[i] for i in np.flatnonzero(mask)}
 
     def reset(self, i: int, seed: int | None = None) -> tuple[Any, Any]:
+        """See :meth:`SubEnvs.reset`."""
         if isinstance(self._vec, _ResilientAsyncVectorEnv):
             return self._vec.reset_one(i, seed)
         env = self._vec.envs[i]
@@ -243,6 +251,7 @@ class GymVectorSubEnvs(SubEnvs):
         return obs, infos
 
     def recreate(self, i: int) -> None:
+        """See :meth:`SubEnvs.recreate`."""
         if isinstance(self._vec, _ResilientAsyncVectorEnv):
             self._vec.respawn(i)
             return
@@ -252,6 +261,7 @@ class GymVectorSubEnvs(SubEnvs):
         self._vec.envs[i] = _make(self._creator, i, self._guard)
 
     def close(self) -> None:
+        """See :meth:`SubEnvs.close`."""
         if isinstance(self._vec, _ResilientAsyncVectorEnv):
             # A worker ended after a failure has no pipe to say goodbye on.
             self._vec.close(terminate=True)
@@ -269,11 +279,16 @@ class _ResilientAsyncVectorEnv(gym.vector.AsyncVectorEnv):
     """
 
     def send_steps(self, actions: Any) -> None:
-        """Sends every sub-env its action (gymnasium's ``step_async`` without its checks
-        of the state, which a replaced worker would upset)."""
+        """Sends every sub-env its action.
+
+        This is gymnasium's ``step_async`` without its checks of the state, which a
+        replaced worker would upset.
+        """
         from gymnasium.vector.utils import iterate
 
-        for pipe, action in zip(self.parent_pipes, iterate(self.action_space, actions), strict=True):
+        for pipe, action in zip(
+            self.parent_pipes, iterate(self.action_space, actions), strict=True
+        ):
             pipe.send(("step", action))
 
     def wait_steps(self, timeout_s: float | None) -> tuple[Any, ...]:
@@ -321,8 +336,10 @@ class _ResilientAsyncVectorEnv(gym.vector.AsyncVectorEnv):
         from gymnasium.vector.utils import create_empty_array
 
         obs_batch = concatenate(
-                self.single_observation_space, items, create_empty_array(self.single_observation_space, n)
-            )
+            self.single_observation_space,
+            items,
+            create_empty_array(self.single_observation_space, n),
+        )
         return obs_batch, rewards, terminateds, truncateds, infos, failed
 
     def _worker_error(self, i: int) -> BaseException:
