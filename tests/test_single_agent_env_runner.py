@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import os
 import pickle
 from collections import defaultdict
 
@@ -275,10 +277,16 @@ def test_wrong_observation_shape_is_a_clear_error():
         r.sample(num_timesteps=20)
 
 
+_crashing_instances = itertools.count()
+
+
 def crashing_cartpole(ctx):
     import gymnasium as gym
 
-    return CrashingEnv(gym.make("CartPole-v1"), p_crash_step=0.03, seed=ctx.vector_index + 10)
+    # Each instance its own crash schedule (a recreated sub-env, in this process or a new
+    # worker process, does not crash at the same step as the one it replaces).
+    seed = hash((ctx.vector_index, os.getpid(), next(_crashing_instances))) % 2**31
+    return CrashingEnv(gym.make("CartPole-v1"), p_crash_step=0.03, seed=seed)
 
 
 def test_crashing_env_restarts_only_the_failed_sub_env():

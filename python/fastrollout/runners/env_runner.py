@@ -546,7 +546,6 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
             self._episode_callback("on_episode_end", i)
             episode = self._episodes[i]
             self._episode_ended(episode)
-            self._failures_in_a_row[i] = 0
             call.done_out.append(self._episode_out(episode, call.to_numpy))
             self._new_episode(i)
             if call.num_episodes is not None and call.episodes >= call.num_episodes:
@@ -576,9 +575,8 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
         this sub-env's episode is dropped (its steps in this call no longer count) and the
         sub-env is recreated; a failure to create it (its env check included) is one more
         failed attempt. More than ``max_sub_environment_restart_attempts`` failures of
-        one sub-env in a row (no episode or chunk of it returned in between: an env that
-        always fails before its episode ends would otherwise keep ``sample`` from ever
-        having its steps) raise the last error.
+        one sub-env in a row (without a step of it recorded in between) raise the last
+        error.
 
         Raises:
             BaseException: ``err`` (or a later creation error), as described.
@@ -611,6 +609,20 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
     def _drop_steps(self, episode: Any) -> None:
         """Uncounts a dropped episode's steps in this call (they are not returned)."""
         self._call.env_steps -= len(episode)
+
+    def _sub_envs_stepped(self, ids: Any, started: Any = ()) -> None:
+        """Ends the failure runs of sub-envs that recorded a step.
+
+        Args:
+            ids: The sub-envs of the recorded rows (None: all).
+            started: Those whose row was a reset, not a step.
+        """
+        runs = self._failures_in_a_row
+        if not any(runs):
+            return
+        for i in range(self.num_envs) if ids is None else ids:
+            if i not in started:
+                runs[i] = 0
 
     @abc.abstractmethod
     def _reset_all(self) -> None:
@@ -781,8 +793,6 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
         for i, e in enumerate(self._episodes):
             if len(e) == 0:
                 continue
-            if self._failures_in_a_row:
-                self._failures_in_a_row[i] = 0
             e.validate()
             self._ongoing_episodes_for_metrics[e.id_].append(e)
             out.append(self._episode_out(e, to_numpy))

@@ -302,6 +302,7 @@ class MultiAgentEnvRunner(EnvRunner[MultiAgentEpisode]):
             env_indices=rows,
         )
         self._call.env_steps += self.num_envs if rows is None else len(rows)
+        self._sub_envs_stepped(rows)
         if rows is None:
             self._obs, self._terminateds, self._truncateds = list(o), list(te), list(tr)
         else:

@@ -385,6 +385,7 @@ class SingleAgentEnvRunner(EnvRunner[SingleAgentEpisode]):
             env_indices=rows,
         )
         call.env_steps += m - len(started)
+        self._sub_envs_stepped(rows, started)
         self._obs = results.observations
         self._ready = ids
         self._run_env_to_module(call.explore)
