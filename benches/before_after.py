@@ -33,7 +33,8 @@ ROOT = os.path.dirname(HERE)
 
 def _run(pythonpath: str, argv: list[str], out: str) -> list[dict[str, Any]]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = pythonpath + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    extra = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = pythonpath + (os.pathsep + extra if extra else "")
     cmd = [sys.executable, os.path.join(HERE, "side_by_side.py"), *argv, "--json", out]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -75,10 +76,7 @@ def main(argv: list[str] | None = None) -> int:
                 runs[name].append(_run(path, rest, os.path.join(tmp, f"{name}{i}.json")))
                 print(f"[{i + 1}/{args.rounds}] {name} done", file=sys.stderr, flush=True)
     names = [r["name"] for r in runs["after"][0]]
-    print(
-        "| workload | fastrollout / bare, before | after "
-        "| RLlib / fastrollout, before | after |"
-    )
+    print("| workload | fastrollout / bare, before | after | RLlib / fastrollout, before | after |")
     print("|---|---:|---:|---:|---:|")
     for name in names:
         cells = []

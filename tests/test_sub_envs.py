@@ -272,9 +272,7 @@ def never_steps(ctx: Any) -> Any:
 
 
 def test_restarts_give_up_after_the_attempts_in_a_row():
-    c = crash_config(never_steps, 2).fault_tolerance(
-        max_sub_environment_restart_attempts=3
-    )
+    c = crash_config(never_steps, 2).fault_tolerance(max_sub_environment_restart_attempts=3)
     r = fr.SingleAgentEnvRunner(config=c.environment(disable_env_checking=True))
     try:
         with pytest.raises(EnvCrash) as info:

@@ -790,7 +790,7 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
         horizon = int(cfg(self.config, "episode_lookback_horizon", 1))
         continuations = [e.cut(len_lookback_buffer=horizon) for e in self._episodes]
         out = []
-        for i, e in enumerate(self._episodes):
+        for e in self._episodes:
             if len(e) == 0:
                 continue
             e.validate()
