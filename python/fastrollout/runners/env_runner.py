@@ -158,6 +158,9 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
         # The sub-envs that wait for an action (None: all of them).
         self._ready: Any = None
         self._failures_in_a_row: list[int] = []
+        # Whether some sub-env's failure run is open (_failures_in_a_row not all 0).
+        self._failing = False
+        self._per_step_callbacks = False
         self._call: _SampleCall = _SampleCall(
             num_timesteps=0, num_episodes=None, explore=False, random_actions=False, to_numpy=True
         )
@@ -506,6 +509,9 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
         if num_episodes is not None:
             self._needs_initial_reset = True
         wait_s = float(cfg(self.config, "remote_env_batch_wait_ms", 0)) / 1000.0
+        self._per_step_callbacks = self._has_callbacks("on_episode_start") or self._has_callbacks(
+            "on_episode_step"
+        )
         while not call.finished(self._counted_steps()):
             if self._ready is None or len(self._ready):
                 self._act_and_send()
@@ -513,11 +519,14 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
             results = self._poll(wait_s)
             self._log_time_since(keys.ENV_STEP_TIMER, start)
             done = self._record_steps(results)
-            for i, obs, infos in results.resets:
-                self._record_reset(i, obs, infos)
-            for i, err in results.failed.items():
-                self._sub_env_failed(i, err)
-            self._end_episodes(done)
+            if results.resets:
+                for i, obs, infos in results.resets:
+                    self._record_reset(i, obs, infos)
+            if results.failed:
+                for i, err in results.failed.items():
+                    self._sub_env_failed(i, err)
+            if done:
+                self._end_episodes(done)
         self._done_episodes_for_metrics.extend(call.done_out)
         ongoing = self._cut_ongoing(call.to_numpy) if num_timesteps is not None else []
         self._increase_sampled_metrics(
@@ -589,6 +598,7 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
         self._ongoing_episodes_for_metrics.pop(episode.id_, None)
         self._drop_steps(episode)
         self._new_episode(i)
+        self._failing = True
         while True:
             self._failures_in_a_row[i] += 1
             if self._failures_in_a_row[i] > max_attempts:
@@ -617,12 +627,13 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
             ids: The sub-envs of the recorded rows (None: all).
             started: Those whose row was a reset, not a step.
         """
-        runs = self._failures_in_a_row
-        if not any(runs):
+        if not self._failing:
             return
+        runs = self._failures_in_a_row
         for i in range(self.num_envs) if ids is None else ids:
             if i not in started:
                 runs[i] = 0
+        self._failing = any(runs)
 
     @abc.abstractmethod
     def _reset_all(self) -> None:

@@ -351,7 +351,7 @@ class SingleAgentEnvRunner(EnvRunner[SingleAgentEpisode]):
         )
         if ids is None:
             actions, extras = self._sent
-            rows = _rows_without(None, results.failed, n)
+            rows = _rows_without(None, results.failed, n) if results.failed else None
             if rows is not None:
                 # Failed sub-envs' rows hold no step: leave them out of the record.
                 obs, rewards, terminateds, truncateds = (
@@ -411,10 +411,6 @@ class SingleAgentEnvRunner(EnvRunner[SingleAgentEpisode]):
         ids = np.array([i], np.int64)
         self._sub_envs.send(ids, action)
         self._pending.put(ids, action, {keys.WEIGHTS_SEQ_NO: self._weights_seq_no})
-
-    @property
-    def _per_step_callbacks(self) -> bool:
-        return self._has_callbacks("on_episode_start") or self._has_callbacks("on_episode_step")
 
     def _run_env_to_module(self, explore: bool) -> None:
         """Runs the env-to-module pipeline on the latest observations (cached).

@@ -11,15 +11,17 @@ the fast ones.
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
 __all__ = ["StepResults", "SubEnvs"]
 
+_NONE_FAILED: Mapping[int, BaseException] = MappingProxyType({})
 
-@dataclass
+
 class StepResults:
     """What ``SubEnvs.poll`` collected: finished steps, finished resets and failures.
 
@@ -37,14 +39,39 @@ class StepResults:
             no step). Rows of failed sub-envs stay in the batches of lockstep backends.
     """
 
-    env_ids: np.ndarray | None
-    observations: Any
-    rewards: Any
-    terminateds: Any
-    truncateds: Any
-    infos: Any
-    resets: list[tuple[int, Any, Any]] = field(default_factory=list)
-    failed: dict[int, BaseException] = field(default_factory=dict)
+    __slots__ = (
+        "env_ids",
+        "failed",
+        "infos",
+        "observations",
+        "resets",
+        "rewards",
+        "terminateds",
+        "truncateds",
+    )
+
+    def __init__(
+        self,
+        env_ids: np.ndarray | None,
+        observations: Any,
+        rewards: Any,
+        terminateds: Any,
+        truncateds: Any,
+        infos: Any,
+        *,
+        resets: Sequence[tuple[int, Any, Any]] = (),
+        failed: Mapping[int, BaseException] = _NONE_FAILED,
+    ) -> None:
+        # The empty defaults are shared (a lockstep step makes one StepResults and nothing
+        # writes to them): no new objects per step.
+        self.env_ids = env_ids
+        self.observations = observations
+        self.rewards = rewards
+        self.terminateds = terminateds
+        self.truncateds = truncateds
+        self.infos = infos
+        self.resets = resets
+        self.failed = failed
 
     @property
     def num_rows(self) -> int:

@@ -25,6 +25,8 @@ from fastrollout.runners.sub_envs.base import StepResults, SubEnvs
 
 __all__ = ["GymVectorSubEnvs"]
 
+_NO_FAILURES: dict[int, BaseException] = {}  # shared: never written to
+
 # The info key under which a guarded in-process sub-env reports its step's error.
 _FAILED = "__fastrollout_sub_env_error__"
 
@@ -221,7 +223,9 @@ class GymVectorSubEnvs(SubEnvs):
             obs, rewards, terminateds, truncateds, infos, failed = self._vec.wait_steps(
                 self._step_timeout_s
             )
-            failed.update(self._failures(infos))
+            more = self._failures(infos)
+            if more:
+                failed.update(more)
         else:
             actions, self._actions = self._actions, None
             obs, rewards, terminateds, truncateds, infos = self._vec.step(actions)
@@ -231,7 +235,7 @@ class GymVectorSubEnvs(SubEnvs):
     def _failures(self, infos: Any) -> dict[int, BaseException]:
         """Takes the guarded sub-envs' errors out of the vector infos."""
         if not self._guard or not isinstance(infos, dict) or _FAILED not in infos:
-            return {}
+            return _NO_FAILURES
         mask = infos.pop("_" + _FAILED)
         errors = infos.pop(_FAILED)
         return {int(i): errors[i] for i in np.flatnonzero(mask)}
