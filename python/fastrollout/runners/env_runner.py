@@ -154,7 +154,8 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
         )
         self.metrics = MetricsLogger()
         self.env: Any = None
-        self._sub_envs: SubEnvs | None = None  # type: ignore[assignment]
+        # Set by make_env (None until then: a runner without env never samples).
+        self._sub_envs: SubEnvs = None  # type: ignore[assignment]
         # The sub-envs that wait for an action (None: all of them).
         self._ready: Any = None
         self._failures_in_a_row: list[int] = []

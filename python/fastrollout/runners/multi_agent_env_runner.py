@@ -311,7 +311,7 @@ class MultiAgentEnvRunner(EnvRunner[MultiAgentEpisode]):
         if self._has_callbacks("on_episode_step"):
             for i in range(self.num_envs) if rows is None else rows:
                 self._episode_callback("on_episode_step", i)
-        if ids is not None:
+        if ids is not None and rows is not None:
             # Remote: the sub-envs that stepped wait for their next action (those whose
             # episode ended wait for their reset instead).
             finished = set(done)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import gymnasium as gym
@@ -50,7 +51,7 @@ def _stacks(space: gym.Space[Any], observation: Any) -> bool:
     return True
 
 
-def _rows_without(ids: Any, failed: dict[int, BaseException], n: int) -> np.ndarray | None:
+def _rows_without(ids: Any, failed: Mapping[int, BaseException], n: int) -> np.ndarray | None:
     """The rows of a lockstep batch whose sub-env did not fail (None: all rows).
 
     Args:

@@ -409,8 +409,8 @@ class _ResilientAsyncVectorEnv(gym.vector.AsyncVectorEnv):
             self._end_worker(i)
             raise ChildProcessError(f"sub-env {i}: its worker process died ({err!r})") from err
         if not ok:
-            err = self._worker_error(i)
+            error = self._worker_error(i)
             self._end_worker(i)
-            raise err
+            raise error
         obs, infos = result
         return obs, infos
