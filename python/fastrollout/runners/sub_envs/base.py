@@ -73,11 +73,6 @@ class StepResults:
         self.resets = resets
         self.failed = failed
 
-    @property
-    def num_rows(self) -> int:
-        """The number of step rows (failed ones included)."""
-        return len(self.rewards)
-
 
 class SubEnvs(abc.ABC):
     """N sub-envs a runner steps: send actions, poll results, reset, recreate, close.

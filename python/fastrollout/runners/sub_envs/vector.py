@@ -153,7 +153,6 @@ class GymVectorSubEnvs(SubEnvs):
         self._guard = guard
         self._step_timeout_s = step_timeout_s
         self._actions: Any = None
-        self.mode = mode
         if mode in ("sync", "async"):
             fns = [_factory(creator, i, guard) for i in range(num_envs)]
             if mode == "sync":
