@@ -6,11 +6,14 @@
   spec (registered name, gymnasium id, env class, creator callable) made into envs;
 - :func:`check_env`, the check run at creation unless ``disable_env_checking``;
 - :class:`PettingZooEnv` and :class:`ParallelPettingZooEnv` adapters;
+- :class:`ExternalEnv` and :class:`ExternalMultiAgentEnv`, simulators that run their own
+  loop and ask for actions (RLlib 2.60's API);
 - small test envs in :mod:`fastrollout.env.examples`.
 """
 
 from fastrollout.env.check import EnvCheckError, check_env, space_mismatch
 from fastrollout.env.env_context import EnvContext
+from fastrollout.env.external_env import ExternalEnv, ExternalMultiAgentEnv
 from fastrollout.env.multi_agent_env import MultiAgentEnv, make_multi_agent
 from fastrollout.env.pettingzoo import ParallelPettingZooEnv, PettingZooEnv
 from fastrollout.env.registry import (
@@ -27,6 +30,8 @@ __all__ = [
     "EnvCheckError",
     "EnvContext",
     "EnvCreator",
+    "ExternalEnv",
+    "ExternalMultiAgentEnv",
     "MultiAgentEnv",
     "ParallelPettingZooEnv",
     "PettingZooEnv",

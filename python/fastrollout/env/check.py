@@ -81,7 +81,9 @@ def _mismatch(space: gym.Space[Any], value: Any, path: list[Any]) -> str | None:
 
 def _describe(value: Any) -> str:
     if isinstance(value, np.ndarray):
-        return f"shape {value.shape} {value.dtype}"
+        # Small arrays with their values: a value outside the bounds shows there.
+        shown = f" {np.array2string(value, threshold=8)}" if value.size <= 8 else ""
+        return f"shape {value.shape} {value.dtype}{shown}"
     if isinstance(value, np.generic):
         return f"{type(value).__name__} {value!r}"
     text = repr(value)

@@ -17,6 +17,7 @@ import gymnasium as gym
 
 from fastrollout.env.check import check_env
 from fastrollout.env.env_context import EnvContext
+from fastrollout.env.external_env import ExternalEnv, ExternalEnvCreated
 from fastrollout.env.multi_agent_env import MultiAgentEnv
 
 __all__ = [
@@ -168,6 +169,9 @@ class EnvCreator:
             fastrollout.env.EnvCheckError: The env failed the check.
         """
         env = self._make(self.env_context(vector_index))
+        if isinstance(env, ExternalEnv):
+            # Not a sub-env: the runner serves its episodes instead (make_sub_envs).
+            raise ExternalEnvCreated(env)
         if not (isinstance(env, gym.Env) or is_multi_agent_env(env)):
             raise TypeError(
                 f"the env creator for {_describe(self.env_spec)} returned "

@@ -59,6 +59,11 @@ class _SampleCall:
         self.env_steps = 0
         self.episodes = 0
         self.done_out: list[Any] = []
+        # Episodes of external simulators that do not train (training_enabled=False):
+        # counted in metrics, never returned; likewise their steps.
+        self.done_untrained: list[Any] = []
+        self.untrained_steps = 0
+        self.untrained_agent_steps = 0
 
     def finished(self, steps: int) -> bool:
         """Whether the call has its steps (``steps`` counted as configured) or episodes."""
@@ -401,10 +406,13 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
                 else None
             )
             if num_timesteps is None and num_episodes is None:
+                envs = self._sub_envs.fragment_envs()
                 if cfg(self.config, "batch_mode", "truncate_episodes") == "truncate_episodes":
-                    num_timesteps = self._fragment_length() * self.num_envs
+                    num_timesteps = self._fragment_length() * envs
                 else:
-                    num_episodes = self.num_envs
+                    num_episodes = envs
+            if self._sub_envs.external and self._module is not None:
+                self._publish_weights()
             try:
                 samples = self._sample(
                     num_timesteps=num_timesteps,
@@ -505,7 +513,10 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
             to_numpy=bool(cfg(self.config, "episodes_to_numpy", True)),
         )
         call = self._call
-        if force_reset or num_episodes is not None or self._needs_initial_reset:
+        if self._needs_initial_reset or (
+            # External simulators' episodes cannot be reset: they go on across calls.
+            (force_reset or num_episodes is not None) and not self._sub_envs.external
+        ):
             self._reset_all()
         if num_episodes is not None:
             self._needs_initial_reset = True
@@ -519,6 +530,10 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
             start = time.perf_counter()
             results = self._poll(wait_s)
             self._log_time_since(keys.ENV_STEP_TIMER, start)
+            if results.episode_ids:
+                # Episodes named by their simulator keep its id.
+                for i, eid in results.episode_ids.items():
+                    self._episodes[i].id_ = eid
             done = self._record_steps(results)
             if results.resets:
                 for i, obs, infos in results.resets:
@@ -529,15 +544,70 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
             if done:
                 self._end_episodes(done)
         self._done_episodes_for_metrics.extend(call.done_out)
+        self._done_episodes_for_metrics.extend(call.done_untrained)
         ongoing = self._cut_ongoing(call.to_numpy) if num_timesteps is not None else []
         self._increase_sampled_metrics(
-            call.env_steps, len(call.done_out), *self._agent_and_module_steps()
+            call.env_steps + call.untrained_steps,
+            len(call.done_out) + len(call.done_untrained),
+            *self._agent_and_module_steps(),
         )
         return call.done_out + ongoing
 
     def _poll(self, wait_s: float) -> StepResults:
         """The sub-envs whose step finished (see ``SubEnvs.poll``)."""
         return self._sub_envs.poll(wait_s)
+
+    def _publish_weights(self) -> None:
+        """Gives an external env the modules' weights, for simulators that act themselves.
+
+        Once per new ``weights_seq_no`` (and the first time): a policy server hands them
+        to its local-inference clients.
+        """
+        env = self._sub_envs.env
+        current = env.weights_snapshot()
+        if current is not None and current[0] == self._weights_seq_no:
+            return
+        assert self._module is not None
+        modules, weights = {}, {}
+        for mid, m in self._module.items():
+            cls = type(m)
+            modules[mid] = {
+                "class": f"{cls.__module__}:{cls.__qualname__}",
+                "model_config": dict(m.model_config),
+                "observation_space": m.observation_space,
+                "action_space": m.action_space,
+                "inference_only": True,
+            }
+            weights[mid] = m.get_state(inference_only=True)
+        env._set_weights_snapshot((self._weights_seq_no, modules, weights))
+
+    def _logp_of(self, module_id: Any, dist_inputs: Any, actions: Any, explore: bool) -> Any:
+        """The module's log-probabilities of given actions (logged by a simulator).
+
+        Args:
+            module_id: The module.
+            dist_inputs: Its ``action_dist_inputs`` rows for these actions.
+            actions: The actions, batched.
+            explore: Whether the distribution is the exploration one.
+
+        Returns:
+            A float32 array, or None where the module's distribution cannot say.
+        """
+        if self._module is None or module_id not in self._module:
+            return None
+        module = self._module[module_id]
+        try:
+            cls = (
+                module.get_exploration_action_dist_cls()
+                if explore
+                else module.get_inference_action_dist_cls()
+            )
+            dist = cls.from_logits(torch.as_tensor(np.asarray(dist_inputs)))
+            with torch.no_grad():
+                logp = dist.logp(torch.as_tensor(np.asarray(actions)))
+        except (NotImplementedError, TypeError, ValueError, RuntimeError, AttributeError):
+            return None
+        return logp.detach().cpu().numpy().astype(np.float32)
 
     def _counted_steps(self) -> int:
         """The steps ``num_timesteps`` counts (env steps; agent steps where configured)."""
@@ -551,16 +621,25 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
     def _end_episodes(self, done: list[int]) -> None:
         """Returns the episodes that ended and starts their sub-envs' next ones."""
         call = self._call
+        sub_envs = self._sub_envs
         for i in done:
-            call.episodes += 1
             self._episode_callback("on_episode_end", i)
             episode = self._episodes[i]
             self._episode_ended(episode)
-            call.done_out.append(self._episode_out(episode, call.to_numpy))
+            if sub_envs.trains(i):
+                call.episodes += 1
+                call.done_out.append(self._episode_out(episode, call.to_numpy))
+            else:
+                call.done_untrained.append(episode)
             self._new_episode(i)
-            if call.num_episodes is not None and call.episodes >= call.num_episodes:
+            if (
+                call.num_episodes is not None
+                and call.episodes >= call.num_episodes
+                # The next call resets the sub-envs; external episodes go on instead.
+                and not sub_envs.external
+            ):
                 return
-            if not self._sub_envs.autoresets:
+            if not sub_envs.autoresets:
                 self._reset_sub_env(i, None)
 
     def _episode_ended(self, episode: Any) -> None:
@@ -802,12 +881,14 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
         horizon = int(cfg(self.config, "episode_lookback_horizon", 1))
         continuations = [e.cut(len_lookback_buffer=horizon) for e in self._episodes]
         out = []
-        for e in self._episodes:
+        trains = self._sub_envs.trains
+        for i, e in enumerate(self._episodes):
             if len(e) == 0:
                 continue
             e.validate()
             self._ongoing_episodes_for_metrics[e.id_].append(e)
-            out.append(self._episode_out(e, to_numpy))
+            if trains(i):
+                out.append(self._episode_out(e, to_numpy))
         self._episodes = continuations
         return out
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, defaultdict
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -159,6 +160,9 @@ class MultiAgentEnvRunner(EnvRunner[MultiAgentEpisode]):
             elif mid in agent_of:
                 aid = agent_of[mid]
                 out[mid] = (env.get_observation_space(aid), env.get_action_space(aid))
+            elif getattr(env, "shared_spaces", None) is not None:
+                # Every agent has the same spaces (an ExternalMultiAgentEnv built so).
+                out[mid] = env.shared_spaces
             else:
                 raise ValueError(
                     f"module {mid!r}: no agent of the env maps to it (policy_mapping_fn over "
@@ -203,7 +207,9 @@ class MultiAgentEnvRunner(EnvRunner[MultiAgentEpisode]):
     def _counted_steps(self) -> int:
         # Agent steps: every observation a stepped sub-env returned, summed over the
         # sub-envs (an agent seen only in a terminal step included).
-        return self._agent_steps.total() if self._count_agent_steps else self._call.env_steps
+        if self._count_agent_steps:
+            return self._agent_steps.total() - self._call.untrained_agent_steps
+        return self._call.env_steps
 
     def _agent_and_module_steps(self) -> tuple[Counter[Any], Counter[Any]]:
         return self._agent_steps, self._module_steps
@@ -253,6 +259,10 @@ class MultiAgentEnvRunner(EnvRunner[MultiAgentEpisode]):
             per_env = self._random_actions(ids)
         else:
             per_env = self._compute_actions(ids, call.explore, call.env_steps)
+        if self._sub_envs.external and ids is not None:
+            logged = self._sub_envs.logged_actions(ids)
+            if logged:
+                self._with_logged(logged, ids, per_env)
         self._sub_envs.send(ids, [p[0] for p in per_env])
         if ids is None:
             self._sent = per_env
@@ -260,6 +270,43 @@ class MultiAgentEnvRunner(EnvRunner[MultiAgentEpisode]):
             for j, i in enumerate(ids):
                 self._sent[i] = per_env[j]
             self._ready = np.zeros(0, np.int64)
+
+    def _with_logged(
+        self, logged: list[tuple[int, Any, Any]], ids: Any, per_env: list[Any]
+    ) -> None:
+        """Puts per-agent actions a simulator took itself into ``per_env`` (in place).
+
+        As the single-agent runner does: the logged actions replace the module's, their
+        ``action_logp`` is the module's log-probability of them where its
+        ``action_dist_inputs`` define one, and the simulator's own outputs replace the
+        module's.
+
+        Args:
+            logged: ``(row, {agent: action}, simulator outputs or None)`` per logged row.
+            ids: The sub-envs of the rows.
+            per_env: ``(env actions, actions, extras)`` per row, as computed.
+        """
+        for j, acts, own in logged:
+            episode = self._episodes[int(ids[j])]
+            _, _, extras = per_env[j]
+            new_extras = {}
+            for aid, action in acts.items():
+                ex = extras.get(aid)
+                ex = dict(ex.to_dict() if hasattr(ex, "to_dict") else ex or {})
+                dist_inputs = ex.get(Columns.ACTION_DIST_INPUTS)
+                if dist_inputs is not None and Columns.ACTION_LOGP in ex:
+                    logp = self._logp_of(
+                        episode.module_for(aid),
+                        np.asarray(dist_inputs)[None],
+                        np.asarray(action)[None],
+                        self._call.explore,
+                    )
+                    if logp is not None:
+                        ex[Columns.ACTION_LOGP] = logp[0]
+                ex.update((own or {}).get(aid, {}) if _per_agent(own, acts) else own or {})
+                ex.setdefault(keys.WEIGHTS_SEQ_NO, self._weights_seq_no)
+                new_extras[aid] = ex
+            per_env[j] = (acts, acts, new_extras)
 
     def _record_steps(self, results: StepResults) -> list[int]:
         ids = results.env_ids
@@ -301,7 +348,12 @@ class MultiAgentEnvRunner(EnvRunner[MultiAgentEpisode]):
             module_steps=self._module_steps,
             env_indices=rows,
         )
-        self._call.env_steps += self.num_envs if rows is None else len(rows)
+        if rows is None:
+            self._call.env_steps += self.num_envs
+        else:
+            self._call.env_steps += len(rows) - results.untrained_steps
+            self._call.untrained_steps += results.untrained_steps
+            self._call.untrained_agent_steps += results.untrained_agent_steps
         self._sub_envs_stepped(rows)
         if rows is None:
             self._obs, self._terminateds, self._truncateds = list(o), list(te), list(tr)
@@ -484,3 +536,8 @@ class MultiAgentEnvRunner(EnvRunner[MultiAgentEpisode]):
             self._log_episode_end(length, ret, sec, win)
         self._done_episodes_for_metrics.clear()
         return self._reduced_metrics()
+
+
+def _per_agent(own: Any, acts: Mapping[Any, Any]) -> bool:
+    """Whether a simulator's outputs for a step are keyed by agent (else shared)."""
+    return bool(own) and all(isinstance(v, Mapping) for v in own.values()) and set(own) <= set(acts)

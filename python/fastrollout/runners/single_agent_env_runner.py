@@ -81,6 +81,15 @@ def _take_extras(extras: dict[str, Any], rows: np.ndarray) -> dict[str, Any]:
     return {k: v[rows] if isinstance(v, np.ndarray) and v.ndim else v for k, v in extras.items()}
 
 
+def _copy_batch(batch: Any) -> Any:
+    """A writable copy of a batch (nested dicts/tuples of arrays)."""
+    if isinstance(batch, dict):
+        return {k: _copy_batch(v) for k, v in batch.items()}
+    if isinstance(batch, tuple):
+        return tuple(_copy_batch(v) for v in batch)
+    return np.array(batch)
+
+
 def _batched_resets(space: gym.Space[Any], results: StepResults) -> StepResults:
     """Remote sub-envs' resets as one batch, as a vector env's reset returns them."""
     from gymnasium.vector.utils import concatenate, create_empty_array
@@ -144,8 +153,13 @@ class _PendingRows:
             self._keys[i] = sent
 
     def take(self, ids: np.ndarray) -> tuple[Any, dict[str, Any]]:
-        """The rows sent to sub-envs ``ids``: actions, and the extras all of them got."""
-        wanted = frozenset.intersection(*(self._keys[i] for i in ids)) if len(ids) else ()
+        """The rows sent to sub-envs ``ids``: actions, and the extras all of them got.
+
+        A sub-env never sent anything (an external episode's first row, a reset) does not
+        narrow the extras: its row is a reset, whose extras the record ignores.
+        """
+        sent = [self._keys[i] for i in ids if self._keys[i]]
+        wanted = frozenset.intersection(*sent) if sent else ()
         return take_rows(self._actions, ids), {k: self._extras[k][ids] for k in wanted}
 
 
@@ -193,6 +207,13 @@ class SingleAgentEnvRunner(EnvRunner[SingleAgentEpisode]):
 
     def _envs_created(self, creator: Any) -> None:
         self._pending = _PendingRows(self.num_envs)
+        if self._sub_envs.external:
+            # An external episode's first row may come before any action was sent.
+            from gymnasium.vector.utils import create_empty_array
+
+            ids = np.arange(self.num_envs)
+            self._pending.put(ids, create_empty_array(self.env.single_action_space, len(ids)), {})
+            self._pending._keys = [frozenset()] * self.num_envs
         self._callback(
             "on_environment_created",
             env_runner=self,
@@ -322,6 +343,12 @@ class SingleAgentEnvRunner(EnvRunner[SingleAgentEpisode]):
             extras: dict[str, Any] = {}
         else:
             actions, env_actions, extras = self._compute_actions(call.explore, call.env_steps)
+        if self._sub_envs.external:
+            logged = self._sub_envs.logged_actions(ids)
+            if logged:
+                actions, env_actions, extras = self._with_logged(
+                    logged, actions, env_actions, extras
+                )
         extras[keys.WEIGHTS_SEQ_NO] = self._weights_seq_no
         self._sub_envs.send(ids, env_actions)
         if self._sub_envs.lockstep:
@@ -329,6 +356,51 @@ class SingleAgentEnvRunner(EnvRunner[SingleAgentEpisode]):
         else:
             self._pending.put(ids, actions, extras)
             self._ready = np.zeros(0, np.int64)
+
+    def _with_logged(
+        self,
+        logged: list[tuple[int, Any, Any]],
+        actions: Any,
+        env_actions: Any,
+        extras: dict[str, Any],
+    ) -> tuple[Any, Any, dict[str, Any]]:
+        """Puts actions a simulator took itself into the batch (``log_action``).
+
+        The logged action replaces the module's in its row (it is what the env did), its
+        ``action_logp`` becomes the module's log-probability of it where the module's
+        ``action_dist_inputs`` define one, and the simulator's own outputs for the step
+        replace the module's.
+
+        Args:
+            logged: ``(row, action, simulator outputs or None)`` per logged row.
+            actions: The module's actions, batched.
+            env_actions: The actions for the env, batched.
+            extras: The module's extra outputs, batched.
+
+        Returns:
+            The actions, the actions for the env, and the extras.
+        """
+        from gymnasium.vector.utils import concatenate, create_empty_array
+
+        rows = np.array([j for j, _, _ in logged], np.int64)
+        space = self.env.single_action_space
+        given = concatenate(space, [a for _, a, _ in logged], create_empty_array(space, len(rows)))
+        actions = _copy_batch(actions)
+        set_rows(actions, rows, given)
+        if env_actions is not actions:
+            env_actions = _copy_batch(env_actions)
+            set_rows(env_actions, rows, given)
+        extras = {k: np.array(v) if isinstance(v, np.ndarray) else v for k, v in extras.items()}
+        dist_inputs = extras.get(Columns.ACTION_DIST_INPUTS)
+        if isinstance(dist_inputs, np.ndarray) and Columns.ACTION_LOGP in extras:
+            logp = self._logp_of(DEFAULT_MODULE_ID, dist_inputs[rows], given, self._call.explore)
+            if logp is not None:
+                extras[Columns.ACTION_LOGP][rows] = logp
+        for j, _, own in logged:
+            for k, v in (own or {}).items():
+                if isinstance(extras.get(k), np.ndarray):
+                    extras[k][j] = v
+        return actions, env_actions, extras
 
     def _poll(self, wait_s: float) -> StepResults:
         try:
@@ -385,7 +457,8 @@ class SingleAgentEnvRunner(EnvRunner[SingleAgentEpisode]):
             else (call.num_timesteps - call.env_steps + n - 1) // n + 1,
             env_indices=rows,
         )
-        call.env_steps += m - len(started)
+        call.env_steps += m - len(started) - results.untrained_steps
+        call.untrained_steps += results.untrained_steps
         self._sub_envs_stepped(rows, started)
         self._obs = results.observations
         self._ready = ids

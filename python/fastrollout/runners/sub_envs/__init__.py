@@ -8,6 +8,8 @@
   multi-agent envs in this process;
 - :class:`~fastrollout.runners.sub_envs.remote.RemoteSubEnvs`: one Ray actor per sub-env,
   stepped as they become ready (``remote_worker_envs``), single- and multi-agent;
+- :class:`~fastrollout.runners.sub_envs.external.ExternalSubEnvs`: the episodes of an
+  ``ExternalEnv`` (simulators, a policy server's clients), one per row;
 - :func:`make_sub_envs`: the backend a runner config asks for.
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fastrollout.env.external_env import ExternalEnv, ExternalEnvCreated
 from fastrollout.runners._config import cfg
 from fastrollout.runners.sub_envs.base import StepResults, SubEnvs
 
@@ -26,7 +29,8 @@ def make_sub_envs(config: Any, creator: Any, *, multi_agent: bool) -> SubEnvs:
 
     ``remote_worker_envs=True``: one Ray actor per sub-env; else a multi-agent env gets a
     list of envs in this process and a single-agent env the gymnasium vector env of
-    ``gym_env_vectorize_mode``.
+    ``gym_env_vectorize_mode``; an ``ExternalEnv`` (whatever made it) is served by
+    ``ExternalSubEnvs``, its ``max_concurrent`` episodes as the sub-envs.
 
     Args:
         config: The runner config (``num_envs_per_env_runner``, ``remote_worker_envs``,
@@ -41,6 +45,7 @@ def make_sub_envs(config: Any, creator: Any, *, multi_agent: bool) -> SubEnvs:
     Raises:
         ValueError: For an unknown vectorize mode, or restarts with gymnasium's
             natively vectorized entry point.
+        TypeError: For an ``ExternalEnv`` of the other kind (single- vs multi-agent).
         ImportError: For remote sub-envs without ray (naming the extra).
     """
     n = int(cfg(config, "num_envs_per_env_runner", 1))
@@ -55,6 +60,15 @@ def make_sub_envs(config: Any, creator: Any, *, multi_agent: bool) -> SubEnvs:
             multi_agent=multi_agent,
             step_timeout_s=timeout,
         )
+    try:
+        return _in_process(config, creator, n, timeout, multi_agent=multi_agent)
+    except ExternalEnvCreated as made:
+        return _external(made.env, multi_agent=multi_agent)
+
+
+def _in_process(
+    config: Any, creator: Any, n: int, timeout: float | None, *, multi_agent: bool
+) -> SubEnvs:
     if multi_agent:
         from fastrollout.runners.sub_envs.multi_agent import MultiAgentListSubEnvs
 
@@ -72,3 +86,17 @@ def make_sub_envs(config: Any, creator: Any, *, multi_agent: bool) -> SubEnvs:
         make_vector=getattr(creator, "make_vector", None),
         step_timeout_s=timeout,
     )
+
+
+def _external(env: ExternalEnv, *, multi_agent: bool) -> SubEnvs:
+    """The backend of an ``ExternalEnv`` the creator made (the runner kind must match)."""
+    from fastrollout.runners.sub_envs.external import ExternalSubEnvs
+
+    if env.multi_agent != multi_agent:
+        want, runner = (
+            ("an ExternalMultiAgentEnv", "MultiAgentEnvRunner")
+            if env.multi_agent
+            else ("a single-agent ExternalEnv", "SingleAgentEnvRunner")
+        )
+        raise TypeError(f"{type(env).__name__} is {want}: sample it with a {runner}")
+    return ExternalSubEnvs(env)

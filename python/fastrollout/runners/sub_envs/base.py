@@ -20,6 +20,7 @@ import numpy as np
 __all__ = ["StepResults", "SubEnvs"]
 
 _NONE_FAILED: Mapping[int, BaseException] = MappingProxyType({})
+_NO_IDS: Mapping[int, str] = MappingProxyType({})
 
 
 class StepResults:
@@ -37,10 +38,16 @@ class StepResults:
         resets: Resets that finished: ``(sub-env, observation, infos)``.
         failed: Sub-env -> the error of its step or reset (its row, if it has one, holds
             no step). Rows of failed sub-envs stay in the batches of lockstep backends.
+        episode_ids: Sub-env -> the id of the episode its row (or reset) starts, where the
+            backend names its episodes (external simulators).
+        untrained_steps: Step rows of episodes not returned for training (counted in
+            metrics, not toward ``num_timesteps``).
+        untrained_agent_steps: Their agents' observations (multi-agent).
     """
 
     __slots__ = (
         "env_ids",
+        "episode_ids",
         "failed",
         "infos",
         "observations",
@@ -48,6 +55,8 @@ class StepResults:
         "rewards",
         "terminateds",
         "truncateds",
+        "untrained_agent_steps",
+        "untrained_steps",
     )
 
     def __init__(
@@ -72,6 +81,9 @@ class StepResults:
         self.infos = infos
         self.resets = resets
         self.failed = failed
+        self.episode_ids = _NO_IDS
+        self.untrained_steps = 0
+        self.untrained_agent_steps = 0
 
 
 class SubEnvs(abc.ABC):
@@ -84,12 +96,33 @@ class SubEnvs(abc.ABC):
             is ignored and its row is the reset; gymnasium's next-step autoreset); else
             the runner calls ``reset``.
         multi_agent: The sub-envs are ``MultiAgentEnv`` objects.
+        external: The sub-envs are the episodes of external simulators
+            (``ExternalEnv``): they cannot be reset by the runner, may not be returned for
+            training (``trains``), and may come with the action already taken
+            (``logged_actions``).
     """
 
     num_envs: int
     lockstep: bool = True
     autoresets: bool = False
     multi_agent: bool = False
+    external: bool = False
+
+    def fragment_envs(self) -> int:
+        """The sub-envs a ``sample()`` without counts sizes its batch by (``num_envs``)."""
+        return self.num_envs
+
+    def trains(self, i: int) -> bool:
+        """Whether sub-env ``i``'s episode is returned for training (always, here)."""
+        return True
+
+    def logged_actions(self, env_ids: Sequence[int]) -> list[tuple[int, Any, Any]]:
+        """Rows of ``env_ids`` whose action was already taken (none, here).
+
+        Returns:
+            ``(row, action, extra model outputs or None)`` per such row.
+        """
+        return []
 
     @property
     @abc.abstractmethod
