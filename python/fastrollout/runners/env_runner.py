@@ -524,7 +524,8 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
         self._per_step_callbacks = self._has_callbacks("on_episode_start") or self._has_callbacks(
             "on_episode_step"
         )
-        while not call.finished(self._counted_steps()):
+        sub_envs = self._sub_envs
+        while not call.finished(self._counted_steps()) and not sub_envs.exhausted:
             if self._ready is None or len(self._ready):
                 self._act_and_send()
             start = time.perf_counter()
@@ -543,6 +544,11 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
                     self._sub_env_failed(i, err)
             if done:
                 self._end_episodes(done)
+        if sub_envs.exhausted and not (call.env_steps or call.done_out):
+            raise RuntimeError(
+                f"{type(sub_envs.env).__name__}.run() returned: no episode runs and no more "
+                "can start"
+            )
         self._done_episodes_for_metrics.extend(call.done_out)
         self._done_episodes_for_metrics.extend(call.done_untrained)
         ongoing = self._cut_ongoing(call.to_numpy) if num_timesteps is not None else []

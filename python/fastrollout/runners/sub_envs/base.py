@@ -100,6 +100,8 @@ class SubEnvs(abc.ABC):
             (``ExternalEnv``): they cannot be reset by the runner, may not be returned for
             training (``trains``), and may come with the action already taken
             (``logged_actions``).
+        exhausted: No sub-env will ever have a step again (an external simulator's
+            ``run()`` returned): the runner returns what it sampled.
     """
 
     num_envs: int
@@ -107,6 +109,7 @@ class SubEnvs(abc.ABC):
     autoresets: bool = False
     multi_agent: bool = False
     external: bool = False
+    exhausted: bool = False
 
     def fragment_envs(self) -> int:
         """The sub-envs a ``sample()`` without counts sizes its batch by (``num_envs``)."""

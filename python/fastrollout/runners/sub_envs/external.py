@@ -163,16 +163,20 @@ class ExternalSubEnvs(SubEnvs):
             The rows; single-agent first observations are reset rows (their episode
             is new), multi-agent ones are in ``resets``.
 
+        Once ``run()`` returned and every event was taken, no more can come: the results
+        are empty and ``exhausted`` is set.
+
         Raises:
             BaseException: What the simulator's ``run()`` raised.
-            RuntimeError: If ``run()`` returned while nothing more can come, or the
-                env was closed.
+            RuntimeError: If the env was closed.
         """
         env = self._env
         rows: list[tuple[int, _Event]] = []
         with env._cond:
             while not self._take(rows):
-                self._check_alive()
+                if self._check_alive():
+                    self.exhausted = True
+                    return self._results([], [], {})
                 env._cond.wait(_LIVENESS_S)
             if wait_s > 0:
                 deadline = time.monotonic() + wait_s
@@ -263,7 +267,8 @@ class ExternalSubEnvs(SubEnvs):
         if self._env._deliverable:
             self._env._cond.notify_all()
 
-    def _check_alive(self) -> None:
+    def _check_alive(self) -> bool:
+        """Raises the simulator thread's error; True if its run() returned."""
         env = self._env
         if env._closed is not None:
             raise ExternalEnvClosedError(f"{type(env).__name__}: {env._closed}")
@@ -271,11 +276,8 @@ class ExternalSubEnvs(SubEnvs):
             err = env._run_error
             err.add_note(f"raised by {type(env).__name__}.run(), the simulator's thread")
             raise err
-        if env._run_done or (env.ident is not None and not env.is_alive()):
-            raise RuntimeError(
-                f"{type(env).__name__}.run() returned: no episode waits for an action and "
-                "no more can start"
-            )
+        # run() returned: once nothing is queued, nothing more can come.
+        return env._run_done or (env.ident is not None and not env.is_alive())
 
     def _rows_to_results(self, rows: list[tuple[int, _Event]]) -> StepResults:
         steps = []
