@@ -172,7 +172,7 @@ impl PolicyClient {
         let Some(stream) = stream else {
             return Err(last_err.map_or_else(
                 || ClientError::Protocol("the address resolved to nothing".into()),
-                ClientError::Io,
+                ClientError::from,
             ));
         };
         // Requests are small and each waits for its reply: Nagle's algorithm would hold
@@ -490,7 +490,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let opts = ClientOptions { io_timeout: Some(Duration::from_millis(100)), ..ClientOptions::default() };
         let err = PolicyClient::connect(listener.local_addr().unwrap(), &opts).unwrap_err();
-        assert!(matches!(err, ClientError::Io(_)), "{err}");
+        assert!(matches!(err, ClientError::TimedOut), "{err}");
     }
 
     #[test]

@@ -34,9 +34,12 @@ impl std::error::Error for ArrayError {}
 /// Everything that can go wrong between a client and the policy server.
 #[derive(Debug)]
 pub enum ClientError {
-    /// Connecting, reading or writing failed (a timeout included: `io::ErrorKind::WouldBlock`
-    /// or `TimedOut`, as the platform reports it).
+    /// Connecting, reading or writing failed.
     Io(io::Error),
+    /// No answer within the client's `io_timeout` (or no connection within
+    /// `connect_timeout`). A policy server answers once its runner samples: its env's
+    /// thread, which serves, starts with the runner's first `sample()`.
+    TimedOut,
     /// The server closed the connection.
     Closed,
     /// A frame longer than the limit: the server's (`max_frame_bytes` of its `welcome`) for
@@ -70,6 +73,7 @@ impl fmt::Display for ClientError {
         match self {
             Self::Io(e) => write!(f, "I/O error: {e}"),
             Self::Closed => f.write_str("the server closed the connection"),
+            Self::TimedOut => f.write_str("timed out waiting for the server"),
             Self::FrameTooLarge { length, max } => {
                 write!(f, "frame of {length} bytes exceeds the limit of {max} bytes")
             }
@@ -93,10 +97,11 @@ impl std::error::Error for ClientError {
 
 impl From<io::Error> for ClientError {
     fn from(e: io::Error) -> Self {
-        if e.kind() == io::ErrorKind::UnexpectedEof {
-            Self::Closed
-        } else {
-            Self::Io(e)
+        match e.kind() {
+            io::ErrorKind::UnexpectedEof => Self::Closed,
+            // A socket read timeout is WouldBlock on Unix and TimedOut on Windows.
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => Self::TimedOut,
+            _ => Self::Io(e),
         }
     }
 }
