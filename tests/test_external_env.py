@@ -490,3 +490,36 @@ def test_any_schedule_of_episodes_is_recorded_exactly(
             whole = whole.concat_episode(c) or whole
         check_episode(env, whole)
     runner.stop()
+
+
+def test_sampling_episodes_again_continues_the_running_episodes() -> None:
+    """Each sample(num_episodes=1) returns the next whole episode; none is reset."""
+    scripts = {f"ep-{k}": [("get", 1.0)] * 5 for k in range(4)}
+    env = Scripted(scripts)
+    runner = runner_for(env)
+    seen = []
+    for _ in range(4):
+        (episode,) = runner.sample(num_episodes=1)
+        check_episode(env, episode)
+        seen.append(episode.id_)
+    assert sorted(seen) == sorted(scripts)
+    runner.stop()
+
+
+def test_multi_agent_rewards_default_to_zero_for_observing_agents() -> None:
+    class Quiet(ExternalMultiAgentEnv):
+        def run(self) -> None:
+            eid = self.start_episode("q")
+            z = np.zeros(2, np.float32)
+            self.get_action(eid, {"a": z, "b": z})
+            self.get_action(eid, {"a": z})
+            self.log_returns(eid, {"b": 2.0})
+            self.end_episode(eid, {"a": z, "b": z})
+
+    spaces = gym.spaces.Dict({"a": OBS, "b": OBS})
+    env = Quiet(gym.spaces.Dict({"a": ACT, "b": ACT}), spaces)
+    runner = ma_runner(env)
+    (episode,) = runner.sample(num_episodes=1)
+    np.testing.assert_allclose(episode.agent_episodes["a"].get_rewards(), [0.0, 0.0])
+    np.testing.assert_allclose(episode.agent_episodes["b"].get_rewards(), [2.0])
+    runner.stop()

@@ -537,6 +537,9 @@ class ExternalEnv(threading.Thread):
         episode.info = {}
         term: Any = terminated
         trunc: Any = truncated
+        if self.multi_agent and not first:
+            # An observing agent with no reward logged gets 0.0 (as a single agent does).
+            reward = {**dict.fromkeys(observation, 0.0), **reward}
         if self.multi_agent:
             term = {**episode.done_agents, "__all__": terminated}
             trunc = {"__all__": truncated}

@@ -206,6 +206,9 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
         self._interrupted = False
         self._episodes: list[Any] = []
         self._done_episodes_for_metrics: list[Any] = []
+        # Done episodes of external simulators beyond a call's num_episodes: the next
+        # calls return them first (such sub-envs cannot be reset to stop at a count).
+        self._done_carried: list[Any] = []
         # Episode id -> the chunks of that episode returned by earlier ``sample`` calls.
         self._ongoing_episodes_for_metrics: defaultdict[str, list[Any]] = defaultdict(list)
         self._shared_data: dict[str, Any] = {}
@@ -518,8 +521,12 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
             (force_reset or num_episodes is not None) and not self._sub_envs.external
         ):
             self._reset_all()
-        if num_episodes is not None:
+        if num_episodes is not None and not self._sub_envs.external:
             self._needs_initial_reset = True
+        if self._done_carried:
+            k = len(self._done_carried) if num_episodes is None else num_episodes
+            call.done_out, self._done_carried = self._done_carried[:k], self._done_carried[k:]
+            call.episodes = len(call.done_out)
         wait_s = float(cfg(self.config, "remote_env_batch_wait_ms", 0)) / 1000.0
         self._per_step_callbacks = self._has_callbacks("on_episode_start") or self._has_callbacks(
             "on_episode_step"
@@ -632,11 +639,15 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
             self._episode_callback("on_episode_end", i)
             episode = self._episodes[i]
             self._episode_ended(episode)
-            if sub_envs.trains(i):
+            enough = call.num_episodes is not None and call.episodes >= call.num_episodes
+            if not sub_envs.trains(i):
+                call.done_untrained.append(episode)
+            elif enough:
+                # External episodes cannot be reset to stop here: the next call returns it.
+                self._done_carried.append(self._episode_out(episode, call.to_numpy))
+            else:
                 call.episodes += 1
                 call.done_out.append(self._episode_out(episode, call.to_numpy))
-            else:
-                call.done_untrained.append(episode)
             self._new_episode(i)
             if (
                 call.num_episodes is not None
@@ -1074,6 +1085,7 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
         self._stopped = None
         self._interrupted = False
         self._needs_initial_reset = True
+        self._done_carried = []
 
     def _close_env_quietly(self) -> None:
         """Closes existing sub-envs before they are replaced (errors ignored)."""
