@@ -40,7 +40,8 @@ class ExternalSubEnvs(SubEnvs):
     """The episodes of one ``ExternalEnv`` (or ``ExternalMultiAgentEnv``) as sub-envs.
 
     ``num_envs`` is the env's ``max_concurrent``; the runner's ``env`` is the
-    ``ExternalEnv`` itself. The simulator's thread is started here if it was not.
+    ``ExternalEnv`` itself. The simulator's thread is started here if it was not (when
+    the runner makes its env, before it samples).
 
     Args:
         env: The external env.
@@ -68,7 +69,12 @@ class ExternalSubEnvs(SubEnvs):
             self._empty_obs = create_empty_array(self._obs_space, 0)
             self.observation_space = batch_space(env.observation_space, n)
             self.action_space = batch_space(env.action_space, n)
-        self._started = False
+        # Started now, not at the first sample(): a server takes connections (and
+        # handshakes) from the start, and simulators' requests wait for the runner.
+        if env.ident is None:
+            # run() through a guard that keeps its error for the runner to raise.
+            env.run = env._run_guarded  # type: ignore[method-assign]
+            env.start()
 
     @property
     def env(self) -> Any:
@@ -95,7 +101,7 @@ class ExternalSubEnvs(SubEnvs):
     # -- the runner's calls ----------------------------------------------------------
 
     def reset_all(self, seed: int | None) -> StepResults:
-        """Starts the simulator's thread (once); episodes start when it starts them.
+        """Nothing to reset: episodes start when the simulator starts them.
 
         Args:
             seed: Ignored (the simulator seeds itself).
@@ -103,14 +109,7 @@ class ExternalSubEnvs(SubEnvs):
         Returns:
             No resets: the first observation of each episode comes through ``poll``.
         """
-        env = self._env
-        if not self._started:
-            self._started = True
-            if env.ident is None:
-                # run() through a guard that keeps its error for the runner to raise.
-                env.run = env._run_guarded  # type: ignore[method-assign]
-                env.start()
-        return self._results([], [], set())
+        return self._results([], [], {})
 
     def send(self, env_ids: np.ndarray | None, actions: Any) -> None:
         """Answers the slots' events: actions go to the simulators that wait.
@@ -157,7 +156,9 @@ class ExternalSubEnvs(SubEnvs):
         """The next observation of every episode that has one (blocks for the first).
 
         Args:
-            wait_s: Once one is there, how long to wait for more.
+            wait_s: Once one is there, how long to wait for more (0: the env's
+                ``batch_wait_s``); the wait ends early once every running episode has
+                one.
 
         Returns:
             The rows; single-agent first observations are reset rows (their episode
@@ -177,12 +178,25 @@ class ExternalSubEnvs(SubEnvs):
                 if self._check_alive():
                     self.exhausted = True
                     return self._results([], [], {})
-                env._cond.wait(_LIVENESS_S)
-            if wait_s > 0:
+                env._wake_at = 1
+                try:
+                    env._cond.wait(_LIVENESS_S)
+                finally:
+                    env._wake_at = 0
+            wait_s = wait_s if wait_s > 0 else env.batch_wait_s
+            # The other running episodes: the wait ends when all of them wait too.
+            others = len(env._episodes) - len(rows)
+            if wait_s > 0 and others > len(env._deliverable):
                 deadline = time.monotonic() + wait_s
-                while (left := deadline - time.monotonic()) > 0:
-                    env._cond.wait(left)
-                    self._take(rows)
+                env._wake_at = others
+                try:
+                    while (left := deadline - time.monotonic()) > 0 and env._closed is None:
+                        if len(env._deliverable) >= others:
+                            break
+                        env._cond.wait(left)
+                finally:
+                    env._wake_at = 0
+                self._take(rows)
             return self._rows_to_results(rows)
 
     def reset(self, i: int, seed: int | None = None) -> tuple[Any, Any] | None:
@@ -252,7 +266,6 @@ class ExternalSubEnvs(SubEnvs):
         episode.with_runner = False
         if episode.events:
             self._env._deliverable.append(episode)
-            self._env._cond.notify_all()
 
     def _release(self, i: int) -> None:
         episode = self._slots[i]
@@ -264,8 +277,6 @@ class ExternalSubEnvs(SubEnvs):
             if episode.events:
                 # Ended and started again under its id: its new events wait for a slot.
                 self._env._deliverable.append(episode)
-        if self._env._deliverable:
-            self._env._cond.notify_all()
 
     def _check_alive(self) -> bool:
         """Raises the simulator thread's error; True if its run() returned."""
