@@ -100,11 +100,9 @@ def _box_check(space: gym.spaces.Box) -> Callable[[np.ndarray], bool]:
 
         def check(a: np.ndarray) -> bool:
             # (NaN fails both comparisons, as it fails contains.)
-            return (
-                a.dtype == dtype
-                and a.shape == shape
-                and (a.size == 0 or (lo_f <= minimum(a, axis=None) and maximum(a, axis=None) <= hi_f))
-            )
+            if a.dtype != dtype or a.shape != shape:
+                return False
+            return a.size == 0 or (lo_f <= minimum(a, axis=None) and maximum(a, axis=None) <= hi_f)
     else:
 
         def check(a: np.ndarray) -> bool:
