@@ -906,3 +906,36 @@ def test_local_mode_box_actions_are_recorded_as_the_simulator_got_them() -> None
     np.testing.assert_array_equal(np.asarray(episode.get_actions()), np.stack(got))
     assert np.isfinite(episode.get_extra_model_outputs("action_logp")).all()
     runner.stop()
+
+
+def test_an_answer_posted_while_the_wake_socket_drains_still_wakes_the_loop() -> None:
+    """The runner's post() landing inside the I/O thread's drain leaves a wake-up pending.
+
+    The poster runs right before the drain's first recv (where the GIL may switch): the
+    next post must still find the wake socket readable, or the loop sleeps with answers
+    queued and every client waits forever.
+    """
+    import select
+
+    server = BareServer(gym.spaces.Discrete(2), gym.spaces.Box(-1, 1, (4,), np.float32))._server
+    real = server._wake_r
+
+    class PostAtFirstRecv:
+        fired = False
+
+        def recv(self, n: int) -> bytes:
+            if not self.fired:
+                self.fired = True
+                server.post(None, 1, "A")
+            return real.recv(n)
+
+    try:
+        server._wake_r = PostAtFirstRecv()
+        server._drain_wake()
+        server._wake_r = real
+        server._posted.clear()
+        server.post(None, 2, "B")
+        assert select.select([real], [], [], 1.0)[0], "the second post did not wake the loop"
+    finally:
+        server._wake_r = real
+        server._teardown()
