@@ -50,6 +50,8 @@ lint: install
 	cargo clippy --all-targets --features python -q -- -D warnings
 	cargo clippy --all-targets --features abi3 -q -- -D warnings
 	cargo fmt --check
+	cargo fmt --check --manifest-path examples/rust_client/Cargo.toml
+	cargo clippy --all-targets -q --manifest-path examples/rust_client/Cargo.toml --target-dir target/rust_client -- -D warnings
 	$(PY) -m ruff check python tests benches examples
 	$(PY) -m ruff format --check python tests benches examples
 	$(MAKE) -s build
