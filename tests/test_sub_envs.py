@@ -375,3 +375,36 @@ def test_a_hung_remote_sub_env_without_restarts_raises_a_timeout(ray_local, tmp_
             r.sample(num_timesteps=200)
     finally:
         r.stop()
+
+
+_FIRST_CREATIONS_FAIL = itertools.count()
+
+
+def _fails_twice_then_cartpole(ctx: Any) -> Any:
+    import gymnasium as gym
+
+    if next(_FIRST_CREATIONS_FAIL) < 2:
+        raise OSError("the simulator's licence server did not answer")
+    return gym.make("CartPole-v1")
+
+
+def test_sub_envs_that_fail_to_be_created_are_made_again_with_restarts() -> None:
+    """A first creation failure counts as a failed attempt, as a recreation's does."""
+    global _FIRST_CREATIONS_FAIL
+    base = fr.RunnerConfig().environment(_fails_twice_then_cartpole)
+    _FIRST_CREATIONS_FAIL = itertools.count()
+    with pytest.raises(OSError, match="licence server"):
+        fr.SingleAgentEnvRunner(config=base)
+    _FIRST_CREATIONS_FAIL = itertools.count()
+    runner = fr.SingleAgentEnvRunner(
+        config=base.fault_tolerance(restart_failed_sub_environments=True)
+    )
+    assert runner.sample(num_timesteps=4)
+    runner.stop()
+    _FIRST_CREATIONS_FAIL = itertools.count()
+    with pytest.raises(OSError, match="licence server"):
+        fr.SingleAgentEnvRunner(
+            config=base.fault_tolerance(
+                restart_failed_sub_environments=True, max_sub_environment_restart_attempts=1
+            )
+        )

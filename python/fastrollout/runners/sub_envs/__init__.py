@@ -30,7 +30,9 @@ def make_sub_envs(config: Any, creator: Any, *, multi_agent: bool) -> SubEnvs:
     ``remote_worker_envs=True``: one Ray actor per sub-env; else a multi-agent env gets a
     list of envs in this process and a single-agent env the gymnasium vector env of
     ``gym_env_vectorize_mode``; an ``ExternalEnv`` (whatever made it) is served by
-    ``ExternalSubEnvs``, its ``max_concurrent`` episodes as the sub-envs.
+    ``ExternalSubEnvs``, its ``max_concurrent`` episodes as the sub-envs. With
+    ``restart_failed_sub_environments``, in-process sub-envs that fail to be created are
+    made again, up to ``max_sub_environment_restart_attempts`` more times.
 
     Args:
         config: The runner config (``num_envs_per_env_runner``, ``remote_worker_envs``,
@@ -60,10 +62,20 @@ def make_sub_envs(config: Any, creator: Any, *, multi_agent: bool) -> SubEnvs:
             multi_agent=multi_agent,
             step_timeout_s=timeout,
         )
-    try:
-        return _in_process(config, creator, n, timeout, multi_agent=multi_agent)
-    except ExternalEnvCreated as made:
-        return _external(made.env, multi_agent=multi_agent)
+    # With restarts, a sub-env that fails to be created (its env check included) is one
+    # more failed attempt, as when it is recreated: here the whole set is made again.
+    attempts = 1
+    if cfg(config, "restart_failed_sub_environments", False):
+        attempts += int(cfg(config, "max_sub_environment_restart_attempts", 5))
+    for attempt in range(attempts):
+        try:
+            return _in_process(config, creator, n, timeout, multi_agent=multi_agent)
+        except ExternalEnvCreated as made:
+            return _external(made.env, multi_agent=multi_agent)
+        except Exception:
+            if attempt + 1 >= attempts:
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _in_process(
