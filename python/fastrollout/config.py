@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import numbers
+import os
 from collections.abc import Callable, Collection, KeysView, Mapping
 from collections.abc import Set as AbstractSet
 from typing import Any
@@ -177,6 +178,10 @@ class RunnerConfig:
         self.log_level = "WARN"
         self.device: Any = "auto"
         self.metrics_num_episodes_for_smoothing = 100
+        # offline_data()
+        self.output: str | os.PathLike[str] | None = None
+        self.output_write_episodes = True
+        self.output_max_rows_per_file: int | None = None
         self._is_frozen = False
 
     # ---------------------------------------------------------------- frozen state
@@ -742,6 +747,46 @@ class RunnerConfig:
             self.metrics_num_episodes_for_smoothing = metrics_num_episodes_for_smoothing
         return self
 
+    def offline_data(
+        self,
+        *,
+        output: str | os.PathLike[str] | None = NotProvided,
+        output_write_episodes: bool = NotProvided,
+        output_max_rows_per_file: int | None = NotProvided,
+    ) -> RunnerConfig:
+        """Sets where sampled episodes are recorded (RLlib's recording settings).
+
+        With ``output`` set, every ``sample()`` call's episodes are written to parquet
+        files under it, off the sampling thread (see :mod:`fastrollout.offline` and
+        ``docs/offline.md``); ``fastrollout.offline.read_episodes`` reads them back.
+        Needs pyarrow (``pip install 'fastrollout[offline]'``).
+
+        Args:
+            output: The folder to write to (None: record nothing).
+            output_write_episodes: One row per episode chunk holding its state (RLlib's
+                default), or one row per step in RLlib's column names.
+            output_max_rows_per_file: Rows per file (None: one file per ``sample()``
+                call).
+
+        Returns:
+            self.
+
+        Raises:
+            TypeError: A value of the wrong type.
+            ValueError: ``output_max_rows_per_file`` below 1.
+        """
+        if output is not NotProvided:
+            _check_output(output)
+            self.output = output
+        if output_write_episodes is not NotProvided:
+            _check_bool(output_write_episodes, "output_write_episodes")
+            self.output_write_episodes = output_write_episodes
+        if output_max_rows_per_file is not NotProvided:
+            if output_max_rows_per_file is not None:
+                _check_int(output_max_rows_per_file, "output_max_rows_per_file", 1)
+            self.output_max_rows_per_file = output_max_rows_per_file
+        return self
+
     # ---------------------------------------------------------------- derived values
 
     @property
@@ -948,6 +993,10 @@ class RunnerConfig:
             _check_int(self.seed, "seed", 0)
         _check_device(self.device)
         _check_int(self.metrics_num_episodes_for_smoothing, "metrics_num_episodes_for_smoothing", 1)
+        _check_output(self.output)
+        _check_bool(self.output_write_episodes, "output_write_episodes")
+        if self.output_max_rows_per_file is not None:
+            _check_int(self.output_max_rows_per_file, "output_max_rows_per_file", 1)
 
     def _validate_modules(self) -> None:
         policies = _normalize_policies(self.policies)
@@ -1073,6 +1122,11 @@ def _check_space(space: Any, name: str) -> None:
 def _check_bool(value: Any, name: str) -> None:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {value!r}")
+
+
+def _check_output(value: Any) -> None:
+    if value is not None and not isinstance(value, str | os.PathLike):
+        raise TypeError(f"output must be a folder path (str or os.PathLike), got {value!r}")
 
 
 def _check_int(value: Any, name: str, minimum: int) -> None:

@@ -434,6 +434,10 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
                 "on_sample_end", env_runner=self, metrics_logger=self.metrics, samples=samples
             )
         self._time_after_sampling = time.perf_counter()
+        if cfg(self.config, "output") is not None:  # offline_data(output=...): record them
+            from fastrollout.offline import writer
+
+            writer.record(self, samples)
         return samples
 
     def _pull_state(self) -> None:
@@ -1079,6 +1083,10 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
         self._stopped = "stop() closed its env(s)"
         if self._sub_envs is not None:
             self._sub_envs.close()
+        if "_offline_writer" in self.__dict__:  # flush and join the episode writer
+            from fastrollout.offline import writer
+
+            writer.close(self)
 
     def _envs_ready(self) -> None:
         """Marks new envs: ``make_env`` calls this once it has created them."""
