@@ -1,4 +1,7 @@
-"""``python -m fastrollout sample``: sample an env with a default policy and show the metrics.
+"""``python -m fastrollout``: sample an env and show the metrics; evaluate a module off-policy.
+
+``sample`` samples with a default policy; ``evaluate`` estimates a module's value on the
+episodes ``sample --output`` recorded.
 
 Example::
 
@@ -6,12 +9,14 @@ Example::
     python -m fastrollout sample --env CartPole-v1 --multi-agent 4 --device cpu --seed 0
     python -m fastrollout sample --env CartPole-v1 --num-env-runners 2   # Ray actors
     python -m fastrollout sample --output runs/cartpole --json > summary.json
+    python -m fastrollout evaluate runs/cartpole --module behavior
 
 A progress bar (tqdm, on stderr) shows env steps per second and the running mean episode
 return. Then a summary (throughput, episodes and returns, where the time went) and the
 runners' metrics (RLlib's names, aggregated over the runners by an ``EnvRunnerGroup``),
 or with ``--json`` only the summary as JSON. ``--output DIR`` also writes every
-``sample`` call's metrics as JSON lines and a plot.
+``sample`` call's metrics as JSON lines and a plot, and records the episodes (parquet,
+``DIR/episodes/``), which ``evaluate DIR`` reads (see ``fastrollout._cli_evaluate``).
 
 Exit status: 0 on success, 2 on a configuration error (bad arguments, an unknown env, a
 device this machine lacks), with a one-line message on stderr.
@@ -30,6 +35,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any, TextIO
 
+from fastrollout._cli_evaluate import EPISODES_DIR, add_evaluate_parser, run_evaluate
 from fastrollout._cli_report import (
     JSONL_NAME,
     PLOT_NAME,
@@ -148,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     """Returns the argument parser of ``python -m fastrollout``.
 
     Returns:
-        The parser (sub-command ``sample``).
+        The parser (sub-commands ``sample`` and ``evaluate``).
     """
     parser = argparse.ArgumentParser(
         prog=PROG, description="Fast RL experience collection with RLlib's API."
@@ -226,8 +232,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="DIR",
         help=f"write every sample() call's metrics to DIR/{JSONL_NAME} (one JSON object "
-        f"per line) and a plot of return and throughput to DIR/{PLOT_NAME} (needs "
-        "matplotlib: pip install 'fastrollout[plot]')",
+        f"per line), a plot of return and throughput to DIR/{PLOT_NAME} (needs "
+        "matplotlib: pip install 'fastrollout[plot]'), and the episodes to "
+        f"DIR/{EPISODES_DIR}/ (parquet; needs pyarrow: pip install 'fastrollout[offline]'), "
+        "which `evaluate DIR` reads",
     )
     sample.add_argument(
         "--json",
@@ -237,6 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sample.add_argument("--no-explore", action="store_true", help="greedy actions")
     sample.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_evaluate_parser(commands, _HelpFormatter)
     return parser
 
 
@@ -273,6 +282,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
         )
         config.resources(device=args.device)
         config.debugging(seed=args.seed)
+        if args.output is not None and _has_pyarrow():
+            config.offline_data(output=str(args.output / EPISODES_DIR), output_write_episodes=True)
         config.validate()
     except (ValueError, TypeError) as err:
         raise ConfigurationError(str(err)) from err
@@ -311,6 +322,15 @@ def check_config(args: argparse.Namespace) -> None:
             args.output.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             raise ConfigurationError(f"--output {str(args.output)!r}: {err}") from err
+
+
+def _has_pyarrow() -> bool:
+    """Whether the episodes can be recorded (as parquet, with pyarrow)."""
+    try:
+        import pyarrow.parquet  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _start_ray(num_env_runners: int, cpus_per_runner: float) -> bool:
@@ -497,6 +517,12 @@ def _sample(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     title = _title(args, log.env_steps, threads.describe())
     if args.output is not None:
         _write_plot(log, args.output / PLOT_NAME, title)
+        if not _has_pyarrow():
+            print(
+                f"{PROG} sample: no episodes recorded: it needs pyarrow "
+                "(pip install 'fastrollout[offline]')",
+                file=sys.stderr,
+            )
     return summary, title
 
 
@@ -525,12 +551,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "sample":
-        try:
-            run_sample(args)
-        except ConfigurationError as err:
-            # One line, however the library worded it (gymnasium's hints included).
-            message = " ".join(str(err).split())
-            print(f"{PROG} sample: error: {message}", file=sys.stderr)
-            return 2
+    run = {"sample": run_sample, "evaluate": run_evaluate}[args.command]
+    try:
+        run(args)
+    except ConfigurationError as err:
+        # One line, however the library worded it (gymnasium's hints included).
+        message = " ".join(str(err).split())
+        print(f"{PROG} {args.command}: error: {message}", file=sys.stderr)
+        return 2
     return 0
