@@ -265,12 +265,20 @@ fn scene_frame(t: usize) -> Vec<u8> {
     let mut f: Vec<u8> = (0..84 * 84)
         .map(|k| {
             let (y, x) = (k / 84, k % 84);
-            if y >= 70 { 120 + 30 * ((x / 6) % 2) as u8 } else { 40 + (y * 100 / 84) as u8 }
+            if y >= 70 {
+                120 + 30 * ((x / 6) % 2) as u8
+            } else {
+                40 + (y * 100 / 84) as u8
+            }
         })
         .collect();
     let bounce = |p: usize, span: usize| {
         let p = p % (2 * span);
-        if p > span { 2 * span - p } else { p }
+        if p > span {
+            2 * span - p
+        } else {
+            p
+        }
     };
     for (i, (size, vx, vy, c)) in [(10, 2, 3, 200u8), (6, 3, 1, 90), (8, 1, 2, 160)].into_iter().enumerate() {
         let (x, y) = (bounce(i * 17 + vx * t, 84 - size), bounce(i * 29 + vy * t, 84 - size));
@@ -284,9 +292,7 @@ fn scene_frame(t: usize) -> Vec<u8> {
 /// 84x84x4 frame stacks (the last 4 frames, channels last) of [`scene_frame`].
 fn scene_stacks(n: usize) -> Vec<Vec<u8>> {
     let frames: Vec<Vec<u8>> = (0..n + 3).map(scene_frame).collect();
-    (0..n)
-        .map(|t| (0..84 * 84 * 4).map(|k| frames[t + k % 4][k / 4]).collect())
-        .collect()
+    (0..n).map(|t| (0..84 * 84 * 4).map(|k| frames[t + k % 4][k / 4]).collect()).collect()
 }
 
 /// Observation compression (`Column::set_compression`): bytes held per 84x84x4 step of a

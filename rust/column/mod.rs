@@ -489,9 +489,9 @@ impl Column {
                     let block = p / rows;
                     let whole = !one_hot
                         && p % rows == 0
-                        && positions.get(i..i + rows).is_some_and(|run| {
-                            run.iter().enumerate().all(|(k, &q)| q == Pos::At(p + k))
-                        });
+                        && positions
+                            .get(i..i + rows)
+                            .is_some_and(|run| run.iter().enumerate().all(|(k, &q)| q == Pos::At(p + k)));
                     if whole {
                         if !packed.decompress_into(leaf, block, &mut out[i * n..(i + rows) * n]) {
                             return false;
@@ -500,7 +500,7 @@ impl Column {
                         continue;
                     }
                     if scratch.as_ref().is_none_or(|(b, _)| *b != block) {
-                        let mut bytes = scratch.take().map(|(_, v)| v).unwrap_or_else(|| vec![0; rows * item_n]);
+                        let mut bytes = scratch.take().map_or_else(|| vec![0; rows * item_n], |(_, v)| v);
                         if !packed.decompress_into(leaf, block, &mut bytes) {
                             return false;
                         }
@@ -599,7 +599,8 @@ impl Column {
     /// Bytes held by the buffers (capacity, not length): for memory accounting.
     #[must_use]
     pub fn capacity_bytes(&self) -> usize {
-        self.leaves.iter().map(Vec::capacity).sum::<usize>() + self.packed.as_ref().map_or(0, |p| p.capacity_bytes())
+        self.leaves.iter().map(Vec::capacity).sum::<usize>()
+            + self.packed.as_ref().map_or(0, |p| p.capacity_bytes())
     }
 }
 
@@ -816,7 +817,10 @@ mod tests {
 
     /// A two-leaf column of `n` items whose bytes repeat (so they compress).
     fn two_leaf(n: usize, rows: Option<usize>) -> Column {
-        let schema = Schema::new(vec![Leaf::new(DType { kind: crate::schema::Kind::UInt, size: 1 }, vec![3, 5]), Leaf::new(DType::I64, vec![])]);
+        let schema = Schema::new(vec![
+            Leaf::new(DType { kind: crate::schema::Kind::UInt, size: 1 }, vec![3, 5]),
+            Leaf::new(DType::I64, vec![]),
+        ]);
         let mut c = Column::new(schema);
         c.set_compression(rows);
         for i in 0..n {
@@ -836,8 +840,12 @@ mod tests {
                 assert!(packed.total() - packed.sealed() >= rows.min(n), "the newest block stays raw");
                 assert_eq!(contents(&packed), contents(&plain));
                 // Gathers in any order, with fills and repeats.
-                let pos: Vec<Pos> = (0..n).rev().map(Pos::At).chain([Pos::Fill]).chain((0..n).map(Pos::At)).collect();
-                assert_eq!(packed.gather(0, &pos, Some(&[9; 15]), false), plain.gather(0, &pos, Some(&[9; 15]), false));
+                let pos: Vec<Pos> =
+                    (0..n).rev().map(Pos::At).chain([Pos::Fill]).chain((0..n).map(Pos::At)).collect();
+                assert_eq!(
+                    packed.gather(0, &pos, Some(&[9; 15]), false),
+                    plain.gather(0, &pos, Some(&[9; 15]), false)
+                );
                 // select (a cut) keeps the compression and the contents.
                 let picks: Vec<usize> = (0..n).step_by(2).collect();
                 let (s, t) = (packed.select(&picks, 1), plain.select(&picks, 1));
@@ -865,7 +873,10 @@ mod tests {
         }
         assert!(packed.sealed() > 0, "sealed again after the writes");
         assert_eq!(contents(&packed), contents(&plain));
-        assert_eq!(packed.overwrite_many(&[40], &[&a[..15], &b[..8]]), plain.overwrite_many(&[40], &[&a[..15], &b[..8]]));
+        assert_eq!(
+            packed.overwrite_many(&[40], &[&a[..15], &b[..8]]),
+            plain.overwrite_many(&[40], &[&a[..15], &b[..8]])
+        );
         let mut other = two_leaf(9, Some(4));
         let mut other_plain = two_leaf(9, None);
         other.extend_from(&packed, &(3..28).collect::<Vec<_>>());
@@ -887,18 +898,30 @@ mod tests {
 
     #[test]
     fn compressed_columns_hold_fewer_bytes_and_one_hot_reads_work() {
-        let image = Schema::new(vec![Leaf::new(DType { kind: crate::schema::Kind::UInt, size: 1 }, vec![64, 64])]);
+        let image =
+            Schema::new(vec![Leaf::new(DType { kind: crate::schema::Kind::UInt, size: 1 }, vec![64, 64])]);
         let (mut plain, mut packed) = (Column::new(image.clone()), Column::new(image));
         packed.set_compression(Some(32));
         for i in 0..640usize {
             // A square moving over a gradient.
             let frame: Vec<u8> = (0..64 * 64)
-                .map(|k: usize| if (k / 64).abs_diff(i % 50) < 6 && (k % 64).abs_diff(i % 40) < 6 { 255 } else { (k / 64) as u8 })
+                .map(|k: usize| {
+                    if (k / 64).abs_diff(i % 50) < 6 && (k % 64).abs_diff(i % 40) < 6 {
+                        255
+                    } else {
+                        (k / 64) as u8
+                    }
+                })
                 .collect();
             plain.push(&[&frame]).unwrap();
             packed.push(&[&frame]).unwrap();
         }
-        assert!(packed.stored_bytes() * 4 < plain.stored_bytes(), "{} vs {}", packed.stored_bytes(), plain.stored_bytes());
+        assert!(
+            packed.stored_bytes() * 4 < plain.stored_bytes(),
+            "{} vs {}",
+            packed.stored_bytes(),
+            plain.stored_bytes()
+        );
         assert_eq!(contents(&packed), contents(&plain));
         let mut leaf = Leaf::new(DType::I64, vec![]);
         leaf.one_hot = OneHot::Discrete { n: 3, start: 0 };

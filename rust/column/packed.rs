@@ -90,7 +90,10 @@ impl Packed {
 
     /// Bytes held by the blocks (their capacities and the block lists).
     pub fn capacity_bytes(&self) -> usize {
-        self.blocks.iter().map(|b| b.capacity() * size_of::<Vec<u8>>() + b.iter().map(Vec::capacity).sum::<usize>()).sum()
+        self.blocks
+            .iter()
+            .map(|b| b.capacity() * size_of::<Vec<u8>>() + b.iter().map(Vec::capacity).sum::<usize>())
+            .sum()
     }
 
     pub fn shrink_to_fit(&mut self) {
