@@ -259,6 +259,87 @@ fn bench_categorical_draw(c: &mut Criterion) {
     g.finish();
 }
 
+/// 84x84 grayscale frame `t` of a deterministic scene: three squares bouncing over a
+/// vertical gradient and a striped floor (what `SyntheticImageEnv(frames="scene")` draws).
+fn scene_frame(t: usize) -> Vec<u8> {
+    let mut f: Vec<u8> = (0..84 * 84)
+        .map(|k| {
+            let (y, x) = (k / 84, k % 84);
+            if y >= 70 {
+                120 + 30 * ((x / 6) % 2) as u8
+            } else {
+                40 + (y * 100 / 84) as u8
+            }
+        })
+        .collect();
+    let bounce = |p: usize, span: usize| {
+        let p = p % (2 * span);
+        if p > span {
+            2 * span - p
+        } else {
+            p
+        }
+    };
+    for (i, (size, vx, vy, c)) in [(10, 2, 3, 200u8), (6, 3, 1, 90), (8, 1, 2, 160)].into_iter().enumerate() {
+        let (x, y) = (bounce(i * 17 + vx * t, 84 - size), bounce(i * 29 + vy * t, 84 - size));
+        for row in y..y + size {
+            f[row * 84 + x..row * 84 + x + size].fill(c);
+        }
+    }
+    f
+}
+
+/// 84x84x4 frame stacks (the last 4 frames, channels last) of [`scene_frame`].
+fn scene_stacks(n: usize) -> Vec<Vec<u8>> {
+    let frames: Vec<Vec<u8>> = (0..n + 3).map(scene_frame).collect();
+    (0..n).map(|t| (0..84 * 84 * 4).map(|k| frames[t + k % 4][k / 4]).collect()).collect()
+}
+
+/// Observation compression (`Column::set_compression`): bytes held per 84x84x4 step of a
+/// structured scene, the time per append and per to_numpy gather, plain against LZ4 blocks.
+fn bench_compressed_observations(c: &mut Criterion) {
+    let u8_ = DType { kind: fastrollout::schema::Kind::UInt, size: 1 };
+    let rows = scene_stacks(256);
+    let all: Vec<Pos> = (0..256).map(Pos::At).collect();
+    for (name, compression) in [("plain", None), ("lz4_32", Some(fastrollout::column::DEFAULT_BLOCK_ROWS))] {
+        let mut col = Column::new(obs_schema(84 * 84 * 4, u8_));
+        col.set_compression(compression);
+        for r in rows.iter().cycle().take(1024) {
+            col.push(&[r]).expect("push");
+        }
+        eprintln!(
+            "compressed_obs/{name}: {:.0} bytes per stored step over 1024 steps (raw {})",
+            col.stored_bytes() as f64 / 1024.0,
+            84 * 84 * 4
+        );
+        let mut g = c.benchmark_group("compressed_obs");
+        g.throughput(Throughput::Bytes(84 * 84 * 4));
+        g.bench_function(format!("append_atari_scene/{name}"), |b| {
+            let mut col = Column::new(obs_schema(84 * 84 * 4, u8_));
+            col.set_compression(compression);
+            let mut i = 0;
+            b.iter(|| {
+                if col.total() >= 512 {
+                    col.recycle_keep_tail(1);
+                }
+                col.push(&[black_box(&rows[i % 256])]).expect("push");
+                i += 1;
+            });
+        });
+        let mut filled = Column::new(obs_schema(84 * 84 * 4, u8_));
+        filled.set_compression(compression);
+        for r in &rows {
+            filled.push(&[r]).expect("push");
+        }
+        let mut out = vec![0u8; 256 * 84 * 84 * 4];
+        g.throughput(Throughput::Bytes(out.len() as u64));
+        g.bench_function(format!("to_numpy_gather_256_steps/{name}"), |b| {
+            b.iter(|| assert!(black_box(&filled).gather_into(0, &all, None, false, &mut out)));
+        });
+        g.finish();
+    }
+}
+
 criterion_group!(
     benches,
     bench_column_append,
@@ -266,6 +347,7 @@ criterion_group!(
     bench_cut_and_gather,
     bench_multi_agent,
     bench_multi_agent_step_and_to_numpy,
-    bench_categorical_draw
+    bench_categorical_draw,
+    bench_compressed_observations
 );
 criterion_main!(benches);

@@ -79,6 +79,11 @@ from torch import nn
 import fastrollout as fr
 from fastrollout.core import Columns as FrColumns
 from fastrollout.env.examples import SyntheticImageEnv
+
+#: The image workload's env config and observation compression (``--image-frames``,
+#: ``--compress-observations``), the same for every contender.
+IMAGE_ENV_CONFIG: dict[str, Any] = {}
+COMPRESS_OBSERVATIONS = False
 from fastrollout.modules import RLModule, RLModuleSpec
 
 HIDDEN = (256, 256)
@@ -242,7 +247,8 @@ def _fr_runner(
         c = fr.RunnerConfig().resources(device=device).debugging(seed=0)
         c = c.env_runners(num_envs_per_env_runner=n, gym_env_vectorize_mode=mode)
         if image:
-            c = c.environment(SyntheticImageEnv).rl_module(
+            c = c.env_runners(compress_observations=COMPRESS_OBSERVATIONS)
+            c = c.environment(SyntheticImageEnv, env_config=IMAGE_ENV_CONFIG).rl_module(
                 rl_module_spec=RLModuleSpec(module_class=_PoolFr)
             )
             runner: Any = fr.SingleAgentEnvRunner(config=c)
@@ -270,7 +276,8 @@ def _rllib_runner(n: int, agents: int, steps: int, image: bool = False, mode: st
         c = PPOConfig().debugging(seed=0).env_runners(num_env_runners=0)
         c = c.env_runners(num_envs_per_env_runner=n, gym_env_vectorize_mode=mode)
         if image:
-            c = c.environment(SyntheticImageEnv).rl_module(
+            c = c.env_runners(compress_observations=COMPRESS_OBSERVATIONS)
+            c = c.environment(SyntheticImageEnv, env_config=IMAGE_ENV_CONFIG).rl_module(
                 rl_module_spec=RLModuleSpec(module_class=_rllib_pool_module())
             )
             runner: Any = SingleAgentEnvRunner(config=c)
@@ -413,7 +420,9 @@ def workloads(
             out.append(w)
     w = Workload("84x84x4 uint8 image env, 8 sub-envs", "µs/env step", steps)
     w.contenders["bare"] = _bare_single(
-        lambda: gym.vector.SyncVectorEnv([SyntheticImageEnv for _ in range(8)]),
+        lambda: gym.vector.SyncVectorEnv(
+            [lambda: SyntheticImageEnv(IMAGE_ENV_CONFIG) for _ in range(8)]
+        ),
         _pool,
         steps,
         device,
@@ -707,8 +716,22 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="run the measurement in this many fresh processes and report the medians",
     )
+    parser.add_argument(
+        "--image-frames",
+        default="noise",
+        choices=["noise", "scene"],
+        help="the image workload's frames: random noise, or a moving-shapes scene",
+    )
+    parser.add_argument(
+        "--compress-observations",
+        action="store_true",
+        help="the image workload's runners store observations compressed",
+    )
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
+    global COMPRESS_OBSERVATIONS
+    IMAGE_ENV_CONFIG["frames"] = args.image_frames
+    COMPRESS_OBSERVATIONS = args.compress_observations
     if args.processes < 1:
         parser.error("--processes must be at least 1")
     warnings.simplefilter("ignore")

@@ -140,6 +140,7 @@ class RunnerConfig:
         self.explore = True
         self.episode_lookback_horizon = 1
         self.episodes_to_numpy = True
+        self.compress_observations = False
         self._env_to_module_connector: Callable[..., Any] | None = None
         self._module_to_env_connector: Callable[..., Any] | None = None
         self.add_default_connectors_to_env_to_module_pipeline = True
@@ -304,6 +305,7 @@ class RunnerConfig:
         batch_mode: str = NotProvided,
         explore: bool = NotProvided,
         episodes_to_numpy: bool = NotProvided,
+        compress_observations: bool = NotProvided,
         restart_failed_sub_environments: bool = NotProvided,
         max_sub_environment_restart_attempts: int = NotProvided,
         sub_env_step_timeout_s: float | None = NotProvided,
@@ -357,6 +359,10 @@ class RunnerConfig:
             batch_mode: ``"truncate_episodes"`` or ``"complete_episodes"``.
             explore: Whether ``sample(explore=None)`` explores.
             episodes_to_numpy: Whether returned episodes are numpy'ized.
+            compress_observations: Whether single-agent episodes store their (typed)
+                observations compressed in the native core (LZ4 blocks of 32 steps,
+                the newest steps uncompressed); reads are unchanged
+                (docs/compression.md).
             restart_failed_sub_environments: Whether a sub-env whose ``reset``/``step``
                 raises is recreated (and its episode dropped) instead of failing the
                 runner. RLlib 2.60 sets this in ``fault_tolerance()``; both work here.
@@ -424,6 +430,7 @@ class RunnerConfig:
                 add_default_connectors_to_module_to_env_pipeline,
             ),
             ("explore", explore),
+            ("compress_observations", compress_observations),
             ("episodes_to_numpy", episodes_to_numpy),
         )
         if episode_lookback_horizon is not NotProvided:

@@ -7,13 +7,17 @@
 //! with a single copy.
 
 pub mod index;
+mod packed;
 pub mod stream;
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
 use crate::schema::{Leaf, Schema};
 pub use index::{Geometry, Index, IndexError, Pos, Resolved};
+use packed::Packed;
+pub use packed::DEFAULT_BLOCK_ROWS;
 
 /// Errors of column operations.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -109,8 +113,12 @@ pub struct Column {
     /// points at one schema instead of holding a copy (~150 bytes of heap each).
     schema: Arc<Schema>,
     /// One contiguous buffer per leaf; item `i` of leaf `l` is
-    /// `leaves[l][i * item_bytes(l)..(i + 1) * item_bytes(l)]`.
+    /// `leaves[l][(i - s) * item_bytes(l)..(i - s + 1) * item_bytes(l)]`, where `s` is the
+    /// number of items sealed into compressed blocks (0 unless `packed`).
     leaves: Leaves,
+    /// Compression of the older items (see [`Column::set_compression`]); `None` (the
+    /// default) keeps every item in `leaves`.
+    packed: Option<Box<Packed>>,
     /// Items stored, look-back included. Kept explicitly: zero-size leaves (a `(0,)`
     /// Box) have no bytes to count.
     total: usize,
@@ -122,7 +130,7 @@ impl Column {
     pub fn new(schema: impl Into<Arc<Schema>>) -> Column {
         let schema = schema.into();
         let leaves = Leaves::new(vec![Vec::new(); schema.leaves.len()]);
-        Column { schema, leaves, total: 0, lookback: 0 }
+        Column { schema, leaves, packed: None, total: 0, lookback: 0 }
     }
 
     /// A column holding `items` (one byte buffer per leaf, `total` items each) whose first
@@ -146,7 +154,7 @@ impl Column {
                 });
             }
         }
-        Ok(Column { schema, leaves: Leaves::new(leaves), total, lookback: lookback.min(total) })
+        Ok(Column { schema, leaves: Leaves::new(leaves), packed: None, total, lookback: lookback.min(total) })
     }
 
     #[must_use]
@@ -191,17 +199,105 @@ impl Column {
         self.lookback = lookback.min(self.total);
     }
 
-    /// The raw bytes of one leaf over all stored items.
+    /// The uncompressed bytes of one leaf: every stored item, or on a compressed column
+    /// the items after the sealed ones.
     #[must_use]
     pub fn leaf_bytes(&self, leaf: usize) -> &[u8] {
         &self.leaves[leaf]
     }
 
-    /// The bytes of item `pos` (absolute position) of leaf `leaf`.
+    /// Items sealed into compressed blocks (absolute positions `0..sealed()`).
     #[must_use]
-    pub fn item(&self, leaf: usize, pos: usize) -> &[u8] {
+    pub fn sealed(&self) -> usize {
+        self.packed.as_ref().map_or(0, |p| p.sealed)
+    }
+
+    /// The bytes of item `pos` (absolute position) of leaf `leaf`: borrowed, or copied out
+    /// of its decompressed block for a sealed item.
+    #[must_use]
+    pub fn item(&self, leaf: usize, pos: usize) -> Cow<'_, [u8]> {
         let n = self.schema.leaves[leaf].item_bytes();
-        &self.leaves[leaf][pos * n..(pos + 1) * n]
+        let base = self.sealed();
+        if pos >= base {
+            return Cow::Borrowed(&self.leaves[leaf][(pos - base) * n..(pos - base + 1) * n]);
+        }
+        let mut out = vec![0; n];
+        if let Some(p) = &self.packed {
+            let ok = p.read_item(leaf, pos, n, &mut out);
+            debug_assert!(ok, "a sealed block did not decompress");
+        }
+        Cow::Owned(out)
+    }
+
+    /// Compression of the older items: `Some(rows)` seals every full block of `rows`
+    /// items (at least 1) that is not among the newest `rows` into one LZ4 block per
+    /// leaf; reads decompress transparently. `None` unpacks everything. Items read,
+    /// select, cut and gather exactly as uncompressed; the column compares equal only to
+    /// columns with the same compression.
+    pub fn set_compression(&mut self, rows: Option<usize>) {
+        match rows {
+            None => {
+                self.unpack();
+                self.packed = None;
+            }
+            Some(rows) => {
+                if self.packed.as_ref().is_some_and(|p| p.rows == rows.max(1)) {
+                    return;
+                }
+                self.unpack();
+                self.packed = Some(Box::new(Packed::new(rows, self.schema.leaves.len())));
+                self.seal_full_blocks();
+            }
+        }
+    }
+
+    /// Rows per compressed block, `None` if the column is not compressed.
+    #[must_use]
+    pub fn compression(&self) -> Option<usize> {
+        self.packed.as_ref().map(|p| p.rows)
+    }
+
+    /// Bytes of stored item data: the uncompressed items plus the compressed blocks
+    /// (lengths, not capacities).
+    #[must_use]
+    pub fn stored_bytes(&self) -> usize {
+        self.leaves.iter().map(Vec::len).sum::<usize>() + self.packed.as_ref().map_or(0, |p| p.stored_bytes())
+    }
+
+    /// Seals full blocks while more than two blocks' worth of items are uncompressed, so
+    /// that the newest `rows..2 * rows` items stay uncompressed (the look-back a cut
+    /// keeps and the last observation the runner reads are there).
+    fn seal_full_blocks(&mut self) {
+        let Some(p) = self.packed.as_deref_mut() else { return };
+        while self.total - p.sealed >= 2 * p.rows {
+            for (leaf, buf) in self.leaves.iter_mut().enumerate() {
+                let bytes = p.rows * self.schema.leaves[leaf].item_bytes();
+                p.seal(leaf, &buf[..bytes]);
+                buf.copy_within(bytes.., 0);
+                buf.truncate(buf.len() - bytes);
+            }
+            p.sealed += p.rows;
+        }
+    }
+
+    /// Decompresses every sealed item back into the uncompressed buffers (the
+    /// compression setting stays; [`Self::seal_full_blocks`] seals again).
+    fn unpack(&mut self) {
+        let Some(p) = self.packed.as_deref_mut() else { return };
+        if p.sealed == 0 {
+            return;
+        }
+        for (leaf, buf) in self.leaves.iter_mut().enumerate() {
+            let n = self.schema.leaves[leaf].item_bytes();
+            let mut all = vec![0; p.sealed * n + buf.len()];
+            for (b, dst) in all[..p.sealed * n].chunks_exact_mut((p.rows * n).max(1)).enumerate() {
+                let ok = n == 0 || p.decompress_into(leaf, b, dst);
+                debug_assert!(ok, "a sealed block did not decompress");
+            }
+            all[p.sealed * n..].copy_from_slice(buf);
+            *buf = all;
+        }
+        p.clear();
     }
 
     fn check_item<B: AsRef<[u8]>>(&self, item: &[B]) -> Result<(), ColumnError> {
@@ -232,6 +328,9 @@ impl Column {
             stream::extend(buf, bytes.as_ref());
         }
         self.total += 1;
+        if self.packed.is_some() {
+            self.seal_full_blocks();
+        }
     }
 
     /// Appends the items at `positions` of `other` (same schema) after this column's data.
@@ -240,10 +339,11 @@ impl Column {
         for (leaf, buf) in self.leaves.iter_mut().enumerate() {
             buf.reserve(positions.len() * other.schema.leaves[leaf].item_bytes());
             for &p in positions {
-                buf.extend_from_slice(other.item(leaf, p));
+                buf.extend_from_slice(&other.item(leaf, p));
             }
         }
         self.total += positions.len();
+        self.seal_full_blocks();
     }
 
     /// Removes the item at absolute position `pos` (RLlib's `pop`); the look-back shrinks
@@ -252,21 +352,28 @@ impl Column {
         if pos >= self.total {
             return;
         }
+        if pos < self.sealed() {
+            self.unpack();
+        }
+        let at = pos - self.sealed();
         for (leaf, buf) in self.leaves.iter_mut().enumerate() {
             let n = self.schema.leaves[leaf].item_bytes();
-            buf.drain(pos * n..(pos + 1) * n);
+            buf.drain(at * n..(at + 1) * n);
         }
         self.total -= 1;
         if pos < self.lookback {
             self.lookback -= 1;
         }
         self.lookback = self.lookback.min(self.total);
+        self.seal_full_blocks();
     }
 
-    /// A new column with the items at `positions`, the first `lookback` of them look-back.
+    /// A new column with the items at `positions`, the first `lookback` of them look-back
+    /// (compressed as this one is).
     #[must_use]
     pub fn select(&self, positions: &[usize], lookback: usize) -> Column {
         let mut out = Column::new(Arc::clone(&self.schema));
+        out.set_compression(self.compression());
         out.extend_from(self, positions);
         out.set_lookback(lookback);
         out
@@ -280,7 +387,14 @@ impl Column {
     /// buffers behave as ring buffers that never reallocate in steady state.
     pub fn recycle_keep_tail(&mut self, keep: usize) {
         let keep = keep.min(self.total);
-        let drop = self.total - keep;
+        if keep > self.total - self.sealed() {
+            self.unpack();
+        }
+        // Items to drop from the uncompressed buffers (the sealed ones go with the blocks).
+        let drop = self.total - keep - self.sealed();
+        if let Some(p) = self.packed.as_deref_mut() {
+            p.clear();
+        }
         for (leaf, buf) in self.leaves.iter_mut().enumerate() {
             let n = self.schema.leaves[leaf].item_bytes();
             buf.copy_within(drop * n.., 0);
@@ -331,15 +445,86 @@ impl Column {
         if n == 0 {
             return true;
         }
+        if let Some(packed) = self.packed.as_deref().filter(|p| p.sealed > 0) {
+            return self.gather_packed_into(packed, leaf, positions, fill, one_hot, out);
+        }
         for (pos, dst) in positions.iter().zip(out.chunks_exact_mut(n)) {
             match *pos {
-                Pos::At(p) if one_hot => spec.write_one_hot_into(self.item(leaf, p), dst),
-                Pos::At(p) => dst.copy_from_slice(self.item(leaf, p)),
+                Pos::At(p) if one_hot => spec.write_one_hot_into(&self.item(leaf, p), dst),
+                Pos::At(p) => dst.copy_from_slice(&self.item(leaf, p)),
                 Pos::Fill => match fill {
                     Some(bytes) => dst.copy_from_slice(bytes),
                     None => dst.fill(0),
                 },
             }
+        }
+        true
+    }
+
+    /// [`Self::gather_into`] on a column with sealed items (`out` and `fill` checked).
+    /// A run of positions that covers one whole block in order decompresses straight
+    /// into `out`; other sealed items go through one scratch block. `false` if a block
+    /// does not decompress (a bug).
+    fn gather_packed_into(
+        &self,
+        packed: &Packed,
+        leaf: usize,
+        positions: &[Pos],
+        fill: Option<&[u8]>,
+        one_hot: bool,
+        out: &mut [u8],
+    ) -> bool {
+        let spec: &Leaf = &self.schema.leaves[leaf];
+        let n = self.gathered_item_bytes(leaf, one_hot);
+        let item_n = spec.item_bytes();
+        let (rows, base) = (packed.rows, packed.sealed);
+        let raw = &self.leaves[leaf];
+        let mut scratch: Option<(usize, Vec<u8>)> = None;
+        let mut i = 0;
+        while i < positions.len() {
+            let dst = &mut out[i * n..(i + 1) * n];
+            let src: &[u8] = match positions[i] {
+                Pos::At(p) if p >= base => &raw[(p - base) * item_n..(p - base + 1) * item_n],
+                Pos::At(p) => {
+                    let block = p / rows;
+                    let whole = !one_hot
+                        && p % rows == 0
+                        && positions
+                            .get(i..i + rows)
+                            .is_some_and(|run| run.iter().enumerate().all(|(k, &q)| q == Pos::At(p + k)));
+                    if whole {
+                        if !packed.decompress_into(leaf, block, &mut out[i * n..(i + rows) * n]) {
+                            return false;
+                        }
+                        i += rows;
+                        continue;
+                    }
+                    if scratch.as_ref().is_none_or(|(b, _)| *b != block) {
+                        let mut bytes = scratch.take().map_or_else(|| vec![0; rows * item_n], |(_, v)| v);
+                        if !packed.decompress_into(leaf, block, &mut bytes) {
+                            return false;
+                        }
+                        scratch = Some((block, bytes));
+                    }
+                    let Some((_, bytes)) = &scratch else { return false };
+                    let at = (p % rows) * item_n;
+                    &bytes[at..at + item_n]
+                }
+                Pos::Fill => {
+                    match fill {
+                        Some(bytes) => dst.copy_from_slice(bytes),
+                        None => dst.fill(0),
+                    }
+                    i += 1;
+                    continue;
+                }
+            };
+            if one_hot {
+                spec.write_one_hot_into(src, dst);
+            } else {
+                dst.copy_from_slice(src);
+            }
+            i += 1;
         }
         true
     }
@@ -365,12 +550,18 @@ impl Column {
             }
             .into());
         }
+        if positions.iter().any(|&p| p < self.sealed()) {
+            self.unpack();
+        }
+        let base = self.sealed();
         for (leaf, bytes) in items.iter().enumerate() {
             let n = self.schema.leaves[leaf].item_bytes();
             for (k, &p) in positions.iter().enumerate() {
-                self.leaves[leaf][p * n..(p + 1) * n].copy_from_slice(&bytes[k * n..(k + 1) * n]);
+                let at = p - base;
+                self.leaves[leaf][at * n..(at + 1) * n].copy_from_slice(&bytes[k * n..(k + 1) * n]);
             }
         }
+        self.seal_full_blocks();
         Ok(())
     }
 
@@ -379,6 +570,8 @@ impl Column {
     /// allocation failure here must not abort the process; the buffers then grow as
     /// usual).
     pub fn reserve(&mut self, items: usize) {
+        // A compressed column never holds more than two blocks uncompressed.
+        let items = self.packed.as_ref().map_or(items, |p| items.min(2 * p.rows));
         for (buf, leaf) in self.leaves.iter_mut().zip(&self.schema.leaves) {
             let bytes = items.saturating_mul(leaf.item_bytes()).min(MAX_RESERVE_BYTES);
             let _ = buf.try_reserve_exact(bytes);
@@ -398,12 +591,16 @@ impl Column {
         for buf in self.leaves.iter_mut() {
             shrink(buf);
         }
+        if let Some(p) = self.packed.as_deref_mut() {
+            p.shrink_to_fit();
+        }
     }
 
     /// Bytes held by the buffers (capacity, not length): for memory accounting.
     #[must_use]
     pub fn capacity_bytes(&self) -> usize {
-        self.leaves.iter().map(Vec::capacity).sum()
+        self.leaves.iter().map(Vec::capacity).sum::<usize>()
+            + self.packed.as_ref().map_or(0, |p| p.capacity_bytes())
     }
 }
 
@@ -488,8 +685,8 @@ mod tests {
         let ptr = c.leaf_bytes(0).as_ptr();
         c.recycle_keep_tail(2);
         assert_eq!((c.total(), c.lookback(), c.len()), (2, 2, 0));
-        assert_eq!(floats(c.item(0, 0))[0], 98.0);
-        assert_eq!(floats(c.item(0, 1))[0], 99.0);
+        assert_eq!(floats(&c.item(0, 0))[0], 98.0);
+        assert_eq!(floats(&c.item(0, 1))[0], 99.0);
         for i in 0..90 {
             c.push(&[&item(i as f32, 0.0)]).unwrap();
         }
@@ -503,7 +700,7 @@ mod tests {
         c.push(&[&item(1.0, 2.0)]).unwrap();
         c.reserve(10);
         assert!(c.capacity_bytes() >= 11 * 8);
-        assert_eq!((c.total(), floats(c.item(0, 0))), (1, vec![1.0, 2.0]));
+        assert_eq!((c.total(), floats(&c.item(0, 0))), (1, vec![1.0, 2.0]));
         // A request past the cap (here, past any address space) is cut to the cap, and
         // one the allocator refuses is dropped: no abort, the column still works.
         let mut huge = Column::new(Schema::new(vec![Leaf::new(DType::F32, vec![1 << 20])]));
@@ -524,9 +721,9 @@ mod tests {
         c.shrink_to_fit();
         assert_eq!(c.capacity_bytes(), 40);
         assert_eq!((c.total(), c.lookback()), (5, 2));
-        assert_eq!(floats(c.item(0, 4)), vec![4.0, 1.0]);
+        assert_eq!(floats(&c.item(0, 4)), vec![4.0, 1.0]);
         c.push(&[&item(5.0, 5.0)]).unwrap();
-        assert_eq!(floats(c.item(0, 5)), vec![5.0, 5.0], "appending after a shrink grows again");
+        assert_eq!(floats(&c.item(0, 5)), vec![5.0, 5.0], "appending after a shrink grows again");
 
         // Large buffers too; the data stays.
         let mut big = Column::new(Schema::new(vec![Leaf::new(DType::F32, vec![1000])]));
@@ -536,7 +733,7 @@ mod tests {
         }
         big.shrink_to_fit();
         assert_eq!(big.capacity_bytes(), 17 * 4000);
-        assert_eq!(big.item(0, 16), &row[..]);
+        assert_eq!(&big.item(0, 16)[..], &row[..]);
     }
 
     #[test]
@@ -550,8 +747,8 @@ mod tests {
         assert_eq!((c.leaf_bytes(0).len(), c.leaf_bytes(1).len()), (24, 24));
         assert_eq!(c.capacity_bytes(), 48);
         let s = c.select(&[2, 0], 1);
-        assert_eq!(floats(s.item(0, 0)), vec![2.0, 0.5]);
-        assert_eq!(s.item(1, 1), 0i64.to_ne_bytes());
+        assert_eq!(floats(&s.item(0, 0)), vec![2.0, 0.5]);
+        assert_eq!(s.item(1, 1)[..], 0i64.to_ne_bytes());
         assert_eq!(
             c.push(&[item(1.0, 1.0)]),
             Err(ColumnError::LeafCount { expected: 2, got: 1 }),
@@ -579,7 +776,7 @@ mod tests {
         assert_eq!((s.total(), s.lookback()), (2, 1));
         let mut t = s.clone();
         t.extend_from(&c, &[0]);
-        assert_eq!(floats(t.item(0, 2))[0], 0.0);
+        assert_eq!(floats(&t.item(0, 2))[0], 0.0);
         t.remove(0);
         assert_eq!((t.total(), t.lookback()), (2, 0));
         t.remove(7); // out of range: no-op
@@ -593,7 +790,7 @@ mod tests {
             c.push(&[&item(i as f32, 0.0)]).unwrap();
         }
         c.overwrite_many(&[1], &[&item(7.0, 7.0)]).unwrap();
-        assert_eq!(floats(c.item(0, 1)), vec![7.0, 7.0]);
+        assert_eq!(floats(&c.item(0, 1)), vec![7.0, 7.0]);
         assert!(c.overwrite_many(&[3], &[&item(7.0, 7.0)]).is_err());
         let two = [item(5.0, 5.0), item(6.0, 6.0)].concat();
         assert_eq!(
@@ -601,8 +798,149 @@ mod tests {
             Err(ColumnError::SetLength { selected: 3, given: 2 })
         );
         c.overwrite_many(&[2, 0], &[&two]).unwrap();
-        assert_eq!(floats(c.item(0, 2)), vec![5.0, 5.0]);
-        assert_eq!(floats(c.item(0, 0)), vec![6.0, 6.0]);
+        assert_eq!(floats(&c.item(0, 2)), vec![5.0, 5.0]);
+        assert_eq!(floats(&c.item(0, 0)), vec![6.0, 6.0]);
+    }
+
+    /// Every item of both columns, read one by one and gathered at once, per leaf.
+    fn contents(c: &Column) -> Vec<Vec<u8>> {
+        let all: Vec<Pos> = (0..c.total()).map(Pos::At).collect();
+        (0..c.schema().leaves.len())
+            .flat_map(|l| {
+                let one: Vec<u8> = (0..c.total()).flat_map(|p| c.item(l, p).into_owned()).collect();
+                let gathered = c.gather(l, &all, None, false);
+                assert_eq!(one, gathered, "item and gather agree");
+                [one, gathered]
+            })
+            .collect()
+    }
+
+    /// A two-leaf column of `n` items whose bytes repeat (so they compress).
+    fn two_leaf(n: usize, rows: Option<usize>) -> Column {
+        let schema = Schema::new(vec![
+            Leaf::new(DType { kind: crate::schema::Kind::UInt, size: 1 }, vec![3, 5]),
+            Leaf::new(DType::I64, vec![]),
+        ]);
+        let mut c = Column::new(schema);
+        c.set_compression(rows);
+        for i in 0..n {
+            c.push(&[vec![(i % 7) as u8; 15], (i as i64).to_ne_bytes().to_vec()]).unwrap();
+        }
+        c
+    }
+
+    #[test]
+    fn compressed_columns_read_as_uncompressed() {
+        for rows in [1, 2, 3, 8] {
+            for n in [0, 1, 5, 17, 40] {
+                let plain = two_leaf(n, None);
+                let packed = two_leaf(n, Some(rows));
+                assert_eq!(packed.compression(), Some(rows));
+                assert!(n < 2 * rows || packed.sealed() > 0, "full blocks are sealed");
+                assert!(packed.total() - packed.sealed() >= rows.min(n), "the newest block stays raw");
+                assert_eq!(contents(&packed), contents(&plain));
+                // Gathers in any order, with fills and repeats.
+                let pos: Vec<Pos> =
+                    (0..n).rev().map(Pos::At).chain([Pos::Fill]).chain((0..n).map(Pos::At)).collect();
+                assert_eq!(
+                    packed.gather(0, &pos, Some(&[9; 15]), false),
+                    plain.gather(0, &pos, Some(&[9; 15]), false)
+                );
+                // select (a cut) keeps the compression and the contents.
+                let picks: Vec<usize> = (0..n).step_by(2).collect();
+                let (s, t) = (packed.select(&picks, 1), plain.select(&picks, 1));
+                assert_eq!((s.compression(), s.lookback()), (Some(rows), t.lookback()));
+                assert_eq!(contents(&s), contents(&t));
+                // Switching compression off gives back the plain column.
+                let mut off = packed.clone();
+                off.set_compression(None);
+                assert_eq!(off, plain);
+            }
+        }
+    }
+
+    #[test]
+    fn compressed_columns_write_remove_and_recycle_as_uncompressed() {
+        let mut plain = two_leaf(30, None);
+        let mut packed = two_leaf(30, Some(4));
+        let item = [vec![200u8; 15], 7i64.to_ne_bytes().to_vec()];
+        let (a, b) = (item[0].repeat(2), item[1].repeat(2));
+        for c in [&mut plain, &mut packed] {
+            c.overwrite_many(&[2, 29], &[&a, &b]).unwrap();
+            c.remove(5);
+            c.remove(27);
+            c.set_lookback(3);
+        }
+        assert!(packed.sealed() > 0, "sealed again after the writes");
+        assert_eq!(contents(&packed), contents(&plain));
+        assert_eq!(
+            packed.overwrite_many(&[40], &[&a[..15], &b[..8]]),
+            plain.overwrite_many(&[40], &[&a[..15], &b[..8]])
+        );
+        let mut other = two_leaf(9, Some(4));
+        let mut other_plain = two_leaf(9, None);
+        other.extend_from(&packed, &(3..28).collect::<Vec<_>>());
+        other_plain.extend_from(&plain, &(3..28).collect::<Vec<_>>());
+        assert_eq!(contents(&other), contents(&other_plain));
+        for keep in [0, 2, 6, 20] {
+            let (mut p, mut q) = (packed.clone(), plain.clone());
+            p.recycle_keep_tail(keep);
+            q.recycle_keep_tail(keep);
+            assert_eq!((p.total(), p.lookback(), p.sealed()), (q.total(), q.lookback(), 0));
+            assert_eq!(contents(&p), contents(&q));
+            for i in 0..11 {
+                p.push(&[vec![i; 15], [i; 8].to_vec()]).unwrap();
+                q.push(&[vec![i; 15], [i; 8].to_vec()]).unwrap();
+            }
+            assert_eq!(contents(&p), contents(&q));
+        }
+    }
+
+    #[test]
+    fn compressed_columns_hold_fewer_bytes_and_one_hot_reads_work() {
+        let image =
+            Schema::new(vec![Leaf::new(DType { kind: crate::schema::Kind::UInt, size: 1 }, vec![64, 64])]);
+        let (mut plain, mut packed) = (Column::new(image.clone()), Column::new(image));
+        packed.set_compression(Some(32));
+        for i in 0..640usize {
+            // A square moving over a gradient.
+            let frame: Vec<u8> = (0..64 * 64)
+                .map(|k: usize| {
+                    if (k / 64).abs_diff(i % 50) < 6 && (k % 64).abs_diff(i % 40) < 6 {
+                        255
+                    } else {
+                        (k / 64) as u8
+                    }
+                })
+                .collect();
+            plain.push(&[&frame]).unwrap();
+            packed.push(&[&frame]).unwrap();
+        }
+        assert!(
+            packed.stored_bytes() * 4 < plain.stored_bytes(),
+            "{} vs {}",
+            packed.stored_bytes(),
+            plain.stored_bytes()
+        );
+        assert_eq!(contents(&packed), contents(&plain));
+        let mut leaf = Leaf::new(DType::I64, vec![]);
+        leaf.one_hot = OneHot::Discrete { n: 3, start: 0 };
+        let mut c = Column::new(Schema::new(vec![leaf]));
+        c.set_compression(Some(2));
+        for i in [0i64, 1, 2, 1, 0, 2] {
+            c.push(&[&i.to_ne_bytes()]).unwrap();
+        }
+        assert_eq!(c.sealed(), 4);
+        let got = floats(&c.gather(0, &[Pos::At(1), Pos::At(5), Pos::Fill], None, true));
+        assert_eq!(got, vec![0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0]);
+        // Zero-size items compress too.
+        let mut z = Column::new(Schema::new(vec![Leaf::new(DType::F32, vec![0])]));
+        z.set_compression(Some(1));
+        for _ in 0..5 {
+            z.push(&[&[]]).unwrap();
+        }
+        assert_eq!((z.total(), z.sealed()), (5, 4));
+        assert!(z.item(0, 0).is_empty());
     }
 
     #[test]

@@ -408,6 +408,28 @@ impl<O: Clone> Field<O> {
         }
     }
 
+    /// Compresses the field's typed column (see [`Column::set_compression`]): `Some(rows)`
+    /// seals blocks of `rows` items, `None` unpacks. `false` (nothing changes) unless the
+    /// field is typed: objects are not compressed, and an untyped field has no layout yet.
+    pub fn set_compression(&mut self, rows: Option<usize>) -> bool {
+        match &mut self.storage {
+            Storage::Typed { column, .. } => {
+                column.set_compression(rows);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Rows per compressed block of the typed column; `None` if not compressed.
+    #[must_use]
+    pub fn compression(&self) -> Option<usize> {
+        match &self.storage {
+            Storage::Typed { column, .. } => column.compression(),
+            _ => None,
+        }
+    }
+
     /// Appends the chunk items of `other` (its look-back excluded).
     ///
     /// Returns `false` (and changes nothing) when the two storages cannot hold each
@@ -483,7 +505,7 @@ mod tests {
     fn values(f: &Field<String>) -> Vec<i64> {
         match &f.storage {
             Storage::Typed { column, .. } => (0..column.total())
-                .map(|p| i64::from_ne_bytes(column.item(0, p).try_into().unwrap()))
+                .map(|p| i64::from_ne_bytes(column.item(0, p)[..].try_into().unwrap()))
                 .collect(),
             _ => panic!("not typed"),
         }
@@ -610,7 +632,7 @@ mod tests {
         let mut f = i64_field(&[5, 6, 7], 2);
         f.make_objects(|t| {
             assert!(t.host_scalar, "given as host scalars");
-            format!("{}", i64::from_ne_bytes(t.column.item(0, t.pos).try_into().unwrap()))
+            format!("{}", i64::from_ne_bytes(t.column.item(0, t.pos)[..].try_into().unwrap()))
         });
         match &f.storage {
             Storage::Objects { items, lookback } => {

@@ -223,7 +223,7 @@ impl<O: Clone> SingleAgentCore<O> {
         let g = column.geometry();
         let mut sum = 0.0;
         for p in g.lookback..g.total {
-            sum += scalar_as_f64(leaf.dtype, column.item(0, p))?;
+            sum += scalar_as_f64(leaf.dtype, &column.item(0, p))?;
         }
         Some(sum)
     }
@@ -871,7 +871,7 @@ mod tests {
         let g = field.geometry();
         match &field.storage {
             Storage::Typed { column, .. } => (g.lookback..g.total)
-                .map(|p| f32::from_ne_bytes(column.item(0, p).try_into().unwrap()))
+                .map(|p| f32::from_ne_bytes(column.item(0, p)[..].try_into().unwrap()))
                 .collect(),
             _ => panic!("not typed"),
         }

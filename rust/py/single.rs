@@ -614,6 +614,42 @@ impl SingleAgentEpisodePy {
         Ok(self.field(field_name(field, key)?)?.finalized)
     }
 
+    /// Stores a field's typed column compressed (`rows`: items per LZ4 block, at least 1)
+    /// or, with `None`, uncompressed. Reads are unchanged either way.
+    ///
+    /// Raises:
+    ///     ValueError: If the field holds no typed column (no space and no data yet, or
+    ///         Python objects).
+    ///     KeyError: For an unknown extra model output key.
+    #[pyo3(signature = (field, rows, key=None))]
+    #[pyo3(name = "_set_compression")]
+    fn set_compression(&mut self, field: &str, rows: Option<usize>, key: Option<&str>) -> PyResult<()> {
+        if self.field_mut(field_name(field, key)?)?.set_compression(rows) {
+            return Ok(());
+        }
+        Err(PyValueError::new_err(format!(
+            "_set_compression: the {field} field holds no typed column (give its space, or add data that fits one, first)"
+        )))
+    }
+
+    /// Items per compressed block of a field, `None` if it is stored uncompressed.
+    #[pyo3(signature = (field, key=None))]
+    #[pyo3(name = "_compression")]
+    fn compression(&self, field: &str, key: Option<&str>) -> PyResult<Option<usize>> {
+        Ok(self.field(field_name(field, key)?)?.compression())
+    }
+
+    /// Bytes of a field's stored typed items (compressed blocks plus uncompressed items;
+    /// 0 for fields of Python objects).
+    #[pyo3(signature = (field, key=None))]
+    #[pyo3(name = "_stored_bytes")]
+    fn stored_bytes(&self, field: &str, key: Option<&str>) -> PyResult<usize> {
+        Ok(match &self.field(field_name(field, key)?)?.storage {
+            Storage::Typed { column, .. } => column.stored_bytes(),
+            _ => 0,
+        })
+    }
+
     /// The keys of the extra model outputs, in the order they first appeared.
     #[pyo3(name = "_extra_keys")]
     fn extra_keys(&self) -> Vec<String> {

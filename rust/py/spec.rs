@@ -819,7 +819,8 @@ pub fn item<'py>(
 ) -> PyResult<Bound<'py, PyAny>> {
     let mut values = Vec::with_capacity(spec.schema.leaves.len());
     for (i, leaf) in spec.schema.leaves.iter().enumerate() {
-        let bytes = column.item(i, pos);
+        let item = column.item(i, pos);
+        let bytes: &[u8] = &item;
         let v = if one_hot && leaf.one_hot_width().is_some() {
             let mut out = Vec::new();
             leaf.write_one_hot(bytes, &mut out);

@@ -334,21 +334,29 @@ class HangingRewardsEnv(MultiAgentEnv):
 class SyntheticImageEnv(gym.Env[np.ndarray, np.int64]):
     """A single-agent env with (84, 84, 4) uint8 observations that costs almost nothing to step.
 
-    Observations cycle through ``num_frames`` (default 8) random frames drawn once from the
-    seed given to ``reset`` (or 0); the reward is 1.0 when the action equals the step index
+    Observations cycle through ``num_frames`` frames made once: with ``frames="noise"``
+    (the default) ``num_frames`` (default 8) uniform random frames drawn from the seed given
+    to ``reset`` (or 0), which no codec compresses; with ``frames="scene"``, Atari-like frame
+    stacks (the last ``shape[-1]`` grayscale frames, channels last) of three squares
+    bouncing over a gradient and a striped floor, ``num_frames`` (default 64) of them, the
+    squares' start set by the seed. The reward is 1.0 when the action equals the step index
     modulo the number of actions, else 0.0; the episode is truncated after
     ``episode_len`` (default 100) steps.
 
     Args:
         config: Optional ``{"episode_len": int >= 1, "num_actions": int >= 1 (default 4),
-            "num_frames": int >= 1, "shape": tuple (default (84, 84, 4))}``.
+            "num_frames": int >= 1, "shape": tuple (default (84, 84, 4)),
+            "frames": "noise" or "scene"}``.
     """
 
     def __init__(self, config: Mapping[str, Any] | None = None) -> None:
         config = config or {}
         self.episode_len = _int_option(config, "episode_len", 100, 1)
         self.num_actions = _int_option(config, "num_actions", 4, 1)
-        self.num_frames = _int_option(config, "num_frames", 8, 1)
+        self.frames = config.get("frames", "noise")
+        if self.frames not in ("noise", "scene"):
+            raise ValueError(f'frames must be "noise" or "scene", got {self.frames!r}')
+        self.num_frames = _int_option(config, "num_frames", 64 if self.frames == "scene" else 8, 1)
         self.shape = tuple(config.get("shape", (84, 84, 4)))
         self.observation_space = gym.spaces.Box(0, 255, self.shape, np.uint8)
         self.action_space = gym.spaces.Discrete(self.num_actions)
@@ -357,7 +365,9 @@ class SyntheticImageEnv(gym.Env[np.ndarray, np.int64]):
 
     def _draw(self, seed: int) -> np.ndarray:
         rng = np.random.default_rng(seed)
-        return rng.integers(0, 256, (self.num_frames, *self.shape), dtype=np.uint8)
+        if self.frames == "noise":
+            return rng.integers(0, 256, (self.num_frames, *self.shape), dtype=np.uint8)
+        return _scene(self.shape, self.num_frames, rng)
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -390,6 +400,35 @@ class SyntheticImageEnv(gym.Env[np.ndarray, np.int64]):
         self._t += 1
         frame = self._frames[self._t % self.num_frames].copy()
         return frame, reward, False, self._t >= self.episode_len, {}
+
+
+def _scene(shape: tuple[int, ...], n: int, rng: np.random.Generator) -> np.ndarray:
+    """``n`` frame stacks of the bouncing-squares scene (see :class:`SyntheticImageEnv`)."""
+    h, w = shape[0], shape[1] if len(shape) > 1 else 1
+    depth = shape[2] if len(shape) > 2 else 1
+    ys = np.arange(h)[:, None]
+    xs = np.arange(w)[None, :]
+    background = np.broadcast_to(40 + (ys * 100) // max(h, 1), (h, w)).astype(np.uint8)
+    floor = ys >= (h * 5) // 6
+    background = np.where(floor, 120 + 30 * ((xs // 6) % 2), background).astype(np.uint8)
+    squares = [(size, rng.integers(1, 4), rng.integers(1, 4), rng.integers(0, 1000), c)
+               for size, c in ((10, 200), (6, 90), (8, 160))]
+
+    def bounce(p: int, span: int) -> int:
+        span = max(span, 1)
+        p %= 2 * span
+        return 2 * span - p if p > span else p
+
+    frames = np.empty((n + depth - 1, h, w), np.uint8)
+    for t in range(n + depth - 1):
+        f = background.copy()
+        for size, vx, vy, start, c in squares:
+            x = bounce(int(start + vx * t), w - size)
+            y = bounce(int(start // 7 + vy * t), h - size)
+            f[y : y + size, x : x + size] = c
+        frames[t] = f
+    stacks = np.stack([frames[k : k + n] for k in range(depth)], axis=-1)
+    return np.ascontiguousarray(stacks.reshape((n, *shape)))
 
 
 class SlowEnv(gym.Env[np.ndarray, np.int64]):

@@ -24,10 +24,14 @@ from fastrollout.errors import SpaceMismatchError
 from fastrollout.modules import MultiRLModule
 from fastrollout.runners import _keys as keys
 from fastrollout.runners import _rllib
-from fastrollout.runners._config import smoothing_window
+from fastrollout.runners._config import cfg, smoothing_window
 from fastrollout.runners.env_runner import EnvRunner
 from fastrollout.runners.sub_envs import StepResults
 from fastrollout.runners.sub_envs.vector import set_rows, take_rows
+
+#: Steps per compressed observation block with ``compress_observations`` (measured in
+#: docs/compression.md; the core's ``DEFAULT_BLOCK_ROWS``).
+OBSERVATION_BLOCK_ROWS = 32
 
 __all__ = ["SingleAgentEnvRunner"]
 
@@ -281,6 +285,11 @@ class SingleAgentEnvRunner(EnvRunner[SingleAgentEpisode]):
             blank = self._blank_episode = episode_cls(
                 observation_space=obs_space, action_space=act_space
             )
+            if cfg(self.config, "compress_observations", False):
+                try:
+                    blank._set_compression("observations", OBSERVATION_BLOCK_ROWS)
+                except ValueError:
+                    pass  # observations kept as Python objects: stored as they are
         self._episodes[i] = blank._blank_like()
         self._episode_callback("on_episode_created", i)
 
