@@ -79,12 +79,12 @@ from torch import nn
 import fastrollout as fr
 from fastrollout.core import Columns as FrColumns
 from fastrollout.env.examples import SyntheticImageEnv
+from fastrollout.modules import RLModule, RLModuleSpec
 
 #: The image workload's env config and observation compression (``--image-frames``,
 #: ``--compress-observations``), the same for every contender.
 IMAGE_ENV_CONFIG: dict[str, Any] = {}
 COMPRESS_OBSERVATIONS = False
-from fastrollout.modules import RLModule, RLModuleSpec
 
 HIDDEN = (256, 256)
 

@@ -411,8 +411,10 @@ def _scene(shape: tuple[int, ...], n: int, rng: np.random.Generator) -> np.ndarr
     background = np.broadcast_to(40 + (ys * 100) // max(h, 1), (h, w)).astype(np.uint8)
     floor = ys >= (h * 5) // 6
     background = np.where(floor, 120 + 30 * ((xs // 6) % 2), background).astype(np.uint8)
-    squares = [(size, rng.integers(1, 4), rng.integers(1, 4), rng.integers(0, 1000), c)
-               for size, c in ((10, 200), (6, 90), (8, 160))]
+    squares = [
+        (size, rng.integers(1, 4), rng.integers(1, 4), rng.integers(0, 1000), c)
+        for size, c in ((10, 200), (6, 90), (8, 160))
+    ]
 
     def bounce(p: int, span: int) -> int:
         span = max(span, 1)

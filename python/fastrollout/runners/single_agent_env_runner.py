@@ -9,6 +9,7 @@ observation array (gymnasium's vector layout). The loop is the base class's.
 from __future__ import annotations
 
 import collections
+import contextlib
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -286,10 +287,9 @@ class SingleAgentEnvRunner(EnvRunner[SingleAgentEpisode]):
                 observation_space=obs_space, action_space=act_space
             )
             if cfg(self.config, "compress_observations", False):
-                try:
+                # (Observations kept as Python objects are stored as they are.)
+                with contextlib.suppress(ValueError):
                     blank._set_compression("observations", OBSERVATION_BLOCK_ROWS)
-                except ValueError:
-                    pass  # observations kept as Python objects: stored as they are
         self._episodes[i] = blank._blank_like()
         self._episode_callback("on_episode_created", i)
 
