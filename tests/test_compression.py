@@ -303,3 +303,42 @@ def test_multi_agent_setting_reaches_every_agent() -> None:
     with pytest.raises(TypeError, match="_observation_compression"):
         ep._observation_compression = "32"
     assert ep._observation_compression is None
+
+
+def test_multi_agent_runner_config_key() -> None:
+    import fastrollout as fr
+    from fastrollout.env.examples import SyntheticImageEnv
+    from fastrollout.env.multi_agent_env import make_multi_agent
+
+    cfg = (
+        RunnerConfig()
+        .environment(
+            make_multi_agent(SyntheticImageEnv),
+            env_config={"num_agents": 2, "frames": "scene", "episode_len": 200},
+        )
+        .env_runners(num_envs_per_env_runner=2)
+        .debugging(seed=3)
+    )
+    runs, stored = [], []
+    for compress in (False, True):
+        runner = fr.MultiAgentEnvRunner(config=cfg.env_runners(compress_observations=compress))
+        # Whole 200-step episodes: all but the newest 32-63 steps of each agent sealed.
+        eps = runner.sample(num_episodes=2, random_actions=True)
+        runs.append(
+            [
+                (aid, sa.t_started, sa.get_observations())
+                for e in eps
+                for aid, sa in sorted(e.agent_episodes.items())
+            ]
+        )
+        stored.append(
+            sum(sa._stored_bytes("observations") for e in eps for sa in e.agent_episodes.values())
+        )
+        if compress:
+            assert all(e._observation_compression == 32 for e in eps)
+        runner.stop()
+    assert len(runs[0]) == len(runs[1]) > 0
+    for (a0, t0, x), (a1, t1, y) in zip(*runs, strict=True):
+        assert (a0, t0) == (a1, t1)
+        np.testing.assert_array_equal(x, y)
+    assert stored[1] * 3 < stored[0], stored
