@@ -8,16 +8,19 @@ Blocks of 1-4 steps make short episodes seal many blocks.
 
 from __future__ import annotations
 
+import copy
 import pickle
 
 import gymnasium as gym
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, note, settings
 from hypothesis import strategies as st
 
+from _ma_scripts import Planner, ScriptConfig, assert_same_ma
 from fastrollout import RunnerConfig
-from fastrollout.episodes import SingleAgentEpisode
+from fastrollout.episodes import MultiAgentEpisode, SingleAgentEpisode
+from test_properties_multi_agent_episode import SEEDS, extra_keys
 
 SPACES = {
     "image": gym.spaces.Box(0, 255, (6, 5, 2), np.uint8),
@@ -169,3 +172,173 @@ def test_runner_config_key() -> None:
     for (t0, a), (t1, b) in zip(*runs, strict=True):
         assert t0 == t1
         np.testing.assert_array_equal(a, b)
+
+
+# --------------------------------------------------------------------------------------
+# Multi-agent episodes: every agent's observations, agents that join late included.
+# --------------------------------------------------------------------------------------
+
+
+def _ma_compressed(ep, rows: int) -> None:
+    """Every agent episode of ``ep`` stores its (typed) observations in blocks of ``rows``."""
+    assert ep._observation_compression == rows
+    for aid, sa in ep.agent_episodes.items():
+        assert sa._compression("observations") == rows, aid
+
+
+def _ma_same(plain, packed, rows: int) -> None:
+    keys = extra_keys(plain)
+    assert_same_ma(plain, packed, keys, ids=False)
+    assert plain.env_t_to_agent_t == packed.env_t_to_agent_t
+    _ma_compressed(packed, rows)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    config_seed=SEEDS,
+    planner_seed=SEEDS,
+    rows=st.integers(1, 4),
+    steps=st.integers(0, 16),
+    cuts=st.dictionaries(st.integers(1, 12), st.integers(0, 3), min_size=1, max_size=4),
+    numpy=st.booleans(),
+)
+def test_multi_agent_episodes_read_the_same_compressed(
+    config_seed: int,
+    planner_seed: int,
+    rows: int,
+    steps: int,
+    cuts: dict[int, int],
+    numpy: bool,
+) -> None:
+    """Random valid multi-agent steps (agents joining late and leaving, hanging actions,
+    cuts before the steps in ``cuts``) recorded into an uncompressed and a compressed
+    episode: every chunk, its ``to_numpy``, the chunks joined by ``concat_episode``, a
+    ``slice``, ``get_state``/``from_state`` and pickling read the same, and the compressed
+    side keeps every agent compressed."""
+    cfg = ScriptConfig.draw(np.random.default_rng(config_seed))
+    planner = Planner(cfg, np.random.default_rng(planner_seed))
+    note(f"config: {cfg.describe()}")
+    sides = {}
+    for compressed in (False, True):
+        ep = MultiAgentEpisode(id_="same", **cfg.space_kwargs())
+        if compressed:
+            ep._observation_compression = rows
+        sides[compressed] = [ep]
+    observations, infos = planner.reset()
+    for chunks in sides.values():
+        chunks[0].add_env_reset(
+            observations=copy.deepcopy(observations), infos=copy.deepcopy(infos)
+        )
+    for i in range(steps):
+        if planner.done:
+            break
+        if i in cuts:
+            for chunks in sides.values():
+                chunks.append(chunks[-1].cut(len_lookback_buffer=cuts[i]))
+        kwargs = planner.step()
+        for chunks in sides.values():
+            chunks[-1].add_env_step(**copy.deepcopy(kwargs))
+    plain, packed = sides[False], sides[True]
+    for p, q in zip(plain, packed, strict=True):
+        _ma_same(p, q, rows)
+    if numpy:
+        for p, q in zip(plain, packed, strict=True):
+            p.to_numpy()
+            q.to_numpy()
+            _ma_same(p, q, rows)
+    last_p, last_q = plain[-1], packed[-1]
+    # State and pickle round trips of the last chunk (deepcopy goes through the state too).
+    _ma_same(
+        MultiAgentEpisode.from_state(last_p.get_state()),
+        MultiAgentEpisode.from_state(last_q.get_state()),
+        rows,
+    )
+    _ma_same(pickle.loads(pickle.dumps(last_p)), pickle.loads(pickle.dumps(last_q)), rows)
+    whole_p, whole_q = copy.deepcopy(plain[0]), copy.deepcopy(packed[0])
+    for p, q in zip(plain[1:], packed[1:], strict=True):
+        whole_p.concat_episode(copy.deepcopy(p))
+        whole_q.concat_episode(copy.deepcopy(q))
+        _ma_same(whole_p, whole_q, rows)
+    n = len(whole_p)
+    for a, b in ((0, n), (n // 3, max(n // 3 + 1, n - 1)), (1, None)):
+        got = {}
+        for name, ep in (("plain", whole_p), ("packed", whole_q)):
+            try:
+                got[name] = ep.slice(slice(a, b))
+            except ValueError as err:  # agents with look-backs of different sizes
+                got[name] = type(err)
+        if isinstance(got["plain"], type):
+            assert got["packed"] is got["plain"]
+            continue
+        event("slices compared")
+        _ma_same(got["plain"], got["packed"], rows)
+
+
+def test_multi_agent_setting_reaches_every_agent() -> None:
+    """Setting ``_observation_compression`` applies it to the agents there are, agents that
+    join later get it with their first observation, and ``None`` unpacks them all; agents
+    whose observations are Python objects stay as they are."""
+    box = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    ep = MultiAgentEpisode(observation_space={"a": box})
+    ep.add_env_reset(observations={"a": np.zeros(3, np.float32), "text": "hello"})
+    assert ep._observation_compression is None
+    assert ep.agent_episodes["a"]._compression("observations") is None
+    ep._observation_compression = 2
+    assert ep.agent_episodes["a"]._compression("observations") == 2
+    assert ep.agent_episodes["text"]._compression("observations") is None
+    for t in range(1, 8):
+        obs = {"a": np.full(3, t / 10, np.float32), "text": f"t={t}"}
+        if t >= 3:
+            obs["late"] = np.full((2, 2), t, np.int64)  # no space: typed by its first value
+        acts = {aid: 0 for aid in ("a", "text", "late") if aid in ep.get_agents_to_act()}
+        ep.add_env_step(obs, acts, dict.fromkeys(acts, 1.0))
+    assert ep.agent_episodes["late"]._compression("observations") == 2
+    assert ep.agent_episodes["late"]._stored_bytes("observations") > 0
+    np.testing.assert_array_equal(
+        ep.agent_episodes["late"].get_observations(),
+        np.stack([np.full((2, 2), t) for t in range(3, 8)]),
+    )
+    ep._observation_compression = None
+    assert all(sa._compression("observations") is None for sa in ep.agent_episodes.values())
+    with pytest.raises(TypeError, match="_observation_compression"):
+        ep._observation_compression = "32"
+    assert ep._observation_compression is None
+
+
+def test_multi_agent_runner_config_key() -> None:
+    import fastrollout as fr
+    from fastrollout.env.examples import SyntheticImageEnv
+    from fastrollout.env.multi_agent_env import make_multi_agent
+
+    cfg = (
+        RunnerConfig()
+        .environment(
+            make_multi_agent(SyntheticImageEnv),
+            env_config={"num_agents": 2, "frames": "scene", "episode_len": 200},
+        )
+        .env_runners(num_envs_per_env_runner=2)
+        .debugging(seed=3)
+    )
+    runs, stored = [], []
+    for compress in (False, True):
+        runner = fr.MultiAgentEnvRunner(config=cfg.env_runners(compress_observations=compress))
+        # Whole 200-step episodes: all but the newest 32-63 steps of each agent sealed.
+        eps = runner.sample(num_episodes=2, random_actions=True)
+        runs.append(
+            [
+                (aid, sa.t_started, sa.get_observations())
+                for e in eps
+                for aid, sa in sorted(e.agent_episodes.items())
+            ]
+        )
+        stored.append(
+            sum(sa._stored_bytes("observations") for e in eps for sa in e.agent_episodes.values())
+        )
+        if compress:
+            assert all(e._observation_compression == 32 for e in eps)
+        runner.stop()
+    assert len(runs[0]) == len(runs[1]) > 0
+    for (a0, t0, x), (a1, t1, y) in zip(*runs, strict=True):
+        assert (a0, t0) == (a1, t1)
+        np.testing.assert_array_equal(x, y)
+    assert stored[1] * 3 < stored[0], stored

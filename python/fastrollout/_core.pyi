@@ -65,6 +65,7 @@ class MultiAgentEpisodeCore:
     _hanging_rewards_end: dict[Any, float]
     _hanging_rewards_begin: dict[Any, float]
     _dropped_agents: set[Any]
+    _observation_compression: int | None
 
     def __new__(cls, *_args: Any, **_kwargs: Any) -> Self: ...
     def add_env_step(

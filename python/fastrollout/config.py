@@ -359,10 +359,10 @@ class RunnerConfig:
             batch_mode: ``"truncate_episodes"`` or ``"complete_episodes"``.
             explore: Whether ``sample(explore=None)`` explores.
             episodes_to_numpy: Whether returned episodes are numpy'ized.
-            compress_observations: Whether single-agent episodes store their (typed)
-                observations compressed in the native core (LZ4 blocks of 32 steps,
-                the newest steps uncompressed); reads are unchanged
-                (docs/compression.md).
+            compress_observations: Whether episodes (every agent's, in multi-agent
+                ones) store their (typed) observations compressed in the native core
+                (LZ4 blocks of 32 steps, the newest steps uncompressed); reads are
+                unchanged (docs/compression.md).
             restart_failed_sub_environments: Whether a sub-env whose ``reset``/``step``
                 raises is recreated (and its episode dropped) instead of failing the
                 runner. RLlib 2.60 sets this in ``fault_tolerance()``; both work here.

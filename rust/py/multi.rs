@@ -221,6 +221,11 @@ pub struct MultiAgentEpisodeCore {
     /// an agent with rewards before its first observation that arrives done leaves none.
     #[pyo3(get, name = "_dropped_agents")]
     dropped_agents: Py<PySet>,
+    /// Items per compressed block of every agent's observations (`None`: uncompressed;
+    /// `env_runners(compress_observations=True)`). Setting it applies it to the agents
+    /// there are; agents that join later get it with their first observation.
+    #[pyo3(get, name = "_observation_compression")]
+    observation_compression: Option<usize>,
 }
 
 /// Sets `slot` from a Python value assigned to the attribute `name`; on a value that does
@@ -250,6 +255,7 @@ struct EpisodeState<'py> {
     env_t_started: i64,
     lookback: usize,
     is_done: bool,
+    compression: Option<usize>,
 }
 
 impl MultiAgentEpisodeCore {
@@ -267,6 +273,7 @@ impl MultiAgentEpisodeCore {
             env_t_started: self.env_t_started,
             lookback: self.len_lookback_buffers,
             is_done: self.done(),
+            compression: self.observation_compression,
         }
     }
 
@@ -324,6 +331,7 @@ impl MultiAgentEpisodeCore {
             hanging_rewards_end: with_default(py.get_type::<pyo3::types::PyFloat>())?,
             hanging_rewards_begin: with_default(py.get_type::<pyo3::types::PyFloat>())?,
             dropped_agents: PySet::empty(py)?.unbind(),
+            observation_compression: None,
         })
     }
 
@@ -403,6 +411,20 @@ impl MultiAgentEpisodeCore {
         set_named(&mut self.dropped_agents, value, "_dropped_agents")
     }
 
+    /// Sets the compression of every agent's observations (items per LZ4 block, at least
+    /// 1; `None`: uncompressed) and applies it to the agents there are; reads are unchanged
+    /// either way. Agents whose observations are Python objects stay as they are.
+    #[setter(_observation_compression)]
+    fn set_observation_compression(&mut self, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        set_named(&mut self.observation_compression, value, "_observation_compression")?;
+        for eps in self.agent_episodes.bind(value.py()).values() {
+            eps.cast::<SingleAgentEpisodePy>()?
+                .try_borrow_mut()?
+                .set_observation_compression(self.observation_compression);
+        }
+        Ok(())
+    }
+
     /// Records one env step of all agents, in one native call (the runner's per-sub-env
     /// record calls it too).
     ///
@@ -458,6 +480,7 @@ impl MultiAgentEpisodeCore {
             env_t_started,
             lookback,
             is_done,
+            compression,
         } = episode.try_borrow()?.state(py);
 
         if is_done {
@@ -839,6 +862,7 @@ impl MultiAgentEpisodeCore {
                     };
                     map.borrow_mut().map.push(Some(agent_t));
                     if existing[i].is_none() && agent_episodes.get_item(aid)?.is_none() {
+                        compress_new_agent(&eps, compression)?;
                         agent_episodes.set_item(aid, &eps)?;
                     }
                     if terminated || truncated {
@@ -859,6 +883,7 @@ impl MultiAgentEpisodeCore {
                         map.map.set_lookback(lookback);
                     }
                     eps.borrow_mut().apply_reset(py, reset, infos.as_ref())?;
+                    compress_new_agent(&eps, compression)?;
                     add_to(&rewards_begin, aid, reward)?;
                     agent_episodes.set_item(aid, &eps)?;
                 }
@@ -1112,7 +1137,7 @@ pub fn multi_agent_add_env_reset<'py>(
     infos: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<()> {
     let infos = as_dict(infos)?;
-    let EpisodeState { agent_episodes, step_maps, .. } = episode.try_borrow()?.state(py);
+    let EpisodeState { agent_episodes, step_maps, compression, .. } = episode.try_borrow()?.state(py);
     let new_agent_episode = episode.getattr(intern!(py, "_new_agent_episode"))?;
     let mut prepared = Vec::with_capacity(observations.len());
     for (aid, obs) in observations.iter() {
@@ -1127,9 +1152,20 @@ pub fn multi_agent_add_env_reset<'py>(
     for (aid, eps, reset, info) in prepared {
         step_map_of(py, &step_maps, &aid)?.borrow_mut().map.push(Some(0));
         eps.borrow_mut().apply_reset(py, reset, info.as_ref())?;
+        compress_new_agent(&eps, compression)?;
         if agent_episodes.get_item(&aid)?.is_none() {
             agent_episodes.set_item(&aid, &eps)?;
         }
+    }
+    Ok(())
+}
+
+/// Applies the episode's observation compression to an agent episode that has just got its
+/// first observation (before, without a space, its observations have no typed column to
+/// compress). Nothing to do for uncompressed episodes: new agent episodes are uncompressed.
+fn compress_new_agent(eps: &Bound<'_, SingleAgentEpisodePy>, compression: Option<usize>) -> PyResult<()> {
+    if compression.is_some() {
+        eps.try_borrow_mut()?.set_observation_compression(compression);
     }
     Ok(())
 }

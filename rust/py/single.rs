@@ -413,6 +413,15 @@ impl SingleAgentEpisodePy {
         })
     }
 
+    /// Stores the observations compressed in blocks of `rows` items (`None`: uncompressed),
+    /// as a multi-agent episode's setting asks of each agent. A field without a typed
+    /// column (no space and no data yet, or Python objects) is left as it is: an agent's
+    /// first observation gives it one, and the multi-agent episode applies the setting
+    /// again then.
+    pub fn set_observation_compression(&mut self, rows: Option<usize>) {
+        self.core.observations.set_compression(rows);
+    }
+
     /// Moves `core` (with this episode's specs) into `target`, a fresh episode object.
     fn fill_target(
         &self,

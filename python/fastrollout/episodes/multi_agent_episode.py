@@ -385,6 +385,8 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
         self.is_terminated = self.is_terminated or other.is_terminated
         self.is_truncated = self.is_truncated or other.is_truncated
         self._custom_data.update(other.custom_data)
+        # Agents taken over from `other` keep this episode's observation compression.
+        self._observation_compression = self._observation_compression
         self.validate()
 
     def cut(self, len_lookback_buffer: int = 0) -> MultiAgentEpisode:
@@ -422,6 +424,7 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
             successor = self._cut_rebuilt(len_lookback_buffer)
         if self._declared_agents is not None:
             successor._declared_agents = self._declared_agents
+        successor._observation_compression = self._observation_compression
         return successor
 
     def _cut_rebuilt(self, len_lookback_buffer: int) -> MultiAgentEpisode:
@@ -657,6 +660,7 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
         )
         if self.is_numpy:
             sliced.to_numpy()
+        sliced._observation_compression = self._observation_compression
         return sliced
 
     def __getitem__(self, item: builtins.slice) -> MultiAgentEpisode:
@@ -1264,6 +1268,9 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
             "_start_time": self._start_time,
             "_last_step_time": self._last_step_time,
             "custom_data": self._custom_data,
+            # Items per compressed block of the agents' observations (the states hold
+            # them uncompressed).
+            "_observation_compression": self._observation_compression,
         }
 
     @classmethod
@@ -1304,6 +1311,7 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
         episode._start_time = state["_start_time"]
         episode._last_step_time = state["_last_step_time"]
         episode._custom_data = state.get("custom_data", {})
+        episode._observation_compression = state.get("_observation_compression")
         episode.validate()
         return episode
 

@@ -10,9 +10,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["cfg", "smoothing_window"]
+__all__ = ["OBSERVATION_BLOCK_ROWS", "cfg", "smoothing_window"]
 
 _MISSING = object()
+
+#: Steps per compressed observation block with ``compress_observations`` (measured in
+#: docs/compression.md; the core's ``DEFAULT_BLOCK_ROWS``).
+OBSERVATION_BLOCK_ROWS = 32
 
 
 def cfg(config: Any, name: str, default: Any = None) -> Any:

@@ -25,7 +25,7 @@ from fastrollout.episodes import MultiAgentEpisode
 from fastrollout.errors import MultiAgentEnvError, SpaceMismatchError
 from fastrollout.runners import _keys as keys
 from fastrollout.runners import _rllib
-from fastrollout.runners._config import cfg, smoothing_window
+from fastrollout.runners._config import OBSERVATION_BLOCK_ROWS, cfg, smoothing_window
 from fastrollout.runners.env_runner import EnvRunner
 from fastrollout.runners.sub_envs import StepResults
 
@@ -193,6 +193,10 @@ class MultiAgentEnvRunner(EnvRunner[MultiAgentEpisode]):
             # An agent outside them fails when it first observes (one lookup per agent
             # and chunk, in the episode); RLlib records it, without a space.
             episode._declared_agents = dict.fromkeys(agents)
+        if cfg(self.config, "compress_observations", False):
+            # Every agent's typed observations (agents whose observations are Python
+            # objects store them as they are); cut chunks keep it.
+            episode._observation_compression = OBSERVATION_BLOCK_ROWS
         self._episode_callback("on_episode_created", i)
 
     def _callback_env(self, i: int) -> Any:

@@ -25,14 +25,10 @@ from fastrollout.errors import SpaceMismatchError
 from fastrollout.modules import MultiRLModule
 from fastrollout.runners import _keys as keys
 from fastrollout.runners import _rllib
-from fastrollout.runners._config import cfg, smoothing_window
+from fastrollout.runners._config import OBSERVATION_BLOCK_ROWS, cfg, smoothing_window
 from fastrollout.runners.env_runner import EnvRunner
 from fastrollout.runners.sub_envs import StepResults
 from fastrollout.runners.sub_envs.vector import set_rows, take_rows
-
-#: Steps per compressed observation block with ``compress_observations`` (measured in
-#: docs/compression.md; the core's ``DEFAULT_BLOCK_ROWS``).
-OBSERVATION_BLOCK_ROWS = 32
 
 __all__ = ["SingleAgentEnvRunner"]
 
