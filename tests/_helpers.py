@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -393,3 +393,20 @@ def run_differential_batch(
             f"seeds {sorted(failures)}; the first:\n{first}",
             pytrace=False,
         )
+
+
+@pytest.fixture
+def restore_cli_threads(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Puts back torch's threads and the thread variables that the CLI's sample sets.
+
+    So that the rest of the session runs as it would without the CLI tests.
+    """
+    import torch
+
+    from fastrollout import _cli_threads
+
+    for name in _cli_threads.THREAD_ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)

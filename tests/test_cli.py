@@ -8,7 +8,6 @@ import math
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from tests._helpers import restore_cli_threads  # noqa: F401 (a fixture)
 
 from fastrollout import _cli_threads
 from fastrollout._cli_report import JSONL_NAME, PLOT_NAME, RunLog, render_summary, summarize
@@ -29,16 +29,8 @@ from fastrollout.cli import (
 )
 from fastrollout.env import is_multi_agent_env, register_env
 
-
-@pytest.fixture(autouse=True)
-def _restore_threads(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    # run_sample sets torch's threads and the thread variables of the environment; put
-    # both back so that the rest of the session runs as it would without these tests.
-    for name in _cli_threads.THREAD_ENV_VARS:
-        monkeypatch.delenv(name, raising=False)
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
+# sample sets torch's threads and the thread variables: each test puts them back.
+pytestmark = pytest.mark.usefixtures("restore_cli_threads")
 
 
 def _parse(*argv: str) -> Any:

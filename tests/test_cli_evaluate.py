@@ -4,27 +4,18 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
+from tests._helpers import restore_cli_threads  # noqa: F401 (a fixture)
 
 import fastrollout as fr
-from fastrollout import _cli_threads
 from fastrollout._cli_evaluate import EPISODES_DIR, render_estimates
 from fastrollout.cli import build_parser, main, run_evaluate
 from fastrollout.offline import estimate, read_episodes
 
-
-@pytest.fixture(autouse=True)
-def _restore_threads(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    # sample sets torch's threads and the thread variables; put both back.
-    for name in _cli_threads.THREAD_ENV_VARS:
-        monkeypatch.delenv(name, raising=False)
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
+# sample sets torch's threads and the thread variables: each test puts them back.
+pytestmark = pytest.mark.usefixtures("restore_cli_threads")
 
 
 def _exit_status(argv: list[str]) -> int:
