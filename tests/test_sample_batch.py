@@ -442,3 +442,63 @@ def test_episodes_to_multi_agent_batch() -> None:
     assert episodes_to_multi_agent_batch(episodes, "p", env_steps=4).env_steps() == 4
     with pytest.raises(ValueError):
         episodes_to_multi_agent_batch(episodes, ["a"])
+
+
+# ------------------------------------------------------------------- more batch methods
+
+
+@given(lengths_st, st.integers(1, 8))
+def test_timeslices_cover_the_batch(lengths: list[int], k: int) -> None:
+    batch = make_batch(lengths)
+    by_size = batch.timeslices(size=k)
+    assert all(s.count == k for s in by_size[:-1])
+    by_num = batch.timeslices(num_slices=k)
+    assert len(by_num) == k
+    assert max(s.count for s in by_num) - min(s.count for s in by_num) <= 1
+    for parts in (by_size, by_num):
+        joined = concat_samples(parts)
+        assert joined.count == batch.count
+        if batch.count:
+            assert_same_batch(joined, batch)
+    with pytest.raises(ValueError):
+        batch.timeslices()
+
+
+@given(lengths_st)
+def test_shuffle_permutes_rows_together(lengths: list[int]) -> None:
+    batch = make_batch(lengths)
+    shuffled = batch.copy().shuffle()
+    order = np.argsort(shuffled["nested"]["a"])
+    assert_same_value(shuffled["obs"][order], batch["obs"])
+    assert [shuffled["infos"][i] for i in order] == batch["infos"]
+    assert_same_value(shuffled["nested"]["b"][1][order], batch["nested"]["b"][1])
+
+
+def test_pickle_keeps_columns_and_attributes() -> None:
+    import pickle
+
+    batch = SampleBatch({"obs": np.arange(3), "infos": [{}, {}, {}]}, _num_grad_updates=2.0)
+    batch.compress(columns={"obs"})
+    back = pickle.loads(pickle.dumps(batch))
+    assert back.count == 3 and back.num_grad_updates == 2.0
+    assert_same_value(back.decompress_if_needed(columns={"obs"})["obs"], np.arange(3))
+
+
+def test_episodes_with_dict_observations() -> None:
+    space = gym.spaces.Dict(
+        {"a": gym.spaces.Box(-1, 1, (2,), np.float32), "b": gym.spaces.Discrete(3)}
+    )
+    space.seed(0)
+    ep = SingleAgentEpisode(observation_space=space, action_space=gym.spaces.Discrete(2))
+    ep.add_env_reset(space.sample())
+    for _ in range(4):
+        ep.add_env_step(space.sample(), 1, 1.0)
+    batch = episodes_to_sample_batch([ep.to_numpy()])
+    obs = ep.get_observations()
+    for key in ("a", "b"):
+        np.testing.assert_array_equal(batch["obs"][key], obs[key][:-1])
+        np.testing.assert_array_equal(batch["new_obs"][key], obs[key][1:])
+    assert batch[1:3]["obs"]["a"].shape == (2, 2)
+    packed = batch.copy().compress()
+    packed.decompress_if_needed()
+    assert_same_batch(packed, batch)

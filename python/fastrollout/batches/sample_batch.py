@@ -407,6 +407,53 @@ class SampleBatch(dict):  # type: ignore[type-arg]
             {k: _map(lambda v: _slice_leaf(v, start, end), v) for k, v in self.items()}
         )
 
+    def timeslices(
+        self, size: int | None = None, num_slices: int | None = None
+    ) -> list[SampleBatch]:
+        """Consecutive slices of ``size`` rows, or ``num_slices`` slices of even length.
+
+        With ``size`` the last slice may be shorter; with ``num_slices`` lengths differ
+        by at most one, the shorter ones first.
+
+        Raises:
+            ValueError: Unless exactly one of ``size`` and ``num_slices`` is a positive int.
+        """
+        if (size is None) == (num_slices is None) or (size or num_slices or 0) <= 0:
+            raise ValueError("timeslices takes one of size or num_slices, a positive int")
+        if size is not None:
+            bounds = [*range(0, self.count, size), self.count]
+        else:
+            assert num_slices is not None
+            bounds, left = [0], self.count
+            for i in range(num_slices):
+                step = left // (num_slices - i)
+                bounds.append(bounds[-1] + step)
+                left -= step
+        return [self.slice(a, b) for a, b in itertools.pairwise(bounds)]
+
+    def shuffle(self) -> SampleBatch:
+        """Permutes the rows in place (one random permutation for all columns).
+
+        Returns:
+            This batch.
+
+        Raises:
+            NotImplementedError: If the batch has ``seq_lens``.
+        """
+        self._check_sliceable()
+        perm = np.random.permutation(self.count)
+
+        def permute(leaf: Any) -> Any:
+            if isinstance(leaf, list):
+                return [leaf[i] for i in perm]
+            if isinstance(leaf, CompressedArray):
+                raise TypeError("cannot shuffle a bulk-compressed column: decompress first")
+            return leaf[perm]
+
+        for key, value in list(self.items()):
+            dict.__setitem__(self, key, _map(permute, value))
+        return self
+
     def split_by_episode(self, key: str | None = None) -> list[SampleBatch]:
         """Splits into one batch per run of equal ``eps_id`` (or per done, without ids).
 
