@@ -213,8 +213,8 @@ class SingleAgentEnvRunner(EnvRunner[SingleAgentEpisode]):
             from gymnasium.vector.utils import create_empty_array
 
             ids = np.arange(self.num_envs)
+            # (No extras: the rows count as never sent, see _PendingRows.take.)
             self._pending.put(ids, create_empty_array(self.env.single_action_space, len(ids)), {})
-            self._pending._keys = [frozenset()] * self.num_envs
         self._callback(
             "on_environment_created",
             env_runner=self,
