@@ -162,6 +162,7 @@ class _Event:
         info: Any,
         *,
         first: bool,
+        last: bool = False,
         terminated: Any = False,
         truncated: Any = False,
         on_action: Callable[[Any], None] | None = None,
@@ -179,12 +180,8 @@ class _Event:
         self.logged = logged
         self.action = action
         self.extras = extras
-        # Whether the event ends its episode (multi-agent flags are dicts with "__all__").
-        self.last = (
-            bool(terminated["__all__"] or truncated["__all__"])
-            if isinstance(terminated, dict)
-            else bool(terminated or truncated)
-        )
+        # Whether the event ends its episode (the flags may be per-agent dicts).
+        self.last = last
 
 
 class _Episode:
@@ -584,10 +581,10 @@ class ExternalEnv(threading.Thread):
         episode.info = {}
         term: Any = terminated
         trunc: Any = truncated
-        if self.multi_agent and not first:
-            # An observing agent with no reward logged gets 0.0 (as a single agent does).
-            reward = {**dict.fromkeys(observation, 0.0), **reward}
         if self.multi_agent:
+            if not first:
+                # An observing agent with no reward logged gets 0.0 (as a single agent does).
+                reward = {**dict.fromkeys(observation, 0.0), **reward}
             term = {**episode.done_agents, "__all__": terminated}
             trunc = {"__all__": truncated}
             episode.done_agents = {}
@@ -597,6 +594,7 @@ class ExternalEnv(threading.Thread):
                 reward,
                 info,
                 first=first,
+                last=last,
                 terminated=term,
                 truncated=trunc,
                 on_action=on_action,

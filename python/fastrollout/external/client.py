@@ -27,6 +27,7 @@ import numpy as np
 
 from fastrollout.external import protocol
 from fastrollout.external.protocol import HEADER, PROTOCOL_VERSION, FrameError, ValueSpace
+from fastrollout.runners.sub_envs.vector import take_rows
 
 __all__ = ["PolicyClient"]
 
@@ -444,7 +445,7 @@ class PolicyClient:
                         "protocol": PROTOCOL_VERSION,
                         "inference_mode": self.inference_mode,
                         "token": self._token,
-                        "client": f"fastrollout.external.PolicyClient {_version()}",
+                        "client": f"fastrollout.external.PolicyClient {protocol.package_version()}",
                     }
                 )
             )
@@ -633,7 +634,7 @@ class PolicyClient:
         )
         rows = range(len(observations))
         return (
-            [_row(actions, i) for i in rows],
+            [take_rows(actions, i) for i in rows],
             [{k: np.asarray(v[i]) for k, v in columns.items()} for i in rows],
         )
 
@@ -760,15 +761,6 @@ def _unsquashed(space: gym.Space[Any]) -> bool:
     return isinstance(space, gym.spaces.Box) and bool(space.is_bounded("both"))
 
 
-def _row(x: Any, i: int) -> Any:
-    """Row ``i`` of a batch (nested dicts/tuples of arrays)."""
-    if isinstance(x, Mapping):
-        return {k: _row(v, i) for k, v in x.items()}
-    if isinstance(x, tuple):
-        return tuple(_row(v, i) for v in x)
-    return x[i]
-
-
 def _numpy(x: Any) -> Any:
     return x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x)
 
@@ -786,12 +778,3 @@ def _import_class(path: str) -> type:
     if not (isinstance(obj, type) and issubclass(obj, RLModule)):
         raise TypeError(f"{path!r} is not an RLModule subclass")
     return obj
-
-
-def _version() -> str:
-    try:
-        from fastrollout import __version__
-
-        return str(__version__)
-    except ImportError:  # pragma: no cover
-        return "unknown"

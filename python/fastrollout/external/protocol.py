@@ -80,6 +80,16 @@ class FrameError(ValueError):
     """A frame body that is not valid msgpack of the protocol (malformed, unknown ext)."""
 
 
+def package_version() -> str:
+    """The package's version, for the handshake (``"unknown"`` in a tree without it)."""
+    try:
+        from fastrollout import __version__
+
+        return str(__version__)
+    except ImportError:  # pragma: no cover - (a source tree without the built core)
+        return "unknown"
+
+
 def msgpack_module() -> Any:
     """The ``msgpack`` module, imported on first use.
 

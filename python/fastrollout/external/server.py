@@ -190,7 +190,7 @@ class _Serving:
             {
                 "type": "welcome",
                 "protocol": PROTOCOL_VERSION,
-                "server": f"fastrollout {_version()}",
+                "server": f"fastrollout {protocol.package_version()}",
                 "multi_agent": dispatch.multi_agent,
                 "observation_space": dispatch.observations.to_wire(),
                 "action_space": dispatch.actions.to_wire(),
@@ -651,15 +651,6 @@ def _field(
 
 def _error(code: str, message: str) -> dict[str, Any]:
     return {"type": "error", "code": code, "message": message}
-
-
-def _version() -> str:
-    try:
-        from fastrollout import __version__
-
-        return str(__version__)
-    except ImportError:  # pragma: no cover - (a source tree without the built core)
-        return "unknown"
 
 
 # -- the env ---------------------------------------------------------------------------

@@ -20,20 +20,12 @@ import numpy as np
 
 from fastrollout.env.external_env import ExternalEnv, ExternalEnvClosedError, _Episode, _Event
 from fastrollout.runners.sub_envs.base import StepResults, SubEnvs
+from fastrollout.runners.sub_envs.vector import take_rows
 
 __all__ = ["ExternalSubEnvs"]
 
 #: How often a waiting ``poll`` checks that the simulator's thread is still alive.
 _LIVENESS_S = 0.1
-
-
-def _row(batch: Any, j: int) -> Any:
-    """Row ``j`` of a batched action (nested dicts/tuples of arrays)."""
-    if isinstance(batch, dict):
-        return {k: _row(v, j) for k, v in batch.items()}
-    if isinstance(batch, tuple):
-        return tuple(_row(v, j) for v in batch)
-    return batch[j]
 
 
 class ExternalSubEnvs(SubEnvs):
@@ -134,7 +126,7 @@ class ExternalSubEnvs(SubEnvs):
                     answers.append((event.on_action, j))
                 self._answered(episode)
         for fn, j in answers:
-            fn(actions[j] if self.multi_agent else _row(actions, j))
+            fn(actions[j] if self.multi_agent else take_rows(actions, j))
 
     def logged_actions(self, env_ids: Sequence[int]) -> list[tuple[int, Any, Any]]:
         """The rows whose action the simulator took itself (``log_action``).
