@@ -448,10 +448,12 @@ impl Column {
         if let Some(packed) = self.packed.as_deref().filter(|p| p.sealed > 0) {
             return self.gather_packed_into(packed, leaf, positions, fill, one_hot, out);
         }
+        // Nothing sealed: every item is in the raw buffer (no per-item `item()` dispatch).
+        let (raw, item_n) = (&self.leaves[leaf], spec.item_bytes());
         for (pos, dst) in positions.iter().zip(out.chunks_exact_mut(n)) {
             match *pos {
-                Pos::At(p) if one_hot => spec.write_one_hot_into(&self.item(leaf, p), dst),
-                Pos::At(p) => dst.copy_from_slice(&self.item(leaf, p)),
+                Pos::At(p) if one_hot => spec.write_one_hot_into(&raw[p * item_n..(p + 1) * item_n], dst),
+                Pos::At(p) => dst.copy_from_slice(&raw[p * item_n..(p + 1) * item_n]),
                 Pos::Fill => match fill {
                     Some(bytes) => dst.copy_from_slice(bytes),
                     None => dst.fill(0),
