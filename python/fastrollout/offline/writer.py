@@ -86,7 +86,6 @@ class EpisodeWriter:
         self.files: list[Path] = []
         # Buffered rows (max_rows_per_file): per chunk, its rows (episodes layout: one).
         self._pending: list[tuple[int, Any]] = []
-        self._pending_rows = 0
         self._thread = threading.Thread(
             target=self._run, name=f"fastrollout-offline-writer-{worker_index}", daemon=True
         )
@@ -148,7 +147,6 @@ class EpisodeWriter:
         for multi_agent, state in states:
             rows = self._rows_of(multi_agent, state)
             self._pending.append(rows)
-            self._pending_rows += rows[0]
         if self.max_rows_per_file is None:
             self._flush(final=True)
         else:
@@ -161,7 +159,7 @@ class EpisodeWriter:
             return 1, (multi_agent, L.packb(state))
         if not multi_agent:
             cols, rem = L.split_sa_state(L.sa_state_for_disk(state))
-            cols[EPS_ID_COL] = np.array([state["id_"]] * rem["rows"], dtype=object)
+            cols[L.EPS_ID] = np.array([state["id_"]] * rem["rows"], dtype=object)
             cols[L.AGENT_ID] = np.array([None] * rem["rows"], dtype=object)
             cols[L.MODULE_ID] = np.array([None] * rem["rows"], dtype=object)
             return rem["rows"], (False, [cols], rem)
@@ -170,7 +168,7 @@ class EpisodeWriter:
         for aid, s in state["agent_episodes"]:
             cols, rem = L.split_sa_state(s)
             n = rem["rows"]
-            cols[EPS_ID_COL] = np.array([s["id_"]] * n, dtype=object)
+            cols[L.EPS_ID] = np.array([s["id_"]] * n, dtype=object)
             cols[L.AGENT_ID] = np.array([str(aid)] * n, dtype=object)
             cols[L.MODULE_ID] = np.array([s["module_id"]] * n, dtype=object)
             parts.append(cols)
@@ -193,7 +191,6 @@ class EpisodeWriter:
             else:
                 take = len(self._pending)
             batch, self._pending = self._pending[:take], self._pending[take:]
-            self._pending_rows -= sum(n for n, _ in batch)
             self._write_file([payload for _, payload in batch])
 
     def _write_file(self, payloads: list[Any]) -> None:
@@ -228,9 +225,6 @@ class EpisodeWriter:
             tmp.unlink(missing_ok=True)
             raise OfflineWriteError(f"writing {final} failed: {err}") from err
         self.files.append(final)
-
-
-EPS_ID_COL = L.EPS_ID
 
 
 def _is_ma(episode: Any) -> bool:
