@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import pickle
+import time
 from collections import defaultdict
 
 import gymnasium as gym
@@ -545,3 +546,34 @@ def test_a_seed_samples_the_same_episodes_under_any_hash_seed():
     # The two hash seeds iterate the set differently (else the test shows nothing).
     assert set_orders["1"] != set_orders["2"]
     assert digests["1"] == digests["2"]
+
+
+class _SlowStepEnv(MultiAgentEnv):
+    """Two agents; every step sleeps 2 ms."""
+
+    STEP_S = 0.002
+
+    def __init__(self, config=None):
+        super().__init__()
+        self.possible_agents = self.agents = ["a", "b"]
+        space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+        self.observation_spaces = {"a": space, "b": space}
+        self.action_spaces = {"a": gym.spaces.Discrete(2), "b": gym.spaces.Discrete(2)}
+
+    def reset(self, *, seed=None, options=None):
+        return {a: np.zeros(2, np.float32) for a in self.agents}, {}
+
+    def step(self, action_dict):
+        time.sleep(self.STEP_S)
+        obs = {a: np.zeros(2, np.float32) for a in self.agents}
+        return obs, dict.fromkeys(self.agents, 1.0), {"__all__": False}, {"__all__": False}, {}
+
+
+def test_env_step_timer_measures_the_sub_envs_steps():
+    # env_step_timer is the time of one vector step: the in-process sub-envs step one
+    # after another, so at least num_envs x the env's own step time (the CLI's summary
+    # reports it as env.step time).
+    runner = fr.MultiAgentEnvRunner(config=config(_SlowStepEnv, n=3))
+    runner.sample(num_timesteps=30, random_actions=True)
+    assert compiled(runner)["env_step_timer"] >= 3 * _SlowStepEnv.STEP_S
+    runner.stop()

@@ -16,9 +16,10 @@ __all__ = ["MultiAgentListSubEnvs"]
 class MultiAgentListSubEnvs(SubEnvs):
     """``num_envs`` multi-agent envs stepped one after another in this process.
 
-    ``send`` steps the named sub-envs at once (each sub-env's error is caught and
-    reported by ``poll``: the runner restarts the sub-env or raises the error); ``reset``
-    is immediate.
+    ``send`` keeps the actions and ``poll`` steps the named sub-envs, so that the
+    runner's ``env_step_timer`` (around ``poll``) measures their steps; each sub-env's
+    error is caught and reported in the results (the runner restarts the sub-env or raises
+    the error). ``reset`` is immediate.
 
     Args:
         creator: ``creator(vector_index) -> MultiAgentEnv``.
@@ -31,7 +32,8 @@ class MultiAgentListSubEnvs(SubEnvs):
         self._creator = creator
         self.envs = [creator(i) for i in range(num_envs)]
         self.num_envs = num_envs
-        self._results: StepResults | None = None
+        # The sub-envs and actions of the step that send() started, for poll().
+        self._pending: tuple[np.ndarray | None, Any] | None = None
 
     @property
     def env(self) -> Any:
@@ -57,6 +59,14 @@ class MultiAgentListSubEnvs(SubEnvs):
 
     def send(self, env_ids: np.ndarray | None, actions: Any) -> None:
         """See :meth:`SubEnvs.send`."""
+        self._pending = (env_ids, actions)
+
+    def poll(self, wait_s: float) -> StepResults:
+        """See :meth:`SubEnvs.poll`: steps the sub-envs of the last ``send``."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return StepResults(np.zeros(0, np.int64), [], [], [], [], [])
+        env_ids, actions = pending
         envs = self.envs if env_ids is None else [self.envs[i] for i in env_ids]
         n = len(envs)
         obs: list[Any] = [None] * n
@@ -70,14 +80,7 @@ class MultiAgentListSubEnvs(SubEnvs):
                 obs[j], rew[j], term[j], trunc[j], infos[j] = env.step(actions[j])
             except Exception as err:
                 failed[j if env_ids is None else int(env_ids[j])] = err
-        self._results = StepResults(env_ids, obs, rew, term, trunc, infos, failed=failed)
-
-    def poll(self, wait_s: float) -> StepResults:
-        """See :meth:`SubEnvs.poll`."""
-        results, self._results = self._results, None
-        if results is None:
-            return StepResults(np.zeros(0, np.int64), [], [], [], [], [])
-        return results
+        return StepResults(env_ids, obs, rew, term, trunc, infos, failed=failed)
 
     def reset(self, i: int, seed: int | None = None) -> tuple[Any, Any]:
         """See :meth:`SubEnvs.reset`."""
