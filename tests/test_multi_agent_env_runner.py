@@ -313,7 +313,7 @@ def test_state_round_trip_same_greedy_actions(tmp_path):
     c.restore_from_path(a.save_to_path(tmp_path / "ma"))
     gc = greedy(c)
     assert all(torch.equal(ga[m], gc[m]) for m in ga)
-    assert set(a.get_spaces()) == {"__env__", "p0", "p1"}
+    assert set(a.get_spaces()) == {"__env__", "__env_single__", "p0", "p1"}
     a.assert_healthy()
     a.stop()
 

@@ -249,6 +249,20 @@ def test_multi_agent_runner_from_rllib_config():
     assert all(type(e) is _rllib.RLlibMultiAgentEpisode for e in runner._episodes)
 
 
+def test_multi_agent_spaces_are_rllibs_for_an_algorithm_without_local_runner():
+    """RLlib's Algorithm without a local runner (``create_local_env_runner=False``) builds
+    its connectors from the group's spaces, reading ``"__env_single__"``."""
+    from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner
+
+    config = _ma_config()
+    ours = fr.MultiAgentEnvRunner(config=config).get_spaces()
+    theirs = MultiAgentEnvRunner(config=config).get_spaces()
+    assert set(ours) == set(theirs)
+    assert ours["__env_single__"] == theirs["__env_single__"]
+    assert config.build_env_to_module_connector(spaces=ours) is not None
+    assert config.build_module_to_env_connector(spaces=ours) is not None
+
+
 @pytest.mark.parametrize("multi_agent", [False, True], ids=["single_agent", "multi_agent"])
 def test_get_metrics_aggregate_in_rllibs_root_logger(multi_agent):
     from ray.rllib.utils.metrics.metrics_logger import MetricsLogger as RLlibLogger

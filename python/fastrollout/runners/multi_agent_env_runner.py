@@ -17,6 +17,7 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 
 from fastrollout._core import ModuleBatcher, multi_agent_record_steps
@@ -136,7 +137,10 @@ class MultiAgentEnvRunner(EnvRunner[MultiAgentEpisode]):
         """The spaces of the env and of each module (from the first agent mapped to it).
 
         Returns:
-            ``{"__env__": (obs space, action space), module_id: (obs space, action space)}``.
+            ``{"__env__": (obs space, action space), "__env_single__": (per-agent Dict
+            of observation spaces, per-agent Dict of action spaces), module_id: (obs
+            space, action space)}``, as RLlib's (its ``Algorithm`` reads
+            ``"__env_single__"`` when it has no local runner).
 
         Raises:
             ValueError: If a module gets no agent and has no spaces in its spec.
@@ -149,8 +153,16 @@ class MultiAgentEnvRunner(EnvRunner[MultiAgentEpisode]):
         for aid in env.possible_agents:
             agent_of.setdefault(str(probe.module_for(aid)), aid)
         policies = cfg(self.config, "policies")
+        agents = list(env.possible_agents)
         out: dict[str, Any] = {
-            "__env__": (getattr(env, "observation_space", None), getattr(env, "action_space", None))
+            "__env__": (
+                getattr(env, "observation_space", None),
+                getattr(env, "action_space", None),
+            ),
+            "__env_single__": (
+                gym.spaces.Dict({aid: env.get_observation_space(aid) for aid in agents}),
+                gym.spaces.Dict({aid: env.get_action_space(aid) for aid in agents}),
+            ),
         }
         for mid in self._module_ids():
             spec = policies.get(mid) if isinstance(policies, dict) else None
