@@ -502,13 +502,17 @@ import fastrollout as fr
 from fastrollout.env import make_multi_agent
 
 ids = {"p0", "p1", "p2", "p3"}
+if sys.argv[1] == "rllib":  # RLlib's own config (the drop-in)
+    from ray.rllib.algorithms.ppo import PPOConfig
+
+    base = PPOConfig()
+else:
+    base = fr.RunnerConfig().resources(device="cpu")
 config = (
-    fr.RunnerConfig()
-    .environment(make_multi_agent("CartPole-v1"), env_config={"num_agents": 4})
+    base.environment(make_multi_agent("CartPole-v1"), env_config={"num_agents": 4})
     .env_runners(num_envs_per_env_runner=2)
     .multi_agent(policies=ids, policy_mapping_fn=lambda aid, ep, **kw: f"p{aid}")
     .rl_module(model_config={"fcnet_hiddens": [8]})
-    .resources(device="cpu")
     .debugging(seed=3)
 )
 runner = fr.MultiAgentEnvRunner(config=config)
@@ -523,7 +527,8 @@ print(list(ids), digest.hexdigest())
 """
 
 
-def test_a_seed_samples_the_same_episodes_under_any_hash_seed():
+@pytest.mark.parametrize("config_kind", ["fastrollout", "rllib"])
+def test_a_seed_samples_the_same_episodes_under_any_hash_seed(config_kind):
     """With ``policies`` a set, modules are built and run in one order in every process."""
     import os
     import subprocess
@@ -533,7 +538,7 @@ def test_a_seed_samples_the_same_episodes_under_any_hash_seed():
     for hash_seed in ("1", "2"):
         env = {**os.environ, "PYTHONHASHSEED": hash_seed}
         done = subprocess.run(
-            [sys.executable, "-c", _HASH_SEED_SCRIPT],
+            [sys.executable, "-c", _HASH_SEED_SCRIPT, config_kind],
             env=env,
             capture_output=True,
             text=True,
