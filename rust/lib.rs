@@ -3,7 +3,7 @@
 //! The crate has two layers:
 //! - the pure core (`schema`, `column`, `episode`, `metrics`, `runner`): typed columns with
 //!   look-back, the episode bookkeeping built on them, the metric statistics, and the
-//!   runner's batched containers. It knows nothing of Python, so `cargo test` and the
+//!   runner's batched containers, and the batch post-processing (GAE). It knows nothing of Python, so `cargo test` and the
 //!   criterion benches run on it alone;
 //! - the binding layer (`py`, behind the `python` feature that maturin turns on): converts
 //!   Python/numpy values to and from the core's types and maps core errors to Python
@@ -13,6 +13,7 @@ pub mod column;
 pub mod dist;
 pub mod episode;
 pub mod metrics;
+pub mod postprocess;
 pub mod runner;
 pub mod schema;
 

@@ -9,6 +9,7 @@ from fastrollout.callbacks import Callbacks
 from fastrollout.config import RunnerConfig
 from fastrollout.env import register_env
 from fastrollout.episodes import MultiAgentEpisode, SingleAgentEpisode
+from fastrollout.evaluation import RolloutWorker
 from fastrollout.errors import EpisodeStateError, MultiAgentEnvError, SpaceMismatchError
 from fastrollout.metrics import MetricsLogger
 from fastrollout.runners import EnvRunnerGroup, MultiAgentEnvRunner, SingleAgentEnvRunner
@@ -21,6 +22,7 @@ __all__ = [
     "MultiAgentEnvError",
     "MultiAgentEnvRunner",
     "MultiAgentEpisode",
+    "RolloutWorker",
     "RunnerConfig",
     "SingleAgentEnvRunner",
     "SingleAgentEpisode",

@@ -19,6 +19,7 @@ __all__ = [
     "StepMap",
     "__version__",
     "categorical_draw",
+    "gae_segments",
     "multi_agent_add_env_reset",
     "multi_agent_record_steps",
     "native_heap_bytes",
@@ -30,6 +31,16 @@ __version__: str
 def categorical_draw(
     logits: npt.NDArray[np.float32], uniforms: npt.NDArray[np.float64]
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]: ...
+def gae_segments(
+    rewards: npt.NDArray[np.float32],
+    values: npt.NDArray[np.float32],
+    lengths: npt.NDArray[np.int64],
+    bootstraps: npt.NDArray[np.float32],
+    gamma: float,
+    lambda_: float,
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+    """GAE over consecutive chunks: ``(advantages, value_targets)``, float32."""
+
 def native_heap_bytes() -> int:
     """Bytes in the extension's live heap blocks (not in the C heap's statistics)."""
 

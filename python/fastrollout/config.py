@@ -61,6 +61,7 @@ NotProvided: Any = _NotProvided()
 
 BATCH_MODES = ("truncate_episodes", "complete_episodes")
 COUNT_STEPS_BY = ("env_steps", "agent_steps")
+OBSERVATION_FILTERS = ("NoFilter", "MeanStdFilter")
 
 
 def default_policy_mapping_fn(agent_id: Any, episode: Any = None, **kwargs: Any) -> str:
@@ -123,6 +124,7 @@ class RunnerConfig:
         self.action_space: gym.Space[Any] | None = None
         self.normalize_actions = True
         self.clip_actions = False
+        self.clip_rewards: bool | float | None = None
         self.disable_env_checking = False
         # env_runners()
         self.env_runner_cls: type | None = None
@@ -140,7 +142,14 @@ class RunnerConfig:
         self.explore = True
         self.episode_lookback_horizon = 1
         self.episodes_to_numpy = True
-        self.compress_observations = False
+        self.compress_observations: bool | str = False
+        # RolloutWorker (the old stack's worker) only.
+        self.observation_filter = "NoFilter"
+        self.sample_async = False
+        self.episode_horizon: int | None = None
+        self.soft_horizon = False
+        self.no_done_at_end = False
+        self.fake_sampler = False
         self._env_to_module_connector: Callable[..., Any] | None = None
         self._module_to_env_connector: Callable[..., Any] | None = None
         self.add_default_connectors_to_env_to_module_pipeline = True
@@ -159,6 +168,7 @@ class RunnerConfig:
         self.policy_mapping_fn: Callable[..., Any] = default_policy_mapping_fn
         self.policies_to_train: Collection[str] | Callable[..., bool] | None = None
         self.count_steps_by = "env_steps"
+        self.observation_fn: Callable[..., Any] | None = None
         # rl_module()
         self._rl_module_spec: Any = None
         self._model_config: dict[str, Any] = {}
@@ -234,6 +244,7 @@ class RunnerConfig:
         action_space: gym.Space[Any] | None = NotProvided,
         normalize_actions: bool = NotProvided,
         clip_actions: bool = NotProvided,
+        clip_rewards: bool | float | None = NotProvided,
         disable_env_checking: bool = NotProvided,
     ) -> RunnerConfig:
         """Sets the environment.
@@ -251,6 +262,9 @@ class RunnerConfig:
                 module-to-env connector unsquashes to the env's bounds.
             clip_actions: Whether the module-to-env connector clips actions to the env's
                 Box bounds.
+            clip_rewards: ``RolloutWorker`` only: ``True`` clips the batch's rewards to
+                their sign, a positive number to ``[-value, value]``; None or False
+                leaves them.
             disable_env_checking: Skip the env check at creation
                 (``fastrollout.env.check_env``).
 
@@ -281,6 +295,9 @@ class RunnerConfig:
             ("clip_actions", clip_actions),
             ("disable_env_checking", disable_env_checking),
         )
+        if clip_rewards is not NotProvided:
+            _check_clip_rewards(clip_rewards)
+            self.clip_rewards = clip_rewards
         return self
 
     def env_runners(
@@ -305,7 +322,12 @@ class RunnerConfig:
         batch_mode: str = NotProvided,
         explore: bool = NotProvided,
         episodes_to_numpy: bool = NotProvided,
-        compress_observations: bool = NotProvided,
+        compress_observations: bool | str = NotProvided,
+        observation_filter: str = NotProvided,
+        sample_async: bool = NotProvided,
+        episode_horizon: int | None = NotProvided,
+        soft_horizon: bool = NotProvided,
+        no_done_at_end: bool = NotProvided,
         restart_failed_sub_environments: bool = NotProvided,
         max_sub_environment_restart_attempts: int = NotProvided,
         sub_env_step_timeout_s: float | None = NotProvided,
@@ -362,7 +384,19 @@ class RunnerConfig:
             compress_observations: Whether episodes (every agent's, in multi-agent
                 ones) store their (typed) observations compressed in the native core
                 (LZ4 blocks of 32 steps, the newest steps uncompressed); reads are
-                unchanged (docs/compression.md).
+                unchanged (docs/compression.md). A ``RolloutWorker`` also compresses
+                its batches' ``obs``/``new_obs`` columns (``"bulk"``: one blob per column).
+            observation_filter: ``RolloutWorker`` only: ``"NoFilter"`` or
+                ``"MeanStdFilter"`` (running mean/std per policy, applied before the
+                policy acts).
+            sample_async: ``RolloutWorker`` only: a background thread samples the next
+                batch while the caller learns (at most one batch ahead).
+            episode_horizon: ``RolloutWorker`` only: episodes end (truncated) after this
+                many env steps; None: the env's own limit only.
+            soft_horizon: With ``episode_horizon``: an episode ends at the horizon but the
+                env is not reset; the next episode starts from the last observation.
+            no_done_at_end: ``RolloutWorker`` only: the batch's ``terminateds`` stay
+                False at episodes' ends, so learners bootstrap from the last observation.
             restart_failed_sub_environments: Whether a sub-env whose ``reset``/``step``
                 raises is recreated (and its episode dropped) instead of failing the
                 runner. RLlib 2.60 sets this in ``fault_tolerance()``; both work here.
@@ -430,9 +464,21 @@ class RunnerConfig:
                 add_default_connectors_to_module_to_env_pipeline,
             ),
             ("explore", explore),
-            ("compress_observations", compress_observations),
             ("episodes_to_numpy", episodes_to_numpy),
+            ("sample_async", sample_async),
+            ("soft_horizon", soft_horizon),
+            ("no_done_at_end", no_done_at_end),
         )
+        if compress_observations is not NotProvided:
+            _check_compress_observations(compress_observations)
+            self.compress_observations = compress_observations
+        if observation_filter is not NotProvided:
+            _check_choice(observation_filter, "observation_filter", OBSERVATION_FILTERS)
+            self.observation_filter = observation_filter
+        if episode_horizon is not NotProvided:
+            if episode_horizon is not None:
+                _check_int(episode_horizon, "episode_horizon", 1)
+            self.episode_horizon = episode_horizon
         if episode_lookback_horizon is not NotProvided:
             _check_int(episode_lookback_horizon, "episode_lookback_horizon", 0)
             self.episode_lookback_horizon = episode_lookback_horizon
@@ -526,6 +572,7 @@ class RunnerConfig:
         policy_mapping_fn: Callable[..., str] = NotProvided,
         policies_to_train: Collection[str] | Callable[..., bool] | None = NotProvided,
         count_steps_by: str = NotProvided,
+        observation_fn: Callable[..., Any] | None = NotProvided,
     ) -> RunnerConfig:
         """Sets the modules of a multi-agent setup and which agent each one steers.
 
@@ -545,6 +592,9 @@ class RunnerConfig:
                 observation in one sub-env step, summed over agents and sub-envs, so
                 ``rollout_fragment_length * num_envs_per_env_runner`` agent steps per
                 ``sample()``, as RLlib counts them.
+            observation_fn: ``RolloutWorker`` only: ``fn(agent_obs, worker, base_env,
+                policies, episode) -> agent_obs``, called on every multi-agent
+                observation dict before the policies see it (RLlib's old-stack hook).
 
         Returns:
             self.
@@ -568,6 +618,9 @@ class RunnerConfig:
         if count_steps_by is not NotProvided:
             _check_choice(count_steps_by, "count_steps_by", COUNT_STEPS_BY)
             self.count_steps_by = count_steps_by
+        if observation_fn is not NotProvided:
+            _check_optional_callable(observation_fn, "observation_fn")
+            self.observation_fn = observation_fn
         return self
 
     def rl_module(
@@ -696,7 +749,11 @@ class RunnerConfig:
         return self
 
     def debugging(
-        self, *, seed: int | None = NotProvided, log_level: str = NotProvided
+        self,
+        *,
+        seed: int | None = NotProvided,
+        log_level: str = NotProvided,
+        fake_sampler: bool = NotProvided,
     ) -> RunnerConfig:
         """Sets the seed (and log level).
 
@@ -704,6 +761,8 @@ class RunnerConfig:
             seed: Base seed: runner ``i`` seeds its sub-env ``j`` and its module from it,
                 so identical configs sample identically. None: not seeded.
             log_level: ``"DEBUG"``, ``"INFO"``, ``"WARN"`` or ``"ERROR"``.
+            fake_sampler: ``RolloutWorker`` only: every ``sample()`` after the first
+                returns the first batch again (infinitely fast; for tests).
 
         Returns:
             self.
@@ -719,6 +778,7 @@ class RunnerConfig:
         if log_level is not NotProvided:
             _check_choice(log_level, "log_level", ("DEBUG", "INFO", "WARN", "ERROR"))
             self.log_level = log_level
+        self._set_flags(("fake_sampler", fake_sampler))
         return self
 
     def resources(self, *, device: Any = NotProvided) -> RunnerConfig:
@@ -965,6 +1025,10 @@ class RunnerConfig:
             "restart_failed_sub_environments",
             "restart_failed_env_runners",
             "ignore_env_runner_failures",
+            "sample_async",
+            "soft_horizon",
+            "no_done_at_end",
+            "fake_sampler",
         ):
             _check_bool(getattr(self, name), name)
         _check_int(self.num_env_runners, "num_env_runners", 0)
@@ -990,6 +1054,12 @@ class RunnerConfig:
             self.get_rollout_fragment_length()  # raises when no train batch size is set
         _check_choice(self.batch_mode, "batch_mode", BATCH_MODES)
         _check_choice(self.count_steps_by, "count_steps_by", COUNT_STEPS_BY)
+        _check_clip_rewards(self.clip_rewards)
+        _check_compress_observations(self.compress_observations)
+        _check_choice(self.observation_filter, "observation_filter", OBSERVATION_FILTERS)
+        if self.episode_horizon is not None:
+            _check_int(self.episode_horizon, "episode_horizon", 1)
+        _check_optional_callable(self.observation_fn, "observation_fn")
         _check_optional_callable(self._env_to_module_connector, "env_to_module_connector")
         _check_optional_callable(self._module_to_env_connector, "module_to_env_connector")
         self._validate_modules()
@@ -1153,6 +1223,18 @@ def _check_number(value: Any, name: str, minimum: float) -> None:
 def _check_choice(value: Any, name: str, choices: Collection[str]) -> None:
     if value not in choices:
         raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
+
+
+def _check_clip_rewards(value: Any) -> None:
+    if value is None or isinstance(value, bool):
+        return
+    if not isinstance(value, numbers.Real) or not value > 0:
+        raise ValueError(f"clip_rewards must be None, a bool or a number > 0, got {value!r}")
+
+
+def _check_compress_observations(value: Any) -> None:
+    if not isinstance(value, bool) and value != "bulk":
+        raise ValueError(f"compress_observations must be a bool or 'bulk', got {value!r}")
 
 
 def _check_rollout_fragment_length(value: Any) -> None:

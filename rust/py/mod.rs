@@ -10,6 +10,7 @@ mod metrics;
 mod multi;
 mod object;
 mod outputs;
+mod postprocess;
 mod runner;
 mod single;
 mod spec;
@@ -38,6 +39,8 @@ mod _core {
     use super::multi::StepMapPy;
     #[pymodule_export]
     use super::outputs::AgentOutputsPy;
+    #[pymodule_export]
+    use super::postprocess::gae_segments;
     #[pymodule_export]
     use super::runner::multi_agent_record_steps;
     #[pymodule_export]
