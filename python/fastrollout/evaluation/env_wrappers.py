@@ -125,7 +125,7 @@ class MultiAgentWorkerWrapper(MultiAgentEnv):
         return self.env.get_action_space(agent_id)  # type: ignore[no-any-return]
 
     def _observe(self, obs: dict[Any, Any]) -> dict[Any, Any]:
-        if self._observation_fn is None or not obs:
+        if self._observation_fn is None or not obs or not getattr(self._worker, "_ready", True):
             return obs
         policies = getattr(self._worker, "policy_map", None)
         return self._observation_fn(  # type: ignore[no-any-return]

@@ -37,8 +37,13 @@ from fastrollout.config import BATCH_MODES, OBSERVATION_FILTERS, RunnerConfig
 from fastrollout.core import DEFAULT_MODULE_ID
 from fastrollout.env import EnvContext
 from fastrollout.evaluation.env_wrappers import wrap_for_worker
+from fastrollout.evaluation.observation_filters import (
+    ObservationFilters,
+    observation_shape,
+    with_mean_std_connector,
+)
 from fastrollout.evaluation.policy import TorchPolicy
-from fastrollout.filters import Filter, MeanStdFilter, NoFilter, RunningStat, clip_reward
+from fastrollout.filters import Filter, clip_reward
 from fastrollout.learners.ppo import PPOConfig
 
 __all__ = ["RolloutMetrics", "RolloutWorker"]
@@ -214,16 +219,26 @@ class RolloutWorker:
         # Episode id -> (length, return, agent returns) of chunks returned earlier.
         self._partial: dict[str, tuple[int, float, dict[Any, float]]] = {}
         self._lock = threading.RLock()
+        self._ready = False
 
         config.environment(env=self._make_sub_env_creator(config))
         config.compress_observations = False  # the batch is compressed, not the episodes
         if self.observation_filter == "MeanStdFilter":
-            config.env_runners(env_to_module_connector=_with_mean_std(config))
+            config.env_runners(
+                env_to_module_connector=with_mean_std_connector(config.env_to_module_connector)
+            )
         config.validate()
         self.config = config
         self._runner = self._make_runner(config)
         self._build_policies(ppo)
         self._push_weights()
+        self._filters = ObservationFilters(
+            self.observation_filter,
+            {pid: observation_shape(p.observation_space) for pid, p in self.policy_map.items()},
+            self._filter_connector(),
+        )
+        # observation_fn sees the policies from now on (not during the env check).
+        self._ready = True
         self._callbacks = list(self._runner._callback_objects)
         io = _IOContext(kwargs.get("log_dir"), config, self.worker_index, self)
         self.input_reader = None if input_creator is None else input_creator(io)
@@ -279,6 +294,19 @@ class RolloutWorker:
         weights = {pid: self.policy_map[pid].model.get_state(inference_only=True) for pid in ids}
         with self._lock:
             self._runner.set_weights(weights, weights_seq_no=0)
+
+    def _filter_connector(self) -> Any:
+        from fastrollout.connectors.env_to_module.mean_std_filter import MeanStdFilter
+
+        for piece in self._runner._connectors.env_to_module.connectors:
+            if isinstance(piece, MeanStdFilter):
+                return piece
+        return None
+
+    @property
+    def filters(self) -> dict[str, Filter]:
+        """The policies' observation filters (live: RLlib's driver merges into these)."""
+        return self._filters.filters
 
     def _callback(self, name: str, **kwargs: Any) -> None:
         for obj in self._callbacks:
@@ -339,7 +367,12 @@ class RolloutWorker:
             if self.input_reader is not None:
                 batch = self._read_input()
             else:
-                batch = self._to_batch(self._collect())
+                self._filters.before_sample()
+                try:
+                    episodes = self._collect()
+                finally:
+                    self._filters.after_sample()
+                batch = self._to_batch(episodes)
         self._callback("on_sample_end", worker=self, samples=batch)
         if self.output_writer is not None:
             self.output_writer.write(batch)
@@ -610,73 +643,30 @@ class RolloutWorker:
         for pid in list(self.policy_map) if policy_ids is None else _as_list(policy_ids):
             self._check_policy(pid, "set_global_vars").on_global_var_update(self.global_vars)
 
-    @property
-    def filters(self) -> dict[str, Filter]:
-        """The observation filters by policy id (copies; see :meth:`get_filters`)."""
-        return self.get_filters()
-
-    def _filter_connector(self) -> Any:
-        from fastrollout.connectors.env_to_module.mean_std_filter import (
-            MeanStdFilter as Connector,
-        )
-
-        for piece in self._runner._connectors.env_to_module.connectors:
-            if isinstance(piece, Connector):
-                return piece
-        return None
-
     def get_filters(self, flush_after: bool = False) -> dict[str, Filter]:
         """Copies of the observation filters, ``{policy_id: filter}``.
 
-        A ``MeanStdFilter``'s ``running_stats`` hold everything seen (merged statistics
-        included); its ``buffer`` what this worker saw since the last flush.
+        A ``MeanStdFilter``'s ``running_stats`` hold everything it normalised with
+        (synchronised statistics included), its ``buffer`` what this worker saw since
+        the last flush.
 
         Args:
-            flush_after: Empty the buffers afterwards (what a driver's synchronisation
-                merges is then not merged again).
+            flush_after: Empty the buffers afterwards.
         """
-        connector = self._filter_connector()
-        if connector is None:
-            return {pid: NoFilter() for pid in self.policy_map}
         with self._lock:
-            state = connector.get_state()
-            out: dict[str, Filter] = {}
-            for pid, policy in self.policy_map.items():
-                shape = tuple(policy.observation_space.shape)
-                f = MeanStdFilter(shape, clip=connector.clip_by_value)
-                if pid in state:
-                    base = _stat(state[pid]["base"])
-                    delta = _stat(state[pid]["delta"])
-                    base.update(delta)
-                    f.running_stats, f.buffer = base, delta
-                out[pid] = f
-            if flush_after:
-                connector.set_state(connector.merge_states([state]))
-        return out
+            return self._filters.copies(flush_after)
 
     def sync_filters(self, new_filters: Mapping[str, Filter]) -> None:
-        """Takes over each policy's filter statistics (``running_stats``).
+        """Copies each policy's filter state from ``new_filters`` (RLlib's ``sync``).
 
-        What the worker sees from then on is its new buffer; the given buffers are not
-        merged again (RLlib's ``sync`` copies them, so a driver's data would count twice).
+        ``fastrollout.filters.synchronize`` sends filters with empty buffers, so a
+        worker's buffer then holds only what it sees afterwards.
 
         Raises:
             KeyError: ``new_filters`` lacks one of the worker's policies (named).
         """
-        missing = [pid for pid in self.policy_map if pid not in new_filters]
-        if missing:
-            raise KeyError(f"sync_filters: no filter for policies {missing}")
-        connector = self._filter_connector()
-        if connector is None:
-            return
-        state = {}
-        for pid in self.policy_map:
-            rs = getattr(new_filters[pid], "running_stats", None)
-            if isinstance(rs, RunningStat):
-                empty = RunningStat(rs.shape)
-                state[pid] = {"base": _connector_stat(rs), "delta": _connector_stat(empty)}
         with self._lock:
-            connector.set_state(state)
+            self._filters.sync(new_filters)
 
     # -- policies and envs ---------------------------------------------------------------
 
@@ -939,32 +929,6 @@ def _int_episode_id(episode_id: str) -> int:
 def _check_setting(value: Any, name: str, choices: Collection[str]) -> None:
     if value not in choices:
         raise ValueError(f"unknown {name} {value!r}; expected one of {', '.join(choices)}")
-
-
-def _with_mean_std(config: RunnerConfig) -> Callable[..., Any]:
-    """The env-to-module factory with RLlib's old-stack MeanStdFilter in front."""
-    from fastrollout.connectors.env_to_module.mean_std_filter import (
-        MeanStdFilter as Connector,
-    )
-
-    user = config.env_to_module_connector
-
-    def factory(env: Any, spaces: Any = None, device: Any = None) -> list[Any]:
-        pieces = [] if user is None else user(env, spaces, device)
-        pieces = list(pieces) if isinstance(pieces, list | tuple) else [pieces]
-        return [Connector(clip_by_value=10.0), *pieces]
-
-    return factory
-
-
-def _stat(state: Mapping[str, Any]) -> RunningStat:
-    plain = {"num_pushes": state["count"], "mean_array": state["mean"]}
-    return RunningStat.from_state({**plain, "sum_sq_diff_array": state["m2"]})
-
-
-def _connector_stat(rs: RunningStat) -> dict[str, Any]:
-    s = rs.to_state()
-    return {"count": s["num_pushes"], "mean": s["mean_array"], "m2": s["sum_sq_diff_array"]}
 
 
 def _as_list(ids: Any) -> list[str]:
