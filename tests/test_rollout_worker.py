@@ -189,7 +189,7 @@ def test_episode_horizon_truncates_and_resets():
     w = make(counting({"length": 50}), rollout_fragment_length=25, episode_horizon=10)
     batch = w.sample()
     w.stop()
-    for start, end in chunks(batch):
+    for _start, end in chunks(batch):
         if batch["truncateds"][end - 1]:
             assert batch["t"][end - 1] == 9
     ends = [end for start, end in chunks(batch) if batch["truncateds"][end - 1]]
