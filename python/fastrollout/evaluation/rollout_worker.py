@@ -257,7 +257,8 @@ class RolloutWorker:
         validate = self._validate_env
         horizon, soft = config.episode_horizon, bool(config.soft_horizon)
         observation_fn = config.observation_fn
-        worker = self
+        # Sub-envs in Ray actors get their creator pickled: they cannot hold the worker.
+        worker = None if config.remote_worker_envs or observation_fn is None else self
 
         def create(ctx: EnvContext) -> Any:
             env = user_creator(ctx)
