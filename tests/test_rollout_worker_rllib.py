@@ -24,10 +24,6 @@ Deliberate differences, pinned where they show:
   all envs of the step.
 - RLlib 2.60 bug: a multi-agent agent done in an episode that a batch boundary cuts has
   its rows emitted again in the next batch; fastrollout emits them once.
-
-Known difference (xfail): ``complete_episodes`` with several sub-envs; RLlib stops at the
-first finished episode that reaches the target, fastrollout overshoots by whole rounds of
-``num_envs`` episodes.
 """
 
 from __future__ import annotations
@@ -278,21 +274,7 @@ def test_truncate_episodes_sizes_and_boundaries(num_envs: int) -> None:
                 assert changes(ours["unroll_id"]) == changes(theirs["unroll_id"])
 
 
-@pytest.mark.parametrize(
-    "num_envs",
-    [
-        1,
-        pytest.param(
-            4,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="RLlib stops at the first finished episode that reaches "
-                "rollout_fragment_length * num_envs (42 here); fastrollout collects "
-                "num_envs episodes at a time (56)",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("num_envs", [1, 4])
 def test_complete_episodes_sizes(num_envs: int) -> None:
     config = rllib_config(num_envs=num_envs, batch_mode="complete_episodes")
     target = 10 * num_envs

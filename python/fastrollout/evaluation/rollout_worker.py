@@ -218,6 +218,8 @@ class RolloutWorker:
         self._metrics: list[RolloutMetrics] = []
         # Episode id -> (length, return, agent returns) of chunks returned earlier.
         self._partial: dict[str, tuple[int, float, dict[Any, float]]] = {}
+        # complete_episodes: finished episodes beyond a batch's size, for the next calls.
+        self._done_episodes: collections.deque[Any] = collections.deque()
         self._lock = threading.RLock()
         self._ready = False
 
@@ -390,10 +392,13 @@ class RolloutWorker:
             return list(self._runner.sample(num_timesteps=target))
         episodes: list[Any] = []
         steps = 0
+        # As RLlib: episodes until the batch reaches its size, the rest kept for later.
         while steps < target:
-            new = self._runner.sample(num_episodes=self.num_envs)
-            episodes.extend(new)
-            steps += sum(len(e) for e in new)
+            if not self._done_episodes:
+                self._done_episodes.extend(self._runner.sample(num_episodes=self.num_envs))
+            episode = self._done_episodes.popleft()
+            episodes.append(episode)
+            steps += len(episode)
         return episodes
 
     def _read_input(self) -> SampleBatch | MultiAgentBatch:
