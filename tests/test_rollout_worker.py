@@ -605,3 +605,40 @@ def test_other_policy_classes_are_refused():
 def test_observation_fn_on_a_single_agent_env_is_refused():
     with pytest.raises(ValueError, match="observation_fn"):
         make(observation_fn=lambda **kw: kw["agent_obs"], rollout_fragment_length=4)
+
+
+# -- construction and callbacks --------------------------------------------------------------
+
+
+def test_env_creator_gets_the_context_and_callbacks_run():
+    from fastrollout import Callbacks
+
+    contexts, calls = [], []
+
+    class Recorder(Callbacks):
+        def on_episode_end(self, *, episode, **kwargs):
+            calls.append(("episode_end", len(episode)))
+
+        def on_create_policy(self, *, policy_id, policy):
+            calls.append(("create_policy", policy_id))
+
+        def on_sample_end(self, *, worker, samples):
+            calls.append(("sample_end", samples.count))
+
+        def on_learn_on_batch(self, *, policy, train_batch, result):
+            calls.append(("learn_on_batch", train_batch.count))
+
+    def creator(ctx):
+        contexts.append((ctx.worker_index, ctx.vector_index, ctx.num_workers))
+        return CountingEnv({"length": 3})
+
+    config = RunnerConfig().env_runners(num_envs_per_env_runner=2, rollout_fragment_length=3)
+    config.callbacks(Recorder, on_sample_end=lambda *, worker, samples: calls.append("fn"))
+    w = RolloutWorker(env_creator=creator, config=config, worker_index=2, num_workers=3)
+    batch = w.sample()
+    w.learn_on_batch(batch)
+    w.stop()
+    assert (2, 0, 3) in contexts and (2, 1, 3) in contexts
+    assert calls[0] == ("create_policy", "default_policy")
+    assert calls.count(("episode_end", 3)) == 2
+    assert ("sample_end", 6) in calls and ("learn_on_batch", 6) in calls and "fn" in calls

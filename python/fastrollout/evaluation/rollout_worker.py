@@ -242,6 +242,9 @@ class RolloutWorker:
         # observation_fn sees the policies from now on (not during the env check).
         self._ready = True
         self._callbacks = list(self._runner._callback_objects)
+        # on_sample_end gets the batch from the worker (the old stack's call), not the
+        # runner's episodes.
+        self._runner._callback_fns["on_sample_end"] = []
         io = _IOContext(kwargs.get("log_dir"), config, self.worker_index, self)
         self.input_reader = None if input_creator is None else input_creator(io)
         self.output_writer = None if output_creator is None else output_creator(io)
@@ -315,6 +318,9 @@ class RolloutWorker:
         for obj in self._callbacks:
             fn = getattr(obj, name, None)
             if fn is not None:
+                fn(**kwargs)
+        if name == "on_sample_end":
+            for fn in self.config.callbacks_functions(name):
                 fn(**kwargs)
 
     # -- properties --------------------------------------------------------------------
