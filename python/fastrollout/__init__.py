@@ -9,8 +9,8 @@ from fastrollout.callbacks import Callbacks
 from fastrollout.config import RunnerConfig
 from fastrollout.env import register_env
 from fastrollout.episodes import MultiAgentEpisode, SingleAgentEpisode
-from fastrollout.evaluation import RolloutWorker
 from fastrollout.errors import EpisodeStateError, MultiAgentEnvError, SpaceMismatchError
+from fastrollout.evaluation import RolloutWorker
 from fastrollout.metrics import MetricsLogger
 from fastrollout.runners import EnvRunnerGroup, MultiAgentEnvRunner, SingleAgentEnvRunner
 
