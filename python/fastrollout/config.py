@@ -1228,7 +1228,7 @@ def _check_choice(value: Any, name: str, choices: Collection[str]) -> None:
 def _check_clip_rewards(value: Any) -> None:
     if value is None or isinstance(value, bool):
         return
-    if not isinstance(value, numbers.Real) or not value > 0:
+    if not isinstance(value, numbers.Real) or not float(value) > 0:
         raise ValueError(f"clip_rewards must be None, a bool or a number > 0, got {value!r}")
 
 
