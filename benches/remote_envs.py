@@ -83,6 +83,8 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import numpy as np
 import torch
 
+from _report import fmt, load_average
+
 NUM_ENVS = 8
 RLLIB_ENV_NAME = "fastrollout_bench_slow_env"
 
@@ -410,21 +412,8 @@ def machine() -> dict[str, str]:
         "ray": importlib.metadata.version("ray"),
         "torch threads": str(torch.get_num_threads()),
         "git": commit or "unknown",
-        "load average (1/5/15 min) at start": _load(),
+        "load average (1/5/15 min) at start": load_average(),
     }
-
-
-def _load() -> str:
-    try:
-        return ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "n/a"
-
-
-def _f(x: float | None, ratio: bool = False) -> str:
-    if x is None:
-        return "-"
-    return f"{x:.2f}x" if ratio else f"{x:,.0f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -527,11 +516,11 @@ def main(argv: list[str] | None = None) -> int:
     body = [
         [
             r["name"],
-            _f(r["steps_per_s"]) if not r["error"] else "n/a",
+            fmt(r["steps_per_s"]) if not r["error"] else "n/a",
             f"{r['of_ideal']:.0%}" if r["of_ideal"] else "-",
-            _f(r["vs_sync"], True),
-            _f(r["vs_async"], True),
-            _f(r["vs_rllib_remote"], True),
+            fmt(r["vs_sync"], True),
+            fmt(r["vs_async"], True),
+            fmt(r["vs_rllib_remote"], True),
         ]
         for r in rows
     ]
@@ -550,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         if r["error"]:
             print(f"left out: {r['name']}: {r['error']}")
-    info["load average (1/5/15 min) at end"] = _load()
+    info["load average (1/5/15 min) at end"] = load_average()
     print(f"load average at end: {info['load average (1/5/15 min) at end']}")
     if args.json:
         with open(args.json, "w") as f:

@@ -72,6 +72,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from _report import fmt, load_average
+
 ENV_ID = "CartPole-v1"
 #: The model both sides build (each side's default too).
 MODEL = {"fcnet_hiddens": [256, 256], "fcnet_activation": "tanh", "vf_share_layers": False}
@@ -355,21 +357,8 @@ def machine() -> dict[str, str]:
         "fastrollout": version("fastrollout"),
         "torch threads": str(torch.get_num_threads()),
         "git": commit or "unknown",
-        "load average (1/5/15 min) at start": _load(),
+        "load average (1/5/15 min) at start": load_average(),
     }
-
-
-def _load() -> str:
-    try:
-        return ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "n/a"
-
-
-def _f(x: float | None, ratio: bool = False) -> str:
-    if x is None:
-        return "-"
-    return f"{x:.2f}x" if ratio else f"{x:,.0f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -431,10 +420,10 @@ def main(argv: list[str] | None = None) -> int:
     body = [
         [
             str(r["num_envs"]),
-            _f(r["fastrollout_steps_per_s"]),
-            _f(r["rllib_steps_per_s"]),
-            _f(r["ratio"], True),
-            f"{_f(r['ratio_min'], True)}..{_f(r['ratio_max'], True)}" if r["ratios"] else "-",
+            fmt(r["fastrollout_steps_per_s"]),
+            fmt(r["rllib_steps_per_s"]),
+            fmt(r["ratio"], True),
+            f"{fmt(r['ratio_min'], True)}..{fmt(r['ratio_max'], True)}" if r["ratios"] else "-",
         ]
         for r in rows
     ]
@@ -445,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         for key, err in r["errors"].items():
             print(f"left out: envs={r['num_envs']} {key}: {err}")
-    info["load average (1/5/15 min) at end"] = _load()
+    info["load average (1/5/15 min) at end"] = load_average()
     print(f"load average at end: {info['load average (1/5/15 min) at end']}")
     if args.json:
         with open(args.json, "w") as f:
