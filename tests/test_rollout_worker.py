@@ -642,3 +642,44 @@ def test_env_creator_gets_the_context_and_callbacks_run():
     assert calls[0] == ("create_policy", "default_policy")
     assert calls.count(("episode_end", 3)) == 2
     assert ("sample_end", 6) in calls and ("learn_on_batch", 6) in calls and "fn" in calls
+
+
+def test_a_custom_loss_and_per_policy_hyperparameters():
+    from fastrollout.learners import PPOConfig
+
+    seen = []
+
+    def value_only(module, batch, config):
+        seen.append((sorted(batch), config.lr))
+        values = module.compute_values({"obs": batch["obs"]})
+        loss = ((values - batch["value_targets"]) ** 2).mean()
+        return loss, {"vf_loss": float(loss.detach())}
+
+    w = make(
+        lambda ctx: TwoAgents(),
+        policies=["pa", "pb"],
+        policy_mapping_fn=lambda aid, *a, **k: f"p{aid}",
+        rollout_fragment_length=6,
+    )
+    w.stop()
+    config = w.config
+    w = RolloutWorker(
+        env_creator=lambda ctx: TwoAgents(),
+        config=config,
+        policy_config={"pa": PPOConfig(lr=0.1), "pb": PPOConfig(lr=0.2)},
+        loss_fn={"pb": value_only},
+        loss_columns=["obs", "value_targets"],
+    )
+    batch = w.sample()
+    info = w.learn_on_batch(batch)
+    assert seen == [(["obs", "value_targets"], 0.2)]
+    assert set(info["pb"]["learner_stats"]) == {"vf_loss", "total_loss"}
+    assert "policy_loss" in info["pa"]["learner_stats"]
+    assert w.get_policy("pa").config.lr == 0.1
+    with pytest.raises(KeyError, match="value_targets"):
+        w.learn_on_batch(MultiAgentBatch({"pb": SampleBatch({"obs": batch["pb"]["obs"]})}, 6))
+    w.stop()
+    with pytest.raises(KeyError, match="ghost"):
+        RolloutWorker(
+            env_creator=lambda ctx: TwoAgents(), config=config, loss_fn={"ghost": value_only}
+        )

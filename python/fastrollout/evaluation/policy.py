@@ -9,7 +9,7 @@ computes and applies gradients.
 from __future__ import annotations
 
 import pathlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -21,7 +21,11 @@ from fastrollout.core import Columns
 from fastrollout.learners.ppo import PPOConfig, _explained_variance, ppo_loss
 from fastrollout.modules import RLModule
 
-__all__ = ["LOSS_COLUMNS", "TorchPolicy"]
+__all__ = ["LOSS_COLUMNS", "LossFn", "TorchPolicy"]
+
+#: ``loss_fn(module, batch, config) -> (loss, stats)``: the scalar to minimise and float
+#: statistics, from a dict of tensors (``loss_columns``); PPO's ``ppo_loss`` by default.
+LossFn = Callable[[RLModule, Mapping[str, Any], Any], tuple[torch.Tensor, dict[str, float]]]
 
 #: The columns PPO's loss reads from a post-processed batch.
 LOSS_COLUMNS = (
@@ -55,17 +59,31 @@ class TorchPolicy:
         module: The full module (with ``compute_values``; not inference-only).
         config: PPO's hyperparameters (``gamma``, ``lambda_``, ``lr``, clip ranges,
             coefficients; ``num_epochs``/``minibatch_size`` are the caller's loop here).
+        loss_fn: The loss (default: PPO's clipped surrogate, value and entropy terms).
+        loss_columns: The batch columns ``loss_fn`` reads (default: PPO's).
 
     Raises:
         ValueError: If the module is inference-only.
     """
 
-    def __init__(self, policy_id: str, module: RLModule, config: PPOConfig | None = None) -> None:
+    def __init__(
+        self,
+        policy_id: str,
+        module: RLModule,
+        config: PPOConfig | None = None,
+        *,
+        loss_fn: LossFn | None = None,
+        loss_columns: Collection[str] | None = None,
+    ) -> None:
         if module.inference_only:
             raise ValueError(f"policy {policy_id!r}: the module is inference-only (no value head)")
         self.policy_id = policy_id
         self.model = module
         self.config = config or PPOConfig()
+        self.loss_fn: LossFn = ppo_loss if loss_fn is None else loss_fn
+        self.loss_columns = tuple(
+            LOSS_COLUMNS if loss_columns is None and loss_fn is None else loss_columns or ()
+        )
         self.optimizer = torch.optim.Adam(module.parameters(), lr=self.config.lr)
         self.global_timestep = 0
         self.num_grad_updates = 0
@@ -156,29 +174,31 @@ class TorchPolicy:
 
     def _loss_batch(self, batch: SampleBatch) -> dict[str, Any]:
         batch = batch.decompress_if_needed()
-        missing = [c for c in LOSS_COLUMNS if c not in batch]
+        missing = [c for c in self.loss_columns if c not in batch]
         if missing:
             raise KeyError(
-                f"policy {self.policy_id!r}: the batch lacks PPO's loss columns {missing} "
-                f"(it has {sorted(batch)}); sample() adds them when it post-processes"
+                f"policy {self.policy_id!r}: the batch lacks the loss's columns {missing} "
+                f"(it has {sorted(batch)}); sample() adds PPO's when it post-processes"
             )
-        return {c: _tensor_tree(batch[c], self.device) for c in LOSS_COLUMNS}
+        columns = self.loss_columns or [k for k in batch if k != SampleBatch.INFOS]
+        return {c: _tensor_tree(batch[c], self.device) for c in columns}
 
     def _loss(self, batch: SampleBatch) -> tuple[torch.Tensor, dict[str, float]]:
         tensors = self._loss_batch(batch)
         self.model.train()
         try:
-            loss, stats = ppo_loss(self.model, tensors, self.config)
+            loss, stats = self.loss_fn(self.model, tensors, self.config)
         finally:
             self.model.eval()
-        stats["vf_explained_var"] = _explained_variance(
-            tensors[Columns.VALUE_TARGETS], tensors[Columns.VF_PREDS]
-        )
+        if Columns.VALUE_TARGETS in tensors and Columns.VF_PREDS in tensors:
+            stats["vf_explained_var"] = _explained_variance(
+                tensors[Columns.VALUE_TARGETS], tensors[Columns.VF_PREDS]
+            )
         stats["total_loss"] = float(loss.detach())
         return loss, stats
 
     def compute_gradients(self, batch: SampleBatch) -> tuple[list[np.ndarray], dict[str, Any]]:
-        """The gradients of PPO's loss on ``batch`` (not applied).
+        """The gradients of the loss on ``batch`` (not applied).
 
         Args:
             batch: A post-processed batch of this policy.
@@ -231,7 +251,7 @@ class TorchPolicy:
         self.num_grad_updates += 1
 
     def learn_on_batch(self, batch: SampleBatch) -> dict[str, Any]:
-        """One gradient step of PPO's loss on ``batch`` (RLlib's old-stack semantics).
+        """One gradient step of the loss on ``batch`` (RLlib's old-stack semantics).
 
         Args:
             batch: A post-processed batch of this policy.

@@ -146,8 +146,12 @@ class RolloutWorker:
             ``sample_async``, ``fake_sampler``, callbacks, ``seed``. The worker uses a copy.
         worker_index: 0 for the local worker, 1.. for remote ones.
         num_workers: The number of remote workers.
-        policy_config: PPO's hyperparameters for every policy (a ``PPOConfig`` or a dict
-            of its fields; taken from an RLlib config when one is given).
+        policy_config: PPO's hyperparameters: a ``PPOConfig`` (or a dict of its fields)
+            for every policy, or ``{policy_id: PPOConfig}``; taken from an RLlib config
+            when one is given.
+        loss_fn: The policies' loss, ``fn(module, batch, config) -> (loss, stats)``, or
+            ``{policy_id: fn}`` (default: PPO's); see ``TorchPolicy``.
+        loss_columns: The columns the custom loss reads (checked in ``learn_on_batch``).
         default_policy_class: Accepted for RLlib's signature; RLlib's ``PPOTorchPolicy``
             (or None) means fastrollout's PPO policy; other policy classes are refused.
         input_creator: ``fn(io_context) -> reader`` whose ``next()`` returns batches;
@@ -173,6 +177,8 @@ class RolloutWorker:
         worker_index: int = 0,
         num_workers: int | None = None,
         policy_config: PPOConfig | Mapping[str, Any] | None = None,
+        loss_fn: Callable[..., Any] | Mapping[str, Callable[..., Any]] | None = None,
+        loss_columns: Collection[str] | None = None,
         default_policy_class: Any = None,
         input_creator: Callable[[Any], Any] | None = None,
         output_creator: Callable[[Any], Any] | None = None,
@@ -192,8 +198,11 @@ class RolloutWorker:
             ppo = PPOConfig()
         else:
             config, ppo = _runner_config_from_rllib(config)
+        per_policy: dict[str, PPOConfig] = {}
         if isinstance(policy_config, PPOConfig):
             ppo = policy_config
+        elif policy_config and all(isinstance(v, PPOConfig) for v in policy_config.values()):
+            per_policy = dict(policy_config)
         elif policy_config is not None:
             ppo = PPOConfig(**dict(policy_config))
         _check_setting(getattr(config, "batch_mode", None), "batch_mode", BATCH_MODES)
@@ -232,7 +241,7 @@ class RolloutWorker:
         config.validate()
         self.config = config
         self._runner = self._make_runner(config)
-        self._build_policies(ppo)
+        self._build_policies(ppo, per_policy, loss_fn, loss_columns)
         self._push_weights()
         self._filters = ObservationFilters(
             self.observation_filter,
@@ -282,17 +291,34 @@ class RolloutWorker:
         cls = MultiAgentEnvRunner if self.multi_agent else SingleAgentEnvRunner
         return cls(config=config, worker_index=self.worker_index, num_workers=self.num_workers)
 
-    def _build_policies(self, ppo: PPOConfig) -> None:
+    def _build_policies(
+        self,
+        ppo: PPOConfig,
+        per_policy: Mapping[str, PPOConfig],
+        loss_fn: Callable[..., Any] | Mapping[str, Callable[..., Any]] | None,
+        loss_columns: Collection[str] | None,
+    ) -> None:
         import dataclasses
 
         from fastrollout.modules import RLModuleSpec
 
         modules = self._runner._module
+        for given in (per_policy, loss_fn if isinstance(loss_fn, Mapping) else {}):
+            unknown = sorted(set(given) - set(modules))
+            if unknown:
+                raise KeyError(f"no policies {unknown} (policies: {sorted(modules)})")
         for pid in modules:
             spec = RLModuleSpec.from_module(modules[pid])
             full = dataclasses.replace(spec, inference_only=False).build()
             full.to(self._runner._device)
-            self.policy_map[pid] = TorchPolicy(pid, full, ppo)
+            fn = loss_fn.get(pid) if isinstance(loss_fn, Mapping) else loss_fn
+            self.policy_map[pid] = TorchPolicy(
+                pid,
+                full,
+                per_policy.get(pid, ppo),
+                loss_fn=fn,
+                loss_columns=loss_columns if fn is not None else None,
+            )
 
     def _push_weights(self, policy_ids: Iterable[str] | None = None) -> None:
         """Loads the policies' weights into the runner's acting copies."""
