@@ -683,3 +683,13 @@ def test_a_custom_loss_and_per_policy_hyperparameters():
         RolloutWorker(
             env_creator=lambda ctx: TwoAgents(), config=config, loss_fn={"ghost": value_only}
         )
+
+
+def test_a_workers_config_builds_another_worker_with_one_filter():
+    first = make(counting(), rollout_fragment_length=4, observation_filter="MeanStdFilter")
+    first.stop()
+    second = RolloutWorker(env_creator=counting(), config=first.config)
+    pieces = second.runner._connectors.env_to_module.connectors
+    assert sum(type(p).__name__ == "MeanStdFilter" for p in pieces) == 1
+    assert second.sample().count == 4
+    second.stop()

@@ -33,11 +33,15 @@ def with_mean_std_connector(user: Callable[..., Any] | None) -> Callable[..., li
     """
     from fastrollout.connectors.env_to_module.mean_std_filter import MeanStdFilter as Connector
 
+    # A worker's own config (reused for another worker) already holds such a factory.
+    user = getattr(user, "user_factory", user)
+
     def factory(env: Any, spaces: Any = None, device: Any = None) -> list[Any]:
         pieces = [] if user is None else user(env, spaces, device)
         pieces = list(pieces) if isinstance(pieces, list | tuple) else [pieces]
         return [Connector(clip_by_value=_CLIP), *pieces]
 
+    factory.user_factory = user  # type: ignore[attr-defined]
     return factory
 
 
