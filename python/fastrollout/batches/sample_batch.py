@@ -16,11 +16,13 @@ from __future__ import annotations
 import itertools
 import operator
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from fastrollout.core.tree import leaves, tree_map
 
 if TYPE_CHECKING:
     from fastrollout.episodes import SingleAgentEpisode
@@ -44,36 +46,6 @@ _ZLIB_LEVEL = 1
 
 
 # ---------------------------------------------------------------------------- nesting
-
-
-def _map(fn: Callable[[Any], Any], value: Any) -> Any:
-    """Applies ``fn`` to every leaf of a (dict/tuple nested) column value."""
-    if isinstance(value, Mapping):
-        return {k: _map(fn, v) for k, v in value.items()}
-    if isinstance(value, tuple):
-        return tuple(_map(fn, v) for v in value)
-    return fn(value)
-
-
-def _map_n(fn: Callable[..., Any], values: Sequence[Any]) -> Any:
-    """Applies ``fn`` leaf-wise across several values of the same nesting."""
-    first = values[0]
-    if isinstance(first, Mapping):
-        return {k: _map_n(fn, [v[k] for v in values]) for k in first}
-    if isinstance(first, tuple):
-        return tuple(_map_n(fn, [v[i] for v in values]) for i in range(len(first)))
-    return fn(*values)
-
-
-def _leaves(value: Any) -> Iterator[Any]:
-    if isinstance(value, Mapping):
-        for v in value.values():
-            yield from _leaves(v)
-    elif isinstance(value, tuple):
-        for v in value:
-            yield from _leaves(v)
-    else:
-        yield value
 
 
 def _is_recurrent_key(key: str) -> bool:
@@ -268,7 +240,7 @@ class SampleBatch(dict):  # type: ignore[type-arg]
         for key, value in self.items():
             if key in (self.INFOS, self.SEQ_LENS) or _is_recurrent_key(key):
                 continue
-            for leaf in _leaves(value):
+            for leaf in leaves(value):
                 n = _leaf_len(leaf)
                 if n is None:
                     continue
@@ -343,7 +315,7 @@ class SampleBatch(dict):  # type: ignore[type-arg]
         has_seq_lens = self.SEQ_LENS in data
         for i in range(self.count):
             pick = operator.itemgetter(i)
-            row = {k: _map(pick, v) for k, v in data.items() if k != self.SEQ_LENS}
+            row = {k: tree_map(pick, v) for k, v in data.items() if k != self.SEQ_LENS}
             if has_seq_lens:
                 row[self.SEQ_LENS] = 1
             yield row
@@ -352,7 +324,7 @@ class SampleBatch(dict):  # type: ignore[type-arg]
         """Bytes held by the array columns (``nbytes``; compressed data by its length)."""
         total = 0
         for value in self.values():
-            for leaf in _leaves(value):
+            for leaf in leaves(value):
                 if isinstance(leaf, CompressedArray):
                     total += len(leaf.data)
                 elif isinstance(leaf, np.ndarray):
@@ -381,7 +353,7 @@ class SampleBatch(dict):  # type: ignore[type-arg]
                 return list(leaf)
             return leaf
 
-        return self._new({k: _map(copy_leaf, v) for k, v in self.items()})
+        return self._new({k: tree_map(copy_leaf, v) for k, v in self.items()})
 
     def _check_sliceable(self) -> None:
         if self.SEQ_LENS in self:
@@ -404,7 +376,7 @@ class SampleBatch(dict):  # type: ignore[type-arg]
         """
         self._check_sliceable()
         return self._new(
-            {k: _map(lambda v: _slice_leaf(v, start, end), v) for k, v in self.items()}
+            {k: tree_map(lambda v: _slice_leaf(v, start, end), v) for k, v in self.items()}
         )
 
     def timeslices(
@@ -451,7 +423,7 @@ class SampleBatch(dict):  # type: ignore[type-arg]
             return leaf[perm]
 
         for key, value in list(self.items()):
-            dict.__setitem__(self, key, _map(permute, value))
+            dict.__setitem__(self, key, tree_map(permute, value))
         return self
 
     def split_by_episode(self, key: str | None = None) -> list[SampleBatch]:
@@ -510,7 +482,7 @@ class SampleBatch(dict):  # type: ignore[type-arg]
             This batch.
         """
         for key in set(columns) & self.keys():
-            dict.__setitem__(self, key, _map(lambda v: _compress_leaf(v, bulk), self[key]))
+            dict.__setitem__(self, key, tree_map(lambda v: _compress_leaf(v, bulk), self[key]))
         return self
 
     def decompress_if_needed(
@@ -522,7 +494,7 @@ class SampleBatch(dict):  # type: ignore[type-arg]
             This batch.
         """
         for key in set(columns) & self.keys():
-            dict.__setitem__(self, key, _map(_decompress_leaf, self[key]))
+            dict.__setitem__(self, key, tree_map(_decompress_leaf, self[key]))
         return self
 
 
@@ -640,7 +612,7 @@ def concat_samples(
         if key == SampleBatch.SEQ_LENS:
             data[key] = np.concatenate([np.asarray(p[key]) for p in parts])
             continue
-        data[key] = _map_n(_concat_leaves, [dict.__getitem__(p, key) for p in parts])
+        data[key] = tree_map(_concat_leaves, *[dict.__getitem__(p, key) for p in parts])
     return SampleBatch(data, _num_grad_updates=grad_updates)
 
 

@@ -18,6 +18,7 @@ import torch
 from fastrollout._core import gae_segments
 from fastrollout.batches import SampleBatch
 from fastrollout.core import Columns
+from fastrollout.core.tree import concat, take, to_tensor
 from fastrollout.learners.ppo import PPOConfig, _explained_variance, ppo_loss
 from fastrollout.modules import RLModule
 
@@ -41,14 +42,6 @@ LOSS_COLUMNS = (
 LEARNER_STATS_KEY = "learner_stats"
 NUM_GRAD_UPDATES_LIFETIME = "num_grad_updates_lifetime"
 DIFF_NUM_GRAD_UPDATES_VS_SAMPLER_POLICY = "diff_num_grad_updates_vs_sampler_policy"
-
-
-def _tensor_tree(value: Any, device: torch.device) -> Any:
-    if isinstance(value, Mapping):
-        return {k: _tensor_tree(v, device) for k, v in value.items()}
-    if isinstance(value, tuple):
-        return tuple(_tensor_tree(v, device) for v in value)
-    return torch.as_tensor(np.ascontiguousarray(value), device=device)
 
 
 class TorchPolicy:
@@ -123,7 +116,7 @@ class TorchPolicy:
                 "compute_values(); PPO's post-processing needs a value function"
             )
         with torch.no_grad():
-            values = compute_values(self.model, {Columns.OBS: _tensor_tree(obs, self.device)})
+            values = compute_values(self.model, {Columns.OBS: to_tensor(obs, self.device)})
         return values.float().cpu().numpy()
 
     def postprocess(
@@ -152,8 +145,8 @@ class TorchPolicy:
         ends = np.asarray(segment_ends, dtype=np.int64)
         last_rows = ends - 1
         new_obs = batch[SampleBatch.NEXT_OBS]
-        last_obs = _take(new_obs, last_rows)
-        all_values = self.values(_concat(batch[SampleBatch.OBS], last_obs))
+        last_obs = take(new_obs, last_rows)
+        all_values = self.values(concat([batch[SampleBatch.OBS], last_obs]))
         vf_preds = np.ascontiguousarray(all_values[:n], dtype=np.float32)
         terminated = np.asarray(batch[SampleBatch.TERMINATEDS])[last_rows]
         bootstraps = np.where(terminated, 0.0, all_values[n:]).astype(np.float32)
@@ -181,7 +174,7 @@ class TorchPolicy:
                 f"(it has {sorted(batch)}); sample() adds PPO's when it post-processes"
             )
         columns = self.loss_columns or [k for k in batch if k != SampleBatch.INFOS]
-        return {c: _tensor_tree(batch[c], self.device) for c in columns}
+        return {c: to_tensor(batch[c], self.device) for c in columns}
 
     def _loss(self, batch: SampleBatch) -> tuple[torch.Tensor, dict[str, float]]:
         tensors = self._loss_batch(batch)
@@ -343,19 +336,3 @@ class TorchPolicy:
 
     def __repr__(self) -> str:
         return f"TorchPolicy({self.policy_id!r}, {type(self.model).__name__})"
-
-
-def _take(tree: Any, rows: np.ndarray) -> Any:
-    if isinstance(tree, Mapping):
-        return {k: _take(v, rows) for k, v in tree.items()}
-    if isinstance(tree, tuple):
-        return tuple(_take(v, rows) for v in tree)
-    return np.asarray(tree)[rows]
-
-
-def _concat(a: Any, b: Any) -> Any:
-    if isinstance(a, Mapping):
-        return {k: _concat(a[k], b[k]) for k in a}
-    if isinstance(a, tuple):
-        return tuple(_concat(x, y) for x, y in zip(a, b, strict=True))
-    return np.concatenate([np.asarray(a), np.asarray(b)], axis=0)

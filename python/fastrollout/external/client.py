@@ -25,6 +25,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from fastrollout.core.tree import tree_map
 from fastrollout.external import protocol
 from fastrollout.external.protocol import HEADER, PROTOCOL_VERSION, FrameError, ValueSpace
 from fastrollout.runners.sub_envs.vector import take_rows
@@ -610,14 +611,14 @@ class PolicyClient:
         from fastrollout.core import Columns
 
         module = self._modules[module_id]
-        batch = {Columns.OBS: _tree_map(torch.from_numpy, _stack(observations))}
+        batch = {Columns.OBS: tree_map(torch.from_numpy, _stack(observations))}
         with torch.no_grad():
             out = dict(module.forward_exploration(batch))
             outputs = {module_id: out}
             add_actions({module_id: module}, outputs, True, as_numpy=True)
         out = outputs[module_id]
         space = module.action_space
-        actions = unsquash_action(_tree_map(_numpy, out[Columns.ACTIONS]), space)
+        actions = unsquash_action(tree_map(_numpy, out[Columns.ACTIONS]), space)
         # The runner records the logged action, the env's. Where that is not the module's
         # own (a bounded Box, unsquashed as the runner's default pipeline does), the
         # module's log-probability is of another action: left out, so that the runner
@@ -742,14 +743,6 @@ def _stack(values: list[Any]) -> Any:
     if isinstance(first, tuple):
         return tuple(_stack([v[i] for v in values]) for i in range(len(first)))
     return np.stack([np.asarray(v) for v in values])
-
-
-def _tree_map(fn: Callable[[Any], Any], x: Any) -> Any:
-    if isinstance(x, Mapping):
-        return {k: _tree_map(fn, v) for k, v in x.items()}
-    if isinstance(x, tuple):
-        return tuple(_tree_map(fn, v) for v in x)
-    return fn(x)
 
 
 def _unsquashed(space: gym.Space[Any]) -> bool:

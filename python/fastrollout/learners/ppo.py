@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from fastrollout.core import DEFAULT_MODULE_ID, Columns
+from fastrollout.core.tree import concat, take, to_tensor
 from fastrollout.modules import RLModule
 
 __all__ = [
@@ -171,24 +172,6 @@ def iter_agent_chunks(episodes: Iterable[Any]) -> Iterator[tuple[str, Any]]:
             yield (DEFAULT_MODULE_ID if module_id is None else module_id), chunk
 
 
-def _tree_map(fn: Any, *trees: Any) -> Any:
-    """Applies ``fn`` to the leaves of nested dicts/tuples of arrays (observations)."""
-    first = trees[0]
-    if isinstance(first, Mapping):
-        return {k: _tree_map(fn, *(t[k] for t in trees)) for k in first}
-    if isinstance(first, tuple):
-        return tuple(_tree_map(fn, *parts) for parts in zip(*trees, strict=True))
-    return fn(*trees)
-
-
-def _concat(parts: list[Any]) -> Any:
-    return _tree_map(lambda *xs: np.concatenate(xs, axis=0), *parts)
-
-
-def _to_tensor(tree: Any, device: torch.device) -> Any:
-    return _tree_map(lambda x: torch.as_tensor(np.ascontiguousarray(x), device=device), tree)
-
-
 def _describe(chunk: Any) -> str:
     return f"episode chunk {chunk.id_} (agent {chunk.agent_id!r}, t_started={chunk.t_started})"
 
@@ -250,9 +233,9 @@ def build_ppo_batch(
                 "PPO needs a value function"
             )
         device = module.device
-        all_obs = _concat([chunk.get_observations() for chunk in chunks])
+        all_obs = concat([chunk.get_observations() for chunk in chunks])
         with torch.no_grad():
-            values = compute_values(module, {Columns.OBS: _to_tensor(all_obs, device)})
+            values = compute_values(module, {Columns.OBS: to_tensor(all_obs, device)})
         values = values.float().cpu().numpy()
         rows = np.concatenate([np.ones(len(c) + 1, bool) for c in chunks])
         advantages, targets, vf_preds = [], [], []
@@ -269,10 +252,10 @@ def build_ppo_batch(
             advantages.append(adv)
             targets.append(tgt)
             vf_preds.append(chunk_values[:n])
-        step_obs = _rows(all_obs, rows)
+        step_obs = take(all_obs, rows)
         batch = {
             Columns.OBS: step_obs,
-            Columns.ACTIONS: _concat([chunk.get_actions() for chunk in chunks]),
+            Columns.ACTIONS: concat([chunk.get_actions() for chunk in chunks]),
             Columns.ACTION_LOGP: np.concatenate(
                 [chunk.get_extra_model_outputs(Columns.ACTION_LOGP) for chunk in chunks]
             ).astype(np.float32),
@@ -280,7 +263,7 @@ def build_ppo_batch(
             Columns.ADVANTAGES: np.concatenate(advantages),
             Columns.VALUE_TARGETS: np.concatenate(targets),
         }
-        batches[module_id] = {k: _to_tensor(v, device) for k, v in batch.items()}
+        batches[module_id] = {k: to_tensor(v, device) for k, v in batch.items()}
     return batches
 
 
@@ -357,10 +340,6 @@ def ppo_loss(
     return loss, stats
 
 
-def _rows(tree: Any, index: Any) -> Any:
-    return _tree_map(lambda x: x[index], tree)
-
-
 def ppo_update(
     module: RLModule,
     optimizer: torch.optim.Optimizer,
@@ -396,7 +375,7 @@ def ppo_update(
         # The last short minibatch is dropped, as in RLlib's minibatch cycling, unless
         # it is the only one.
         for start in range(0, n - size + 1, size):
-            minibatch = _rows(batch, order[start : start + size])
+            minibatch = take(batch, order[start : start + size])
             loss, stats = ppo_loss(module, minibatch, config)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

@@ -37,10 +37,12 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+
+from fastrollout.core.tree import concat, take, tree_map
 
 __all__ = ["METHODS", "FittedQEvaluation", "estimate"]
 
@@ -91,19 +93,6 @@ class LoggedSteps:
         out = np.full((n, t_max), fill, dtype=np.float64)
         out[mask] = values  # row-major: episode after episode, step after step
         return out, mask
-
-
-def _tree_map(fn: Callable[..., Any], *trees: Any) -> Any:
-    first = trees[0]
-    if isinstance(first, Mapping):
-        return {k: _tree_map(fn, *(t[k] for t in trees)) for k in first}
-    if isinstance(first, tuple | list):
-        return type(first)(_tree_map(fn, *parts) for parts in zip(*trees, strict=True))
-    return fn(*trees)
-
-
-def _concat(parts: Sequence[Any]) -> Any:
-    return _tree_map(lambda *xs: np.concatenate([np.asarray(x) for x in xs]), *parts)
 
 
 def _join_chunks(episodes: Iterable[Any]) -> list[list[Any]]:
@@ -165,8 +154,8 @@ def logged_steps(episodes: Iterable[Any]) -> LoggedSteps:
                     "distribution gives log-probabilities."
                 )
             observations = c.get_observations()
-            obs.append(_tree_map(lambda x: np.asarray(x)[:-1], observations))
-            next_obs.append(_tree_map(lambda x: np.asarray(x)[1:], observations))
+            obs.append(tree_map(lambda x: np.asarray(x)[:-1], observations))
+            next_obs.append(tree_map(lambda x: np.asarray(x)[1:], observations))
             actions.append(np.asarray(c.get_actions()))
             rewards.append(np.asarray(c.get_rewards(), dtype=np.float64))
             logps.append(
@@ -189,8 +178,8 @@ def logged_steps(episodes: Iterable[Any]) -> LoggedSteps:
             f"has {logp[bad]}"
         )
     return LoggedSteps(
-        obs=_concat(obs),
-        next_obs=_concat(next_obs),
+        obs=concat(obs),
+        next_obs=concat(next_obs),
         actions=np.concatenate(actions),
         rewards=np.concatenate(rewards),
         logp_behavior=logp,
@@ -200,10 +189,6 @@ def logged_steps(episodes: Iterable[Any]) -> LoggedSteps:
 
 
 # -- the target policy --------------------------------------------------------------------
-
-
-def _select_rows(tree: Any, start: int, stop: int) -> Any:
-    return _tree_map(lambda x: x[start:stop], tree)
 
 
 class TargetPolicy:
@@ -259,7 +244,7 @@ class TargetPolicy:
         with torch.no_grad():
             for start in range(0, rows, _FORWARD_ROWS):
                 stop = min(rows, start + _FORWARD_ROWS)
-                batch = {Columns.OBS: to_device(_select_rows(obs, start, stop), device)}
+                batch = {Columns.OBS: to_device(take(obs, slice(start, stop)), device)}
                 out = forward(batch)
                 yield start, stop, dist_cls.from_logits(out[Columns.ACTION_DIST_INPUTS])
 
