@@ -66,9 +66,7 @@ import argparse
 import json
 import logging
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 import warnings
@@ -83,7 +81,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import numpy as np
 import torch
 
-from _report import fmt, load_average
+from _report import fmt, load_average, machine
 
 NUM_ENVS = 8
 RLLIB_ENV_NAME = "fastrollout_bench_slow_env"
@@ -374,45 +372,6 @@ def ratios(
         "vs_sync": against("fr_sync"),
         "vs_async": against("fr_async"),
         "vs_rllib_remote": against(f"rllib_remote_w{w}") if w is not None else None,
-    }
-
-
-def machine() -> dict[str, str]:
-    """The machine and versions.
-
-    Returns:
-        Names to strings.
-    """
-    import gymnasium as gym
-
-    cpu = "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(
-                (line.split(":", 1)[1].strip() for line in f if line.startswith("model name")),
-                cpu,
-            )
-    except OSError:
-        pass
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-        ).stdout.strip()
-    except OSError:
-        commit = ""
-    import importlib.metadata
-
-    return {
-        "cpu": cpu,
-        "cores": str(os.cpu_count()),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "numpy": np.__version__,
-        "gymnasium": gym.__version__,
-        "ray": importlib.metadata.version("ray"),
-        "torch threads": str(torch.get_num_threads()),
-        "git": commit or "unknown",
-        "load average (1/5/15 min) at start": load_average(),
     }
 
 

@@ -51,13 +51,10 @@ Not a test: it prints numbers.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import logging
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 import warnings
@@ -72,7 +69,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from _report import fmt, load_average
+from _report import fmt, load_average, machine
 
 ENV_ID = "CartPole-v1"
 #: The model both sides build (each side's default too).
@@ -320,45 +317,6 @@ def measure(num_envs: int, args: argparse.Namespace) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- report
-
-
-def machine() -> dict[str, str]:
-    """What the numbers were measured on."""
-    cpu = "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(
-                (line.split(":", 1)[1].strip() for line in f if line.startswith("model name")),
-                cpu,
-            )
-    except OSError:
-        pass
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-        ).stdout.strip()
-    except OSError:
-        commit = ""
-
-    def version(name: str) -> str:
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            return "not installed"
-
-    return {
-        "cpu": cpu,
-        "cores": str(os.cpu_count()),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "numpy": np.__version__,
-        "gymnasium": gym.__version__,
-        "ray": version("ray"),
-        "fastrollout": version("fastrollout"),
-        "torch threads": str(torch.get_num_threads()),
-        "git": commit or "unknown",
-        "load average (1/5/15 min) at start": load_average(),
-    }
 
 
 def main(argv: list[str] | None = None) -> int:
