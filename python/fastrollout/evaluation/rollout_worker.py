@@ -45,11 +45,9 @@ from fastrollout.evaluation.observation_filters import (
 from fastrollout.evaluation.policy import TorchPolicy
 from fastrollout.filters import Filter, clip_reward
 from fastrollout.learners.ppo import PPOConfig
+from fastrollout.runners._keys import WEIGHTS_SEQ_NO
 
 __all__ = ["RolloutMetrics", "RolloutWorker"]
-
-# The runner's per-step record of the acting weights' version (not an old-stack column).
-_WEIGHTS_SEQ_NO = "weights_seq_no"
 
 
 class RolloutMetrics(NamedTuple):
@@ -77,6 +75,17 @@ class _IOContext(NamedTuple):
 
 # The keys of RLlib's old-stack model dict that fastrollout's default module takes.
 _RLLIB_MODEL_KEYS = ("fcnet_hiddens", "fcnet_activation", "vf_share_layers")
+# RLlib's PPO settings that PPOConfig has under the same names.
+_RLLIB_PPO_KEYS = (
+    "gamma",
+    "lambda_",
+    "lr",
+    "clip_param",
+    "vf_clip_param",
+    "vf_loss_coeff",
+    "entropy_coeff",
+    "grad_clip",
+)
 
 
 def _runner_config_from_rllib(config: Any) -> tuple[RunnerConfig, PPOConfig]:
@@ -113,19 +122,10 @@ def _runner_config_from_rllib(config: Any) -> tuple[RunnerConfig, PPOConfig]:
     model = dict(getattr(config, "model", {}) or {})
     out.rl_module(model_config={k: model[k] for k in _RLLIB_MODEL_KEYS if k in model})
     ppo = {}
-    for ours, theirs in (
-        ("gamma", "gamma"),
-        ("lambda_", "lambda_"),
-        ("lr", "lr"),
-        ("clip_param", "clip_param"),
-        ("vf_clip_param", "vf_clip_param"),
-        ("vf_loss_coeff", "vf_loss_coeff"),
-        ("entropy_coeff", "entropy_coeff"),
-        ("grad_clip", "grad_clip"),
-    ):
-        value = getattr(config, theirs, None)
+    for name in _RLLIB_PPO_KEYS:
+        value = getattr(config, name, None)
         if value is not None and not callable(value):
-            ppo[ours] = value
+            ppo[name] = value
     return out, PPOConfig(**ppo)
 
 
@@ -250,7 +250,6 @@ class RolloutWorker:
         )
         # observation_fn sees the policies from now on (not during the env check).
         self._ready = True
-        self._callbacks = list(self._runner._callback_objects)
         # on_sample_end gets the batch from the worker (the old stack's call), not the
         # runner's episodes.
         self._runner._callback_fns["on_sample_end"] = []
@@ -341,13 +340,9 @@ class RolloutWorker:
         return self._filters.filters
 
     def _callback(self, name: str, **kwargs: Any) -> None:
-        for obj in self._callbacks:
-            fn = getattr(obj, name, None)
-            if fn is not None:
-                fn(**kwargs)
-        if name == "on_sample_end":
-            for fn in self.config.callbacks_functions(name):
-                fn(**kwargs)
+        # The runner's callback objects and config functions (base-class no-ops skipped).
+        for fn in self._runner._callback_list(name):
+            fn(**kwargs)
 
     # -- properties --------------------------------------------------------------------
 
@@ -472,7 +467,8 @@ class RolloutWorker:
                 part = episodes_to_sample_batch(
                     [chunk], unroll_id_start=self._unroll_id, agent_index=agent_index
                 )
-                part.pop(_WEIGHTS_SEQ_NO, None)
+                # The runner's per-step record of the weights' version: no old-stack column.
+                part.pop(WEIGHTS_SEQ_NO, None)
                 part[SampleBatch.EPS_ID] = np.full(part.count, _int_episode_id(episode.id_))
                 self._unroll_id += 1
                 per_policy[pid].append(part)
