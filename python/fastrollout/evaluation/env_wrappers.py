@@ -19,19 +19,32 @@ __all__ = ["HorizonWrapper", "MultiAgentWorkerWrapper", "wrap_for_worker"]
 
 
 class _Horizon:
-    """Step counting shared by both wrappers: when the horizon truncates an episode."""
+    """The horizon of both wrappers: step counting and a soft horizon's carried start."""
 
     def __init__(self, horizon: int | None, soft: bool) -> None:
         self.horizon = horizon
         self.soft = soft
         self.t = 0
         # (observations, infos) a soft reset starts the next episode from.
-        self.carried: tuple[Any, Any] | None = None
+        self._carried: tuple[Any, Any] | None = None
 
-    def stepped(self, done: bool) -> bool:
-        """Counts one step; whether the horizon truncates the episode here."""
+    def start(self) -> tuple[Any, Any] | None:
+        """A new episode: the carried ``(obs, infos)`` after a soft horizon, else None."""
+        self.t = 0
+        carried, self._carried = self._carried, None
+        return carried
+
+    def stepped(self, done: bool, last: tuple[Any, Any]) -> bool:
+        """Counts one step; whether the horizon truncates the episode here.
+
+        A soft horizon then keeps ``last``, the step's ``(obs, infos)``, for :meth:`start`.
+        """
         self.t += 1
-        return self.horizon is not None and self.t >= self.horizon and not done
+        if self.horizon is None or self.t < self.horizon or done:
+            return False
+        if self.soft:
+            self._carried = last
+        return True
 
 
 class HorizonWrapper(gym.Wrapper):  # type: ignore[type-arg]
@@ -50,20 +63,14 @@ class HorizonWrapper(gym.Wrapper):  # type: ignore[type-arg]
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
         """Resets the env, or (after a soft horizon) starts from the last observation."""
-        self._h.t = 0
-        if self._h.carried is not None:
-            obs, info = self._h.carried
-            self._h.carried = None
-            return obs, info
-        return self.env.reset(seed=seed, options=options)
+        carried = self._h.start()
+        return carried if carried is not None else self.env.reset(seed=seed, options=options)
 
     def step(self, action: Any) -> Any:
         """Steps the env; truncates at the horizon."""
         obs, reward, terminated, truncated, info = self.env.step(action)
-        if self._h.stepped(bool(terminated or truncated)):
+        if self._h.stepped(bool(terminated or truncated), (obs, info)):
             truncated = True
-            if self._h.soft:
-                self._h.carried = (obs, info)
         return obs, reward, terminated, truncated, info
 
 
@@ -134,11 +141,9 @@ class MultiAgentWorkerWrapper(MultiAgentEnv):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
         """Resets the env (or continues after a soft horizon); observations transformed."""
-        self._h.t = 0
-        if self._h.carried is not None:
-            obs, infos = self._h.carried
-            self._h.carried = None
-            return obs, infos
+        carried = self._h.start()
+        if carried is not None:
+            return carried
         obs, infos = self.env.reset(seed=seed, options=options)
         return self._observe(obs), infos
 
@@ -147,10 +152,8 @@ class MultiAgentWorkerWrapper(MultiAgentEnv):
         obs, rewards, terminateds, truncateds, infos = self.env.step(action_dict)
         obs = self._observe(obs)
         done = bool(terminateds.get("__all__", False) or truncateds.get("__all__", False))
-        if self._h.stepped(done):
+        if self._h.stepped(done, (obs, infos)):
             truncateds = {**truncateds, **dict.fromkeys(obs, True), "__all__": True}
-            if self._h.soft:
-                self._h.carried = (obs, infos)
         return obs, rewards, terminateds, truncateds, infos
 
     def render(self) -> Any:
