@@ -451,14 +451,11 @@ impl Column {
         // Nothing sealed: every item is in the raw buffer (no per-item `item()` dispatch).
         let (raw, item_n) = (&self.leaves[leaf], spec.item_bytes());
         for (pos, dst) in positions.iter().zip(out.chunks_exact_mut(n)) {
-            match *pos {
-                Pos::At(p) if one_hot => spec.write_one_hot_into(&raw[p * item_n..(p + 1) * item_n], dst),
-                Pos::At(p) => dst.copy_from_slice(&raw[p * item_n..(p + 1) * item_n]),
-                Pos::Fill => match fill {
-                    Some(bytes) => dst.copy_from_slice(bytes),
-                    None => dst.fill(0),
-                },
-            }
+            let src = match *pos {
+                Pos::At(p) => Some(&raw[p * item_n..(p + 1) * item_n]),
+                Pos::Fill => None,
+            };
+            write_gathered(spec, src, fill, one_hot, dst);
         }
         true
     }
@@ -484,9 +481,8 @@ impl Column {
         let mut scratch: Option<(usize, Vec<u8>)> = None;
         let mut i = 0;
         while i < positions.len() {
-            let dst = &mut out[i * n..(i + 1) * n];
-            let src: &[u8] = match positions[i] {
-                Pos::At(p) if p >= base => &raw[(p - base) * item_n..(p - base + 1) * item_n],
+            let src = match positions[i] {
+                Pos::At(p) if p >= base => Some(&raw[(p - base) * item_n..(p - base + 1) * item_n]),
                 Pos::At(p) => {
                     let block = p / rows;
                     let whole = !one_hot
@@ -510,22 +506,11 @@ impl Column {
                     }
                     let Some((_, bytes)) = &scratch else { return false };
                     let at = (p % rows) * item_n;
-                    &bytes[at..at + item_n]
+                    Some(&bytes[at..at + item_n])
                 }
-                Pos::Fill => {
-                    match fill {
-                        Some(bytes) => dst.copy_from_slice(bytes),
-                        None => dst.fill(0),
-                    }
-                    i += 1;
-                    continue;
-                }
+                Pos::Fill => None,
             };
-            if one_hot {
-                spec.write_one_hot_into(src, dst);
-            } else {
-                dst.copy_from_slice(src);
-            }
+            write_gathered(spec, src, fill, one_hot, &mut out[i * n..(i + 1) * n]);
             i += 1;
         }
         true
@@ -618,6 +603,18 @@ pub const MAX_RESERVE_BYTES: usize = 256 * 1024 * 1024;
 /// smaller buffers shrink in place (moving those left the C heap full of holes, see
 /// [`Column::shrink_to_fit`]).
 pub const BIG_BUFFER_BYTES: usize = 64 * 1024;
+
+/// Writes one gathered item of `spec` into `dst`: the stored item `src` (as float32
+/// one-hot groups with `one_hot`), or for a [`Pos::Fill`] (`src` is `None`) `fill`, zeros
+/// without one.
+#[inline]
+fn write_gathered(spec: &Leaf, src: Option<&[u8]>, fill: Option<&[u8]>, one_hot: bool, dst: &mut [u8]) {
+    match (src, fill) {
+        (Some(src), _) if one_hot => spec.write_one_hot_into(src, dst),
+        (Some(bytes), _) | (None, Some(bytes)) => dst.copy_from_slice(bytes),
+        (None, None) => dst.fill(0),
+    }
+}
 
 /// Gives back a buffer's spare capacity (see [`BIG_BUFFER_BYTES`]).
 fn shrink(buf: &mut Vec<u8>) {
