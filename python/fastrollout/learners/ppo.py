@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fastrollout._core import gae_segments
 from fastrollout.core import DEFAULT_MODULE_ID, Columns
 from fastrollout.core.tree import concat, take, to_tensor
 from fastrollout.modules import RLModule
@@ -133,22 +134,21 @@ def compute_gae(
     Raises:
         ValueError: If ``rewards`` and ``values`` are not 1-D of the same length.
     """
-    rewards = np.asarray(rewards, dtype=np.float64)
-    values = np.asarray(values, dtype=np.float64)
+    rewards = np.asarray(rewards)
+    values = np.asarray(values)
     if rewards.ndim != 1 or rewards.shape != values.shape:
         raise ValueError(
             f"compute_gae needs 1-D rewards and values of one length, got shapes "
             f"{rewards.shape} and {values.shape}"
         )
-    next_values = np.append(values[1:], float(bootstrap_value))
-    deltas = rewards + gamma * next_values - values
-    advantages = np.empty_like(deltas)
-    running = 0.0
-    # Backwards: A_t = delta_t + gamma * lambda * A_{t+1}, with A_T = 0.
-    for t in range(len(deltas) - 1, -1, -1):
-        running = deltas[t] + gamma * lambda_ * running
-        advantages[t] = running
-    return advantages.astype(np.float32), (advantages + values).astype(np.float32)
+    return gae_segments(
+        np.ascontiguousarray(rewards, dtype=np.float32),
+        np.ascontiguousarray(values, dtype=np.float32),
+        np.array([len(rewards)], dtype=np.int64),
+        np.array([bootstrap_value], dtype=np.float32),
+        gamma,
+        lambda_,
+    )
 
 
 def iter_agent_chunks(episodes: Iterable[Any]) -> Iterator[tuple[str, Any]]:
@@ -237,21 +237,16 @@ def build_ppo_batch(
         with torch.no_grad():
             values = compute_values(module, {Columns.OBS: to_tensor(all_obs, device)})
         values = values.float().cpu().numpy()
-        rows = np.concatenate([np.ones(len(c) + 1, bool) for c in chunks])
-        advantages, targets, vf_preds = [], [], []
-        start = 0
-        for chunk in chunks:
-            n = len(chunk)
-            chunk_values = values[start : start + n + 1]
-            rows[start + n] = False  # the bootstrap observation is no step of its own
-            start += n + 1
-            bootstrap = 0.0 if chunk.is_terminated else float(chunk_values[n])
-            adv, tgt = compute_gae(
-                chunk.get_rewards(), chunk_values[:n], bootstrap, gamma=gamma, lambda_=lambda_
-            )
-            advantages.append(adv)
-            targets.append(tgt)
-            vf_preds.append(chunk_values[:n])
+        lengths = np.array([len(c) for c in chunks], dtype=np.int64)
+        # Each chunk's T steps are followed by its bootstrap observation in all_obs.
+        bootstrap_rows = np.cumsum(lengths + 1) - 1
+        rows = np.ones(len(values), bool)
+        rows[bootstrap_rows] = False
+        terminated = np.array([c.is_terminated for c in chunks])
+        bootstraps = np.where(terminated, 0.0, values[bootstrap_rows]).astype(np.float32)
+        vf_preds = np.ascontiguousarray(values[rows], dtype=np.float32)
+        rewards = np.concatenate([c.get_rewards() for c in chunks]).astype(np.float32)
+        advantages, targets = gae_segments(rewards, vf_preds, lengths, bootstraps, gamma, lambda_)
         step_obs = take(all_obs, rows)
         batch = {
             Columns.OBS: step_obs,
@@ -259,9 +254,9 @@ def build_ppo_batch(
             Columns.ACTION_LOGP: np.concatenate(
                 [chunk.get_extra_model_outputs(Columns.ACTION_LOGP) for chunk in chunks]
             ).astype(np.float32),
-            Columns.VF_PREDS: np.concatenate(vf_preds).astype(np.float32),
-            Columns.ADVANTAGES: np.concatenate(advantages),
-            Columns.VALUE_TARGETS: np.concatenate(targets),
+            Columns.VF_PREDS: vf_preds,
+            Columns.ADVANTAGES: advantages,
+            Columns.VALUE_TARGETS: targets,
         }
         batches[module_id] = {k: to_tensor(v, device) for k, v in batch.items()}
     return batches
