@@ -249,6 +249,21 @@ def test_state_and_pickle_round_trip(cls):
     assert filter_from_state(nf.get_state()) == nf == pickle.loads(pickle.dumps(nf))
 
 
+def test_running_stat_state_reads_rllib_and_connector_keys():
+    """One ``RunningStat`` backs both the old-stack filters and the runner connector."""
+    from fastrollout.connectors.env_to_module.mean_std_filter import RunningStats
+
+    rs = RunningStat((DIM,))
+    rs.push_batch(np.random.default_rng(3).normal(size=(5, DIM)))
+    connector = RunningStats.from_state(rs.to_state())
+    assert connector.to_state().keys() == {"count", "mean", "m2"}
+    assert connector.count == rs.n == 5
+    np.testing.assert_array_equal(connector.m2, rs.sum_sq_diff_array)
+    assert RunningStat.from_state(connector.to_state()) == rs == connector
+    with pytest.raises(ValueError, match="lacks 'sum_sq_diff_array'"):
+        RunningStat.from_state({"num_pushes": 1, "mean_array": np.zeros(DIM)})
+
+
 def test_concurrent_filter_counts_every_push_from_threads():
     f = ConcurrentMeanStdFilter((DIM,))
     rng = np.random.default_rng(2)

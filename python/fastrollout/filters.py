@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
 import gymnasium as gym
 import numpy as np
@@ -51,6 +51,13 @@ FILTER_NAMES = ("NoFilter", "MeanStdFilter", "ConcurrentMeanStdFilter")
 # ----------------------------------------------------------------------------------------
 # Running statistics
 # ----------------------------------------------------------------------------------------
+
+
+# The keys of a RunningStat's state: RLlib's old-stack filter's and the runner connector's.
+_RLLIB_STATE_KEYS = ("num_pushes", "mean_array", "sum_sq_diff_array")
+_CONNECTOR_STATE_KEYS = ("count", "mean", "m2")
+
+_RS = TypeVar("_RS", bound="RunningStat")
 
 
 class RunningStat:
@@ -160,9 +167,9 @@ class RunningStat:
         )
         self.num_pushes = n
 
-    def copy(self) -> RunningStat:
+    def copy(self: _RS) -> _RS:
         """An independent copy."""
-        other = RunningStat.__new__(RunningStat)
+        other = type(self).__new__(type(self))
         other.num_pushes = self.num_pushes
         other.mean_array = self.mean_array.copy()
         other.sum_sq_diff_array = self.sum_sq_diff_array.copy()
@@ -176,21 +183,29 @@ class RunningStat:
             "sum_sq_diff_array": self.sum_sq_diff_array.copy(),
         }
 
-    @staticmethod
-    def from_state(state: Mapping[str, Any]) -> RunningStat:
+    @classmethod
+    def from_state(cls: type[_RS], state: Mapping[str, Any]) -> _RS:
         """Rebuilds a stat from :meth:`to_state` 's output.
 
+        Reads either key set: RLlib's ``num_pushes``/``mean_array``/``sum_sq_diff_array``
+        or the runner connector's ``count``/``mean``/``m2``.
+
         Raises:
-            ValueError: the arrays' shapes differ or the count is negative.
+            ValueError: a key is missing, the arrays' shapes differ or the count is negative.
         """
-        mean = np.array(state["mean_array"], dtype=np.float64)
-        m2 = np.array(state["sum_sq_diff_array"], dtype=np.float64)
-        n = int(state["num_pushes"])
+        keys = _RLLIB_STATE_KEYS if "num_pushes" in state else _CONNECTOR_STATE_KEYS
+        missing = [k for k in keys if k not in state]
+        if missing:
+            raise ValueError(f"RunningStat state lacks {missing[0]!r}")
+        n_key, mean_key, m2_key = keys
+        mean = np.array(state[mean_key], dtype=np.float64)
+        m2 = np.array(state[m2_key], dtype=np.float64)
+        n = int(state[n_key])
         if mean.shape != m2.shape or n < 0:
             raise ValueError(
                 f"RunningStat state: mean shape {mean.shape}, M2 shape {m2.shape}, n={n}"
             )
-        rs = RunningStat(tuple(mean.shape))
+        rs = cls(tuple(mean.shape))
         rs.num_pushes, rs.mean_array, rs.sum_sq_diff_array = n, mean, m2
         return rs
 

@@ -45,16 +45,6 @@ def with_mean_std_connector(user: Callable[..., Any] | None) -> Callable[..., li
     return factory
 
 
-def _from_connector(state: Mapping[str, Any]) -> RunningStat:
-    plain = {"num_pushes": state["count"], "mean_array": state["mean"]}
-    return RunningStat.from_state({**plain, "sum_sq_diff_array": state["m2"]})
-
-
-def _to_connector(rs: RunningStat) -> dict[str, Any]:
-    s = rs.to_state()
-    return {"count": s["num_pushes"], "mean": s["mean_array"], "m2": s["sum_sq_diff_array"]}
-
-
 class ObservationFilters:
     """The filters of a worker's policies and the runner connector that applies them.
 
@@ -83,7 +73,7 @@ class ObservationFilters:
         state = {}
         for pid, f in self._mean_std().items():
             rs = f.running_stats
-            state[pid] = {"base": _to_connector(rs), "delta": _to_connector(RunningStat(rs.shape))}
+            state[pid] = {"base": rs.to_state(), "delta": RunningStat(rs.shape).to_state()}
         self.connector.set_state(state)
 
     def after_sample(self) -> None:
@@ -92,7 +82,7 @@ class ObservationFilters:
             return
         filters = self._mean_std()
         for pid, s in self.connector.get_state().items():
-            delta = _from_connector(s["delta"])
+            delta = RunningStat.from_state(s["delta"])
             if delta.n and pid in filters:
                 filters[pid].running_stats.update(delta)
                 filters[pid].buffer.update(delta)

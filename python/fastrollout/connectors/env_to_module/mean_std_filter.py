@@ -19,85 +19,42 @@ import numpy as np
 
 from fastrollout.connectors.connector_v2 import ConnectorV2
 from fastrollout.core import Columns
+from fastrollout.filters import SMALL_NUMBER, RunningStat
 
 __all__ = ["MeanStdFilter", "RunningStats"]
 
-# Added to the std before dividing (RLlib's SMALL_NUMBER), so a constant component
-# does not divide by zero.
-_EPS = 1e-6
 
+class RunningStats(RunningStat):
+    """:class:`fastrollout.filters.RunningStat` under the connector's names.
 
-class RunningStats:
-    """Count, mean and sum of squared deviations (M2) of a stream of arrays.
+    ``count`` and ``m2`` read ``num_pushes`` and ``sum_sq_diff_array``, ``merge`` adds
+    another stream's statistics, and the state is ``{"count", "mean", "m2"}`` (what
+    runners' connector states hold; :meth:`from_state` reads RLlib's keys as well).
 
     Args:
         shape: The shape of one item.
     """
 
-    def __init__(self, shape: tuple[int, ...] = ()) -> None:
-        self.count = 0
-        self.mean = np.zeros(shape, np.float64)
-        self.m2 = np.zeros(shape, np.float64)
+    __slots__ = ()
 
     @property
-    def shape(self) -> tuple[int, ...]:
-        """The shape of one item."""
-        return tuple(self.mean.shape)
+    def count(self) -> int:
+        """The number of items seen."""
+        return self.num_pushes
 
-    def push_batch(self, x: np.ndarray) -> None:
-        """Adds a batch of items (axis 0 is the batch axis).
+    @property
+    def m2(self) -> np.ndarray:
+        """The sum of squared deviations from the mean."""
+        return self.sum_sq_diff_array
 
-        Args:
-            x: Shape ``(n, *shape)``.
-        """
-        n = int(x.shape[0])
-        if n == 0:
-            return
-        x = x.astype(np.float64, copy=False)
-        mean_b = x.mean(axis=0)
-        m2_b = ((x - mean_b) ** 2).sum(axis=0)
-        self._combine(n, mean_b, m2_b)
-
-    def merge(self, other: RunningStats) -> None:
+    def merge(self, other: RunningStat) -> None:
         """Adds another stream's statistics (exactly as if its items had been pushed).
 
         Args:
-            other: Statistics of the same shape.
+            other: Statistics of the same shape (or empty ones of any shape).
         """
-        self._combine(other.count, other.mean, other.m2)
-
-    def _combine(self, n_b: int, mean_b: np.ndarray, m2_b: np.ndarray) -> None:
-        if n_b == 0:
-            return
-        n_a = self.count
-        n = n_a + n_b
-        delta = mean_b - self.mean
-        # Chan et al.'s pairwise update: exact for any split of the data.
-        self.mean = self.mean + delta * (n_b / n)
-        self.m2 = self.m2 + m2_b + delta**2 * (n_a * n_b / n)
-        self.count = n
-
-    @property
-    def var(self) -> np.ndarray:
-        """The unbiased variance (zeros while fewer than two items were seen)."""
-        if self.count < 2:
-            return np.zeros_like(self.mean)
-        return np.maximum(self.m2 / (self.count - 1), 0.0)
-
-    @property
-    def std(self) -> np.ndarray:
-        """The square root of ``var``."""
-        return np.sqrt(self.var)
-
-    def copy(self) -> RunningStats:
-        """A copy.
-
-        Returns:
-            The copy.
-        """
-        out = RunningStats(self.shape)
-        out.count, out.mean, out.m2 = self.count, self.mean.copy(), self.m2.copy()
-        return out
+        if other.num_pushes:
+            self.update(other)
 
     def to_state(self) -> dict[str, Any]:
         """Plain data for checkpoints and transport.
@@ -106,33 +63,6 @@ class RunningStats:
             ``{"count", "mean", "m2"}``.
         """
         return {"count": self.count, "mean": self.mean.copy(), "m2": self.m2.copy()}
-
-    @classmethod
-    def from_state(cls, state: Mapping[str, Any]) -> RunningStats:
-        """Rebuilds statistics from ``to_state`` data.
-
-        Args:
-            state: ``{"count", "mean", "m2"}``.
-
-        Returns:
-            The statistics.
-
-        Raises:
-            ValueError: If the fields are missing or inconsistent.
-        """
-        try:
-            mean = np.asarray(state["mean"], np.float64)
-            m2 = np.asarray(state["m2"], np.float64)
-            count = int(state["count"])
-        except KeyError as err:
-            raise ValueError(f"running-stats state lacks {err.args[0]!r}") from None
-        if mean.shape != m2.shape or count < 0:
-            raise ValueError(
-                f"inconsistent running-stats state: mean {mean.shape}, m2 {m2.shape}, count {count}"
-            )
-        out = cls(mean.shape)
-        out.count, out.mean, out.m2 = count, mean.copy(), m2.copy()
-        return out
 
 
 class _ModuleFilter:
@@ -259,7 +189,7 @@ class MeanStdFilter(ConnectorV2):
                     episode.set_observations(new_data=row, at_indices=-1)
         return batch
 
-    def normalize(self, obs: np.ndarray, stats: RunningStats) -> np.ndarray:
+    def normalize(self, obs: np.ndarray, stats: RunningStat) -> np.ndarray:
         """Applies the filter's transformation with given statistics.
 
         Args:
@@ -273,7 +203,7 @@ class MeanStdFilter(ConnectorV2):
         if self.de_mean_to_zero:
             x = x - stats.mean
         if self.de_std_to_one:
-            x = x / (stats.std + _EPS)
+            x = x / (stats.std + SMALL_NUMBER)
         if self.clip_by_value is not None:
             x = np.clip(x, -self.clip_by_value, self.clip_by_value)
         return x.astype(obs.dtype)
@@ -315,7 +245,8 @@ class MeanStdFilter(ConnectorV2):
         """Takes over statistics; what is seen from now on is this runner's new delta.
 
         Args:
-            state: A state from ``get_state`` or ``merge_states``.
+            state: A state from ``get_state`` or ``merge_states`` (its statistics in
+                either of ``RunningStat.from_state`` 's key sets).
 
         Raises:
             ValueError: If a module's state is malformed.
@@ -325,7 +256,7 @@ class MeanStdFilter(ConnectorV2):
             if not isinstance(s, Mapping) or "base" not in s or "delta" not in s:
                 raise ValueError(f"MeanStdFilter state of module {mid!r} needs 'base' and 'delta'")
             total = RunningStats.from_state(s["base"])
-            total.merge(RunningStats.from_state(s["delta"]))
+            total.merge(RunningStat.from_state(s["delta"]))
             f = _ModuleFilter(total.shape)
             f.base, f.total = total.copy(), total
             filters[mid] = f
