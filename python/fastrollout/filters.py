@@ -22,6 +22,8 @@ from typing import Any, TypeAlias, TypeVar
 import gymnasium as gym
 import numpy as np
 
+from fastrollout.core.tree import tree_map
+
 __all__ = [
     "SMALL_NUMBER",
     "ConcurrentMeanStdFilter",
@@ -664,13 +666,7 @@ class ConcurrentMeanStdFilter(MeanStdFilter):
 
 
 def _copy_stats(stats: Any) -> Any:
-    if isinstance(stats, RunningStat):
-        return stats.copy()
-    if isinstance(stats, dict):
-        return {k: _copy_stats(v) for k, v in stats.items()}
-    if isinstance(stats, tuple):
-        return tuple(_copy_stats(v) for v in stats)
-    return stats
+    return tree_map(lambda rs: None if rs is None else rs.copy(), stats)
 
 
 def _stats_to_state(shape: ShapeStruct, stats: Any) -> Any:
