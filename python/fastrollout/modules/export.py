@@ -31,7 +31,7 @@ import json
 import math
 import pathlib
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -243,39 +243,26 @@ def _plain_array(a: np.ndarray) -> Any:
 
 
 def _plain_nested(x: Any) -> Any:
+    if isinstance(x, Mapping):
+        return {k: _plain_nested(v) for k, v in x.items()}
     if isinstance(x, list):
         return [_plain_nested(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return _plain_array(x)
     return _plain_number(x)
 
 
 def _plain_space(space: gym.Space | None) -> Any:
-    """A space as plain JSON (types, bounds, shapes and dtypes; no pickles, no base64)."""
+    """A space as plain JSON: the policy server protocol's space map, arrays as lists."""
+    from fastrollout.external.protocol import space_to_wire
+
     if space is None:
         return None
-    if isinstance(space, gym.spaces.Box):
-        return {
-            "type": "Box",
-            "shape": list(space.shape),
-            "dtype": np.dtype(space.dtype).name,
-            "low": _plain_array(space.low),
-            "high": _plain_array(space.high),
-        }
-    if isinstance(space, gym.spaces.Discrete):
-        return {"type": "Discrete", "n": int(space.n), "start": int(space.start)}
-    if isinstance(space, gym.spaces.MultiDiscrete):
-        return {
-            "type": "MultiDiscrete",
-            "nvec": space.nvec.tolist(),
-            "start": space.start.tolist(),
-            "dtype": np.dtype(space.dtype).name,
-        }
-    if isinstance(space, gym.spaces.MultiBinary):
-        return {"type": "MultiBinary", "shape": list(space.shape)}
-    if isinstance(space, gym.spaces.Dict):
-        return {"type": "Dict", "spaces": {str(k): _plain_space(s) for k, s in space.items()}}
-    if isinstance(space, gym.spaces.Tuple):
-        return {"type": "Tuple", "spaces": [_plain_space(s) for s in space.spaces]}
-    return {"type": type(space).__name__, "repr": repr(space)}
+    try:
+        wire = space_to_wire(space)
+    except TypeError:  # a space the protocol does not carry: described, not mapped
+        return {"type": type(space).__name__, "repr": repr(space)}
+    return _plain_nested(wire)
 
 
 def _dist_description(module: nn.Module) -> dict[str, Any] | None:
