@@ -14,7 +14,14 @@ from typing import Any
 
 import numpy as np
 
-from fastrollout.filters import Filter, MeanStdFilter, NoFilter, RunningStat
+from fastrollout.filters import (
+    Filter,
+    MeanStdFilter,
+    NoFilter,
+    RunningStat,
+    get_filters,
+    sync_filters,
+)
 
 __all__ = ["ObservationFilters", "with_mean_std_connector"]
 
@@ -89,11 +96,7 @@ class ObservationFilters:
 
     def copies(self, flush_after: bool) -> dict[str, Filter]:
         """Serializable copies (RLlib's ``get_filters``); ``flush_after`` empties buffers."""
-        out = {pid: f.as_serializable() for pid, f in self.filters.items()}
-        if flush_after:
-            for f in self.filters.values():
-                f.reset_buffer()
-        return out
+        return get_filters(self.filters, flush_after)
 
     def sync(self, new_filters: Mapping[str, Filter]) -> None:
         """Copies each given filter's state into the policy's own (RLlib's ``sync``).
@@ -101,11 +104,7 @@ class ObservationFilters:
         Raises:
             KeyError: A policy without a filter in ``new_filters`` (named).
         """
-        missing = [pid for pid in self.filters if pid not in new_filters]
-        if missing:
-            raise KeyError(f"sync_filters: no filter for policies {missing}")
-        for pid, f in self.filters.items():
-            f.sync(new_filters[pid])
+        sync_filters(self.filters, new_filters)
 
 
 def observation_shape(space: Any) -> tuple[int, ...]:
