@@ -80,6 +80,41 @@ def conform(space: gym.Space[Any], value: Any) -> Any:
     return out
 
 
+def conform_value(
+    value: Any, what: str, space: gym.Space[Any] | Callable[[Any], gym.Space[Any]]
+) -> Any:
+    """An observation or action :func:`conform`-ed to its space; errors name ``what``.
+
+    Args:
+        value: The value (multi-agent: a dict agent id -> value).
+        what: What the value is (``"observation"``, ``"action"``), for messages.
+        space: Its space, or (multi-agent) ``agent id -> that agent's space``, which
+            raises ``ValueError`` for an unknown agent.
+
+    Returns:
+        The value, cast where the space has a dtype (multi-agent: a new dict).
+
+    Raises:
+        ValueError: If the value (or an agent's) is not in its space, or a multi-agent
+            value is not a dict.
+    """
+    if isinstance(space, gym.Space):
+        try:
+            return conform(space, value)
+        except ValueError as err:
+            raise ValueError(f"{what} outside the {what} space: {err}") from None
+    if not isinstance(value, Mapping):
+        raise ValueError(f"expected a dict agent id -> {what}, got {type(value).__name__}")
+    out = {}
+    for aid, v in value.items():
+        agent_space = space(aid)
+        try:
+            out[aid] = conform(agent_space, v)
+        except ValueError as err:
+            raise ValueError(f"agent {aid!r}: {what} outside its space: {err}") from None
+    return out
+
+
 _BOX_CHECKS: dict[int, tuple[gym.spaces.Box, Callable[[np.ndarray], bool]]] = {}
 
 
@@ -611,20 +646,19 @@ class ExternalEnv(threading.Thread):
                 self._cond.notify()
 
     def _conform_observation(self, observation: Any) -> Any:
-        try:
-            return conform(self.observation_space, observation)
-        except ValueError as err:
-            raise ValueError(
-                f"{type(self).__name__}: observation outside the observation space: {err}"
-            ) from None
+        return self._conform(observation, "observation", self.observation_space)
 
     def _conform_action(self, action: Any) -> Any:
+        return self._conform(action, "action", self.action_space)
+
+    def _conform(
+        self, value: Any, what: str, space: gym.Space[Any] | Callable[[Any], gym.Space[Any]]
+    ) -> Any:
+        """:func:`conform_value`, its errors prefixed with the env's class name."""
         try:
-            return conform(self.action_space, action)
+            return conform_value(value, what, space)
         except ValueError as err:
-            raise ValueError(
-                f"{type(self).__name__}: action outside the action space: {err}"
-            ) from None
+            raise ValueError(f"{type(self).__name__}: {err}") from None
 
 
 class ExternalMultiAgentEnv(ExternalEnv):
@@ -725,36 +759,28 @@ class ExternalMultiAgentEnv(ExternalEnv):
                 episode.info = {aid: dict(i) for aid, i in info_dict.items()}
 
     def _check_agent(self, agent_id: Any) -> None:
+        why = self._unknown_agent(agent_id)
+        if why is not None:
+            raise ValueError(f"{type(self).__name__}: {why}")
+
+    def _unknown_agent(self, agent_id: Any) -> str | None:
+        """Why ``agent_id`` is not an agent of the per-agent spaces (None: it is one)."""
         if self._per_agent and agent_id not in self.observation_space.spaces:  # type: ignore[attr-defined]
-            raise ValueError(
-                f"{type(self).__name__}: unknown agent {agent_id!r} (the agents are "
-                f"{self.possible_agents})"
-            )
+            return f"unknown agent {agent_id!r} (the agents are {self.possible_agents})"
+        return None
 
-    def _conform_observation(self, observation: Any) -> Any:
-        return self._conform_agents(observation, self.get_observation_space, "observation")
+    def _conform(
+        self, value: Any, what: str, space: gym.Space[Any] | Callable[[Any], gym.Space[Any]]
+    ) -> Any:
+        assert isinstance(space, gym.Space)
 
-    def _conform_action(self, action: Any) -> Any:
-        return self._conform_agents(action, self.get_action_space, "action")
+        def space_of(agent_id: Any) -> gym.Space[Any]:
+            why = self._unknown_agent(agent_id)
+            if why is not None:
+                raise ValueError(why)
+            return space[agent_id] if self._per_agent else space  # type: ignore[index]
 
-    def _conform_agents(
-        self, values: Any, space_of: Callable[[Any], gym.Space[Any]], what: str
-    ) -> dict[Any, Any]:
-        if not isinstance(values, Mapping):
-            raise ValueError(
-                f"{type(self).__name__}: expected a dict agent id -> {what}, got "
-                f"{type(values).__name__}"
-            )
-        out = {}
-        for aid, v in values.items():
-            self._check_agent(aid)
-            try:
-                out[aid] = conform(space_of(aid), v)
-            except ValueError as err:
-                raise ValueError(
-                    f"{type(self).__name__}: agent {aid!r}: {what} outside its space: {err}"
-                ) from None
-        return out
+        return super()._conform(value, what, space_of)
 
 
 def _reward(value: Any, episode_id: str, agent: Any = None) -> float:

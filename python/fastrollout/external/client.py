@@ -523,23 +523,10 @@ class PolicyClient:
 
     def _conform(self, space: ValueSpace | None, value: Any, what: str) -> Any:
         """A value checked against its space, as the server would (ValueError if outside)."""
-        from fastrollout.env.external_env import conform
+        from fastrollout.env.external_env import conform_value
 
         assert space is not None
-        if not space.multi_agent:
-            try:
-                return conform(space.space, value)
-            except ValueError as err:
-                raise ValueError(f"{what} outside the {what} space: {err}") from None
-        if not isinstance(value, Mapping):
-            raise ValueError(f"expected a dict agent id -> {what}, got {type(value).__name__}")
-        out = {}
-        for aid, v in value.items():
-            try:
-                out[aid] = conform(space.of(aid), v)
-            except ValueError as err:
-                raise ValueError(f"agent {aid!r}: {what} outside its space: {err}") from None
-        return out
+        return conform_value(value, what, space.of if space.multi_agent else space.space)
 
     def _local_get_action(self, episode_id: str, observation: Any) -> Any:
         self._check_local(episode_id)
