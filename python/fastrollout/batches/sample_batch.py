@@ -14,7 +14,6 @@ and column.
 from __future__ import annotations
 
 import itertools
-import operator
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fastrollout.core.tree import leaves, tree_map
+from fastrollout.core.tree import leaves, take, tree_map
 
 if TYPE_CHECKING:
     from fastrollout.episodes import SingleAgentEpisode
@@ -43,9 +42,6 @@ _DEFAULT_COMPRESS_COLUMNS = frozenset({"obs", "new_obs"})
 # zlib level 1: observations are small floats that compress about as well at level 1 as
 # at 6, and level 1 is several times faster.
 _ZLIB_LEVEL = 1
-
-
-# ---------------------------------------------------------------------------- nesting
 
 
 def _is_recurrent_key(key: str) -> bool:
@@ -314,8 +310,7 @@ class SampleBatch(dict):  # type: ignore[type-arg]
         data = dict(self)
         has_seq_lens = self.SEQ_LENS in data
         for i in range(self.count):
-            pick = operator.itemgetter(i)
-            row = {k: tree_map(pick, v) for k, v in data.items() if k != self.SEQ_LENS}
+            row = {k: take(v, i) for k, v in data.items() if k != self.SEQ_LENS}
             if has_seq_lens:
                 row[self.SEQ_LENS] = 1
             yield row
