@@ -624,12 +624,16 @@ def _concat_multi_agent(samples: Sequence[SampleBatch | MultiAgentBatch]) -> Mul
         for pid, batch in s.policy_batches.items():
             per_policy.setdefault(pid, []).append(batch)
         env_steps += s.env_steps()
+    return MultiAgentBatch(_concat_per_policy(per_policy), env_steps)
+
+
+def _concat_per_policy(per_policy: dict[str, list[SampleBatch]]) -> dict[str, SampleBatch]:
     out: dict[str, SampleBatch] = {}
     for pid, batches in per_policy.items():
         joined = concat_samples(batches)
         assert isinstance(joined, SampleBatch)
         out[pid] = joined
-    return MultiAgentBatch(out, env_steps)
+    return out
 
 
 # ----------------------------------------------------------------------- from episodes
@@ -744,11 +748,6 @@ def episodes_to_multi_agent_batch(
         )
         if part.count:
             per_policy.setdefault(pid, []).append(part)
-    batches: dict[str, SampleBatch] = {}
-    for pid, parts in per_policy.items():
-        joined = concat_samples(parts)
-        assert isinstance(joined, SampleBatch)
-        batches[pid] = joined
     if env_steps is None:
         env_steps = max((len(e) for e in episodes), default=0)
-    return MultiAgentBatch(batches, env_steps)
+    return MultiAgentBatch(_concat_per_policy(per_policy), env_steps)
