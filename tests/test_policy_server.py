@@ -437,6 +437,21 @@ def test_bare_server_multi_agent_actions() -> None:
             c.get_action(eid, {"c": [1, 2]})  # (checked by the client against the welcome)
 
 
+def test_policy_server_env_classes_are_chosen_by_multi_agent() -> None:
+    env = PolicyServerEnv(MA_ACT, MA_OBS, multi_agent=True)
+    assert type(env) is PolicyServerMultiAgentEnv and env.multi_agent
+    env.close()
+    with pytest.raises(ValueError, match="PolicyServerMultiAgentEnv is multi-agent"):
+        PolicyServerMultiAgentEnv(MA_ACT, MA_OBS, multi_agent=False)
+
+    class Sub(PolicyServerEnv):
+        pass
+
+    # A subclass is not switched to multi-agent: the flag that disagrees is refused.
+    with pytest.raises(ValueError, match=r"Sub is single-agent \(use PolicyServerMultiAgentEnv\)"):
+        Sub(ACT, OBS, multi_agent=True)
+
+
 # -- the env: a runner samples the clients --------------------------------------------------
 
 

@@ -659,8 +659,8 @@ def _error(code: str, message: str) -> dict[str, Any]:
 class _EnvDispatch(_Dispatch):
     """Requests as calls of an ``ExternalEnv``'s non-blocking methods."""
 
-    def __init__(self, env: ExternalEnv, multi_agent: bool) -> None:
-        super().__init__(env.action_space, env.observation_space, multi_agent)
+    def __init__(self, env: ExternalEnv) -> None:
+        super().__init__(env.action_space, env.observation_space, env.multi_agent)
         self._env = env
         # The packed weights reply of the latest snapshot: (weights_seq_no, body).
         self._weights_body: tuple[int, bytes] | None = None
@@ -739,20 +739,37 @@ class _EnvDispatch(_Dispatch):
 
 
 class _ServerEnvMixin:
-    """The serving part of :class:`PolicyServerEnv` and :class:`PolicyServerMultiAgentEnv`."""
+    """The serving part of :class:`PolicyServerEnv` and :class:`PolicyServerMultiAgentEnv`.
+
+    Its ``__init__`` is both classes' (see :class:`PolicyServerEnv` for the arguments):
+    it initializes the ``ExternalEnv`` (next in the MRO), then binds.
+    """
 
     _server: _Serving
+    multi_agent: bool
 
-    def _serve(
+    def __init__(
         self,
-        address: str,
-        port: int,
-        token: str | None,
-        max_frame_bytes: int,
-        multi_agent: bool,
+        action_space: gym.Space[Any],
+        observation_space: gym.Space[Any],
+        *,
+        address: str = "127.0.0.1",
+        port: int = 0,
+        token: str | None = None,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        multi_agent: bool | None = None,
+        max_concurrent: int | None = None,
     ) -> None:
+        if multi_agent is not None and bool(multi_agent) != self.multi_agent:
+            kind, other = (
+                ("multi-agent", "PolicyServerEnv")
+                if self.multi_agent
+                else ("single-agent", "PolicyServerMultiAgentEnv")
+            )
+            raise ValueError(f"{type(self).__name__} is {kind} (use {other})")
+        super().__init__(action_space, observation_space, max_concurrent)  # type: ignore[call-arg]
         self._server = _Serving(
-            _EnvDispatch(self, multi_agent),  # type: ignore[arg-type]
+            _EnvDispatch(self),  # type: ignore[arg-type]
             address,
             port,
             token,
@@ -814,6 +831,7 @@ class PolicyServerEnv(_ServerEnvMixin, ExternalEnv):
     Raises:
         ImportError: If msgpack is missing (``pip install 'fastrollout[server]'``).
         OSError: If the address cannot be bound.
+        ValueError: If ``multi_agent`` is given and disagrees with a subclass's kind.
 
     Example:
         >>> import fastrollout as fr
@@ -828,21 +846,6 @@ class PolicyServerEnv(_ServerEnvMixin, ExternalEnv):
             return PolicyServerMultiAgentEnv(*args, **kwargs)
         return super().__new__(cls)
 
-    def __init__(
-        self,
-        action_space: gym.Space[Any],
-        observation_space: gym.Space[Any],
-        *,
-        address: str = "127.0.0.1",
-        port: int = 0,
-        token: str | None = None,
-        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
-        multi_agent: bool = False,
-        max_concurrent: int | None = None,
-    ) -> None:
-        ExternalEnv.__init__(self, action_space, observation_space, max_concurrent)
-        self._serve(address, port, token, max_frame_bytes, multi_agent=False)
-
 
 class PolicyServerMultiAgentEnv(_ServerEnvMixin, ExternalMultiAgentEnv):
     """:class:`PolicyServerEnv` for multi-agent simulators (an ``ExternalMultiAgentEnv``).
@@ -851,23 +854,6 @@ class PolicyServerMultiAgentEnv(_ServerEnvMixin, ExternalMultiAgentEnv):
     keys in both) or one space every agent shares. Same arguments as
     :class:`PolicyServerEnv` (without ``multi_agent``).
     """
-
-    def __init__(
-        self,
-        action_space: gym.Space[Any],
-        observation_space: gym.Space[Any],
-        *,
-        address: str = "127.0.0.1",
-        port: int = 0,
-        token: str | None = None,
-        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
-        multi_agent: bool = True,
-        max_concurrent: int | None = None,
-    ) -> None:
-        if not multi_agent:
-            raise ValueError("PolicyServerMultiAgentEnv is multi-agent (use PolicyServerEnv)")
-        ExternalMultiAgentEnv.__init__(self, action_space, observation_space, max_concurrent)
-        self._serve(address, port, token, max_frame_bytes, multi_agent=True)
 
 
 # -- the bare server -----------------------------------------------------------------------
