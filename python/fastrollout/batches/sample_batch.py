@@ -650,9 +650,8 @@ def _episode_columns(
     episode: SingleAgentEpisode, unroll_id: int, agent_index: int
 ) -> dict[str, Any]:
     n = len(episode)
-    last = np.zeros(n, dtype=bool)
-    terminateds = last.copy()
-    truncateds = last.copy()
+    terminateds = np.zeros(n, dtype=bool)
+    truncateds = np.zeros(n, dtype=bool)
     if n:
         terminateds[-1] = episode.is_terminated
         truncateds[-1] = episode.is_truncated
