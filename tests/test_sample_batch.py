@@ -25,6 +25,7 @@ from fastrollout.batches import (
     episodes_to_multi_agent_batch,
     episodes_to_sample_batch,
 )
+from fastrollout.core.tree import tree_map
 from fastrollout.episodes import SingleAgentEpisode
 
 needs_rllib = pytest.mark.skipif(
@@ -79,11 +80,7 @@ def assert_same_value(a: Any, b: Any) -> None:
 
 def as_arrays(value: Any) -> Any:
     """Every leaf of a (nested) row as a numpy array."""
-    if isinstance(value, dict):
-        return {k: as_arrays(v) for k, v in value.items()}
-    if isinstance(value, tuple):
-        return tuple(as_arrays(v) for v in value)
-    return np.asarray(value)
+    return tree_map(np.asarray, value)
 
 
 lengths_st = st.lists(st.integers(1, 6), min_size=0, max_size=6)
