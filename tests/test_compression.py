@@ -151,6 +151,18 @@ def test_compression_holds_fewer_bytes_and_needs_a_typed_column() -> None:
         SingleAgentEpisode()._set_compression("observations", 4)
 
 
+def test_a_new_space_keeps_the_compression() -> None:
+    """``_set_space`` on a field with no data yet lays it out anew, compressed as before."""
+    box = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    ep = SingleAgentEpisode(observation_space=box)
+    ep._set_compression("observations", 2)
+    ep._set_space("observations", gym.spaces.Box(-1.0, 1.0, (4,), np.float32))
+    assert ep._compression("observations") == 2
+    ep._set_space("observations", None)
+    ep._set_space("observations", box)
+    assert ep._compression("observations") == 2
+
+
 def test_runner_config_key() -> None:
     from fastrollout.env.examples import SyntheticImageEnv
 

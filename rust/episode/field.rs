@@ -11,8 +11,9 @@ use crate::schema::Schema;
 /// Storage of a field.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Storage<O> {
-    /// Nothing stored and no schema known yet: typed from the first item.
-    Untyped,
+    /// Nothing stored and no schema known yet: typed from the first item, its column
+    /// compressed as `compression` says (see [`Field::set_compression`]).
+    Untyped { compression: Option<usize> },
     /// Fixed-schema items in contiguous byte buffers.
     Typed {
         column: Column,
@@ -113,7 +114,7 @@ impl<O: Clone> Default for Field<O> {
 impl<O: Clone> Field<O> {
     #[must_use]
     pub fn untyped() -> Field<O> {
-        Field { storage: Storage::Untyped, finalized: false }
+        Field { storage: Storage::Untyped { compression: None }, finalized: false }
     }
 
     #[must_use]
@@ -136,7 +137,7 @@ impl<O: Clone> Field<O> {
     #[must_use]
     pub fn geometry(&self) -> Geometry {
         match &self.storage {
-            Storage::Untyped => Geometry { total: 0, lookback: 0 },
+            Storage::Untyped { .. } => Geometry { total: 0, lookback: 0 },
             Storage::Typed { column, .. } => column.geometry(),
             Storage::Objects { items, lookback } => Geometry { total: items.len(), lookback: *lookback },
             Storage::Sparse { total, lookback, .. } => Geometry { total: *total, lookback: *lookback },
@@ -230,7 +231,7 @@ impl<O: Clone> Field<O> {
     /// handed out and kept: `to_numpy`), so that held episodes cost their data only.
     pub fn shrink_to_fit(&mut self) {
         match &mut self.storage {
-            Storage::Untyped => {}
+            Storage::Untyped { .. } => {}
             Storage::Typed { column, .. } => column.shrink_to_fit(),
             Storage::Objects { items, .. } => items.shrink_to_fit(),
             Storage::Sparse { items, .. } => items.shrink_to_fit(),
@@ -255,7 +256,7 @@ impl<O: Clone> Field<O> {
 
     pub fn set_lookback(&mut self, lookback: usize) {
         match &mut self.storage {
-            Storage::Untyped => {}
+            Storage::Untyped { .. } => {}
             Storage::Typed { column, .. } => column.set_lookback(lookback),
             Storage::Objects { items, lookback: lb } => *lb = lookback.min(items.len()),
             Storage::Sparse { total, lookback: lb, .. } => *lb = lookback.min(*total),
@@ -277,7 +278,7 @@ impl<O: Clone> Field<O> {
     #[must_use]
     pub fn select(&self, positions: &[usize], lookback: usize) -> Field<O> {
         let storage = match &self.storage {
-            Storage::Untyped => Storage::Untyped,
+            Storage::Untyped { compression } => Storage::Untyped { compression: *compression },
             Storage::Typed { column, host_scalars } => {
                 Storage::Typed { column: column.select(positions, lookback), host_scalars: *host_scalars }
             }
@@ -301,7 +302,7 @@ impl<O: Clone> Field<O> {
     /// Removes the item at absolute position `pos`.
     pub fn remove(&mut self, pos: usize) {
         match &mut self.storage {
-            Storage::Untyped => {}
+            Storage::Untyped { .. } => {}
             Storage::Typed { column, .. } => column.remove(pos),
             Storage::Objects { items, lookback } => {
                 if pos < items.len() {
@@ -334,7 +335,7 @@ impl<O: Clone> Field<O> {
             let items =
                 (0..column.total()).map(|pos| to_object(TypedItem { column, pos, host_scalar })).collect();
             self.storage = Storage::Objects { items, lookback: column.lookback() };
-        } else if let Storage::Untyped = self.storage {
+        } else if let Storage::Untyped { .. } = self.storage {
             self.storage = Storage::Objects { items: Vec::new(), lookback: 0 };
         }
     }
@@ -349,7 +350,7 @@ impl<O: Clone> Field<O> {
         };
         match (item, &self.storage) {
             (Item::Bytes(leaves), Storage::Typed { column, .. }) => fits(leaves, column.schema()),
-            (Item::FirstTyped { schema, leaves, .. }, Storage::Untyped) => fits(leaves, schema),
+            (Item::FirstTyped { schema, leaves, .. }, Storage::Untyped { .. }) => fits(leaves, schema),
             (Item::Object(_), _) => true,
             _ => false,
         }
@@ -389,6 +390,7 @@ impl<O: Clone> Field<O> {
             }
             Item::FirstTyped { schema, leaves, host_scalars } => {
                 let mut column = Column::new(schema);
+                column.set_compression(self.compression());
                 if column.push(&leaves).is_err() {
                     return false;
                 }
@@ -409,22 +411,22 @@ impl<O: Clone> Field<O> {
     }
 
     /// Compresses the field's typed column (see [`Column::set_compression`]): `Some(rows)`
-    /// seals blocks of `rows` items, `None` unpacks. `false` (nothing changes) unless the
-    /// field is typed: objects are not compressed, and an untyped field has no layout yet.
-    pub fn set_compression(&mut self, rows: Option<usize>) -> bool {
+    /// seals blocks of `rows` items, `None` unpacks. An untyped field keeps the setting for
+    /// the column its first item makes; objects are not compressed (nothing changes).
+    pub fn set_compression(&mut self, rows: Option<usize>) {
         match &mut self.storage {
-            Storage::Typed { column, .. } => {
-                column.set_compression(rows);
-                true
-            }
-            _ => false,
+            Storage::Untyped { compression } => *compression = rows,
+            Storage::Typed { column, .. } => column.set_compression(rows),
+            Storage::Objects { .. } | Storage::Sparse { .. } => {}
         }
     }
 
-    /// Rows per compressed block of the typed column; `None` if not compressed.
+    /// Rows per compressed block of the typed column (or of the column an untyped field
+    /// will make); `None` if not compressed.
     #[must_use]
     pub fn compression(&self) -> Option<usize> {
         match &self.storage {
+            Storage::Untyped { compression } => *compression,
             Storage::Typed { column, .. } => column.compression(),
             _ => None,
         }
@@ -462,11 +464,16 @@ impl<O: Clone> Field<O> {
                 *total += positions.len();
                 true
             }
-            (Storage::Untyped, _) => {
+            (Storage::Untyped { compression }, _) => {
+                let compression = *compression;
                 let lookback = self.lookback();
                 let mut adopted = other.select(&positions, 0);
                 adopted.finalized = self.finalized;
                 adopted.set_lookback(lookback);
+                // A setting made while untyped wins; without one the column stays as given.
+                if compression.is_some() {
+                    adopted.set_compression(compression);
+                }
                 self.storage = adopted.storage;
                 true
             }
@@ -641,5 +648,35 @@ mod tests {
             }
             _ => panic!(),
         }
+    }
+
+    #[test]
+    fn an_untyped_field_keeps_its_compression_for_the_column_its_first_item_makes() {
+        let schema = Arc::new(Schema::new(vec![Leaf::new(DType::I64, vec![])]));
+        let first = |v: i64| Item::<String, Vec<u8>>::FirstTyped {
+            schema: Arc::clone(&schema),
+            leaves: vec![v.to_ne_bytes().to_vec()].into(),
+            host_scalars: false,
+        };
+        let mut f: Field<String> = Field::untyped();
+        f.set_compression(Some(2));
+        assert_eq!((f.compression(), f.select(&[], 0).compression()), (Some(2), Some(2)));
+        assert!(f.push(first(0), |_| unreachable!()));
+        for v in 1..6i64 {
+            assert!(f.push(Item::Bytes(vec![v.to_ne_bytes().to_vec()].into()), |_| unreachable!()));
+        }
+        assert_eq!((f.compression(), values(&f)), (Some(2), (0..6).collect()));
+        let Storage::Typed { column, .. } = &f.storage else { panic!("not typed") };
+        assert_eq!(column.sealed(), 4);
+
+        // Adopting another field's items applies the setting too; objects drop it.
+        let mut u: Field<String> = Field::untyped();
+        u.set_compression(Some(3));
+        assert!(u.extend_chunk(&i64_field(&[1, 2], 0)));
+        assert_eq!(u.compression(), Some(3));
+        let mut o: Field<String> = Field::untyped();
+        o.set_compression(Some(2));
+        assert!(o.push(Item::<String, Vec<u8>>::Object("x".into()), |_| unreachable!()));
+        assert_eq!(o.compression(), None);
     }
 }

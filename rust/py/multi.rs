@@ -223,7 +223,7 @@ pub struct MultiAgentEpisodeCore {
     dropped_agents: Py<PySet>,
     /// Items per compressed block of every agent's observations (`None`: uncompressed;
     /// `env_runners(compress_observations=True)`). Setting it applies it to the agents
-    /// there are; agents that join later get it with their first observation.
+    /// there are; agents that join later get it when they are made.
     #[pyo3(get, name = "_observation_compression")]
     observation_compression: Option<usize>,
 }
@@ -695,7 +695,7 @@ impl MultiAgentEpisodeCore {
                     Some(f) => f,
                     None => new_agent_episode.insert(episode.getattr(intern!(py, "_new_agent_episode"))?),
                 };
-                Ok(make.call1((aid,))?.cast_into::<SingleAgentEpisodePy>()?)
+                make_agent_episode(make, aid, compression)
             };
             let none = || py.None().into_bound(py);
             let prepared = match plan {
@@ -862,7 +862,6 @@ impl MultiAgentEpisodeCore {
                     };
                     map.borrow_mut().map.push(Some(agent_t));
                     if existing[i].is_none() && agent_episodes.get_item(aid)?.is_none() {
-                        compress_new_agent(&eps, compression)?;
                         agent_episodes.set_item(aid, &eps)?;
                     }
                     if terminated || truncated {
@@ -883,7 +882,6 @@ impl MultiAgentEpisodeCore {
                         map.map.set_lookback(lookback);
                     }
                     eps.borrow_mut().apply_reset(py, reset, infos.as_ref())?;
-                    compress_new_agent(&eps, compression)?;
                     add_to(&rewards_begin, aid, reward)?;
                     agent_episodes.set_item(aid, &eps)?;
                 }
@@ -1143,7 +1141,7 @@ pub fn multi_agent_add_env_reset<'py>(
     for (aid, obs) in observations.iter() {
         let eps = match agent_episodes.get_item(&aid)? {
             Some(e) => e.cast_into::<SingleAgentEpisodePy>()?,
-            None => new_agent_episode.call1((&aid,))?.cast_into::<SingleAgentEpisodePy>()?,
+            None => make_agent_episode(&new_agent_episode, &aid, compression)?,
         };
         let reset = eps.borrow().prepare_reset(&obs).map_err(|e| for_agent(py, &aid, e))?;
         let info = get_opt(infos.as_ref(), &aid)?;
@@ -1152,7 +1150,6 @@ pub fn multi_agent_add_env_reset<'py>(
     for (aid, eps, reset, info) in prepared {
         step_map_of(py, &step_maps, &aid)?.borrow_mut().map.push(Some(0));
         eps.borrow_mut().apply_reset(py, reset, info.as_ref())?;
-        compress_new_agent(&eps, compression)?;
         if agent_episodes.get_item(&aid)?.is_none() {
             agent_episodes.set_item(&aid, &eps)?;
         }
@@ -1160,14 +1157,19 @@ pub fn multi_agent_add_env_reset<'py>(
     Ok(())
 }
 
-/// Applies the episode's observation compression to an agent episode that has just got its
-/// first observation (before, without a space, its observations have no typed column to
-/// compress). Nothing to do for uncompressed episodes: new agent episodes are uncompressed.
-fn compress_new_agent(eps: &Bound<'_, SingleAgentEpisodePy>, compression: Option<usize>) -> PyResult<()> {
+/// A new agent episode from the episode's `_new_agent_episode` (`make`), its observations
+/// compressed as the episode's (`compression`; without a space they keep the setting until
+/// their first observation types them). New agent episodes are uncompressed otherwise.
+fn make_agent_episode<'py>(
+    make: &Bound<'py, PyAny>,
+    aid: &Bound<'py, PyAny>,
+    compression: Option<usize>,
+) -> PyResult<Bound<'py, SingleAgentEpisodePy>> {
+    let eps = make.call1((aid,))?.cast_into::<SingleAgentEpisodePy>()?;
     if compression.is_some() {
         eps.try_borrow_mut()?.set_observation_compression(compression);
     }
-    Ok(())
+    Ok(eps)
 }
 
 /// `err` (from an agent episode) again, its message prefixed with the agent's id.

@@ -205,11 +205,11 @@ fn prepare<'py>(
                 Err(_) => Ok(object()),
             }
         }
-        (Storage::Untyped, Some(spec)) => {
+        (Storage::Untyped { .. }, Some(spec)) => {
             let leaves = spec::to_leaf_views(spec, value, None, &|| label(name))?;
             Ok((Item::FirstTyped { schema: spec.schema(), leaves, host_scalars: false }, None))
         }
-        (Storage::Untyped, None) => match spec::infer(value)? {
+        (Storage::Untyped { .. }, None) => match spec::infer(value)? {
             Some((spec, host_scalars)) => match spec::to_leaf_views(&spec, value, None, &|| label(name)) {
                 Ok(leaves) => {
                     Ok((Item::FirstTyped { schema: spec.schema(), leaves, host_scalars }, Some(spec)))
@@ -247,7 +247,7 @@ fn prepare_input<'py>(
         Input::Object(v) => prepare(&v, field, spec, name),
         Input::Row(leaves) => Ok((Item::Bytes(leaves.into()), None)),
         Input::FirstRow { leaves, spec: inferred, host_scalars } => match (&field.storage, spec) {
-            (Storage::Untyped, None) => Ok((
+            (Storage::Untyped { .. }, None) => Ok((
                 Item::FirstTyped { schema: inferred.schema(), leaves: leaves.into(), host_scalars },
                 Some(inferred),
             )),
@@ -414,10 +414,9 @@ impl SingleAgentEpisodePy {
     }
 
     /// Stores the observations compressed in blocks of `rows` items (`None`: uncompressed),
-    /// as a multi-agent episode's setting asks of each agent. A field without a typed
-    /// column (no space and no data yet, or Python objects) is left as it is: an agent's
-    /// first observation gives it one, and the multi-agent episode applies the setting
-    /// again then.
+    /// as a multi-agent episode's setting asks of each agent. Observations without a
+    /// typed column yet (no space and no data) get the setting with their first
+    /// observation; Python objects are left as they are.
     pub fn set_observation_compression(&mut self, rows: Option<usize>) {
         self.core.observations.set_compression(rows);
     }
@@ -460,12 +459,15 @@ impl SingleAgentEpisodePy {
         let name = field_name(field, None)?;
         let new = if space.is_none() { None } else { spec::from_space(space)? };
         let f = self.field_mut(name)?;
+        // The new storage keeps the field's compression setting.
+        let compression = f.compression();
         match (&f.storage, &new) {
-            (Storage::Untyped, Some(s)) => {
+            (Storage::Untyped { .. }, Some(s)) => {
                 *f = Field {
                     storage: Field::<PyObj>::typed(s.schema(), false).storage,
                     finalized: f.finalized,
-                }
+                };
+                f.set_compression(compression);
             }
             (Storage::Typed { column, .. }, Some(s))
                 if column.total() == 0 || *column.schema() == *s.schema =>
@@ -475,10 +477,11 @@ impl SingleAgentEpisodePy {
                         storage: Field::<PyObj>::typed(s.schema(), false).storage,
                         finalized: f.finalized,
                     };
+                    f.set_compression(compression);
                 }
             }
             (Storage::Typed { column, .. }, None) if column.total() == 0 => {
-                *f = Field { storage: Storage::Untyped, finalized: f.finalized }
+                *f = Field { storage: Storage::Untyped { compression }, finalized: f.finalized }
             }
             _ => return Ok(()),
         }
@@ -633,7 +636,8 @@ impl SingleAgentEpisodePy {
     #[pyo3(signature = (field, rows, key=None))]
     #[pyo3(name = "_set_compression")]
     fn set_compression(&mut self, field: &str, rows: Option<usize>, key: Option<&str>) -> PyResult<()> {
-        if self.field_mut(field_name(field, key)?)?.set_compression(rows) {
+        if let Storage::Typed { column, .. } = &mut self.field_mut(field_name(field, key)?)?.storage {
+            column.set_compression(rows);
             return Ok(());
         }
         Err(PyValueError::new_err(format!(
@@ -1622,7 +1626,7 @@ impl SingleAgentEpisodePy {
                     Resolved::Many(positions) => {
                         let items = positions.iter().map(object_at).collect::<PyResult<Vec<_>>>()?;
                         if f.finalized && name != FieldName::Infos {
-                            if items.is_empty() && matches!(storage, Storage::Untyped) {
+                            if items.is_empty() && matches!(storage, Storage::Untyped { .. }) {
                                 return Ok(empty_list(py));
                             }
                             return spec::numpy(py)?.getattr("array")?.call1((items,));
@@ -1933,8 +1937,10 @@ impl SingleAgentEpisodePy {
     /// no spec yet: [`prepare`]'s inference), which [`Input::FirstRow`] stands in for.
     pub fn infers_spec(&self, name: FieldName<'_>) -> bool {
         let untyped = match name {
-            FieldName::Extra(k) => self.core.extra(k).is_none_or(|f| matches!(f.storage, Storage::Untyped)),
-            _ => self.field(name).is_ok_and(|f| matches!(f.storage, Storage::Untyped)),
+            FieldName::Extra(k) => {
+                self.core.extra(k).is_none_or(|f| matches!(f.storage, Storage::Untyped { .. }))
+            }
+            _ => self.field(name).is_ok_and(|f| matches!(f.storage, Storage::Untyped { .. })),
         };
         untyped && self.specs.get(name).is_none()
     }
