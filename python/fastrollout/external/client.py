@@ -25,10 +25,9 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from fastrollout.core.tree import tree_map
+from fastrollout.core.tree import take, tree_map
 from fastrollout.external import protocol
 from fastrollout.external.protocol import HEADER, PROTOCOL_VERSION, FrameError, ValueSpace
-from fastrollout.runners.sub_envs.vector import take_rows
 
 __all__ = ["PolicyClient"]
 
@@ -598,7 +597,8 @@ class PolicyClient:
         from fastrollout.core import Columns
 
         module = self._modules[module_id]
-        batch = {Columns.OBS: tree_map(torch.from_numpy, _stack(observations))}
+        stacked = tree_map(lambda *rows: np.stack(rows), *observations)
+        batch = {Columns.OBS: tree_map(torch.from_numpy, stacked)}
         with torch.no_grad():
             out = dict(module.forward_exploration(batch))
             outputs = {module_id: out}
@@ -622,7 +622,7 @@ class PolicyClient:
         )
         rows = range(len(observations))
         return (
-            [take_rows(actions, i) for i in rows],
+            [take(actions, i) for i in rows],
             [{k: np.asarray(v[i]) for k, v in columns.items()} for i in rows],
         )
 
@@ -721,15 +721,6 @@ def _is_number(x: Any) -> bool:
     return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(
         x, (bool, np.bool_)
     )
-
-
-def _stack(values: list[Any]) -> Any:
-    first = values[0]
-    if isinstance(first, Mapping):
-        return {k: _stack([v[k] for v in values]) for k in first}
-    if isinstance(first, tuple):
-        return tuple(_stack([v[i] for v in values]) for i in range(len(first)))
-    return np.stack([np.asarray(v) for v in values])
 
 
 def _unsquashed(space: gym.Space[Any]) -> bool:
