@@ -522,10 +522,14 @@ class ExternalEnv(threading.Thread):
                 if ev.on_action is not None
             ]
             self._cond.notify_all()
+        self._fail_waiting(waiting)
+
+    def _fail_waiting(self, on_actions: list[Callable[[Any], None]]) -> None:
+        """Answers calls that wait for an action with the closed env's error."""
         err = ExternalEnvClosedError(
             f"{type(self).__name__} was closed before the policy acted (the runner stopped)"
         )
-        for fn in waiting:
+        for fn in on_actions:
             fn(err)
 
     # -- for servers (local inference) -----------------------------------------------

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from fastrollout.env.external_env import ExternalEnv, ExternalEnvClosedError, _Episode, _Event
+from fastrollout.env.external_env import ExternalEnv, _Episode, _Event
 from fastrollout.runners.sub_envs.base import StepResults, SubEnvs
 from fastrollout.runners.sub_envs.vector import take_rows
 
@@ -222,11 +222,7 @@ class ExternalSubEnvs(SubEnvs):
             waiting = [e.on_action for e in self._current if e is not None and e.on_action]
             self._current = [None] * self.num_envs
         env.close()
-        err = ExternalEnvClosedError(
-            f"{type(env).__name__} was closed before the policy acted (the runner stopped)"
-        )
-        for fn in waiting:
-            fn(err)
+        env._fail_waiting(waiting)
 
     # -- internals (the env's lock held) ---------------------------------------------
 
@@ -273,8 +269,7 @@ class ExternalSubEnvs(SubEnvs):
     def _check_alive(self) -> bool:
         """Raises the simulator thread's error; True if its run() returned."""
         env = self._env
-        if env._closed is not None:
-            raise ExternalEnvClosedError(f"{type(env).__name__}: {env._closed}")
+        env._check_open()
         if env._run_error is not None:
             err = env._run_error
             err.add_note(f"raised by {type(env).__name__}.run(), the simulator's thread")
