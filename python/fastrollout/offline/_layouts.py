@@ -26,7 +26,7 @@ from __future__ import annotations
 import base64
 import io
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import gymnasium as gym
@@ -235,13 +235,18 @@ def unpackb(data: bytes) -> Any:
 # ------------------------------------------------------------------------- states
 
 
-def sa_state_for_disk(state: dict[str, Any]) -> dict[str, Any]:
-    """A single-agent state with its spaces in RLlib's dict form (in place)."""
+def _convert_sa_spaces(state: dict[str, Any], convert: Callable[[Any], Any]) -> None:
+    """Replaces each space of a single-agent state by ``convert(space)`` (in place)."""
     for name in ("_observation_space", "_action_space"):
-        state[name] = _space_for_disk(state.get(name))
+        state[name] = convert(state.get(name))
     for field in _sa_fields(state):
         if "space" in field:
-            field["space"] = _space_for_disk(field["space"])
+            field["space"] = convert(field["space"])
+
+
+def sa_state_for_disk(state: dict[str, Any]) -> dict[str, Any]:
+    """A single-agent state with its spaces in RLlib's dict form (in place)."""
+    _convert_sa_spaces(state, _space_for_disk)
     return state
 
 
@@ -259,11 +264,8 @@ def _sa_fields(state: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 def sa_state_from_disk(state: dict[str, Any]) -> dict[str, Any]:
     """A single-agent state read from disk, its spaces rebuilt (in place)."""
-    for name in ("_observation_space", "_action_space"):
-        state[name] = _decode_space(state.get(name))
+    _convert_sa_spaces(state, _decode_space)
     for field in _sa_fields(state):
-        if "space" in field:
-            field["space"] = _decode_space(field["space"])
         if isinstance(field.get("data"), tuple):
             field["data"] = list(field["data"])
     # RLlib's episodes keep None for "no extra model outputs".
