@@ -6,6 +6,7 @@ from fastrollout.batches.sample_batch import (
     MultiAgentBatch,
     SampleBatch,
     concat_samples,
+    episode_to_sample_batch,
     episodes_to_multi_agent_batch,
     episodes_to_sample_batch,
 )
@@ -16,6 +17,7 @@ __all__ = [
     "MultiAgentBatch",
     "SampleBatch",
     "concat_samples",
+    "episode_to_sample_batch",
     "episodes_to_multi_agent_batch",
     "episodes_to_sample_batch",
 ]

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fastrollout.core import DEFAULT_MODULE_ID
 from fastrollout.core.tree import leaves, take, tree_map
 
 if TYPE_CHECKING:
@@ -32,11 +33,13 @@ __all__ = [
     "MultiAgentBatch",
     "SampleBatch",
     "concat_samples",
+    "episode_to_sample_batch",
     "episodes_to_multi_agent_batch",
     "episodes_to_sample_batch",
 ]
 
-DEFAULT_POLICY_ID = "default_policy"
+#: RLlib's old-stack name for the module id of a single policy.
+DEFAULT_POLICY_ID = DEFAULT_MODULE_ID
 
 _DEFAULT_COMPRESS_COLUMNS = frozenset({"obs", "new_obs"})
 # zlib level 1: observations are small floats that compress about as well at level 1 as
@@ -647,7 +650,7 @@ def _object_array(items: Sequence[Any]) -> np.ndarray:
 
 
 def _episode_columns(
-    episode: SingleAgentEpisode, unroll_id: int, agent_index: int
+    episode: SingleAgentEpisode, unroll_id: int, agent_index: int, eps_id: Any
 ) -> dict[str, Any]:
     n = len(episode)
     terminateds = np.zeros(n, dtype=bool)
@@ -663,7 +666,7 @@ def _episode_columns(
         SampleBatch.TERMINATEDS: terminateds,
         SampleBatch.TRUNCATEDS: truncateds,
         SampleBatch.INFOS: _object_array(episode.get_infos(slice(0, n))),
-        SampleBatch.EPS_ID: np.full(n, episode.id_),
+        SampleBatch.EPS_ID: np.full(n, episode.id_ if eps_id is None else eps_id),
         SampleBatch.UNROLL_ID: np.full(n, unroll_id, dtype=np.int64),
         SampleBatch.AGENT_INDEX: np.full(n, agent_index, dtype=np.int64),
         SampleBatch.T: np.arange(episode.t_started, episode.t_started + n, dtype=np.int64),
@@ -671,6 +674,32 @@ def _episode_columns(
     for key in episode._extra_keys():
         columns[key] = episode.get_extra_model_outputs(key)
     return columns
+
+
+def episode_to_sample_batch(
+    episode: SingleAgentEpisode,
+    *,
+    unroll_id: int = 0,
+    agent_index: int = 0,
+    eps_id: Any = None,
+) -> SampleBatch:
+    """One episode chunk's rows, as :func:`episodes_to_sample_batch` builds them.
+
+    Args:
+        episode: A numpy'ized chunk.
+        unroll_id: Its ``unroll_id``.
+        agent_index: Its ``agent_index``.
+        eps_id: The ``eps_id`` of its rows (None: the episode's ``id_``).
+
+    Returns:
+        The chunk's rows (no copy beyond reading the episode's columns).
+
+    Raises:
+        ValueError: If the episode is not numpy'ized.
+    """
+    if not episode.is_numpy:
+        raise ValueError(f"episode {episode.id_} is not numpy'ized: call to_numpy() first")
+    return SampleBatch(_episode_columns(episode, unroll_id, agent_index, eps_id))
 
 
 def episodes_to_sample_batch(
@@ -700,13 +729,10 @@ def episodes_to_sample_batch(
     Raises:
         ValueError: If an episode is not numpy'ized.
     """
-    parts: list[SampleBatch] = []
-    for i, episode in enumerate(episodes):
-        if not episode.is_numpy:
-            raise ValueError(f"episode {episode.id_} is not numpy'ized: call to_numpy() first")
-        if len(episode) == 0:
-            continue
-        parts.append(SampleBatch(_episode_columns(episode, unroll_id_start + i, agent_index)))
+    parts = [
+        episode_to_sample_batch(episode, unroll_id=unroll_id_start + i, agent_index=agent_index)
+        for i, episode in enumerate(episodes)
+    ]
     out = concat_samples(parts)
     assert isinstance(out, SampleBatch)
     return out

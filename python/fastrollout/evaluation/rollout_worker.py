@@ -31,8 +31,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from fastrollout.batches import MultiAgentBatch, SampleBatch, concat_samples
-from fastrollout.batches.sample_batch import episodes_to_sample_batch
+from fastrollout.batches import (
+    MultiAgentBatch,
+    SampleBatch,
+    concat_samples,
+    episode_to_sample_batch,
+)
 from fastrollout.config import BATCH_MODES, OBSERVATION_FILTERS, RunnerConfig
 from fastrollout.core import DEFAULT_MODULE_ID
 from fastrollout.env import EnvContext
@@ -464,12 +468,14 @@ class RolloutWorker:
                 if len(chunk) == 0:
                     continue
                 pid = chunk.module_id if self.multi_agent else DEFAULT_MODULE_ID
-                part = episodes_to_sample_batch(
-                    [chunk], unroll_id_start=self._unroll_id, agent_index=agent_index
+                part = episode_to_sample_batch(
+                    chunk,
+                    unroll_id=self._unroll_id,
+                    agent_index=agent_index,
+                    eps_id=_int_episode_id(episode.id_),
                 )
                 # The runner's per-step record of the weights' version: no old-stack column.
                 part.pop(WEIGHTS_SEQ_NO, None)
-                part[SampleBatch.EPS_ID] = np.full(part.count, _int_episode_id(episode.id_))
                 self._unroll_id += 1
                 per_policy[pid].append(part)
         batches = {pid: self._policy_batch(pid, parts) for pid, parts in per_policy.items()}
