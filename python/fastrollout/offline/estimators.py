@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from fastrollout.core.tree import concat, take, tree_map
+from fastrollout.core.tree import concat, leaves, take, tree_map
 
 __all__ = ["METHODS", "FittedQEvaluation", "estimate"]
 
@@ -236,10 +236,7 @@ class TargetPolicy:
             if self.explore
             else module.get_inference_action_dist_cls()
         )
-        first = obs
-        while isinstance(first, Mapping | tuple | list):
-            first = next(iter(first.values())) if isinstance(first, Mapping) else first[0]
-        rows = len(first)
+        rows = len(next(leaves(obs)))
         device = getattr(module, "device", None)
         with torch.no_grad():
             for start in range(0, rows, _FORWARD_ROWS):
