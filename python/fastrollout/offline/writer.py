@@ -159,21 +159,16 @@ class EpisodeWriter:
             return 1, (multi_agent, L.packb(state))
         if not multi_agent:
             cols, rem = L.split_sa_state(L.sa_state_for_disk(state))
-            cols[L.EPS_ID] = np.array([state["id_"]] * rem["rows"], dtype=object)
-            cols[L.AGENT_ID] = np.array([None] * rem["rows"], dtype=object)
-            cols[L.MODULE_ID] = np.array([None] * rem["rows"], dtype=object)
+            _add_ids(cols, rem["rows"], state["id_"], None, None)
             return rem["rows"], (False, [cols], rem)
         state = L.ma_state_for_disk(state)
         parts, agents, total = [], [], 0
         for aid, s in state["agent_episodes"]:
             cols, rem = L.split_sa_state(s)
-            n = rem["rows"]
-            cols[L.EPS_ID] = np.array([s["id_"]] * n, dtype=object)
-            cols[L.AGENT_ID] = np.array([str(aid)] * n, dtype=object)
-            cols[L.MODULE_ID] = np.array([s["module_id"]] * n, dtype=object)
+            _add_ids(cols, rem["rows"], s["id_"], str(aid), s["module_id"])
             parts.append(cols)
             agents.append([aid, rem])
-            total += n
+            total += rem["rows"]
         state["agent_episodes"] = agents
         return total, (True, parts, state)
 
@@ -225,6 +220,14 @@ class EpisodeWriter:
             tmp.unlink(missing_ok=True)
             raise OfflineWriteError(f"writing {final} failed: {err}") from err
         self.files.append(final)
+
+
+def _add_ids(
+    cols: dict[str, np.ndarray], rows: int, eps_id: Any, agent_id: Any, module_id: Any
+) -> None:
+    """Adds RLlib's id columns (the same value in each of ``rows`` rows) to a chunk's."""
+    for name, value in ((L.EPS_ID, eps_id), (L.AGENT_ID, agent_id), (L.MODULE_ID, module_id)):
+        cols[name] = np.array([value] * rows, dtype=object)
 
 
 def _is_ma(episode: Any) -> bool:
