@@ -288,29 +288,21 @@ def _subdir(runner: Any) -> str:
         return name.lower() if isinstance(name, str) else "env"
 
 
-def record(runner: Any, episodes: list[Any]) -> None:
-    """Hands a runner's sampled episodes to its writer, made on first use from its config.
+def for_runner(runner: Any) -> EpisodeWriter:
+    """The writer of a runner whose config sets ``output`` (RLlib's folder and settings).
 
     Args:
-        runner: An env runner whose config sets ``output``.
-        episodes: What its ``sample()`` returns.
+        runner: An env runner.
+
+    Returns:
+        A new writer; the runner hands it each ``sample()`` call's episodes and closes it
+        at ``stop()``.
     """
-    writer = runner.__dict__.get("_offline_writer")
-    if writer is None:
-        config = runner.config
-        writer = EpisodeWriter(
-            config.output,
-            write_episodes=bool(getattr(config, "output_write_episodes", True)),
-            max_rows_per_file=getattr(config, "output_max_rows_per_file", None),
-            subdir=_subdir(runner),
-            worker_index=int(getattr(runner, "worker_index", 0)),
-        )
-        runner.__dict__["_offline_writer"] = writer
-    writer.write(episodes)
-
-
-def close(runner: Any) -> None:
-    """Flushes and joins a runner's writer, if it has one (``stop()`` calls this)."""
-    writer = runner.__dict__.pop("_offline_writer", None)
-    if writer is not None:
-        writer.close()
+    config = runner.config
+    return EpisodeWriter(
+        config.output,
+        write_episodes=bool(getattr(config, "output_write_episodes", True)),
+        max_rows_per_file=getattr(config, "output_max_rows_per_file", None),
+        subdir=_subdir(runner),
+        worker_index=int(getattr(runner, "worker_index", 0)),
+    )

@@ -209,6 +209,8 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
         # Done episodes of external simulators beyond a call's num_episodes: the next
         # calls return them first (such sub-envs cannot be reset to stop at a count).
         self._done_carried: list[Any] = []
+        # offline_data(output=...): the episode writer, made at the first sample() call.
+        self._offline_writer: Any = None
         # Episode id -> the chunks of that episode returned by earlier ``sample`` calls.
         self._ongoing_episodes_for_metrics: defaultdict[str, list[Any]] = defaultdict(list)
         self._shared_data: dict[str, Any] = {}
@@ -435,9 +437,11 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
             )
         self._time_after_sampling = time.perf_counter()
         if cfg(self.config, "output") is not None:  # offline_data(output=...): record them
-            from fastrollout.offline import writer
+            if self._offline_writer is None:
+                from fastrollout.offline.writer import for_runner
 
-            writer.record(self, samples)
+                self._offline_writer = for_runner(self)
+            self._offline_writer.write(samples)
         return samples
 
     def _pull_state(self) -> None:
@@ -1083,10 +1087,9 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
         self._stopped = "stop() closed its env(s)"
         if self._sub_envs is not None:
             self._sub_envs.close()
-        if "_offline_writer" in self.__dict__:  # flush and join the episode writer
-            from fastrollout.offline import writer
-
-            writer.close(self)
+        if self._offline_writer is not None:  # flush and join the episode writer
+            self._offline_writer.close()
+            self._offline_writer = None
 
     def _envs_ready(self) -> None:
         """Marks new envs: ``make_env`` calls this once it has created them."""
