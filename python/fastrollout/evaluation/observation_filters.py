@@ -19,8 +19,6 @@ from fastrollout.filters import (
     MeanStdFilter,
     NoFilter,
     RunningStat,
-    get_filters,
-    sync_filters,
 )
 
 __all__ = ["ObservationFilters", "with_mean_std_connector"]
@@ -93,18 +91,6 @@ class ObservationFilters:
             if delta.n and pid in filters:
                 filters[pid].running_stats.update(delta)
                 filters[pid].buffer.update(delta)
-
-    def copies(self, flush_after: bool) -> dict[str, Filter]:
-        """Serializable copies (RLlib's ``get_filters``); ``flush_after`` empties buffers."""
-        return get_filters(self.filters, flush_after)
-
-    def sync(self, new_filters: Mapping[str, Filter]) -> None:
-        """Copies each given filter's state into the policy's own (RLlib's ``sync``).
-
-        Raises:
-            KeyError: A policy without a filter in ``new_filters`` (named).
-        """
-        sync_filters(self.filters, new_filters)
 
 
 def observation_shape(space: Any) -> tuple[int, ...]:

@@ -47,7 +47,7 @@ from fastrollout.evaluation.observation_filters import (
     with_mean_std_connector,
 )
 from fastrollout.evaluation.policy import TorchPolicy
-from fastrollout.filters import Filter, clip_reward
+from fastrollout.filters import Filter, clip_reward, get_filters, sync_filters
 from fastrollout.learners.ppo import PPOConfig
 from fastrollout.runners._keys import WEIGHTS_SEQ_NO
 
@@ -694,7 +694,7 @@ class RolloutWorker:
             flush_after: Empty the buffers afterwards.
         """
         with self._lock:
-            return self._filters.copies(flush_after)
+            return get_filters(self._filters.filters, flush_after=flush_after)
 
     def sync_filters(self, new_filters: Mapping[str, Filter]) -> None:
         """Copies each policy's filter state from ``new_filters`` (RLlib's ``sync``).
@@ -706,7 +706,7 @@ class RolloutWorker:
             KeyError: ``new_filters`` lacks one of the worker's policies (named).
         """
         with self._lock:
-            self._filters.sync(new_filters)
+            sync_filters(self._filters.filters, new_filters)
 
     # -- policies and envs ---------------------------------------------------------------
 
