@@ -23,17 +23,6 @@ def fmt(x: float | None, ratio: bool = False) -> str:
     return f"{x:.2f}x" if ratio else f"{x:,.0f}"
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
-
-
 def _commit() -> str:
     try:
         out = subprocess.run(
@@ -56,9 +45,10 @@ def machine() -> dict[str, str]:
     import gymnasium as gym
     import numpy as np
     import torch
+    from side_by_side import cpu_model
 
     return {
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cores": str(os.cpu_count()),
         "python": platform.python_version(),
         "torch": torch.__version__,
