@@ -45,6 +45,7 @@ def machine() -> dict[str, str]:
     import gymnasium as gym
     import numpy as np
     import torch
+
     from side_by_side import cpu_model
 
     return {
