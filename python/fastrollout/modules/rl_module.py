@@ -454,9 +454,11 @@ class RLModuleSpec:
             raise ValueError("RLModuleSpec.action_space is not set")
         module_class = self.module_class
         if module_class is None:
-            from fastrollout.modules.default import DefaultMLPModule
+            from fastrollout.modules.catalog import default_module_class
 
-            module_class = DefaultMLPModule
+            module_class = default_module_class(
+                self.observation_space, self.action_space, _model_config_dict(self.model_config)
+            )
         if not (isinstance(module_class, type) and issubclass(module_class, RLModule)):
             raise TypeError(
                 f"RLModuleSpec.module_class must be an RLModule subclass, got {module_class!r}"
