@@ -189,3 +189,82 @@ def test_async_algorithms_train_with_a_remote_runner(ray_local, algo_name):
         assert seqs and seqs[0] > 0
     finally:
         algo.stop()
+
+
+def _lstm_algorithm(algo_name, *, num_env_runners, multi_agent):
+    """RLlib's algorithm with its default LSTM module on (multi-agent) StatelessCartPole."""
+    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+
+    if algo_name == "PPO":
+        Config = ppo.PPOConfig
+        training = {"train_batch_size_per_learner": 200, "minibatch_size": 100, "num_epochs": 2}
+    elif algo_name == "APPO":
+        from ray.rllib.algorithms.appo import APPOConfig as Config
+
+        training = {"train_batch_size_per_learner": 200}
+    else:
+        from ray.rllib.algorithms.impala import IMPALAConfig as Config
+
+        training = {"train_batch_size_per_learner": 200}
+    config = (
+        Config()
+        .env_runners(
+            env_runner_cls=_fr_runner(multi_agent),
+            num_env_runners=num_env_runners,
+            num_envs_per_env_runner=2,
+            rollout_fragment_length=50,
+        )
+        .learners(num_learners=0)
+        .training(**training)
+        .rl_module(
+            model_config=DefaultModelConfig(use_lstm=True, max_seq_len=10, lstm_cell_size=16)
+        )
+        .reporting(min_time_s_per_iteration=0, min_sample_timesteps_per_iteration=200)
+        .debugging(seed=0)
+    )
+    if algo_name != "PPO":
+        config = config.learners(num_aggregator_actors_per_learner=0)
+    if multi_agent:
+        from ray.rllib.examples.envs.classes.multi_agent import MultiAgentStatelessCartPole
+
+        config = config.environment(
+            MultiAgentStatelessCartPole, env_config={"num_agents": 2}
+        ).multi_agent(policies=["p0", "p1"], policy_mapping_fn=lambda aid, *a, **k: f"p{aid}")
+    else:
+        from ray.rllib.examples.envs.classes.stateless_cartpole import StatelessCartPole
+
+        config = config.environment(StatelessCartPole)
+    return config.build_algo()
+
+
+@pytest.mark.parametrize("algo_name", ["PPO", "APPO", "IMPALA"])
+@pytest.mark.parametrize(
+    ("num_env_runners", "multi_agent"),
+    [(0, False), (1, True)],
+    ids=["local_single_agent", "remote_multi_agent"],
+)
+def test_lstm_algorithms_train_on_the_runners_recurrent_episodes(
+    ray_local, algo_name, num_env_runners, multi_agent
+):
+    """RLlib's learner connectors read the states fastrollout's runners recorded (its
+    AddStatesFromEpisodesToBatch, AddTimeDimToBatchAndZeroPad) and every module trains."""
+    algo = _lstm_algorithm(algo_name, num_env_runners=num_env_runners, multi_agent=multi_agent)
+    modules = ["p0", "p1"] if multi_agent else ["default_policy"]
+    try:
+        trained = dict.fromkeys(modules, 0)
+        for _ in range(8):
+            result = algo.train()
+            for mid in modules:
+                trained[mid] += (
+                    result.get("learners", {}).get(mid, {}).get("num_module_steps_trained", 0)
+                )
+            if all(trained.values()):
+                break
+        assert all(trained.values()), trained
+        runner_cls = _fr_runner(multi_agent)
+        kinds = algo.env_runner_group.foreach_env_runner(
+            lambda r: type(r).__name__, local_env_runner=num_env_runners == 0
+        )
+        assert set(kinds) == {runner_cls.__name__}
+    finally:
+        algo.stop()
