@@ -506,3 +506,25 @@ def test_default_env_to_module_pipeline_is_not_called_per_step(
     for a, b in zip(direct, general, strict=True):
         for expected, actual in episode_pairs(b, a):
             assert_same_episode(expected, actual)
+
+
+@pytest.mark.parametrize("explore", [True, False])
+def test_a_stateful_modules_direct_step_samples_what_the_general_path_samples(
+    monkeypatch: pytest.MonkeyPatch, explore: bool
+) -> None:
+    """A stateful module's own forward pass (STATE_IN in, a one-step time axis on its
+    outputs, STATE_OUT recorded) goes through the direct draw as well."""
+    from test_recurrent_runners import RunningSumModule
+
+    def make() -> fr.SingleAgentEnvRunner:
+        c = fr.RunnerConfig().environment("CartPole-v1").debugging(seed=3)
+        c = c.env_runners(num_envs_per_env_runner=3)
+        spec = fr.modules.RLModuleSpec(module_class=RunningSumModule)
+        return fr.SingleAgentEnvRunner(config=c.rl_module(rl_module_spec=spec))
+
+    direct, general = _sample_twice(make, monkeypatch, num_timesteps=90, explore=explore)
+    assert len(direct) == len(general)
+    for a, b in zip(direct, general, strict=True):
+        assert_same_episode(b, a)
+        for k, v in b.get_extra_model_outputs(Columns.STATE_OUT).items():
+            np.testing.assert_array_equal(a.get_extra_model_outputs(Columns.STATE_OUT)[k], v)

@@ -412,11 +412,10 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
                 self._states = RecurrentStates(self._module or {})
                 self._states_for = self._module
             # The default module and pieces' step in one pass (see _default_act); built
-            # per call, as the module and the pipelines may change between calls. A
-            # stateful module's step carries its state (the general path).
+            # per call, as the module and the pipelines may change between calls.
             self._default_act = (
                 DefaultAct.of(self._module, self._connectors.module_to_env, explore)
-                if self._conn is not None and not self._states
+                if self._conn is not None
                 else None
             )
             if num_timesteps is None and num_episodes is None:
@@ -852,25 +851,29 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
         """
         grad_was_on = grad_off()
         try:
-            if self._default_act is not None:
-                direct = self._default_act(self, batch, ts)
-                if direct is not None:
-                    return direct
             states = self._states
             if not states:
-                out = self._forward(batch, explore, ts)
-                start = time.perf_counter()
-                return self._connect(self._connectors.module_to_env, out, explore), start
+                return self._act_with(batch, explore, ts)
+            # Stateful modules: their STATE_IN (and a one-step time axis) go in, their
+            # STATE_OUT is kept for the slots' next steps.
             slots = self._state_slots(batch)
             states.add_state_in(batch, slots)
-            out = self._forward(batch, explore, ts)
-            states.remove_time_axis(out)
-            start = time.perf_counter()
-            to_env = self._connect(self._connectors.module_to_env, out, explore)
+            to_env, start = self._act_with(batch, explore, ts)
             states.store(to_env, slots)
             return to_env, start
         finally:
             grad_restore(grad_was_on)
+
+    def _act_with(self, batch: Any, explore: bool, ts: int) -> tuple[dict[Any, Any], float]:
+        """``_act``'s forward pass and module-to-env pipeline (the direct step where it applies)."""
+        if self._default_act is not None:
+            direct = self._default_act(self, batch, ts)
+            if direct is not None:
+                return direct
+        out = self._forward(batch, explore, ts)
+        self._states.remove_time_axis(out)
+        start = time.perf_counter()
+        return self._connect(self._connectors.module_to_env, out, explore), start
 
     @abc.abstractmethod
     def _state_slots(self, batch: dict[Any, Any]) -> dict[Any, list[Any]]:
