@@ -133,11 +133,12 @@ def test_spec_module_class_is_the_one_that_acts(flavour, action):
         runner.stop()
 
 
-@pytest.mark.parametrize("via", ["spec", "class"])
+@pytest.mark.parametrize("via", ["rllib_spec", "fastrollout_spec", "class"])
 def test_rllib_module_class_builds_rllibs_module_and_acts(via):
     rllib_cls = _rllib_fixed_module_class()
-    if via == "spec":
-        spec = _rllib()[0].RLModuleSpec(module_class=rllib_cls, model_config={"action": 1})
+    if via != "class":
+        spec_cls = _rllib()[0].RLModuleSpec if via == "rllib_spec" else RLModuleSpec
+        spec = spec_cls(module_class=rllib_cls, model_config={"action": 1})
         runner = fr.SingleAgentEnvRunner(config=_cartpole(spec))
     else:  # the class alone, with the config's model_config
         runner = fr.SingleAgentEnvRunner(config=_cartpole(rllib_cls, action=1))
@@ -443,6 +444,23 @@ def test_cnn_module_same_parameters_and_outputs_as_rllib(case, action):
     torch.testing.assert_close(
         ours.compute_values({"obs": x}, embeddings=b[Columns.EMBEDDINGS]), values, rtol=0, atol=1e-5
     )
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cnn_module_on_cuda_computes_what_it_computes_on_cpu():
+    obs, act = gym.spaces.Box(0, 255, (42, 42, 3), np.uint8), gym.spaces.Discrete(3)
+    module = RLModuleSpec(observation_space=obs, action_space=act).build()
+    x = torch.randint(0, 256, (6, 42, 42, 3), dtype=torch.uint8)
+    cpu = module.forward_train({"obs": x})
+    module.to("cuda")
+    tf32 = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False  # (TF32 convolutions round to ~1e-3)
+    try:
+        gpu = module.forward_train({"obs": x.to("cuda")})
+    finally:
+        torch.backends.cudnn.allow_tf32 = tf32
+    for key in (Columns.ACTION_DIST_INPUTS, Columns.VF_PREDS):
+        torch.testing.assert_close(gpu[key].cpu(), cpu[key], rtol=1e-4, atol=1e-3)
 
 
 def test_inference_only_cnn_module_as_rllib():

@@ -176,9 +176,12 @@ def _complete(
             inference_only=True,
             model_config=dict(model_config),
         )
+    # (``is None``: a Dict or Tuple space is a container, falsy when empty)
     filled = {
-        "observation_space": base.observation_space or observation_space,
-        "action_space": base.action_space or action_space,
+        "observation_space": (
+            observation_space if base.observation_space is None else base.observation_space
+        ),
+        "action_space": action_space if base.action_space is None else base.action_space,
         "inference_only": True,
         "model_config": base.model_config if base.model_config is not None else model_config,
     }
