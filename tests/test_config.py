@@ -353,15 +353,14 @@ def test_policies_to_train_must_be_configured_modules() -> None:
     RunnerConfig().multi_agent(policies_to_train=lambda mid, batch=None: True).validate()
 
 
-class _FakeMultiSpec:
-    """Duck-typed MultiRLModuleSpec (the modules package owns the real one)."""
+def _multi_spec(ids: list[str]) -> Any:
+    from fastrollout.modules import MultiRLModuleSpec, RLModuleSpec
 
-    def __init__(self, ids: list[str]) -> None:
-        self.rl_module_specs = dict.fromkeys(ids)
+    return MultiRLModuleSpec(rl_module_specs={i: RLModuleSpec() for i in ids})
 
 
 def test_multi_rl_module_spec_defines_modules_and_must_match_policies() -> None:
-    config = RunnerConfig().rl_module(rl_module_spec=_FakeMultiSpec(["a", "b"]))
+    config = RunnerConfig().rl_module(rl_module_spec=_multi_spec(["a", "b"]))
     assert config.module_ids == ["a", "b"] and config.is_multi_agent
     config.validate()
     config.multi_agent(policies=["a", "c"])

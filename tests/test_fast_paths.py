@@ -243,7 +243,7 @@ def test_runner_length_guess_changes_no_episode(monkeypatch, episode_len):
         c = fr.RunnerConfig().debugging(seed=5).env_runners(num_envs_per_env_runner=3)
         c = c.environment(
             SyntheticImageEnv, env_config={"episode_len": episode_len, "shape": (16, 16, 4)}
-        )
+        ).rl_module(model_config={"conv_filters": [[4, 4, 4]]})
         runner = fr.SingleAgentEnvRunner(config=c)
         with monkeypatch.context() as m:
             if not guess:

@@ -62,7 +62,7 @@ def test_default_ppo_module_is_built_as_its_fastrollout_twin(spaces, make_config
     spec = make_config().get_rl_module_spec(spaces={"default_policy": spaces}, inference_only=True)
     spec.observation_space, spec.action_space = obs_space, act_space
     theirs = spec.build()
-    ours = _rllib._build_one(spec)
+    ours = _rllib.build_from_spec(spec)
     assert isinstance(ours, DefaultMLPModule)
     assert sorted(ours.get_state()) == sorted(theirs.get_state())
     ours.set_state(theirs.get_state())
@@ -80,7 +80,7 @@ def test_other_modules_are_rllibs_own():
         spaces={"default_policy": (space, gym.spaces.Discrete(2))}, inference_only=True
     )
     spec.observation_space, spec.action_space = space, gym.spaces.Discrete(2)
-    module = _rllib._build_one(spec)
+    module = _rllib.build_from_spec(spec)
     assert isinstance(module, RLlibRLModule)
 
 

@@ -632,10 +632,14 @@ class RunnerConfig:
         """Sets the module(s) the runner builds.
 
         Args:
-            rl_module_spec: An ``RLModuleSpec``, a ``MultiRLModuleSpec`` (its module ids
-                must match ``policies`` when those are set), or an ``RLModule`` class
-                (shorthand for ``RLModuleSpec(module_class=cls)``); None for the default
-                module.
+            rl_module_spec: An ``RLModuleSpec`` (one spec for every module), a
+                ``MultiRLModuleSpec`` (a spec per module id; the ids must match
+                ``policies`` when those are set), or an ``RLModule`` class (shorthand for
+                ``RLModuleSpec(module_class=cls)``); fastrollout's or RLlib's, mixed
+                freely. A spec's ``module_class`` is built (an RLlib module class builds
+                RLlib's module); None builds the default module for the observation
+                space (an MLP, or a CNN for images). None for the default module
+                everywhere. Anything else fails :meth:`validate` with a ``TypeError``.
             model_config: Dict passed to each module as ``model_config`` (e.g.
                 ``{"fcnet_hiddens": [64, 64]}``), unless its spec has its own.
 
@@ -1087,6 +1091,11 @@ class RunnerConfig:
                 f"missing specs for {sorted(set(policies) - set(multi))}, specs without a "
                 f"policy: {sorted(set(multi) - set(policies))}"
             )
+        if self._rl_module_spec is not None or any(s is not None for s in policies.values()):
+            # (imported here: a config without module specs never loads torch)
+            from fastrollout.modules.specs import check_rl_module_spec
+
+            check_rl_module_spec(self._rl_module_spec, policies)
         _check_policies_to_train(self.policies_to_train)
         if isinstance(self.policies_to_train, Collection) and not isinstance(
             self.policies_to_train, str

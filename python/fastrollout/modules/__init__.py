@@ -1,6 +1,7 @@
 """Torch RL modules, action distributions and device placement (RLlib 2.60's API)."""
 
 from fastrollout.modules import distributions
+from fastrollout.modules.cnn import DefaultCNNModule
 from fastrollout.modules.default import DEFAULT_MODEL_CONFIG, DefaultMLPModule
 from fastrollout.modules.device import resolve_device, to_device
 from fastrollout.modules.distributions import (
@@ -16,6 +17,7 @@ from fastrollout.modules.rl_module import RLModule, RLModuleSpec
 
 __all__ = [
     "DEFAULT_MODEL_CONFIG",
+    "DefaultCNNModule",
     "DefaultMLPModule",
     "MultiRLModule",
     "MultiRLModuleSpec",

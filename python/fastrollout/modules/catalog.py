@@ -21,6 +21,11 @@ def default_module_class(
 ) -> type[Any]:
     """The default module class for these spaces and model config.
 
+    As RLlib's catalog: a 3-D ``Box`` (an image, height x width x channels) gets
+    :class:`~fastrollout.modules.cnn.DefaultCNNModule`; every other space that
+    :class:`~fastrollout.modules.DefaultMLPModule` encodes gets that one (RLlib takes only
+    1-D Boxes there).
+
     Args:
         observation_space: The module's observation space.
         action_space: The module's action space.
@@ -28,7 +33,24 @@ def default_module_class(
 
     Returns:
         The RLModule subclass to build.
-    """
-    from fastrollout.modules.default import DefaultMLPModule
 
+    Raises:
+        TypeError: For an observation space no default module encodes (the message names
+            ``rl_module_spec``, through which a module of one's own is given).
+    """
+    from fastrollout.modules.default import DefaultMLPModule, _obs_preprocessor
+
+    if isinstance(observation_space, gym.spaces.Box) and len(observation_space.shape) == 3:
+        from fastrollout.modules.cnn import DefaultCNNModule
+
+        return DefaultCNNModule
+    try:
+        _obs_preprocessor(observation_space)
+    except TypeError as err:
+        raise TypeError(
+            f"no default module for the observation space {observation_space} ({err}); "
+            "give a module class of your own with config.rl_module(rl_module_spec="
+            "RLModuleSpec(module_class=...)), or turn the observations into a supported "
+            "space with an env-to-module connector"
+        ) from None
     return DefaultMLPModule

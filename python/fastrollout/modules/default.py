@@ -9,7 +9,8 @@ an RLlib default PPO module loads as it is and both compute the same outputs.
 
 Observations: any Box (flattened, cast to float32), Discrete (one-hot), MultiDiscrete
 (concatenated one-hots), MultiBinary, and Dict/Tuple of those (each part encoded, then
-concatenated in the space's order). RLlib only takes 1-D Box observations here.
+concatenated in the space's order). RLlib only takes 1-D Box observations here. (The
+default for 3-D Box, image, observations is :class:`~fastrollout.modules.cnn.DefaultCNNModule`.)
 Actions: Discrete (Categorical), float Box (DiagGaussian, log-stds clipped to
 ``+-log_std_clip_param`` like RLlib), MultiDiscrete (MultiCategorical).
 """
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -181,16 +182,31 @@ class _Head(nn.Module):
         return torch.cat((mean, log_std), dim=-1)
 
 
+def _mlp_encoder(
+    in_dim: int, hiddens: Sequence[int], activation: Callable[[], nn.Module] | None
+) -> nn.Module:
+    """An MLP encoder (parameters named ``net.mlp.N``, as RLlib's ``TorchMLPEncoder``)."""
+    return _Encoder(_layers(in_dim, hiddens, activation, None))
+
+
 class _ActorCriticEncoder(nn.Module):
-    def __init__(self, make: Callable[[], nn.Sequential], *, shared: bool, with_critic: bool):
+    """One shared encoder, or an actor and (unless inference-only) a critic encoder.
+
+    Args:
+        make: Builds one encoder (called once per encoder, so they do not share weights).
+        shared: One encoder for policy and value function.
+        with_critic: Build the critic's encoder (ignored when shared).
+    """
+
+    def __init__(self, make: Callable[[], nn.Module], *, shared: bool, with_critic: bool):
         super().__init__()
         self.shared = shared
         if shared:
-            self.encoder = _Encoder(make())
+            self.encoder = make()
         else:
-            self.actor_encoder = _Encoder(make())
+            self.actor_encoder = make()
             if with_critic:
-                self.critic_encoder = _Encoder(make())
+                self.critic_encoder = make()
 
 
 # The observation encoders below are module-level functions (bound with
@@ -289,24 +305,24 @@ class DefaultMLPModule(RLModule):
         TypeError: For an observation or action space it cannot handle (named).
     """
 
+    #: The model_config keys this class reads, with their defaults.
+    _MODEL_CONFIG: ClassVar[dict[str, Any]] = DEFAULT_MODEL_CONFIG
+    #: RLlib keys this class accepts only at their "off" value.
+    _OFF_ONLY: ClassVar[dict[str, Any]] = _UNSUPPORTED_AT_DEFAULT
+
     def setup(self) -> None:
         """Builds the encoders and heads from the spaces and the model config."""
         cfg = self._checked_config(self.model_config)
         assert self.observation_space is not None and self.action_space is not None
-        in_dim, self._preprocess = _obs_preprocessor(self.observation_space)
         self.action_dist_cls = get_action_dist_cls(self.action_space)
-        hiddens = [int(h) for h in cfg["fcnet_hiddens"]]
-        act = _activation(cfg["fcnet_activation"], "fcnet_activation")
+        make_encoder, latent = self._encoder_factory(cfg)
         head_hiddens = [int(h) for h in cfg["head_fcnet_hiddens"]]
         head_act = _activation(cfg["head_fcnet_activation"], "head_fcnet_activation")
-        latent = hiddens[-1] if hiddens else in_dim
         shared = bool(cfg["vf_share_layers"])
         self._shared = shared
 
         self.encoder = _ActorCriticEncoder(
-            functools.partial(_layers, in_dim, hiddens, act, None),
-            shared=shared,
-            with_critic=not self.inference_only,
+            make_encoder, shared=shared, with_critic=not self.inference_only
         )
         gaussian = issubclass(self.action_dist_cls, TorchDiagGaussian)
         if cfg["free_log_std"] and not gaussian:
@@ -332,28 +348,41 @@ class DefaultMLPModule(RLModule):
                 clip_param=float(cfg["log_std_clip_param"]),
             )
 
-    @staticmethod
-    def _checked_config(model_config: Mapping[str, Any]) -> dict[str, Any]:
-        unknown = sorted(
-            k
-            for k in model_config
-            if k not in DEFAULT_MODEL_CONFIG and k not in _UNSUPPORTED_AT_DEFAULT
-        )
+    def _encoder_factory(self, cfg: Mapping[str, Any]) -> tuple[Callable[[], nn.Module], int]:
+        """How to build one observation encoder, and the size of its output.
+
+        Also sets ``self._preprocess``, which turns a batch of observations into the
+        encoder's input.
+
+        Args:
+            cfg: The checked model config.
+
+        Returns:
+            ``(make, latent_dim)``: ``make()`` builds one encoder.
+        """
+        assert self.observation_space is not None
+        in_dim, self._preprocess = _obs_preprocessor(self.observation_space)
+        hiddens = [int(h) for h in cfg["fcnet_hiddens"]]
+        act = _activation(cfg["fcnet_activation"], "fcnet_activation")
+        latent = hiddens[-1] if hiddens else in_dim
+        return functools.partial(_mlp_encoder, in_dim, hiddens, act), latent
+
+    @classmethod
+    def _checked_config(cls, model_config: Mapping[str, Any]) -> dict[str, Any]:
+        defaults, off_only = cls._MODEL_CONFIG, cls._OFF_ONLY
+        unknown = sorted(k for k in model_config if k not in defaults and k not in off_only)
         if unknown:
             raise ValueError(
-                f"unknown model_config keys for DefaultMLPModule: {unknown} (known: "
-                f"{sorted(DEFAULT_MODEL_CONFIG)})"
+                f"unknown model_config keys for {cls.__name__}: {unknown} (known: "
+                f"{sorted(defaults)})"
             )
-        for key, off in _UNSUPPORTED_AT_DEFAULT.items():
+        for key, off in off_only.items():
             if key in model_config and model_config[key] != off:
                 raise ValueError(
                     f"model_config[{key!r}] = {model_config[key]!r} is not supported by "
-                    f"DefaultMLPModule (only {off!r})"
+                    f"{cls.__name__} (only {off!r})"
                 )
-        cfg = {
-            **DEFAULT_MODEL_CONFIG,
-            **{k: model_config[k] for k in DEFAULT_MODEL_CONFIG if k in model_config},
-        }
+        cfg = {**defaults, **{k: model_config[k] for k in defaults if k in model_config}}
         for key in ("fcnet_hiddens", "head_fcnet_hiddens"):
             if cfg[key] is None:
                 cfg[key] = []

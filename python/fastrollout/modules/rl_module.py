@@ -421,7 +421,8 @@ class RLModuleSpec:
     """How to build an RLModule (RLlib's ``RLModuleSpec``).
 
     Args:
-        module_class: The RLModule subclass (``None``: :class:`DefaultMLPModule`).
+        module_class: The RLModule subclass (``None``: the default module for the
+            spaces, :class:`DefaultMLPModule` or, for images, :class:`DefaultCNNModule`).
         observation_space: Passed to the module.
         action_space: Passed to the module.
         inference_only: Build without the parts only training needs.

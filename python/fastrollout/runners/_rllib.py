@@ -30,6 +30,7 @@ from fastrollout.modules import MultiRLModule, RLModuleSpec
 __all__ = [
     "RLlibMultiAgentEpisode",
     "RLlibSingleAgentEpisode",
+    "build_from_spec",
     "build_modules",
     "is_rllib_config",
 ]
@@ -126,8 +127,17 @@ def _rllib_default_model_config() -> dict[str, Any]:
     return dataclasses.asdict(DefaultModelConfig())
 
 
-def _build_one(spec: Any) -> Any:
-    """Builds one module of an RLlib ``RLModuleSpec``: fastrollout's twin or RLlib's own."""
+def build_from_spec(spec: Any) -> Any:
+    """Builds one module of an RLlib ``RLModuleSpec``: fastrollout's twin or RLlib's own.
+
+    Args:
+        spec: RLlib's spec, with its spaces set.
+
+    Returns:
+        :class:`~fastrollout.modules.DefaultMLPModule` where the spec builds RLlib's
+        default PPO module on an observation space both encode alike, else
+        ``spec.build()``.
+    """
     from fastrollout.modules.default import DefaultMLPModule
 
     if _is_rllib_default_ppo(spec) and _same_encoding(spec.observation_space):
@@ -182,7 +192,7 @@ def build_modules(
         return None
     # Sorted: the build order draws the initial weights, which must not depend on the
     # hash order of a set of policy ids.
-    return MultiRLModule(rl_modules={mid: _build_one(specs[mid]) for mid in sorted(specs)})
+    return MultiRLModule(rl_modules={mid: build_from_spec(specs[mid]) for mid in sorted(specs)})
 
 
 def device_for(config: Any, worker_index: int) -> Any:

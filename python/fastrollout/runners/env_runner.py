@@ -22,8 +22,9 @@ from fastrollout.connectors.pipeline import ConnectorPipelineV2
 from fastrollout.core import DEFAULT_MODULE_ID, Columns
 from fastrollout.errors import RunnerStoppedError, SampleArgumentError
 from fastrollout.metrics import MetricsLogger
-from fastrollout.modules import MultiRLModule, MultiRLModuleSpec, RLModuleSpec, resolve_device
+from fastrollout.modules import MultiRLModule, resolve_device
 from fastrollout.modules._grad import grad_off, grad_restore
+from fastrollout.modules.specs import is_rllib_spec, resolve_module_specs
 from fastrollout.runners import _keys as keys
 from fastrollout.runners import _rllib
 from fastrollout.runners._config import cfg
@@ -951,35 +952,24 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
     def get_metrics(self) -> dict[str, Any]:
         """The reduced metrics since the last call."""
 
-    def _module_spec(self, spaces: dict[str, tuple[Any, Any]]) -> MultiRLModuleSpec:
-        """The MultiRLModuleSpec to build, from the config and the modules' spaces."""
-        spec = cfg(self.config, "rl_module_spec")
-        model_config = cfg(self.config, "model_config")
-        if isinstance(spec, MultiRLModuleSpec):
-            specs = dict(spec.rl_module_specs)
-        elif isinstance(spec, RLModuleSpec):
-            specs = {mid: spec for mid in spaces}
-        elif isinstance(spec, type):
-            specs = {mid: RLModuleSpec(module_class=spec) for mid in spaces}
-        else:
-            specs = {}
-        policies = cfg(self.config, "policies")
-        if isinstance(policies, dict):
-            for mid, p in policies.items():
-                if isinstance(p, RLModuleSpec) and mid not in specs:
-                    specs[mid] = p
-        out = {}
-        for mid, (obs_space, act_space) in spaces.items():
-            base = specs.get(mid, RLModuleSpec())
-            out[mid] = RLModuleSpec(
-                module_class=base.module_class,
-                observation_space=base.observation_space or obs_space,
-                action_space=base.action_space or act_space,
-                inference_only=True,
-                model_config=base.model_config if base.model_config is not None else model_config,
-                catalog_class=base.catalog_class,
-            )
-        return MultiRLModuleSpec(rl_module_specs=out, inference_only=True)
+    def _build_config_modules(self, spaces: dict[str, tuple[Any, Any]]) -> MultiRLModule:
+        """The inference-only modules that a ``RunnerConfig``'s module settings describe.
+
+        Each module's spec (``rl_module_spec``, ``policies``, ``model_config``) is resolved
+        by :func:`~fastrollout.modules.specs.resolve_module_specs`; one whose module class is
+        RLlib's builds as the modules of runners made from RLlib's config do.
+        """
+        multi_class, specs = resolve_module_specs(
+            cfg(self.config, "rl_module_spec"),
+            cfg(self.config, "policies"),
+            cfg(self.config, "model_config"),
+            spaces,
+        )
+        built = {
+            mid: _rllib.build_from_spec(spec) if is_rllib_spec(spec) else spec.build()
+            for mid, spec in specs.items()
+        }
+        return multi_class(rl_modules=built)
 
     #: Whether the runner samples multi-agent episodes (its modules are built as RLlib's
     #: multi-agent runner builds them).
@@ -1002,7 +992,7 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
                 multi_agent=self._multi_agent,
             )
         else:
-            module = self._module_spec(modules).build()
+            module = self._build_config_modules(modules)
         if module is not None:
             module.to(self._device)
             # A runner only samples: eval mode once here, so that forward passes need not
