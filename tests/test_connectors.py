@@ -474,7 +474,9 @@ def test_get_actions_explore_and_greedy():
     greedy = GetActions()(
         rl_module=multi, batch={D: {Columns.ACTION_DIST_INPUTS: logits}}, episodes=[], explore=False
     )
-    assert greedy[D][Columns.ACTIONS].tolist() == [1, 0] and Columns.ACTION_LOGP not in greedy[D]
+    assert greedy[D][Columns.ACTIONS].tolist() == [1, 0]
+    # A greedy action is certain: log-probability 0, as RLlib records it.
+    assert greedy[D][Columns.ACTION_LOGP].tolist() == [0.0, 0.0]
     torch.manual_seed(0)
     sampled = GetActions()(
         rl_module=multi, batch={D: {Columns.ACTION_DIST_INPUTS: logits}}, episodes=[], explore=True
@@ -609,9 +611,9 @@ def test_default_pipelines_cartpole_like(explore):
     assert isinstance(out[Columns.ACTIONS], np.ndarray) and out[Columns.ACTIONS].shape == (8,)
     assert set(out[Columns.ACTIONS].tolist()) <= {0, 1}
     assert out[Columns.ACTIONS_FOR_ENV] is out[Columns.ACTIONS]  # Discrete: unchanged
-    assert (Columns.ACTION_LOGP in out) == explore
-    if explore:
-        assert out[Columns.ACTION_LOGP].shape == (8,) and np.all(out[Columns.ACTION_LOGP] <= 0)
+    assert out[Columns.ACTION_LOGP].shape == (8,) and np.all(out[Columns.ACTION_LOGP] <= 0)
+    if not explore:  # (greedy: certain)
+        assert np.all(out[Columns.ACTION_LOGP] == 0)
     assert [p.name for p in m2e] == ["GetActions", "TensorToNumpy", "NormalizeAndClipActions"]
 
 

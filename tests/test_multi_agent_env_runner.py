@@ -183,7 +183,7 @@ def test_complete_episodes_and_explore_false():
     assert len(eps) == 2 and all(e.is_done for e in eps)
     for e in eps:
         for ae in e.agent_episodes.values():
-            assert Columns.ACTION_LOGP not in ae.extra_model_outputs
+            np.testing.assert_array_equal(ae.get_extra_model_outputs(Columns.ACTION_LOGP), 0.0)
             np.testing.assert_array_equal(
                 ae.get_actions(), ae.get_extra_model_outputs(Columns.ACTION_DIST_INPUTS).argmax(-1)
             )

@@ -96,10 +96,11 @@ def test_complete_episodes_returns_only_done_ones():
     r.stop()
 
 
-def test_explore_false_is_greedy_and_has_no_logp(cartpole):
+def test_explore_false_is_greedy_with_a_logp_of_zero(cartpole):
     eps = cartpole.sample(num_timesteps=10, explore=False, force_reset=True)
     for e in eps:
-        assert Columns.ACTION_LOGP not in e.extra_model_outputs
+        # A greedy action is certain (RLlib records 0 too, as an integer for Discrete).
+        np.testing.assert_array_equal(e.get_extra_model_outputs(Columns.ACTION_LOGP), 0.0)
         logits = e.get_extra_model_outputs(Columns.ACTION_DIST_INPUTS)
         np.testing.assert_array_equal(e.get_actions(), np.argmax(logits, axis=-1))
     eps = cartpole.sample(num_timesteps=10, explore=True)
@@ -584,3 +585,14 @@ def test_repr_says_a_runner_is_one_of_a_group():
     assert repr(in_group) == (
         "SingleAgentEnvRunner(sub-envs: 2, runner 0 of a group with 3 remote runners)"
     )
+
+
+def test_a_chunk_continues_across_exploring_and_greedy_calls():
+    """Greedy steps record a log-probability too, so a chunk whose steps come from both
+    kinds of call has every column (it failed its validation when greedy ones had none)."""
+    config = fr.RunnerConfig().environment("CartPole-v1").env_runners(num_envs_per_env_runner=2)
+    runner = fr.SingleAgentEnvRunner(config=config.debugging(seed=0))
+    runner.sample(num_timesteps=6, explore=True)
+    for e in runner.sample(num_timesteps=6, explore=False):
+        assert len(e.get_extra_model_outputs(Columns.ACTION_LOGP)) == len(e)
+    runner.sample(num_timesteps=6, explore=True)

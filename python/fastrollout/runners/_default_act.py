@@ -28,6 +28,7 @@ import time
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 import torch
 
 from fastrollout.connectors.module_to_env.get_actions import GetActions
@@ -258,6 +259,7 @@ class DefaultAct:
             else:  # GetActions' argmax
                 greedy = TorchCategorical(logits=x).to_deterministic().sample()
                 module_out[Columns.ACTIONS] = greedy.numpy(force=True)
+                module_out[Columns.ACTION_LOGP] = np.zeros(len(x_np), np.float32)
             if module_id in self._fit_is_identity:
                 module_out[Columns.ACTIONS_FOR_ENV] = module_out[Columns.ACTIONS]
             else:

@@ -115,4 +115,11 @@ def _add_module_actions(
             out[Columns.ACTIONS], out[Columns.ACTION_LOGP] = dist.sample_with_logp()
     else:
         dist = module.get_inference_action_dist_cls().from_logits(out[Columns.ACTION_DIST_INPUTS])
-        out[Columns.ACTIONS] = dist.to_deterministic().sample()
+        actions = dist.to_deterministic().sample()
+        out[Columns.ACTIONS] = actions
+        if Columns.ACTION_LOGP not in out:
+            # A greedy action is certain (log-probability 0, as RLlib records it), and a
+            # chunk that continues across exploring and greedy calls has the column.
+            inputs = out[Columns.ACTION_DIST_INPUTS]
+            logp = torch.zeros(inputs.shape[0], dtype=torch.float32, device=inputs.device)
+            out[Columns.ACTION_LOGP] = logp.numpy(force=True) if as_numpy else logp
