@@ -604,6 +604,7 @@ class Checkpointable:
         """Pickles the class and constructor arguments (cloudpickle where pickle fails)."""
         info = {"class": type(self), "ctor_args_and_kwargs": self.get_ctor_args_and_kwargs()}
         file = p / self.CLASS_AND_CTOR_ARGS_FILE_NAME
+        data: bytes | None
         try:
             data = pickle.dumps(info)
         except Exception as err:
