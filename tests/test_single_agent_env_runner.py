@@ -413,7 +413,7 @@ def test_save_and_restore_from_path(tmp_path):
         np.testing.assert_array_equal(b.get_weights()[DEFAULT_MODULE_ID][k], v)
     assert b.get_state()["weights_seq_no"] == 2
     assert b.num_env_steps_sampled_lifetime == a.num_env_steps_sampled_lifetime
-    with pytest.raises(FileNotFoundError, match="no runner state"):
+    with pytest.raises(FileNotFoundError, match="no checkpoint at"):
         b.restore_from_path(tmp_path / "missing")
 
 

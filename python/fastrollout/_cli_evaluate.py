@@ -134,10 +134,10 @@ def _read(folder: Path) -> list[Any]:
 def _load_module(path: str, env: str) -> Any:
     """The module of a runner checkpoint (``EnvRunner.save_to_path``) for ``env``."""
     folder = Path(path)
-    if not (folder / "state.pkl").is_file():
+    if not ((folder / "metadata.json").is_file() or (folder / "state.pkl").is_file()):
         raise _error(
             f"--module {path!r}: expected a folder written by EnvRunner.save_to_path "
-            "(with a state.pkl) or 'behavior'"
+            "(with a metadata.json) or 'behavior'"
         )
     import gymnasium as gym
 

@@ -7,6 +7,7 @@ AssertionError`` / ``except ValueError`` written against RLlib keeps working.
 from fastrollout._core import EpisodeStateError, SpaceMismatchError
 
 __all__ = [
+    "CheckpointError",
     "EpisodeDoneError",
     "EpisodeStateError",
     "IndexFormError",
@@ -65,4 +66,13 @@ class RunnerStoppedError(RuntimeError):
     asynchronous one raises gymnasium's ``ClosedEnvironmentError``. fastrollout's runners
     raise this one error for every kind of env; ``make_env()`` creates new envs, after
     which the runner samples again.
+    """
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory that cannot be loaded here.
+
+    Raised for a directory that is not a fastrollout checkpoint or is incomplete or
+    corrupt, and for a checkpoint of another class or of another checkpoint format
+    version (the message names both). A missing directory is a ``FileNotFoundError``.
     """

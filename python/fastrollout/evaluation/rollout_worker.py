@@ -37,6 +37,14 @@ from fastrollout.batches import (
     concat_samples,
     episode_to_sample_batch,
 )
+from fastrollout.checkpoints import (
+    Checkpointable,
+    check_component,
+    read_module_states,
+    read_tree,
+    write_module_states,
+    write_tree,
+)
 from fastrollout.config import BATCH_MODES, OBSERVATION_FILTERS, RunnerConfig
 from fastrollout.core import DEFAULT_MODULE_ID
 from fastrollout.env import EnvContext
@@ -133,7 +141,7 @@ def _runner_config_from_rllib(config: Any) -> tuple[RunnerConfig, PPOConfig]:
     return out, PPOConfig(**ppo)
 
 
-class RolloutWorker:
+class RolloutWorker(Checkpointable):
     """Collects experience from copies of an env with one or several policies.
 
     Args:
@@ -196,6 +204,24 @@ class RolloutWorker:
                 f"default_policy_class {default_policy_class!r} is not supported: fastrollout's "
                 "RolloutWorker trains torch RLModules with PPO's loss (TorchPolicy)"
             )
+        # What from_checkpoint builds the worker with (the config as given, copied).
+        self._ctor_kwargs: dict[str, Any] = {
+            "env_creator": env_creator,
+            "validate_env": validate_env,
+            "config": config.copy(copy_frozen=False)
+            if isinstance(config, RunnerConfig)
+            else config,
+            "worker_index": worker_index,
+            "num_workers": num_workers,
+            "policy_config": policy_config,
+            "loss_fn": loss_fn,
+            "loss_columns": loss_columns,
+            "default_policy_class": default_policy_class,
+            "input_creator": input_creator,
+            "output_creator": output_creator,
+            "input_evaluation": input_evaluation,
+            **kwargs,
+        }
         config = RunnerConfig() if config is None else config
         if isinstance(config, RunnerConfig):
             config = config.copy(copy_frozen=False)
@@ -784,34 +810,87 @@ class RolloutWorker:
         out, self._metrics = self._metrics, []
         return out
 
-    def get_state(self) -> dict[str, Any]:
+    def get_state(
+        self,
+        components: str | Collection[str] | None = None,
+        *,
+        not_components: str | Collection[str] | None = None,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
         """Policies (weights, optimizer, counters), filters and global vars, as plain data.
 
         The filters' buffers are flushed, as RLlib's ``get_state`` does.
+
+        Args:
+            components: Only these of ``"policy_states"``, ``"filters"``,
+                ``"global_vars"`` (``"policy_ids"`` is always there).
+            not_components: Leave these out.
+            **kwargs: Ignored.
+
+        Returns:
+            ``{"policy_ids", "policy_states", "filters", "global_vars"}``.
         """
-        filters = self.get_filters(flush_after=True)
-        return {
-            "policy_ids": list(self.policy_map),
-            "policy_states": {pid: p.get_state() for pid, p in self.policy_map.items()},
-            "filters": {pid: f.get_state() for pid, f in filters.items()},
-            "global_vars": dict(self.global_vars),
-        }
+        state: dict[str, Any] = {"policy_ids": list(self.policy_map)}
+        if check_component("policy_states", components, not_components):
+            state["policy_states"] = {pid: p.get_state() for pid, p in self.policy_map.items()}
+        if check_component("filters", components, not_components):
+            filters = self.get_filters(flush_after=True)
+            state["filters"] = {pid: f.get_state() for pid, f in filters.items()}
+        if check_component("global_vars", components, not_components):
+            state["global_vars"] = dict(self.global_vars)
+        return state
 
     def set_state(self, state: Mapping[str, Any]) -> None:
-        """Restores :meth:`get_state`'s output.
+        """Restores :meth:`get_state`'s output (the parts it has).
 
         Raises:
             KeyError: A state of a policy this worker does not have.
         """
         from fastrollout.filters import filter_from_state
 
-        for pid, policy_state in state["policy_states"].items():
+        policy_states = state.get("policy_states", {})
+        for pid, policy_state in policy_states.items():
             self._check_policy(pid, "set_state").set_state(policy_state)
-        self._push_weights(state["policy_states"])
+        if policy_states:
+            self._push_weights(policy_states)
         filters = {pid: filter_from_state(s) for pid, s in state.get("filters", {}).items()}
         if filters:
             self.sync_filters(filters)
         self.global_vars = dict(state.get("global_vars", self.global_vars))
+
+    # -- checkpoints (fastrollout.checkpoints.Checkpointable) ---------------------------
+
+    def get_ctor_args_and_kwargs(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The constructor's arguments as given (the env creator must pickle).
+
+        Returns:
+            ``((), kwargs)``.
+        """
+        return (), dict(self._ctor_kwargs)
+
+    def get_checkpointable_components(self) -> list[tuple[str, Any]]:
+        """The policies (weights as ``.npz``, optimizer states) and the filters.
+
+        Returns:
+            ``[("policy_states", policy map), ("filters", filters)]``.
+        """
+        return [("policy_states", self.policy_map), ("filters", self._filters)]
+
+    def _write_component(self, name: str, state: Any, path: pathlib.Path) -> str:
+        """Policy weights as one ``.npz`` per policy, the rest as a state tree."""
+        if name != "policy_states":
+            return super()._write_component(name, state, path)
+        write_module_states(path, {pid: s["weights"] for pid, s in state.items()})
+        rest = {pid: {k: v for k, v in s.items() if k != "weights"} for pid, s in state.items()}
+        return write_tree(path, self.STATE_FILE_NAME, rest)
+
+    def _read_component(self, name: str, path: pathlib.Path) -> Any:
+        """Reads what :meth:`_write_component` wrote."""
+        if name != "policy_states":
+            return super()._read_component(name, path)
+        weights = read_module_states(path)
+        rest = read_tree(path, self.STATE_FILE_NAME)
+        return {pid: {"weights": w, **rest.get(pid, {})} for pid, w in weights.items()}
 
     def save(self) -> bytes:
         """The worker's state, pickled (RLlib's old ``save``)."""

@@ -5,12 +5,12 @@ from __future__ import annotations
 import abc
 import contextlib
 import logging
-import os
 import pathlib
 import pickle
 import random
 import sys
 import time
+import warnings
 from collections import defaultdict
 from collections.abc import Collection, Mapping
 from typing import Any, Generic, TypeVar
@@ -18,9 +18,10 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 import torch
 
+from fastrollout.checkpoints import Checkpointable, read_module_states, write_module_states
 from fastrollout.connectors.pipeline import ConnectorPipelineV2
 from fastrollout.core import DEFAULT_MODULE_ID, Columns
-from fastrollout.errors import RunnerStoppedError, SampleArgumentError
+from fastrollout.errors import CheckpointError, RunnerStoppedError, SampleArgumentError
 from fastrollout.metrics import MetricsLogger
 from fastrollout.modules import MultiRLModule, resolve_device
 from fastrollout.modules._grad import grad_off, grad_restore
@@ -124,7 +125,7 @@ _CALLBACKS = (
 )
 
 
-class EnvRunner(abc.ABC, Generic[EpisodeT]):
+class EnvRunner(Checkpointable, abc.ABC, Generic[EpisodeT]):
     """Steps environments with a torch policy and returns episodes.
 
     Subclasses implement ``make_env``, ``make_module``, ``_sample``, ``get_spaces`` and
@@ -1037,14 +1038,7 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
         Returns:
             The rebuild function and its arguments.
         """
-        kwargs: dict[str, Any] = {
-            "config": self.config,
-            # None: built directly, not by a group (see __init__).
-            "worker_index": self.worker_index if self._in_group else None,
-            "num_workers": self.num_workers,
-        }
-        if self.spaces:
-            kwargs["spaces"] = self.spaces
+        _, kwargs = self.get_ctor_args_and_kwargs()
         return _rebuild_runner, (type(self), kwargs, self.get_state())
 
     def ping(self) -> str:
@@ -1278,44 +1272,92 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
             raise ValueError("global_vars is not supported (RLlib's new stack has none either)")
         self.set_state({keys.COMPONENT_RL_MODULE: weights, keys.WEIGHTS_SEQ_NO: weights_seq_no})
 
-    def save_to_path(self, path: str | os.PathLike[str] | None = None) -> str:
-        """Writes the runner's state to a directory (``state.pkl`` in it).
+    # -- checkpoints (fastrollout.checkpoints.Checkpointable) -------------------------
 
-        Args:
-            path: The directory (created if missing; a temporary one if None).
+    def get_ctor_args_and_kwargs(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The constructor's arguments: config, worker index, number of workers, spaces.
 
         Returns:
-            The directory's path.
+            ``((), kwargs)``.
         """
-        if path is None:
-            import tempfile
+        kwargs: dict[str, Any] = {
+            "config": self.config,
+            # None: built directly, not by a group (see __init__).
+            "worker_index": self.worker_index if self._in_group else None,
+            "num_workers": self.num_workers,
+        }
+        if self.spaces:
+            kwargs["spaces"] = self.spaces
+        return (), kwargs
 
-            path = tempfile.mkdtemp(prefix="fastrollout_runner_")
-        p = pathlib.Path(path)
-        p.mkdir(parents=True, exist_ok=True)
-        with open(p / "state.pkl", "wb") as f:
-            pickle.dump({"state": self.get_state(), "class": type(self).__name__}, f)
-        return str(p)
+    def get_checkpointable_components(self) -> list[tuple[str, Any]]:
+        """The modules and the two connector pipelines (RLlib's component names).
 
-    def restore_from_path(self, path: str | os.PathLike[str]) -> None:
-        """Loads a state written by ``save_to_path`` (weights always loaded).
-
-        Args:
-            path: The directory.
-
-        Raises:
-            FileNotFoundError: If the directory has no saved state.
+        Returns:
+            ``[("rl_module", module), ("env_to_module_connector", pipeline),
+            ("module_to_env_connector", pipeline)]`` (those the runner has).
         """
-        file = pathlib.Path(path) / "state.pkl"
-        if not file.exists():
-            raise FileNotFoundError(f"no runner state in {str(path)!r} (expected {file.name})")
+        out: list[tuple[str, Any]] = []
+        if self._module is not None:
+            out.append((keys.COMPONENT_RL_MODULE, self._module))
+        if self._conn is not None:
+            out.append((keys.COMPONENT_ENV_TO_MODULE_CONNECTOR, self._conn.env_to_module))
+            out.append((keys.COMPONENT_MODULE_TO_ENV_CONNECTOR, self._conn.module_to_env))
+        return out
+
+    def _write_component(self, name: str, state: Any, path: pathlib.Path) -> str:
+        """Module weights as one ``.npz`` per module; connector states as a state tree."""
+        if name != keys.COMPONENT_RL_MODULE:
+            return super()._write_component(name, state, path)
+        module = self._module
+        by_id = module is not None and all(
+            mid in module and isinstance(w, Mapping) for mid, w in state.items()
+        )
+        # The single-agent runner's state is its one module's (RLlib's form): on disk it
+        # is that module's directory all the same.
+        write_module_states(path, state if by_id else {DEFAULT_MODULE_ID: state})
+        return "npz"
+
+    def _read_component(self, name: str, path: pathlib.Path) -> Any:
+        """Reads what :meth:`_write_component` wrote."""
+        if name != keys.COMPONENT_RL_MODULE:
+            return super()._read_component(name, path)
+        return read_module_states(path)
+
+    def _set_restored_state(self, state: dict[str, Any]) -> None:
+        """Loads a checkpoint's state: weights always, with the saved ``weights_seq_no``.
+
+        ``set_state`` refuses weights older than the runner's; a restore goes back to
+        the saved weights and their number.
+        """
+        forced = dict(state)
+        if keys.COMPONENT_RL_MODULE in forced:
+            forced[keys.WEIGHTS_SEQ_NO] = 0
+        self.set_state(forced)
+        if keys.COMPONENT_RL_MODULE in state and keys.WEIGHTS_SEQ_NO in state:
+            self._weights_seq_no = int(state[keys.WEIGHTS_SEQ_NO] or 0)
+
+    def _read_legacy(self, path: pathlib.Path) -> dict[str, Any] | None:
+        """The state of a ``state.pkl`` written by fastrollout before checkpoint format 1."""
+        file = path / "state.pkl"
+        if not file.is_file():
+            return None
         with open(file, "rb") as f:
             saved = pickle.load(f)
-        state = dict(saved["state"])
-        state[keys.WEIGHTS_SEQ_NO] = 0
-        seq = saved["state"].get(keys.WEIGHTS_SEQ_NO, 0)
-        self.set_state(state)
-        self._weights_seq_no = int(seq or 0)
+        if not isinstance(saved, dict) or "state" not in saved:
+            raise CheckpointError(f"{str(file)!r} is not a fastrollout runner state")
+        if saved.get("class") != type(self).__name__:
+            raise CheckpointError(
+                f"checkpoint {str(path)!r} is of class {saved.get('class')}; it does not load "
+                f"into a {type(self).__name__}"
+            )
+        warnings.warn(
+            f"{str(path)!r} is a state.pkl checkpoint of an older fastrollout, deprecated and "
+            "read for now; save it again with save_to_path to write the current layout",
+            FutureWarning,
+            stacklevel=4,
+        )
+        return dict(saved["state"])
 
     @property
     def _env_to_module(self) -> Any:

@@ -30,6 +30,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fastrollout.checkpoints import Checkpointable, check_component, subcomponents
 from fastrollout.core import DEFAULT_MODULE_ID
 from fastrollout.metrics import MetricsLogger
 from fastrollout.modules import MultiRLModule, RLModule
@@ -40,6 +41,9 @@ from fastrollout.runners.env_runner import EnvRunner
 __all__ = ["EnvRunnerGroup", "split_count"]
 
 logger = logging.getLogger(__name__)
+
+#: The group's component in its state and checkpoints: the local runner (RLlib's name).
+COMPONENT_ENV_RUNNER = "env_runner"
 
 _CONNECTOR_COMPONENTS = (
     keys.COMPONENT_ENV_TO_MODULE_CONNECTOR,
@@ -94,7 +98,7 @@ class _Remote:
     stale_pid: int | None = None
 
 
-class EnvRunnerGroup:
+class EnvRunnerGroup(Checkpointable):
     """A local env runner plus ``num_env_runners`` remote runners (Ray actors).
 
     With remote runners, ``sample`` runs on them in parallel and the local runner does not
@@ -629,6 +633,93 @@ class EnvRunnerGroup:
         others = [i for i in targets if i not in gathered]
         if others and extra:
             self._push("set_state", self._ray.put(extra), others, timeout_seconds=0.0)
+
+    # ------------------------------------------------------------------ state
+
+    def get_state(
+        self,
+        components: str | Collection[str] | None = None,
+        *,
+        not_components: str | Collection[str] | None = None,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        """The group's state: its local runner's state and ``weights_seq_no``.
+
+        The local runner holds the group's reference state. The remote runners'
+        connector data since the last ``sync_env_runner_states`` is not in it: call that
+        first to merge it into the local runner.
+
+        Args:
+            components: Only these (``"env_runner"``, or ``"env_runner/rl_module"`` and
+                the like for part of the runner's state).
+            not_components: Leave these out.
+            **kwargs: Passed to the local runner's ``get_state``.
+
+        Returns:
+            ``{"env_runner": runner state, "weights_seq_no": int}``.
+        """
+        state: dict[str, Any] = {keys.WEIGHTS_SEQ_NO: self._weights_seq_no}
+        if check_component(COMPONENT_ENV_RUNNER, components, not_components):
+            state[COMPONENT_ENV_RUNNER] = self._local.get_state(
+                subcomponents(COMPONENT_ENV_RUNNER, components), **kwargs
+            )
+        return state
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Loads a state from ``get_state`` into the local runner and the remote runners.
+
+        The runners follow ``EnvRunner.set_state``'s rules (weights older than theirs are
+        not loaded); the group's ``weights_seq_no`` only moves forward.
+
+        Args:
+            state: The state.
+
+        Raises:
+            RuntimeError: If the group was stopped.
+        """
+        self._check_running()
+        runner_state = state.get(COMPONENT_ENV_RUNNER)
+        if runner_state is not None:
+            self._local.set_state(runner_state)
+        if keys.WEIGHTS_SEQ_NO in state:
+            self._weights_seq_no = max(self._weights_seq_no, int(state[keys.WEIGHTS_SEQ_NO]))
+        if runner_state is not None and self._remotes:
+            targets = self._targets(None)
+            if targets:
+                self._push("set_state", self._ray.put(runner_state), targets, None)
+
+    def get_ctor_args_and_kwargs(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The constructor's arguments (the group's config, with its ``num_env_runners``).
+
+        Returns:
+            ``((), {"config": config})``.
+        """
+        return (), {"config": self.config}
+
+    def get_checkpointable_components(self) -> list[tuple[str, Any]]:
+        """The local runner, written as a runner checkpoint in ``env_runner/``.
+
+        Returns:
+            ``[("env_runner", local runner)]``.
+        """
+        return [(COMPONENT_ENV_RUNNER, self._local)]
+
+    def _set_restored_state(self, state: dict[str, Any]) -> None:
+        """Loads a checkpoint into the local runner, then into every healthy remote one.
+
+        The saved weights and ``weights_seq_no`` load also where older than theirs.
+        """
+        self._check_running()
+        runner_state = state.get(COMPONENT_ENV_RUNNER)
+        if runner_state is not None:
+            self._local._set_restored_state(runner_state)
+        if keys.WEIGHTS_SEQ_NO in state:
+            self._weights_seq_no = int(state[keys.WEIGHTS_SEQ_NO])
+        if runner_state is not None and self._remotes:
+            targets = self._targets(None)
+            if targets:
+                full = self._local.get_state()
+                self._push("_set_restored_state", self._ray.put(full), targets, None)
 
     # ------------------------------------------------------------------ foreach
 
