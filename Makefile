@@ -8,7 +8,7 @@ export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(VIRTUAL_ENV)/bin:$(PATH)
 
 .DEFAULT_GOAL := test
-.PHONY: install build wheel test test-rust test-python lint format bench bench-rust bench-python demo clean
+.PHONY: install build wheel test test-rust test-python docs lint format bench bench-rust bench-python demo clean
 
 # The venv and every dependency named in pyproject.toml (build backend, runtime, and the
 # dev/test extra with RLlib 2.60 as the reference). The package itself is built by `build`.
@@ -43,7 +43,14 @@ test-rust:
 test-python: build wheel
 	$(PY) -m pytest -q
 
-test: test-rust test-python
+# The documentation site into site/, warnings as errors: a broken link, a docstring reference
+# that does not resolve or a malformed docstring section fails the build. mkdocstrings imports
+# fastrollout (the native module's docstrings come from the built extension), hence `build`.
+# (NO_MKDOCS_2_WARNING silences mkdocs-material's banner about its successor, not a build warning.)
+docs: build
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
+
+test: test-rust test-python docs
 
 lint: install
 	cargo clippy --all-targets -q -- -D warnings
@@ -77,4 +84,4 @@ demo: build
 	$(PY) -m fastrollout sample --env CartPole-v1 --multi-agent 4 --num-envs 4 --timesteps 50000 --seed 0
 
 clean:
-	rm -rf target $(VENV) .pytest_cache .hypothesis .benchmarks
+	rm -rf target $(VENV) .pytest_cache .hypothesis .benchmarks site

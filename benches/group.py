@@ -15,7 +15,7 @@ The second table is what a sampled batch costs to send from an actor: ``pickle.d
 of the episodes one remote ``sample()`` returns (what Ray ships), against the bytes of the
 numpy arrays in them.
 
-Not a test: it prints numbers (see the README's "Runner groups on Ray" section).
+Not a test: it prints numbers (docs/runner_groups.md shows them).
 """
 
 from __future__ import annotations

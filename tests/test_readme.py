@@ -1,7 +1,9 @@
-"""README.md's code runs as written, so that the README cannot drift from the code.
+"""The code of README.md and of the docs pages runs as written, so they cannot drift.
 
-Every ```python block of the README runs on its own in a fresh interpreter, with a
-temporary directory as its working directory and a time limit. Blocks that use Ray do as
+Every ```python block of README.md and of docs/*.md runs on its own in a fresh
+interpreter, with a temporary directory as its working directory and a time limit, except
+a block whose fence is preceded by a line ``<!-- not run: why -->`` (a fragment that
+continues an earlier block, or a loop that serves for ever). Blocks that use Ray do as
 the README shows (a bare ``ray.init()``, or an RLlib algorithm that starts Ray itself):
 every block runs with ``RAY_ADDRESS=local``, with which ``ray.init()`` starts a new local
 instance (without it Ray joins whatever cluster an earlier run left in its temp files, or
@@ -16,8 +18,8 @@ one). The other bash lines do not run here: ``make test`` and ``make demo`` are 
 ``python examples/...`` and ``python benches/...`` commands train or measure for minutes.
 
 The three blocks that start Ray take 18-25 s each, mostly waiting for Ray and its actors,
-the others 2-5 s; they run side by side (see ``running``): 70-90 s in all on the 2-core
-development machine while it ran other work (load average 4-10).
+the others 2-5 s; they run side by side (see ``running``). On the 2-core development machine
+while it ran other work (load average 4-10), the 25 blocks and commands took 3-6 minutes.
 """
 
 from __future__ import annotations
@@ -32,10 +34,14 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+# The pages whose code runs: the README and every page of the docs site.
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 
-# A block's language tag, its text, and the fence lines around it (```lang ... ```).
-_FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
+# A block's language tag, its text, and the fence lines around it (```lang ... ```); group 1
+# is the line before the fence when that line says the block does not run.
+_FENCE = re.compile(r"^(<!-- not run: [^\n]*-->\n)?```(\w*)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 
 # What starts Ray in a block or command: ray.init, an RLlib algorithm with remote runners,
 # remote runners of a group or of the CLI.
@@ -48,20 +54,20 @@ SAMPLE_TIMESTEPS = "2000"
 TIMEOUT_S = 180
 
 
-def _blocks(lang: str) -> list[tuple[int, str]]:
-    """The README's fenced blocks of one language, with the line each starts on."""
-    text = README.read_text(encoding="utf-8")
+def _blocks(lang: str, page: Path = README) -> list[tuple[int, str]]:
+    """A page's fenced blocks of one language that run, with the line each starts on."""
+    text = page.read_text(encoding="utf-8")
     return [
-        (text.count("\n", 0, m.start()) + 2, m.group(2))
+        (text.count("\n", 0, m.start(2)) + 2, m.group(3))
         for m in _FENCE.finditer(text)
-        if m.group(1) == lang
+        if m.group(2) == lang and m.group(1) is None
     ]
 
 
-def _cli_commands() -> list[tuple[int, list[str]]]:
-    """The ``python -m fastrollout`` commands of the bash blocks, comments stripped."""
+def _cli_commands(page: Path = README) -> list[tuple[int, list[str]]]:
+    """The ``python -m fastrollout`` commands of a page's bash blocks, comments stripped."""
     commands = []
-    for start, block in _blocks("bash"):
+    for start, block in _blocks("bash", page):
         lines = block.splitlines()
         offset = 0
         while offset < len(lines):
@@ -80,15 +86,29 @@ def _cli_commands() -> list[tuple[int, list[str]]]:
 def _jobs() -> dict[str, tuple[list[str], str]]:
     """Every block and command to run: ``{test id: (python's arguments, what it is)}``."""
     jobs: dict[str, tuple[list[str], str]] = {}
-    for start, code in _blocks("python"):
-        jobs[f"python-line{start}"] = (["-c", code], f"README.md's python block at line {start}")
-    for line, args in _cli_commands():
-        if args[:1] == ["sample"]:
-            args = [*args, "--timesteps", SAMPLE_TIMESTEPS]
-        jobs[f"cli-line{line}"] = (
-            ["-m", "fastrollout", *args],
-            f"README.md's command at line {line}",
-        )
+    # A block or command that several pages show (the README's quickstarts are also the
+    # getting-started page's) runs once, under the first page that shows it.
+    seen: set[tuple[str, ...]] = set()
+
+    def add(job: str, args: list[str], what: str) -> None:
+        if tuple(args) not in seen:
+            seen.add(tuple(args))
+            jobs[job] = (args, what)
+
+    for page in PAGES:
+        name = page.relative_to(ROOT).as_posix()
+        for start, code in _blocks("python", page):
+            add(
+                f"{name}-python-line{start}", ["-c", code], f"{name}'s python block at line {start}"
+            )
+        for line, args in _cli_commands(page):
+            if args[:1] == ["sample"]:
+                args = [*args, "--timesteps", SAMPLE_TIMESTEPS]
+            add(
+                f"{name}-cli-line{line}",
+                ["-m", "fastrollout", *args],
+                f"{name}'s command at line {line}",
+            )
     return jobs
 
 
@@ -129,14 +149,23 @@ def running(request, tmp_path_factory):
     selected.sort(key=lambda job: not _STARTS_RAY.search(" ".join(JOBS[job][0])))
     with ThreadPoolExecutor(max_workers=4) as pool:
         yield {
-            job: pool.submit(_run, JOBS[job][0], tmp_path_factory.mktemp(job)) for job in selected
+            job: pool.submit(_run, JOBS[job][0], tmp_path_factory.mktemp(job.replace("/", "-")))
+            for job in selected
         }
 
 
 def test_readme_has_snippets():
     # The parametrized test below passes vacuously if the fences stop matching.
-    assert len(_blocks("python")) >= 5
+    assert len(_blocks("python")) >= 2
     assert _cli_commands()
+    getting_started = ROOT / "docs" / "getting_started.md"
+    assert len(_blocks("python", getting_started)) >= 4
+
+
+def test_not_run_marks_only_skip_their_block():
+    text = "<!-- not run: a fragment -->\n```python\nx\n```\n\n```python\ny\n```\n"
+    matches = [(m.group(1) is None, m.group(3)) for m in _FENCE.finditer(text)]
+    assert matches == [(False, "x\n"), (True, "y\n")]
 
 
 @pytest.mark.parametrize("job", list(JOBS))

@@ -204,8 +204,8 @@ class _CountingEnv(gym.Env):
 def test_runner_from_rllib_config_does_not_step_the_env_at_construction():
     """RLlib's runner checks no env; built from RLlib's config, neither does fastrollout's.
 
-    From fastrollout's own config the env check runs (a deliberate difference, in the
-    README), unless ``disable_env_checking``.
+    From fastrollout's own config the env check runs (a deliberate difference, in
+    docs/migrating.md), unless ``disable_env_checking``.
     """
     _CountingEnv.steps = 0
     fr.SingleAgentEnvRunner(config=ppo_config().environment(_CountingEnv))

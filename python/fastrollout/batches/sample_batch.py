@@ -165,16 +165,17 @@ class SampleBatch(dict):  # type: ignore[type-arg]
 
     Args:
         *args: As for ``dict``: a mapping of column name to values.
-        _num_grad_updates: Policy updates behind the data (averaged by concat).
-        _is_training: Whether the batch is used for training.
-        **kwargs: More columns.
+        **kwargs: More columns, and RLlib's flags: ``_num_grad_updates`` (policy updates
+            behind the data, averaged by concat) and ``_is_training`` (whether the batch
+            is used for training); ``_time_major``, ``_max_seq_len`` and ``_zero_padded``
+            are accepted and dropped.
 
     Raises:
         KeyError: If a ``dones`` column is given (RLlib's rule: use terminateds and
             truncateds).
         ValueError: If the countable columns differ in length.
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> b = SampleBatch({"obs": np.arange(4), "eps_id": [7, 7, 8, 8]})
         >>> b.count, [s.count for s in b.split_by_episode()]

@@ -272,7 +272,7 @@ class ExternalEnv(threading.Thread):
         observation_space: The observation space.
         max_concurrent: Episodes served at once (default 64).
 
-    Example:
+    Examples:
         >>> class Sim(ExternalEnv):
         ...     def run(self):
         ...         while True:

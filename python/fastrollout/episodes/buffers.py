@@ -75,7 +75,7 @@ class LookbackBufferView:
             ``"extra_model_outputs"``.
         key: The extra model output's key (only for ``"extra_model_outputs"``).
 
-    Example:
+    Examples:
         >>> from fastrollout import SingleAgentEpisode
         >>> ep = SingleAgentEpisode(observations=[0, 1, 2], actions=[5, 6], rewards=[1.0, 2.0],
         ...                         len_lookback_buffer=1)

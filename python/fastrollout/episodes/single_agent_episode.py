@@ -87,7 +87,7 @@ class SingleAgentEpisode(SingleAgentEpisodeCore):
     Raises:
         EpisodeStateError: If the initial data's lengths do not fit together.
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> from fastrollout import SingleAgentEpisode
         >>> ep = SingleAgentEpisode()

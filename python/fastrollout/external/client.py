@@ -98,7 +98,7 @@ class PolicyClient:
         ConnectionError: If the server cannot be reached within ``reconnect_s``, or
             refuses the handshake (wrong token, another protocol version).
 
-    Example:
+    Examples:
         >>> with PolicyClient("127.0.0.1:9900") as client:  # doctest: +SKIP
         ...     eid = client.start_episode()
         ...     action = client.get_action(eid, obs)

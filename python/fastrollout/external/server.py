@@ -833,7 +833,7 @@ class PolicyServerEnv(_ServerEnvMixin, ExternalEnv):
         OSError: If the address cannot be bound.
         ValueError: If ``multi_agent`` is given and disagrees with a subclass's kind.
 
-    Example:
+    Examples:
         >>> import fastrollout as fr
         >>> config = fr.RunnerConfig().environment(
         ...     lambda ctx: PolicyServerEnv(act_space, obs_space, port=9900)

@@ -59,7 +59,7 @@ class MetricsLogger(MetricsStore):
         root: Whether this is the root logger: its lifetime sums are never reset by
             ``reduce()`` and it reports throughputs.
 
-    Example:
+    Examples:
         >>> logger = MetricsLogger()
         >>> logger.log_value("loss", 0.5, reduce="mean", window=10)
         >>> logger.log_value("loss", 1.5)

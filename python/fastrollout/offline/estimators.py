@@ -550,7 +550,7 @@ def estimate(
             DM/DR without a target module or with a non-Discrete action space.
         TypeError: An item that is not a single-agent episode.
 
-    Example:
+    Examples:
         >>> import fastrollout as fr
         >>> from fastrollout.offline import estimate
         >>> runner = fr.SingleAgentEnvRunner(
