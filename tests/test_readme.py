@@ -50,8 +50,9 @@ _STARTS_RAY = re.compile(r"ray\.init\(|\.build_algo\(|num[-_]env[-_]runners[ =]+
 # Small enough to keep every command at a few seconds, large enough for a done episode.
 SAMPLE_TIMESTEPS = "2000"
 
-# Per block: the ones that start Ray actors or train take 10-30 s on a 2-core machine.
-TIMEOUT_S = 180
+# Per block: the ones that start Ray actors or train take 10-30 s on a quiet 2-core
+# machine, and several times that beside other work (blocks run four at a time).
+TIMEOUT_S = 420
 
 
 def _blocks(lang: str, page: Path = README) -> list[tuple[int, str]]:
