@@ -27,8 +27,13 @@ def default_module_class(
         model_config: The module's model config (RLlib's ``DefaultModelConfig`` keys).
 
     Returns:
-        The RLModule subclass to build.
+        The RLModule subclass to build: :class:`DefaultLSTMModule` where
+        ``model_config["use_lstm"]`` is true, else :class:`DefaultMLPModule`.
     """
+    if model_config and model_config.get("use_lstm"):
+        from fastrollout.modules.recurrent import DefaultLSTMModule
+
+        return DefaultLSTMModule
     from fastrollout.modules.default import DefaultMLPModule
 
     return DefaultMLPModule
