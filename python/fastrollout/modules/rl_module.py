@@ -421,7 +421,8 @@ class RLModuleSpec:
     """How to build an RLModule (RLlib's ``RLModuleSpec``).
 
     Args:
-        module_class: The RLModule subclass (``None``: :class:`DefaultMLPModule`).
+        module_class: The RLModule subclass (``None``: the catalog's default,
+            :class:`DefaultMLPModule`, or :class:`DefaultLSTMModule` with ``use_lstm``).
         observation_space: Passed to the module.
         action_space: Passed to the module.
         inference_only: Build without the parts only training needs.
