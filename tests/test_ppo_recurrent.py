@@ -273,3 +273,53 @@ def test_feed_forward_batches_have_no_sequences():
     batch = build_ppo_batch([run.chunk(0, 5)], {"default_policy": module})["default_policy"]
     assert Columns.LOSS_MASK not in batch and Columns.STATE_IN not in batch
     assert batch[Columns.OBS].shape == (5, 3)
+
+
+def test_state_in_and_mask_as_rllib_learner_connectors():
+    """Differential: RLlib's learner connector pieces (AddStatesFromEpisodesToBatch and
+    the mask of AddTimeDimToBatchAndZeroPad), on RLlib episodes holding the same data,
+    give the same state in per sequence and the same loss mask and sequence lengths."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        states = pytest.importorskip(
+            "ray.rllib.connectors.common.add_states_from_episodes_to_batch"
+        )
+        padding = pytest.importorskip("ray.rllib.utils.postprocessing.zero_padding")
+        episodes = pytest.importorskip("ray.rllib.env.single_agent_episode")
+    module = lstm_module()
+    run = Rollout(module, 15, seed=2)
+    bounds = ((0, 7, 0), (7, 9, 1), (9, 15, 2))
+    ours = build_ppo_batch(
+        [run.chunk(a, b, lookback=k) for a, b, k in bounds], {"default_policy": module}
+    )["default_policy"]
+    ref_chunks = []
+    for start, stop, lookback in bounds:
+        first = start - lookback
+        chunk = episodes.SingleAgentEpisode(
+            observations=list(run.obs[first : stop + 1]),
+            actions=run.actions[first:stop],
+            rewards=list(run.rewards[first:stop]),
+            extra_model_outputs={
+                Columns.STATE_OUT: run.state_out[first:stop],
+                Columns.ACTION_LOGP: run.logp[first:stop],
+            },
+            len_lookback_buffer=lookback,
+            t_started=start,
+            observation_space=OBS_SPACE,
+            action_space=ACT_SPACE,
+        )
+        chunk.to_numpy()
+        ref_chunks.append(chunk)
+    connector = states.AddStatesFromEpisodesToBatch(as_learner_connector=True)
+    ref = connector(rl_module=module, batch={}, episodes=ref_chunks, shared_data={})
+    ref_state_in = [ref[Columns.STATE_IN][(chunk.id_,)][0] for chunk in ref_chunks]
+    assert_state_equal(
+        ours[Columns.STATE_IN], tree_map(lambda *xs: np.concatenate(xs), *ref_state_in)
+    )
+    masks, seq_lens = zip(
+        *(padding.create_mask_and_seq_lens(len(c), SEQ) for c in ref_chunks), strict=True
+    )
+    np.testing.assert_array_equal(ours[Columns.LOSS_MASK].numpy(), np.concatenate(masks))
+    np.testing.assert_array_equal(ours[Columns.SEQ_LENS].numpy(), np.concatenate(seq_lens))
