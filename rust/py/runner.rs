@@ -123,8 +123,8 @@ impl<'py> BatchField<'py> {
             }
         }
         // A non-array value (a constant such as the weights' sequence number) goes to
-        // every episode as it is.
-        if self.value.cast::<PyUntypedArray>().is_err() && self.name == "extra" {
+        // every episode as it is; a dict/tuple of arrays (a recurrent state) is a batch.
+        if self.value.cast::<PyUntypedArray>().is_err() && self.name == "extra" && !is_nested(&self.value) {
             return Ok(Input::Object(self.value.clone()));
         }
         let spec = episode.row_spec(self.field_name());
@@ -154,7 +154,8 @@ impl<'py> BatchField<'py> {
     /// 1024 sub-envs makes ~50 new chunks per vector step).
     fn first_rows(&self) -> PyResult<Option<FirstRows<'py>>> {
         let Ok(array) = self.value.cast::<PyUntypedArray>() else {
-            if self.name != "extra" {
+            // A nested batch's first item is inferred from its row 0 (the per-row path).
+            if self.name != "extra" || is_nested(&self.value) {
                 return Ok(None);
             }
             // As `prepare` infers and converts a first item (an object where either fails).
@@ -277,7 +278,9 @@ impl<'py> FastStep<'py> {
         let all = fields.into_iter().chain(extras.iter().map(|(_, f)| f));
         for (slot, f) in all.enumerate() {
             let Some(spec) = model.row_spec(out.name(slot)) else { return Ok(None) };
-            let rows = if f.value.cast::<PyUntypedArray>().is_ok() {
+            // Extras may be nested batches (a recurrent state's dict of arrays).
+            let batch = f.value.cast::<PyUntypedArray>().is_ok() || (slot >= 3 && is_nested(&f.value));
+            let rows = if batch {
                 match f.convert(spec) {
                     Ok(rows) => FastRows::Batch(rows),
                     Err(_) => return Ok(None),
@@ -356,6 +359,27 @@ fn record_rows(
         e.reserve_after_first_step(guess);
     }
     Ok(())
+}
+
+/// Whether `value` is a dict or tuple: a nested batch (one array per leaf), as a Dict/Tuple
+/// space's observations or a recurrent module's state are batched.
+fn is_nested(value: &Bound<'_, PyAny>) -> bool {
+    value.cast::<PyDict>().is_ok() || value.cast::<PyTuple>().is_ok()
+}
+
+/// The rows of a batch: `len(value)`, or for a nested batch its first leaf's (every leaf
+/// of a well-formed one has as many; reading a row checks the others).
+fn batch_len(value: &Bound<'_, PyAny>) -> PyResult<usize> {
+    if let Ok(d) = value.cast::<PyDict>() {
+        if let Some((_, v)) = d.iter().next() {
+            return batch_len(&v);
+        }
+    } else if let Ok(t) = value.cast::<PyTuple>() {
+        if let Some(v) = t.iter().next() {
+            return batch_len(&v);
+        }
+    }
+    value.len()
 }
 
 /// Row `i` of a batch as a Python value: `value[i]`, or for the dicts/tuples of batches
@@ -576,7 +600,10 @@ fn subset_episodes<'py>(
     fields: [&BatchField<'py>; 3],
     extras: &[(Bound<'py, PyString>, BatchField<'py>)],
 ) -> PyResult<Vec<Bound<'py, SingleAgentEpisodePy>>> {
-    let extras = extras.iter().map(|(_, f)| f).filter(|f| f.value.cast::<PyUntypedArray>().is_ok());
+    let extras = extras
+        .iter()
+        .map(|(_, f)| f)
+        .filter(|f| f.value.cast::<PyUntypedArray>().is_ok() || is_nested(&f.value));
     for f in fields.into_iter().chain(extras) {
         check_subset_rows(&f.value, subset.len(), &|| f.label())?;
     }
@@ -1297,7 +1324,7 @@ impl ModuleBatcherPy {
             };
             for (col, value) in cols.iter() {
                 let name = col.cast::<PyString>()?.to_str()?.to_string();
-                let len = value.len()?;
+                let len = batch_len(&value)?;
                 if len != batch.len() {
                     return Err(PyValueError::new_err(format!(
                         "module {mid:?}: output {name:?} has {len} rows, the batch has {}",
@@ -1315,7 +1342,7 @@ impl ModuleBatcherPy {
                 for (env, rows) in plan.iter().enumerate() {
                     for &(row, slot) in rows {
                         let aid = self.agents[env][slot].bind(py);
-                        let v = value.get_item(row)?;
+                        let v = row_object(&value, row)?;
                         if name == actions_key {
                             actions[env].set_item(aid, &v)?;
                             if !env_actions[env].contains(aid)? {

@@ -29,6 +29,7 @@ from fastrollout.runners import _rllib
 from fastrollout.runners._config import cfg
 from fastrollout.runners._connectors import Connectors
 from fastrollout.runners._default_act import DefaultAct
+from fastrollout.runners._recurrent import RecurrentStates
 from fastrollout.runners.sub_envs import StepResults, SubEnvs, make_sub_envs
 from fastrollout.runners.sub_envs.creator import make_sub_env_creator
 
@@ -173,6 +174,10 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
         # The modules as one MultiRLModule, which the loop and the connectors use;
         # ``module`` is what RLlib's runner of the same kind exposes.
         self._module: MultiRLModule | None = None
+        # The live recurrent states of the stateful modules (empty: none is stateful), and
+        # the module they were made for (a module set by hand gets new ones).
+        self._states = RecurrentStates({})
+        self._states_for: Any = None
         # Built from RLlib's own AlgorithmConfig (env_runner_cls inside RLlib's Algorithm).
         self._rllib = _rllib.is_rllib_config(config)
         self._device = (
@@ -403,11 +408,15 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
             self._timers_ready.clear()
             if explore is None:
                 explore = bool(cfg(self.config, "explore", True))
+            if self._module is not self._states_for:
+                self._states = RecurrentStates(self._module or {})
+                self._states_for = self._module
             # The default module and pieces' step in one pass (see _default_act); built
-            # per call, as the module and the pipelines may change between calls.
+            # per call, as the module and the pipelines may change between calls. A
+            # stateful module's step carries its state (the general path).
             self._default_act = (
                 DefaultAct.of(self._module, self._connectors.module_to_env, explore)
-                if self._conn is not None
+                if self._conn is not None and not self._states
                 else None
             )
             if num_timesteps is None and num_episodes is None:
@@ -847,11 +856,25 @@ class EnvRunner(abc.ABC, Generic[EpisodeT]):
                 direct = self._default_act(self, batch, ts)
                 if direct is not None:
                     return direct
+            states = self._states
+            if not states:
+                out = self._forward(batch, explore, ts)
+                start = time.perf_counter()
+                return self._connect(self._connectors.module_to_env, out, explore), start
+            slots = self._state_slots(batch)
+            states.add_state_in(batch, slots)
             out = self._forward(batch, explore, ts)
+            states.remove_time_axis(out)
             start = time.perf_counter()
-            return self._connect(self._connectors.module_to_env, out, explore), start
+            to_env = self._connect(self._connectors.module_to_env, out, explore)
+            states.store(to_env, slots)
+            return to_env, start
         finally:
             grad_restore(grad_was_on)
+
+    @abc.abstractmethod
+    def _state_slots(self, batch: dict[Any, Any]) -> dict[Any, list[Any]]:
+        """The recurrent-state slot of each row of each module's batch (see RecurrentStates)."""
 
     def _forward(self, batch: Any, explore: bool, ts: int) -> Any:
         """One forward pass of the module on an env-to-module batch.

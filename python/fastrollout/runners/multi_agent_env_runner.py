@@ -209,7 +209,14 @@ class MultiAgentEnvRunner(EnvRunner[MultiAgentEpisode]):
             # Every agent's typed observations (agents whose observations are Python
             # objects store them as they are); cut chunks keep it.
             episode._observation_compression = OBSERVATION_BLOCK_ROWS
+        # Every agent of the new episode starts from its module's initial state.
+        self._states.drop_where(lambda slot: slot[0] == i)
         self._episode_callback("on_episode_created", i)
+
+    def _state_slots(self, batch: dict[Any, Any]) -> dict[Any, list[Any]]:
+        # (env index, agent id) per row: the batcher's map of its latest gather.
+        assert self._batcher is not None
+        return {mid: self._batcher.index_map(mid) for mid in batch}
 
     def _callback_env(self, i: int) -> Any:
         env = self._sub_envs.sub_env(i)

@@ -19,6 +19,7 @@ import numpy as np
 
 from fastrollout._core import single_agent_record_vector_step
 from fastrollout.core import DEFAULT_MODULE_ID, Columns
+from fastrollout.core.tree import leaves, take, tree_map
 from fastrollout.env.check import space_mismatch
 from fastrollout.episodes import SingleAgentEpisode
 from fastrollout.errors import SpaceMismatchError
@@ -77,9 +78,18 @@ def _take_infos(infos: Any, rows: np.ndarray) -> Any:
     return [infos[i] for i in rows]
 
 
+def _is_batch(value: Any) -> bool:
+    """Whether an extra model output is batched (else a constant for every row).
+
+    Batched: an array with a batch axis, or a nested batch (a recurrent state's dict of
+    arrays).
+    """
+    return isinstance(value, (dict, tuple)) or (isinstance(value, np.ndarray) and value.ndim > 0)
+
+
 def _take_extras(extras: dict[str, Any], rows: np.ndarray) -> dict[str, Any]:
     """Rows of the extra model outputs (constants, such as the weights' number, stay)."""
-    return {k: v[rows] if isinstance(v, np.ndarray) and v.ndim else v for k, v in extras.items()}
+    return {k: take(v, rows) if _is_batch(v) else v for k, v in extras.items()}
 
 
 def _copy_batch(batch: Any) -> Any:
@@ -108,6 +118,17 @@ def _batched_resets(space: gym.Space[Any], results: StepResults) -> StepResults:
         [r[2] for r in results.resets],
         failed=results.failed,
     )
+
+
+def _same_layout(buffer: Any, batch: Any) -> bool:
+    """Whether ``batch``'s rows fit ``buffer`` (same nesting, leaf dtypes and row shapes)."""
+    try:
+        fits = tree_map(
+            lambda b, x: b.dtype == x.dtype and b.shape[1:] == x.shape[1:], buffer, batch
+        )
+    except (KeyError, TypeError, ValueError):
+        return False
+    return all(leaves(fits))
 
 
 class _PendingRows:
@@ -142,13 +163,13 @@ class _PendingRows:
             self._actions = self._buffer_like(actions)
         set_rows(self._actions, ids, actions)
         for k, v in extras.items():
-            v = np.asarray(v)
-            if v.ndim == 0:
+            if not _is_batch(v):
                 v = np.full(len(ids), v)
+            v = tree_map(np.asarray, v)
             buf = self._extras.get(k)
-            if buf is None or buf.dtype != v.dtype or buf.shape[1:] != v.shape[1:]:
-                buf = self._extras[k] = np.zeros((self._n, *v.shape[1:]), v.dtype)
-            buf[ids] = v
+            if buf is None or not _same_layout(buf, v):
+                buf = self._extras[k] = self._buffer_like(v)
+            set_rows(buf, ids, v)
         sent = frozenset(extras)
         for i in ids:
             self._keys[i] = sent
@@ -161,7 +182,7 @@ class _PendingRows:
         """
         sent = [self._keys[i] for i in ids if self._keys[i]]
         wanted = frozenset.intersection(*sent) if sent else ()
-        return take_rows(self._actions, ids), {k: self._extras[k][ids] for k in wanted}
+        return take_rows(self._actions, ids), {k: take(self._extras[k], ids) for k in wanted}
 
 
 class SingleAgentEnvRunner(EnvRunner[SingleAgentEpisode]):
@@ -287,7 +308,13 @@ class SingleAgentEnvRunner(EnvRunner[SingleAgentEpisode]):
                 with contextlib.suppress(ValueError):
                     blank._set_compression("observations", OBSERVATION_BLOCK_ROWS)
         self._episodes[i] = blank._blank_like()
+        self._states.drop((i,))
         self._episode_callback("on_episode_created", i)
+
+    def _state_slots(self, batch: dict[Any, Any]) -> dict[Any, list[Any]]:
+        # Row j of the batch is the j-th sub-env that waits (all of them, in order).
+        ids = self._ready
+        return {DEFAULT_MODULE_ID: list(range(self.num_envs)) if ids is None else ids.tolist()}
 
     def _callback_env(self, i: int) -> Any:
         # RLlib passes the whole vector env's ``unwrapped`` for every sub-env.
@@ -462,6 +489,10 @@ class SingleAgentEnvRunner(EnvRunner[SingleAgentEpisode]):
             else (call.num_timesteps - call.env_steps + n - 1) // n + 1,
             env_indices=rows,
         )
+        if started and self._states:
+            # The action a reset row ignored came from a forward pass on the previous
+            # episode's last observation: its state is not the new episode's.
+            self._states.drop(started)
         call.env_steps += m - len(started) - results.untrained_steps
         call.untrained_steps += results.untrained_steps
         self._sub_envs_stepped(rows, started)
