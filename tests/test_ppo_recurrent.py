@@ -7,6 +7,10 @@ does, recording each step's ``state_out`` and ``action_logp``.
 
 from __future__ import annotations
 
+import importlib.util
+import pathlib
+import sys
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -323,3 +327,102 @@ def test_state_in_and_mask_as_rllib_learner_connectors():
     )
     np.testing.assert_array_equal(ours[Columns.LOSS_MASK].numpy(), np.concatenate(masks))
     np.testing.assert_array_equal(ours[Columns.SEQ_LENS].numpy(), np.concatenate(seq_lens))
+
+
+# -- with the runners -----------------------------------------------------------------------
+
+EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "examples" / "ppo.py"
+
+
+def load_example():
+    spec = importlib.util.spec_from_file_location("fastrollout_example_ppo_lstm", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def lstm_args(example, *extra):
+    return example.parse_args(
+        [
+            "--env",
+            "StatelessCartPole",
+            "--lstm",
+            "--max-seq-len",
+            "16",
+            "--lstm-cell-size",
+            "32",
+            "--hiddens",
+            "32",
+            "--device",
+            "cpu",
+            "--num-envs",
+            "8",
+            *extra,
+        ]
+    )
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_runner_chunks_give_the_learner_the_runner_view(shared):
+    """Chunks a runner sampled with the learner's weights, continuations (look-back)
+    among them: the train forward over their sequences recomputes every stored
+    action_logp, so the first loss sees ratio 1 everywhere."""
+    example = load_example()
+    args = lstm_args(example, "--seed", "3", "--rollout-fragment-length", "24")
+    args.vf_share_layers = shared
+    runner = example.make_runner(args)
+    learner = example.make_learner(args, runner)
+    try:
+        runner.set_weights(learner.get_weights(), weights_seq_no=1)
+        runner.sample(num_timesteps=8 * 24)
+        chunks = runner.sample(num_timesteps=8 * 24)
+    finally:
+        runner.stop()
+    assert any(c.t_started > 0 for c in chunks) and any(c.t_started == 0 for c in chunks)
+    module = learner.modules["default_policy"]
+    batch = build_ppo_batch(chunks, learner.modules)["default_policy"]
+    mask = batch[Columns.LOSS_MASK]
+    assert int(mask.sum()) == sum(len(c) for c in chunks)
+    with torch.no_grad():
+        out = module.forward_train(
+            {Columns.OBS: batch[Columns.OBS], Columns.STATE_IN: batch[Columns.STATE_IN]}
+        )
+    dist = module.get_train_action_dist_cls().from_logits(out[Columns.ACTION_DIST_INPUTS][mask])
+    torch.testing.assert_close(
+        dist.logp(batch[Columns.ACTIONS][mask]), batch[Columns.ACTION_LOGP][mask], rtol=0, atol=1e-5
+    )
+    _, stats = ppo_loss(module, batch, PPOConfig())
+    assert stats["mean_kl"] == pytest.approx(0.0, abs=1e-6) and stats["clip_fraction"] == 0.0
+
+
+def test_lstm_ppo_improves_on_stateless_cartpole():
+    """Seeded, 12k env steps of StatelessCartPole (no velocities) with a small LSTM:
+    the mean return of the last 100 episodes climbs from random play (about 20) past
+    40. Without memory it stays low: the MLP example stands at 34 after 50k steps
+    (--env StatelessCartPole --hiddens 64 --seed 0). About 20-35 s on 2 busy cores."""
+    example = load_example()
+    args = lstm_args(
+        example,
+        "--seed",
+        "0",
+        "--timesteps",
+        "12000",
+        "--rollout-fragment-length",
+        "128",
+        "--num-epochs",
+        "8",
+        "--minibatch-size",
+        "128",
+        "--lr",
+        "1e-3",
+        "--no-anneal-lr",
+    )
+    threads = torch.get_num_threads()
+    try:
+        history = example.train(args, log=None)
+    finally:
+        torch.set_num_threads(threads)
+    returns = [round(h["return_mean"]) for h in history]
+    assert history[0]["return_mean"] < 30, returns
+    assert history[-1]["return_mean"] >= 40, returns
