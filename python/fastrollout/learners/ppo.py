@@ -299,6 +299,13 @@ def _max_seq_len(module_id: str, module: RLModule) -> int:
     return value
 
 
+def _as_numpy(x: Any) -> np.ndarray:
+    """A tensor (detached, on the host) or array-like as a numpy array."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
 def _state_before(chunk: Any, module: RLModule) -> Any:
     """The recurrent state the chunk's first step was computed from (numpy, no batch axis).
 
@@ -306,7 +313,7 @@ def _state_before(chunk: Any, module: RLModule) -> Any:
         ValueError: A continuation chunk without a ``STATE_OUT`` in its look-back.
     """
     if chunk.t_started == 0:
-        return tree_map(lambda s: s.detach().cpu().numpy(), module.get_initial_state())
+        return tree_map(_as_numpy, module.get_initial_state())
     try:
         return chunk.get_extra_model_outputs(Columns.STATE_OUT, -1, neg_index_as_lookback=True)
     except IndexError:
