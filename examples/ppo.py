@@ -3,6 +3,7 @@
     python examples/ppo.py --env CartPole-v1 --timesteps 200000 --seed 0
     python examples/ppo.py --env CartPole-v1 --multi-agent 2 --timesteps 200000
     python examples/ppo.py --env CartPole-v1 --num-env-runners 2   # Ray actors
+    python examples/ppo.py --env StatelessCartPole --lstm --max-seq-len 20   # recurrent
 
 (With ``--multi-agent N`` the mean return is the episode's, summed over the agents.)
 
@@ -15,6 +16,12 @@ chunk's last observation, 0 after a terminal step), runs PPO epochs on a full
 ``DefaultMLPModule`` (policy and value function), and sends the new weights to every
 runner with ``sync_weights`` (one ``ray.put``, a rising ``weights_seq_no``). The learner
 pieces live in ``fastrollout.learners.ppo``.
+
+With ``--lstm`` the module is a ``DefaultLSTMModule`` (``--hiddens`` is its tokenizer MLP,
+``--lstm-cell-size`` its LSTM) and PPO trains on sequences of ``--max-seq-len`` steps,
+each starting from the recurrent state the runner recorded. ``--env StatelessCartPole``
+is CartPole without the velocities (``fastrollout.env.examples``), which a policy
+without memory cannot balance for long.
 """
 
 from __future__ import annotations
@@ -32,8 +39,12 @@ import torch
 
 from fastrollout import EnvRunnerGroup, MultiAgentEnvRunner, RunnerConfig, SingleAgentEnvRunner
 from fastrollout.env import make_multi_agent
+from fastrollout.env.examples import StatelessCartPole
 from fastrollout.learners import PPOConfig, PPOLearner
 from fastrollout.modules import MultiRLModuleSpec, RLModuleSpec, resolve_device
+
+#: ``--env`` names of fastrollout's example envs (other names are gymnasium ids).
+EXAMPLE_ENVS: dict[str, Any] = {"StatelessCartPole": StatelessCartPole}
 
 
 class EpisodeReturns:
@@ -58,11 +69,11 @@ class EpisodeReturns:
 def make_config(args: argparse.Namespace) -> RunnerConfig:
     """The runners' config: truncate_episodes with one step of look-back, the PPO model."""
     config = RunnerConfig()
+    env = EXAMPLE_ENVS.get(args.env, args.env)
     if args.multi_agent:
-        env = make_multi_agent(args.env)
-        config.environment(env, env_config={"num_agents": args.multi_agent})
+        config.environment(make_multi_agent(env), env_config={"num_agents": args.multi_agent})
     else:
-        config.environment(args.env)
+        config.environment(env)
     config.env_runners(
         num_env_runners=args.num_env_runners,
         num_cpus_per_env_runner=args.num_cpus_per_env_runner,
@@ -95,8 +106,16 @@ def make_env_runner_group(args: argparse.Namespace) -> EnvRunnerGroup:
 
 
 def model_config(args: argparse.Namespace) -> dict[str, Any]:
-    """The DefaultMLPModule settings (RLlib's names)."""
-    return {"fcnet_hiddens": list(args.hiddens), "fcnet_activation": "tanh"}
+    """The default module's settings (RLlib's names): an MLP, or with ``--lstm`` an LSTM."""
+    config: dict[str, Any] = {"fcnet_hiddens": list(args.hiddens), "fcnet_activation": "tanh"}
+    if args.lstm:
+        config.update(
+            use_lstm=True,
+            max_seq_len=args.max_seq_len,
+            lstm_cell_size=args.lstm_cell_size,
+            vf_share_layers=args.vf_share_layers,
+        )
+    return config
 
 
 def make_learner(args: argparse.Namespace, runner: Any) -> PPOLearner:
@@ -193,7 +212,11 @@ def train(
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The command line (defaults solve CartPole-v1)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--env", default="CartPole-v1", help="gymnasium id (default CartPole-v1)")
+    p.add_argument(
+        "--env",
+        default="CartPole-v1",
+        help="gymnasium id or StatelessCartPole (default CartPole-v1)",
+    )
     p.add_argument("--timesteps", type=int, default=200_000, help="env steps to train")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--num-envs", type=int, default=8, help="sub-envs per runner")
@@ -217,6 +240,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.add_argument(
         "--hiddens", type=_hiddens, default=(256, 256), help="MLP sizes (default 256,256)"
+    )
+    p.add_argument(
+        "--lstm",
+        action="store_true",
+        help="a recurrent module (DefaultLSTMModule), trained on sequences",
+    )
+    p.add_argument(
+        "--max-seq-len", type=int, default=20, help="steps per training sequence (--lstm)"
+    )
+    p.add_argument(
+        "--lstm-cell-size", type=int, default=256, help="LSTM units (--lstm; default 256)"
+    )
+    p.add_argument(
+        "--vf-share-layers",
+        action="store_true",
+        help="one LSTM encoder for policy and value (--lstm; default: one each)",
     )
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument(

@@ -16,6 +16,7 @@ from fastrollout.env.examples import (
     EnvCrash,
     HangingRewardsEnv,
     JoinLeaveEnv,
+    StatelessCartPole,
     SyntheticImageEnv,
     TurnBasedEnv,
 )
@@ -221,3 +222,28 @@ def test_crashing_multi_agent_env() -> None:
     env.close()
     with pytest.raises(ValueError, match="p_crash_reset"):
         CrashingMultiAgentEnv(TurnBasedEnv(), p_crash_reset=-0.1)
+
+
+def test_stateless_cartpole_is_cartpole_without_velocities():
+    """Same seed, same actions: the positions of CartPole-v1's state, the same rewards
+    and termination; a truncation at max_episode_steps."""
+    env = StatelessCartPole()
+    check_env(env)
+    ref = gym.make("CartPole-v1").unwrapped
+    obs, _ = env.reset(seed=5)
+    state, _ = ref.reset(seed=5)
+    assert obs.dtype == np.float32 and env.observation_space.contains(obs)
+    np.testing.assert_array_equal(obs, state[[0, 2]])
+    for t in range(200):
+        action = t % 2
+        obs, reward, terminated, truncated, _ = env.step(action)
+        state, ref_reward, ref_terminated, _, _ = ref.step(action)
+        np.testing.assert_array_equal(obs, state[[0, 2]])
+        assert (reward, terminated, truncated) == (ref_reward, ref_terminated, False)
+        if terminated:
+            break
+    assert terminated  # alternating pushes do not balance it for 200 steps
+    short = StatelessCartPole({"max_episode_steps": 3})
+    short.reset(seed=0)
+    dones = [short.step(0)[2:4] for _ in range(3)]
+    assert dones == [(False, False), (False, False), (False, True)]

@@ -14,6 +14,8 @@ Rewards are exact (sums of small binary fractions) so tests can compare returns 
   observations that costs almost nothing to step.
 - :class:`SlowEnv`: a single-agent env whose steps take a set time, by sub-env (slow
   simulators of different speeds).
+- :class:`StatelessCartPole`: CartPole without the two velocities, which a policy must
+  infer from the positions it saw before (a task for recurrent modules).
 - :class:`CrashingEnv` / :class:`CrashingMultiAgentEnv`: wrappers that raise
   :class:`EnvCrash` on ``reset``/``step`` by schedule or with a seeded probability, and
   tag infos with an id of the env instance.
@@ -39,6 +41,7 @@ __all__ = [
     "HangingRewardsEnv",
     "JoinLeaveEnv",
     "SlowEnv",
+    "StatelessCartPole",
     "SyntheticImageEnv",
     "TurnBasedEnv",
 ]
@@ -499,6 +502,69 @@ class SlowEnv(gym.Env[np.ndarray, np.int64]):
         reward = 1.0 if int(action) == self._t % 2 else 0.0
         self._t += 1
         return self._obs(), reward, False, self._t >= self.episode_len, {}
+
+
+class StatelessCartPole(gym.Env[np.ndarray, np.int64]):
+    """CartPole-v1 that observes only the cart's position and the pole's angle.
+
+    Without the two velocities a memoryless policy cannot tell which way the pole is
+    falling; a recurrent module can, from the observations before (RLlib's example env of
+    the same name). Dynamics, rewards and termination are gymnasium's ``CartPoleEnv``;
+    episodes are truncated after ``max_episode_steps`` steps (500, as CartPole-v1; RLlib's
+    version never truncates).
+
+    Args:
+        config: Optional ``{"max_episode_steps": int >= 1}``.
+    """
+
+    def __init__(self, config: Mapping[str, Any] | None = None) -> None:
+        from gymnasium.envs.classic_control.cartpole import CartPoleEnv
+
+        config = config or {}
+        self.max_episode_steps = _int_option(config, "max_episode_steps", 500, 1)
+        self._env = CartPoleEnv()
+        high = np.array(
+            [self._env.x_threshold * 2, self._env.theta_threshold_radians * 2], np.float32
+        )
+        self.observation_space = gym.spaces.Box(-high, high, dtype=np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self._t = 0
+
+    @staticmethod
+    def _positions(state: np.ndarray) -> np.ndarray:
+        # CartPole's state is [x, x_dot, theta, theta_dot].
+        return np.array([state[0], state[2]], np.float32)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        """Starts an episode.
+
+        Args:
+            seed: Seeds CartPole's initial state.
+            options: Passed to ``CartPoleEnv.reset``.
+
+        Returns:
+            ``([x, theta], {})``.
+        """
+        super().reset(seed=seed)
+        state, info = self._env.reset(seed=seed, options=options)
+        self._t = 0
+        return self._positions(state), info
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        """Pushes the cart left (0) or right (1).
+
+        Args:
+            action: 0 or 1.
+
+        Returns:
+            ``([x, theta], 1.0, terminated, truncated, {})``.
+        """
+        state, reward, terminated, _, info = self._env.step(action)
+        self._t += 1
+        truncated = not terminated and self._t >= self.max_episode_steps
+        return self._positions(state), float(reward), terminated, truncated, info
 
 
 class EnvCrash(RuntimeError):

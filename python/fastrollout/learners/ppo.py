@@ -16,6 +16,16 @@ first observation of the continuation the next ``sample`` call returns (whose lo
 holds ``o_{T-1}``), so every env step is counted once and bootstrapped from the
 observation that follows it, never from a look-back item.
 
+A stateful (recurrent) module trains on sequences, as RLlib's learner connectors lay them
+out: each chunk's steps are split into sequences of ``model_config["max_seq_len"]``
+steps, the last one zero-padded, with ``Columns.LOSS_MASK`` marking the real steps (every
+mean of the loss is over those) and ``Columns.STATE_IN`` holding each sequence's state at
+its first step: the ``STATE_OUT`` the runner recorded one step before it, which at a
+chunk's first step is the module's initial state for an episode's start and the
+look-back's last ``STATE_OUT`` for a continuation chunk. The bootstrap value ``V(o_T)``
+is computed from the chunk's last ``STATE_OUT``, the state the runner acts on ``o_T``
+with.
+
 >>> import numpy as np
 >>> adv, targets = compute_gae(
 ...     np.array([1.0, 1.0]), np.array([0.5, 0.5]), 0.0, gamma=1.0, lambda_=1.0
@@ -27,6 +37,7 @@ observation that follows it, never from a look-back item.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
@@ -36,7 +47,7 @@ import torch
 
 from fastrollout._core import gae_segments
 from fastrollout.core import DEFAULT_MODULE_ID, Columns
-from fastrollout.core.tree import concat, take, to_tensor
+from fastrollout.core.tree import concat, take, to_tensor, tree_map
 from fastrollout.modules import RLModule
 
 __all__ = [
@@ -199,11 +210,16 @@ def build_ppo_batch(
         ``{module_id: {column: tensor}}`` on each module's device with ``Columns.OBS``,
         ``ACTIONS``, ``ACTION_LOGP``, ``VF_PREDS`` (the values before the update),
         ``ADVANTAGES`` and ``VALUE_TARGETS``, one row per env step of the module's
-        agents. Modules without steps are left out.
+        agents. For a stateful module a row is a sequence: those columns are
+        ``(N, max_seq_len, ...)``, zero-padded, plus ``STATE_IN`` (each sequence's state
+        at its first step), ``LOSS_MASK`` (True at real steps) and ``SEQ_LENS``. Modules
+        without steps are left out.
 
     Raises:
         ValueError: If a chunk is not numpy'ized or has no ``action_logp`` (it was not
-            sampled with ``explore=True`` by the policy), naming the chunk.
+            sampled with ``explore=True`` by the policy), naming the chunk; for a stateful
+            module, if a chunk has no ``state_out`` (or a continuation chunk none in its
+            look-back) or the module's ``model_config`` has no ``max_seq_len``.
         KeyError: If a chunk belongs to a module not in ``modules``.
         TypeError: If a module has no ``compute_values``.
     """
@@ -232,34 +248,171 @@ def build_ppo_batch(
                 f"module {module_id!r} ({type(module).__name__}) has no compute_values(); "
                 "PPO needs a value function"
             )
-        device = module.device
-        all_obs = concat([chunk.get_observations() for chunk in chunks])
-        with torch.no_grad():
-            values = compute_values(module, {Columns.OBS: to_tensor(all_obs, device)})
-        values = values.float().cpu().numpy()
-        lengths = np.array([len(c) for c in chunks], dtype=np.int64)
-        # Each chunk's T steps are followed by its bootstrap observation in all_obs.
-        bootstrap_rows = np.cumsum(lengths + 1) - 1
-        rows = np.ones(len(values), bool)
-        rows[bootstrap_rows] = False
-        terminated = np.array([c.is_terminated for c in chunks])
-        bootstraps = np.where(terminated, 0.0, values[bootstrap_rows]).astype(np.float32)
-        vf_preds = np.ascontiguousarray(values[rows], dtype=np.float32)
-        rewards = np.concatenate([c.get_rewards() for c in chunks]).astype(np.float32)
-        advantages, targets = gae_segments(rewards, vf_preds, lengths, bootstraps, gamma, lambda_)
-        step_obs = take(all_obs, rows)
-        batch = {
-            Columns.OBS: step_obs,
-            Columns.ACTIONS: concat([chunk.get_actions() for chunk in chunks]),
-            Columns.ACTION_LOGP: np.concatenate(
-                [chunk.get_extra_model_outputs(Columns.ACTION_LOGP) for chunk in chunks]
-            ).astype(np.float32),
-            Columns.VF_PREDS: vf_preds,
-            Columns.ADVANTAGES: advantages,
-            Columns.VALUE_TARGETS: targets,
-        }
-        batches[module_id] = {k: to_tensor(v, device) for k, v in batch.items()}
+        is_stateful = getattr(module, "is_stateful", None)
+        if callable(is_stateful) and is_stateful():
+            batch = _sequence_batch(module_id, module, chunks, gamma, lambda_)
+        else:
+            batch = _step_batch(module, chunks, gamma, lambda_)
+        batches[module_id] = {k: to_tensor(v, module.device) for k, v in batch.items()}
     return batches
+
+
+def _step_batch(
+    module: RLModule, chunks: list[Any], gamma: float, lambda_: float
+) -> dict[str, Any]:
+    """One row per step of a feed-forward module's chunks (numpy), with GAE."""
+    all_obs = concat([chunk.get_observations() for chunk in chunks])
+    with torch.no_grad():
+        values = type(module).compute_values(  # type: ignore[attr-defined]
+            module, {Columns.OBS: to_tensor(all_obs, module.device)}
+        )
+    values = values.float().cpu().numpy()
+    lengths = np.array([len(c) for c in chunks], dtype=np.int64)
+    # Each chunk's T steps are followed by its bootstrap observation in all_obs.
+    bootstrap_rows = np.cumsum(lengths + 1) - 1
+    rows = np.ones(len(values), bool)
+    rows[bootstrap_rows] = False
+    terminated = np.array([c.is_terminated for c in chunks])
+    bootstraps = np.where(terminated, 0.0, values[bootstrap_rows]).astype(np.float32)
+    vf_preds = np.ascontiguousarray(values[rows], dtype=np.float32)
+    rewards = np.concatenate([c.get_rewards() for c in chunks]).astype(np.float32)
+    advantages, targets = gae_segments(rewards, vf_preds, lengths, bootstraps, gamma, lambda_)
+    return {
+        Columns.OBS: take(all_obs, rows),
+        Columns.ACTIONS: concat([chunk.get_actions() for chunk in chunks]),
+        Columns.ACTION_LOGP: np.concatenate(
+            [chunk.get_extra_model_outputs(Columns.ACTION_LOGP) for chunk in chunks]
+        ).astype(np.float32),
+        Columns.VF_PREDS: vf_preds,
+        Columns.ADVANTAGES: advantages,
+        Columns.VALUE_TARGETS: targets,
+    }
+
+
+def _max_seq_len(module_id: str, module: RLModule) -> int:
+    value = module.model_config.get("max_seq_len")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"module {module_id!r} ({type(module).__name__}) is stateful and needs "
+            f"model_config['max_seq_len'], an int >= 1, to train on sequences; got {value!r}"
+        )
+    return value
+
+
+def _as_numpy(x: Any) -> np.ndarray:
+    """A tensor (detached, on the host) or array-like as a numpy array."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def _state_before(chunk: Any, module: RLModule) -> Any:
+    """The recurrent state the chunk's first step was computed from (numpy, no batch axis).
+
+    Raises:
+        ValueError: A continuation chunk without a ``STATE_OUT`` in its look-back.
+    """
+    if chunk.t_started == 0:
+        return tree_map(_as_numpy, module.get_initial_state())
+    try:
+        return chunk.get_extra_model_outputs(Columns.STATE_OUT, -1, neg_index_as_lookback=True)
+    except IndexError:
+        raise ValueError(
+            f"{_describe(chunk)} continues an episode but has no {Columns.STATE_OUT!r} in its "
+            "look-back to start from; sample with episode_lookback_horizon >= 1"
+        ) from None
+
+
+def _in_sequences(x: np.ndarray, num_sequences: int, max_seq_len: int) -> np.ndarray:
+    """``(T, ...)`` rows as ``(num_sequences, max_seq_len, ...)``, zero-padded at the end."""
+    out = np.zeros((num_sequences * max_seq_len, *x.shape[1:]), dtype=x.dtype)
+    out[: len(x)] = x
+    return out.reshape(num_sequences, max_seq_len, *x.shape[1:])
+
+
+def _sequence_batch(
+    module_id: str, module: RLModule, chunks: list[Any], gamma: float, lambda_: float
+) -> dict[str, Any]:
+    """One row per ``max_seq_len`` sequence of a stateful module's chunks, with GAE."""
+    seq_len = _max_seq_len(module_id, module)
+    obs, actions, logp, state_in, masks = [], [], [], [], []
+    last_obs, last_state = [], []
+    for chunk in chunks:
+        if Columns.STATE_OUT not in chunk.extra_model_outputs:
+            raise ValueError(
+                f"{_describe(chunk)} has no {Columns.STATE_OUT!r}, which module {module_id!r} "
+                "is stateful and needs: sample it with the module"
+            )
+        length = len(chunk)
+        n = -(-length // seq_len)
+        chunk_obs = chunk.get_observations()
+        state_outs = chunk.get_extra_model_outputs(Columns.STATE_OUT)
+        # Sequence k starts at step k * L, whose state in is the state out of step k * L - 1.
+        state_in.append(
+            tree_map(
+                lambda before, outs: np.concatenate([before[None], outs[:-1]])[::seq_len],
+                _state_before(chunk, module),
+                state_outs,
+            )
+        )
+        pad = functools.partial(_in_sequences, num_sequences=n, max_seq_len=seq_len)
+        obs.append(tree_map(pad, take(chunk_obs, slice(0, length))))
+        actions.append(tree_map(pad, chunk.get_actions()))
+        logp.append(pad(chunk.get_extra_model_outputs(Columns.ACTION_LOGP)))
+        masks.append(pad(np.ones(length, bool)))
+        last_obs.append(take(chunk_obs, slice(length, None)))
+        last_state.append(tree_map(lambda outs: outs[-1:], state_outs))
+    mask = np.concatenate(masks)
+    batch = {
+        Columns.OBS: concat(obs),
+        Columns.STATE_IN: concat(state_in),
+        Columns.ACTIONS: concat(actions),
+        Columns.ACTION_LOGP: np.concatenate(logp).astype(np.float32),
+        Columns.LOSS_MASK: mask,
+        Columns.SEQ_LENS: mask.sum(axis=1).astype(np.int64),
+    }
+    device = module.device
+    with torch.no_grad():
+        values = type(module).compute_values(  # type: ignore[attr-defined]
+            module,
+            {
+                Columns.OBS: to_tensor(batch[Columns.OBS], device),
+                Columns.STATE_IN: to_tensor(batch[Columns.STATE_IN], device),
+            },
+        )
+        # V(o_T) from the state the runner acts on o_T with: the chunk's last state out.
+        last = type(module).compute_values(  # type: ignore[attr-defined]
+            module,
+            {
+                Columns.OBS: to_tensor(tree_map(lambda x: x[:, None], concat(last_obs)), device),
+                Columns.STATE_IN: to_tensor(concat(last_state), device),
+            },
+        )
+    # Row-major order of the mask's True entries is each chunk's steps in order.
+    vf_preds = np.ascontiguousarray(values.float().cpu().numpy()[mask], dtype=np.float32)
+    terminated = np.array([c.is_terminated for c in chunks])
+    bootstraps = np.where(terminated, 0.0, last.float().cpu().numpy()[:, 0]).astype(np.float32)
+    lengths = np.array([len(c) for c in chunks], dtype=np.int64)
+    rewards = np.concatenate([c.get_rewards() for c in chunks]).astype(np.float32)
+    advantages, targets = gae_segments(rewards, vf_preds, lengths, bootstraps, gamma, lambda_)
+    for key, flat in (
+        (Columns.VF_PREDS, vf_preds),
+        (Columns.ADVANTAGES, advantages),
+        (Columns.VALUE_TARGETS, targets),
+    ):
+        padded = np.zeros(mask.shape, np.float32)
+        padded[mask] = flat
+        batch[key] = padded
+    return batch
+
+
+# The per-step columns of a sequence batch that the loss reads at the real steps.
+_STEP_COLUMNS = (
+    Columns.ACTIONS,
+    Columns.ACTION_LOGP,
+    Columns.ADVANTAGES,
+    Columns.VALUE_TARGETS,
+)
 
 
 def clipped_surrogate(
@@ -291,7 +444,8 @@ def ppo_loss(
     Args:
         module: The module (``forward_train`` must return ``ACTION_DIST_INPUTS`` and
             ``VF_PREDS``).
-        batch: Rows of a :func:`build_ppo_batch` batch.
+        batch: Rows of a :func:`build_ppo_batch` batch (sequences with ``STATE_IN`` and
+            ``LOSS_MASK`` for a stateful module: only the masked steps count).
         config: The coefficients and clip ranges.
 
     Returns:
@@ -302,18 +456,27 @@ def ppo_loss(
     Raises:
         KeyError: If ``forward_train`` returns no ``VF_PREDS``.
     """
-    out = module.forward_train({Columns.OBS: batch[Columns.OBS]})
+    mask = batch.get(Columns.LOSS_MASK)
+    inputs = {Columns.OBS: batch[Columns.OBS]}
+    if mask is not None:
+        inputs[Columns.STATE_IN] = batch[Columns.STATE_IN]
+    out = module.forward_train(inputs)
     if Columns.VF_PREDS not in out:
         raise KeyError(
             f"{type(module).__name__}.forward_train returned no {Columns.VF_PREDS!r} "
             f"(keys {sorted(out)}); PPO needs a value head"
         )
-    dist = module.get_train_action_dist_cls().from_logits(out[Columns.ACTION_DIST_INPUTS])
+    dist_inputs, vf_preds = out[Columns.ACTION_DIST_INPUTS], out[Columns.VF_PREDS]
+    if mask is not None:
+        # Sequences: only the real steps enter the loss (and every mean below).
+        dist_inputs, vf_preds = dist_inputs[mask], vf_preds[mask]
+        batch = {k: take(batch[k], mask) for k in _STEP_COLUMNS}
+    dist = module.get_train_action_dist_cls().from_logits(dist_inputs)
     logp = dist.logp(batch[Columns.ACTIONS])
     log_ratio = logp - batch[Columns.ACTION_LOGP]
     ratio = torch.exp(log_ratio)
     surrogate = clipped_surrogate(ratio, batch[Columns.ADVANTAGES], config.clip_param)
-    vf_error = (out[Columns.VF_PREDS] - batch[Columns.VALUE_TARGETS]) ** 2
+    vf_error = (vf_preds - batch[Columns.VALUE_TARGETS]) ** 2
     if config.vf_clip_param is not None:
         vf_error = torch.clamp(vf_error, max=config.vf_clip_param)
     entropy = dist.entropy()
@@ -358,12 +521,21 @@ def ppo_update(
     """
     advantages = batch[Columns.ADVANTAGES]
     n = int(advantages.shape[0])
-    if config.normalize_advantages and n > 1:
-        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    mask = batch.get(Columns.LOSS_MASK)
+    if mask is None:
+        if config.normalize_advantages and n > 1:
+            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        size = min(config.minibatch_size, n)
+    else:
+        # Rows are sequences: the statistics are the real steps', a minibatch holds
+        # minibatch_size // max_seq_len sequences (at least one).
+        valid = advantages[mask]
+        if config.normalize_advantages and valid.numel() > 1:
+            advantages = (advantages - valid.mean()) / (valid.std() + 1e-8)
+        size = min(max(1, config.minibatch_size // int(mask.shape[1])), n)
     batch = {**batch, Columns.ADVANTAGES: advantages}
     totals: dict[str, float] = {}
     steps = 0
-    size = min(config.minibatch_size, n)
     module.train()
     for _ in range(config.num_epochs):
         order = torch.randperm(n, generator=generator).to(advantages.device)
@@ -436,10 +608,12 @@ class PPOLearner:
                 self.config,
                 generator=self._generator,
             )
-            stats["num_module_steps_trained"] = float(batch[Columns.ADVANTAGES].shape[0])
-            stats["vf_explained_var"] = _explained_variance(
-                batch[Columns.VALUE_TARGETS], batch[Columns.VF_PREDS]
-            )
+            targets, predictions = batch[Columns.VALUE_TARGETS], batch[Columns.VF_PREDS]
+            mask = batch.get(Columns.LOSS_MASK)
+            if mask is not None:
+                targets, predictions = targets[mask], predictions[mask]
+            stats["num_module_steps_trained"] = float(targets.shape[0])
+            stats["vf_explained_var"] = _explained_variance(targets, predictions)
             results[module_id] = stats
         return results
 

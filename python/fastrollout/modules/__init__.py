@@ -13,12 +13,15 @@ from fastrollout.modules.distributions import (
     get_action_dist_cls,
 )
 from fastrollout.modules.multi_rl_module import MultiRLModule, MultiRLModuleSpec
+from fastrollout.modules.recurrent import LSTM_MODEL_CONFIG, DefaultLSTMModule
 from fastrollout.modules.rl_module import RLModule, RLModuleSpec
 
 __all__ = [
     "DEFAULT_MODEL_CONFIG",
     "DefaultCNNModule",
+    "DefaultLSTMModule",
     "DefaultMLPModule",
+    "LSTM_MODEL_CONFIG",
     "MultiRLModule",
     "MultiRLModuleSpec",
     "RLModule",

@@ -32,7 +32,9 @@ def default_module_class(
         model_config: The module's model config (RLlib's ``DefaultModelConfig`` keys).
 
     Returns:
-        The RLModule subclass to build.
+        The RLModule subclass to build: :class:`DefaultLSTMModule` where
+        ``model_config["use_lstm"]`` is true, :class:`DefaultCNNModule` for image (3-D
+        Box) observations, else :class:`DefaultMLPModule`.
 
     Raises:
         TypeError: For an observation space no default module encodes (the message names
@@ -40,7 +42,21 @@ def default_module_class(
     """
     from fastrollout.modules.default import DefaultMLPModule, _obs_preprocessor
 
-    if isinstance(observation_space, gym.spaces.Box) and len(observation_space.shape) == 3:
+    own_module = (
+        "give a module class of your own with config.rl_module(rl_module_spec="
+        "RLModuleSpec(module_class=...))"
+    )
+    image = isinstance(observation_space, gym.spaces.Box) and len(observation_space.shape) == 3
+    if model_config and model_config.get("use_lstm"):
+        if image:
+            raise TypeError(
+                f"no default recurrent module for image observations {observation_space} "
+                f"(RLlib's CNN-tokenized LSTM is not built here): {own_module}"
+            )
+        from fastrollout.modules.recurrent import DefaultLSTMModule
+
+        return DefaultLSTMModule
+    if image:
         from fastrollout.modules.cnn import DefaultCNNModule
 
         return DefaultCNNModule
@@ -49,8 +65,7 @@ def default_module_class(
     except TypeError as err:
         raise TypeError(
             f"no default module for the observation space {observation_space} ({err}); "
-            "give a module class of your own with config.rl_module(rl_module_spec="
-            "RLModuleSpec(module_class=...)), or turn the observations into a supported "
-            "space with an env-to-module connector"
+            f"{own_module}, or turn the observations into a supported space with an "
+            "env-to-module connector"
         ) from None
     return DefaultMLPModule

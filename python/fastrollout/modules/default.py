@@ -31,7 +31,7 @@ from fastrollout.core import Columns
 from fastrollout.modules.distributions import TorchDiagGaussian, get_action_dist_cls
 from fastrollout.modules.rl_module import RLModule
 
-__all__ = ["DEFAULT_MODEL_CONFIG", "DefaultMLPModule", "run_layers"]
+__all__ = ["DEFAULT_MODEL_CONFIG", "DefaultMLPModule", "checked_model_config", "run_layers"]
 
 #: The settings this module reads, with their defaults (RLlib's DefaultModelConfig
 #: names; ``vf_share_layers`` is False as PPO sets it).
@@ -121,6 +121,47 @@ def _layers(
     if out_dim is not None:
         layers.append(nn.Linear(dim, out_dim))
     return nn.Sequential(*layers)
+
+
+def checked_model_config(
+    model_config: Mapping[str, Any],
+    defaults: Mapping[str, Any],
+    unsupported_at_default: Mapping[str, Any],
+    owner: str,
+) -> dict[str, Any]:
+    """A default module's settings: ``defaults`` updated from ``model_config``.
+
+    Args:
+        model_config: The module's model config.
+        defaults: The keys the module reads, with their defaults.
+        unsupported_at_default: RLlib keys the module does not implement, each with the
+            one value it accepts (the value that means "off").
+        owner: The module's class name, for errors.
+
+    Returns:
+        The settings (``None`` hidden-layer lists read as empty).
+
+    Raises:
+        ValueError: For an unknown key, or an unsupported key at another value (named).
+    """
+    unknown = sorted(
+        k for k in model_config if k not in defaults and k not in unsupported_at_default
+    )
+    if unknown:
+        raise ValueError(
+            f"unknown model_config keys for {owner}: {unknown} (known: {sorted(defaults)})"
+        )
+    for key, off in unsupported_at_default.items():
+        if key in model_config and model_config[key] != off:
+            raise ValueError(
+                f"model_config[{key!r}] = {model_config[key]!r} is not supported by "
+                f"{owner} (only {off!r})"
+            )
+    cfg = {**defaults, **{k: model_config[k] for k in defaults if k in model_config}}
+    for key in ("fcnet_hiddens", "head_fcnet_hiddens"):
+        if cfg[key] is None:
+            cfg[key] = []
+    return cfg
 
 
 class _Net(nn.Module):
@@ -369,24 +410,7 @@ class DefaultMLPModule(RLModule):
 
     @classmethod
     def _checked_config(cls, model_config: Mapping[str, Any]) -> dict[str, Any]:
-        defaults, off_only = cls._MODEL_CONFIG, cls._OFF_ONLY
-        unknown = sorted(k for k in model_config if k not in defaults and k not in off_only)
-        if unknown:
-            raise ValueError(
-                f"unknown model_config keys for {cls.__name__}: {unknown} (known: "
-                f"{sorted(defaults)})"
-            )
-        for key, off in off_only.items():
-            if key in model_config and model_config[key] != off:
-                raise ValueError(
-                    f"model_config[{key!r}] = {model_config[key]!r} is not supported by "
-                    f"{cls.__name__} (only {off!r})"
-                )
-        cfg = {**defaults, **{k: model_config[k] for k in defaults if k in model_config}}
-        for key in ("fcnet_hiddens", "head_fcnet_hiddens"):
-            if cfg[key] is None:
-                cfg[key] = []
-        return cfg
+        return checked_model_config(model_config, cls._MODEL_CONFIG, cls._OFF_ONLY, cls.__name__)
 
     def get_non_inference_attributes(self) -> list[str]:
         """The value head, and the value encoder unless layers are shared.

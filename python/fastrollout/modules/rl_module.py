@@ -421,8 +421,9 @@ class RLModuleSpec:
     """How to build an RLModule (RLlib's ``RLModuleSpec``).
 
     Args:
-        module_class: The RLModule subclass (``None``: the default module for the
-            spaces, :class:`DefaultMLPModule` or, for images, :class:`DefaultCNNModule`).
+        module_class: The RLModule subclass (``None``: the catalog's default for the
+            spaces and model config: :class:`DefaultMLPModule`, :class:`DefaultCNNModule`
+            for images, :class:`DefaultLSTMModule` with ``use_lstm``).
         observation_space: Passed to the module.
         action_space: Passed to the module.
         inference_only: Build without the parts only training needs.
