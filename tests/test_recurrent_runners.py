@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 import fastrollout as fr
 from _runner_envs import SeededLengthEnv
 from fastrollout.core import Columns
+from fastrollout.core.tree import tree_map
 from fastrollout.env.examples import JoinLeaveEnv
 from fastrollout.modules import RLModule, RLModuleSpec
 
@@ -232,17 +233,18 @@ def _stateless_cartpole() -> Any:
     return StatelessCartPole
 
 
-def _lstm_config(env: Any, n: int, fragment: int) -> Any:
+def _lstm_config(env: Any, n: int, fragment: int, shared: bool = True) -> Any:
     from ray.rllib.algorithms.ppo import PPOConfig
     from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 
+    model = DefaultModelConfig(
+        use_lstm=True, max_seq_len=10, lstm_cell_size=16, vf_share_layers=shared
+    )
     return (
         PPOConfig()
         .environment(env)
         .env_runners(num_envs_per_env_runner=n, rollout_fragment_length=fragment)
-        .rl_module(
-            model_config=DefaultModelConfig(use_lstm=True, max_seq_len=10, lstm_cell_size=16)
-        )
+        .rl_module(model_config=model)
         .debugging(seed=4)
     )
 
@@ -260,28 +262,35 @@ def _same_chunks(ours: list[Any], theirs: list[Any], actions: bool = True) -> No
             np.testing.assert_allclose(
                 a.get_extra_model_outputs(key), b.get_extra_model_outputs(key), atol=1e-6
             )
-        for k, v in a.get_extra_model_outputs(Columns.STATE_OUT).items():
-            np.testing.assert_allclose(
-                v, b.get_extra_model_outputs(Columns.STATE_OUT)[k], atol=1e-6
-            )
+        tree_map(
+            lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6),
+            a.get_extra_model_outputs(Columns.STATE_OUT),
+            b.get_extra_model_outputs(Columns.STATE_OUT),
+        )
         if a.t_started:
             back = (Columns.STATE_OUT, -1)
             mine = a.get_extra_model_outputs(*back, neg_index_as_lookback=True)
             rllib = b.get_extra_model_outputs(*back, neg_index_as_lookback=True)
-            for k in mine:
-                np.testing.assert_allclose(mine[k], rllib[k], atol=1e-6)
+            tree_map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6), mine, rllib)
 
 
-@pytest.mark.parametrize("explore", [False, True])
-def test_single_agent_lstm_steps_as_rllibs_runner(explore: bool) -> None:
+@pytest.mark.parametrize(
+    ("explore", "shared"),
+    [(False, True), (False, False), (True, False)],
+    ids=["greedy-fastrollouts_twin", "greedy-rllibs_module", "exploring-rllibs_module"],
+)
+def test_single_agent_lstm_steps_as_rllibs_runner(explore: bool, shared: bool) -> None:
+    """With shared value layers the runner acts with fastrollout's twin of RLlib's LSTM
+    module (same weights, same outputs); else with RLlib's module, whose draws come from
+    torch's generator as in RLlib's runner (the twin's come from numpy's)."""
     from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner as RLlibRunner
 
     env = _stateless_cartpole()
-    theirs = RLlibRunner(config=_lstm_config(env, 2, 7))
-    ours = fr.SingleAgentEnvRunner(config=_lstm_config(env, 2, 7))
+    theirs = RLlibRunner(config=_lstm_config(env, 2, 7, shared))
+    ours = fr.SingleAgentEnvRunner(config=_lstm_config(env, 2, 7, shared))
+    assert isinstance(ours.module, fr.modules.DefaultLSTMModule) == shared
     ours.set_state({"rl_module": theirs.module.get_state(), "weights_seq_no": 1})
     for k in range(4):
-        # (The same draws: each runner samples from torch's generator, seeded alike.)
         torch.manual_seed(k)
         mine = ours.sample(explore=explore)
         torch.manual_seed(k)

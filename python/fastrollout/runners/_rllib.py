@@ -134,22 +134,34 @@ def build_from_spec(spec: Any) -> Any:
         spec: RLlib's spec, with its spaces set.
 
     Returns:
-        :class:`~fastrollout.modules.DefaultMLPModule` where the spec builds RLlib's
-        default PPO module on an observation space both encode alike, else
+        :class:`~fastrollout.modules.DefaultMLPModule` (or, with ``use_lstm`` and shared
+        value layers, :class:`~fastrollout.modules.DefaultLSTMModule`) where the spec
+        builds RLlib's default PPO module on an observation space both encode alike, else
         ``spec.build()``.
     """
     from fastrollout.modules.default import DefaultMLPModule
+    from fastrollout.modules.recurrent import DefaultLSTMModule
 
     if _is_rllib_default_ppo(spec) and _same_encoding(spec.observation_space):
         # RLlib's catalog reads missing keys from its DefaultModelConfig (whose
         # vf_share_layers is True, where fastrollout's default is PPO's False).
         model_config = {**_rllib_default_model_config(), **dict(spec.model_config or {})}
+        twin: type[Any] = DefaultMLPModule
+        inference_only = True
+        if model_config.get("use_lstm"):
+            if not model_config.get("vf_share_layers"):
+                # RLlib's acting weights leave the critic's LSTM out, whose state the
+                # episodes still record: only RLlib's own module steps it as RLlib does.
+                return spec.build()
+            # (With its value head: RLlib's recurrent module keeps it when acting, and
+            # its weights then load here.)
+            twin, inference_only = DefaultLSTMModule, False
         try:
             return RLModuleSpec(
-                module_class=DefaultMLPModule,
+                module_class=twin,
                 observation_space=spec.observation_space,
                 action_space=spec.action_space,
-                inference_only=True,
+                inference_only=inference_only,
                 model_config=model_config,
             ).build()
         except (ValueError, TypeError, NotImplementedError) as err:
