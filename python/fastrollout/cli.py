@@ -16,10 +16,12 @@ return. Then a summary (throughput, episodes and returns, where the time went) a
 runners' metrics (RLlib's names, aggregated over the runners by an ``EnvRunnerGroup``),
 or with ``--json`` only the summary as JSON. ``--output DIR`` also writes every
 ``sample`` call's metrics as JSON lines and a plot, and records the episodes (parquet,
-``DIR/episodes/``), which ``evaluate DIR`` reads (see ``fastrollout._cli_evaluate``).
+``DIR/episodes/``, each runner's in files of up to 64 MiB), which ``evaluate DIR`` reads
+(see ``fastrollout._cli_evaluate``); a last line on stderr says what it wrote.
 
 Exit status: 0 on success, 2 on a configuration error (bad arguments, an unknown env, a
-device this machine lacks), with a one-line message on stderr.
+device this machine lacks), with a one-line message on stderr; 141 (as for SIGPIPE),
+without a traceback, when the reader of stdout goes away (``| head``).
 """
 
 from __future__ import annotations
@@ -240,8 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"write every sample() call's metrics to DIR/{JSONL_NAME} (one JSON object "
         f"per line), a plot of return and throughput to DIR/{PLOT_NAME} (needs "
         "matplotlib: pip install 'fastrollout[plot]'), and the episodes to "
-        f"DIR/{EPISODES_DIR}/ (parquet; needs pyarrow: pip install 'fastrollout[offline]'), "
-        "which `evaluate DIR` reads",
+        f"DIR/{EPISODES_DIR}/ (parquet files of up to 64 MiB; needs pyarrow: pip install "
+        "'fastrollout[offline]'), which `evaluate DIR` reads",
     )
     sample.add_argument(
         "--json",
