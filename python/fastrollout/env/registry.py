@@ -142,8 +142,12 @@ class EnvCreator:
         self.remote = remote
         self.check = check
         self.multi_agent = multi_agent
-        if multi_agent is not None and isinstance(env_spec, type):
-            # A class tells its kind before any env is made.
+        if (
+            multi_agent is not None
+            and isinstance(env_spec, type)
+            and (issubclass(env_spec, gym.Env) or is_multi_agent_env(env_spec))
+        ):
+            # An env class tells its kind before any env is made.
             _check_kind(env_spec, multi_agent, env_spec)
 
     def env_context(self, vector_index: int = 0) -> EnvContext:
