@@ -6,8 +6,10 @@ import io
 import json
 import math
 import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -542,11 +544,13 @@ def test_output_without_matplotlib_says_so_in_one_line_and_writes_json_lines(
     summary = run_sample(_quick("--output", str(tmp_path)), out=io.StringIO())
     _check_jsonl(tmp_path / JSONL_NAME, summary)
     assert not (tmp_path / PLOT_NAME).exists()
-    err = capsys.readouterr().err
-    assert err == (
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == (
         "python -m fastrollout sample: no plot written: it needs matplotlib "
-        f"(pip install 'fastrollout[plot]'); the metrics are in {tmp_path / JSONL_NAME}\n"
+        f"(pip install 'fastrollout[plot]'); the metrics are in {tmp_path / JSONL_NAME}"
     )
+    assert err[1].startswith(f"python -m fastrollout sample: wrote {JSONL_NAME}, episodes/ (")
+    assert len(err) == 2
 
 
 def test_output_that_is_a_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -613,3 +617,86 @@ def test_python_dash_m_exit_status_2_on_an_unknown_env() -> None:
         "fastrollout.register_env, registered: [], nor an importable 'module.Class' path); "
         "gymnasium: Environment `CartPol` doesn't exist. Did you mean: `CartPole`?"
     ]
+
+
+# -- what the terminal shows: Ray's log, pipes, the progress bar, output files ------------
+
+
+@pytest.mark.filterwarnings(_RUNNER_WARNING)
+def test_remote_runners_make_ray_log_no_error_about_their_actors(
+    ray_local: Any, capfd: pytest.CaptureFixture[str]
+) -> None:
+    run_sample(
+        _quick("--num-env-runners", "2", "--num-cpus-per-env-runner", "0.5"), out=io.StringIO()
+    )
+    err = capfd.readouterr().err
+    # Ray's core worker logs this (level E) for actors that may restart and whose
+    # constructor arguments sit in the object store.
+    assert "max_restarts" not in err and "RunnerHost" not in err, err
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly() -> None:
+    env = {k: v for k, v in os.environ.items() if k not in _cli_threads.THREAD_ENV_VARS}
+    argv = ["sample", *_quick_argv()]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fastrollout", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    assert proc.stdout is not None
+    proc.stdout.close()  # as `| head -0`: whatever the command prints finds no reader
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 141, err.decode()  # 128 + SIGPIPE, as a shell reports it
+    assert b"Traceback" not in err and b"BrokenPipeError" not in err, err.decode()
+
+
+class _SlowCartPole(gym.Wrapper):  # type: ignore[type-arg]
+    """CartPole whose steps take 5 ms, so that the progress bar redraws on each update."""
+
+    def __init__(self) -> None:
+        super().__init__(gym.make("CartPole-v1"))
+
+    def step(self, action: Any) -> Any:
+        time.sleep(0.005)
+        return self.env.step(action)
+
+
+@pytest.mark.filterwarnings(_RUNNER_WARNING)
+@pytest.mark.parametrize("timesteps", [120, 100])
+def test_the_progress_bar_ends_with_one_line_at_100_percent(
+    capsys: pytest.CaptureFixture[str], timesteps: int
+) -> None:
+    register_env("_test_cli_slow_cartpole", lambda ctx: _SlowCartPole())
+    argv = [
+        "--env", "_test_cli_slow_cartpole", "--num-envs", "3", "--timesteps", str(timesteps),
+        "--rollout-fragment-length", "10", "--seed", "0", "--device", "cpu",
+    ]  # fmt: skip
+    summary = run_sample(_parse(*argv), out=io.StringIO())
+    steps = summary["env_steps"]  # may be a few more than asked: whole vector steps
+    frames = [f for f in re.split(r"[\r\n]", capsys.readouterr().err) if f.strip()]
+    final = [f for f in frames if f"| {steps}/" in f or f.startswith(f"{steps}step")]
+    assert len(final) == 1, frames
+    assert final[0].startswith("100%") and f"| {steps}/{steps} [" in final[0]
+    assert final[0] == frames[-1]
+
+
+@pytest.mark.filterwarnings(_RUNNER_WARNING)
+def test_output_says_where_it_wrote_and_makes_one_episode_file_per_runner(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("pyarrow")
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # no plot: faster
+    summary = run_sample(_quick("--output", str(tmp_path)), out=io.StringIO())
+    assert summary["metrics"]["cli/sample_calls"] >= 8
+    files = list((tmp_path / "episodes").rglob("*.parquet"))
+    assert len(files) == 1  # not one per sample() call
+    size = files[0].stat().st_size
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last == (
+        f"python -m fastrollout sample: wrote metrics.jsonl, episodes/ (1 parquet file, "
+        f"{size / 1024:.3g} KiB) in {tmp_path}"
+    )
+    from fastrollout.offline import read_episodes
+
+    assert sum(len(e) for e in read_episodes(tmp_path / "episodes")) == summary["env_steps"]

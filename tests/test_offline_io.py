@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -133,6 +134,7 @@ def test_round_trip(tmp_path: Path, multi_agent: bool, write_episodes: bool) -> 
     calls=st.lists(st.integers(1, 70), min_size=1, max_size=4),
     write_episodes=st.booleans(),
     max_rows=st.one_of(st.none(), st.integers(1, 60)),
+    max_bytes=st.one_of(st.none(), st.integers(1, 20_000)),
     multi_agent=st.booleans(),
 )
 def test_round_trip_property(
@@ -140,11 +142,17 @@ def test_round_trip_property(
     calls: list[int],
     write_episodes: bool,
     max_rows: int | None,
+    max_bytes: int | None,
     multi_agent: bool,
 ) -> None:
     out = tmp_path_factory.mktemp("rec")
     make = _ma_config if multi_agent else _sa_config
-    config = make(out, output_write_episodes=write_episodes, output_max_rows_per_file=max_rows)
+    config = make(
+        out,
+        output_write_episodes=write_episodes,
+        output_max_rows_per_file=max_rows,
+        output_max_file_size=max_bytes,
+    )
     got = _record(config, calls)
     back = read_episodes(out)
     assert len(back) == len(got)
@@ -156,6 +164,29 @@ def test_round_trip_property(
             rows = pq.read_metadata(f).num_rows
             if rows > max_rows:
                 assert len(read_episodes(f)) == 1
+
+
+def _items(path: Path) -> list[bytes]:
+    """The packed chunks of an episodes-layout file."""
+    return pq.read_table(path).column("item").to_pylist()
+
+
+@pytest.mark.parametrize("max_bytes", [1, 3_000, 10**9])
+def test_max_file_size_buffers_whole_chunks_up_to_the_limit(tmp_path: Path, max_bytes: int) -> None:
+    config = _sa_config(tmp_path, output_max_file_size=max_bytes)
+    got = _record(config, [40] * 8)
+    files = sorted(parquet_files(tmp_path), key=lambda f: f.parent.name)
+    sizes = [[len(item) for item in _items(f)] for f in files]
+    assert sum(len(s) for s in sizes) == len(got)
+    for this, following in itertools.pairwise(sizes):
+        # A file closes when the next chunk would take it over the limit, not earlier;
+        # it goes over only as one chunk alone.
+        assert sum(this) <= max_bytes or len(this) == 1
+        assert sum(this) + following[0] > max_bytes
+    if max_bytes == 10**9:
+        assert len(files) == 1  # all 8 sample() calls in one file, written at stop()
+    for a, b in zip(got, read_episodes(tmp_path), strict=True):
+        assert_same(a, b)
 
 
 def test_non_numpy_episodes_round_trip(tmp_path: Path) -> None:
@@ -177,6 +208,11 @@ def test_config_checks_offline_data() -> None:
         c.offline_data(output=3)
     with pytest.raises(ValueError, match="output_max_rows_per_file"):
         c.offline_data(output_max_rows_per_file=0)
+    assert c.output_max_file_size is None
+    with pytest.raises(ValueError, match="output_max_file_size"):
+        c.offline_data(output_max_file_size=0)
+    with pytest.raises(TypeError, match="output_max_file_size"):
+        c.offline_data(output_max_file_size=1.5)
     with pytest.raises(TypeError, match="output_write_episodes"):
         c.offline_data(output_write_episodes="yes")
     c.output = 5

@@ -439,3 +439,106 @@ def test_sample_is_typed_by_runner():
         (base,) = cls.__orig_bases__  # type: ignore[attr-defined]
         assert typing.get_origin(base) is EnvRunner
         assert typing.get_args(base) == (episode_cls,)
+
+
+# -- setup mistakes: the error says what to do ------------------------------------------
+
+
+class _NoConfigEnv(gym.Env):  # type: ignore[type-arg]
+    """An env class whose __init__ takes no config (the env config cannot reach it)."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed: Any = None, options: Any = None) -> Any:
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action: Any) -> Any:
+        return np.zeros(2, np.float32), 1.0, True, False, {}
+
+
+class _NoConfigInitEnv(_NoConfigEnv):
+    def __init__(self) -> None:
+        self.made = True
+
+
+@pytest.mark.parametrize("env_cls", [_NoConfigEnv, _NoConfigInitEnv])
+def test_an_env_class_without_a_config_argument_is_refused_with_the_fixes(env_cls: type) -> None:
+    # RLlib 2.60 calls an env class with the EnvContext too, and fails inside gymnasium
+    # with a bare "takes no arguments": here the error names the class and the fixes.
+    name = env_cls.__qualname__
+    with pytest.raises(TypeError, match=f"env class {name} cannot be made") as error:
+        fr.SingleAgentEnvRunner(config=config(env_cls))
+    message = str(error.value)
+    assert "def __init__(self, config=None)" in message
+    assert f"environment(env=lambda ctx: {name}())" in message
+    assert f"register_env('name', lambda ctx: {name}())" in message
+    # The fix it names works.
+    runner = fr.SingleAgentEnvRunner(config=config(lambda ctx: env_cls()))
+    assert sum(len(e) for e in runner.sample(num_timesteps=4)) >= 4
+    runner.stop()
+
+
+def test_an_env_creator_without_an_argument_is_refused_with_the_fix() -> None:
+    with pytest.raises(TypeError, match=r"env creator \S*<lambda> takes no argument.*lambda ctx"):
+        fr.SingleAgentEnvRunner(config=config(lambda: _NoConfigEnv()))
+
+
+class _TwoAgentParallel:
+    """A minimal PettingZoo parallel env (two agents, one step)."""
+
+    metadata = {"name": "two_v0"}  # noqa: RUF012
+
+    def __init__(self) -> None:
+        self.possible_agents = ["a", "b"]
+        self.render_mode = None
+
+    def observation_space(self, agent: str) -> gym.Space[Any]:
+        return gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+
+    def action_space(self, agent: str) -> gym.Space[Any]:
+        return gym.spaces.Discrete(2)
+
+    def reset(self, seed: Any = None, options: Any = None) -> Any:
+        self.agents = list(self.possible_agents)
+        return {a: np.zeros(2, np.float32) for a in self.agents}, {a: {} for a in self.agents}
+
+    def step(self, actions: dict[str, Any]) -> Any:
+        obs = {a: np.zeros(2, np.float32) for a in actions}
+        done = dict.fromkeys(actions, True)
+        return obs, dict.fromkeys(actions, 1.0), done, dict.fromkeys(actions, False), {}
+
+
+def _pettingzoo_parallel() -> Any:
+    pettingzoo = pytest.importorskip("pettingzoo")
+    return type("TwoAgentParallel", (_TwoAgentParallel, pettingzoo.ParallelEnv), {})
+
+
+def test_a_multi_agent_env_in_a_single_agent_runner_names_multi_agent_env_runner() -> None:
+    from fastrollout.env import ParallelPettingZooEnv, make_multi_agent
+
+    parallel = _pettingzoo_parallel()
+    for env in (
+        make_multi_agent("CartPole-v1"),  # a MultiAgentEnv class
+        lambda ctx: ParallelPettingZooEnv(parallel()),  # a creator of one
+    ):
+        with pytest.raises(TypeError, match="is a multi-agent env") as error:
+            fr.SingleAgentEnvRunner(config=config(env, env_config={"num_agents": 2}))
+        assert "fastrollout.MultiAgentEnvRunner(config=config)" in str(error.value)
+        assert "config.multi_agent(policies=" in str(error.value)
+        # What it says to do samples.
+        runner = fr.MultiAgentEnvRunner(config=config(env, env_config={"num_agents": 2}))
+        assert sum(e.env_steps() for e in runner.sample(num_timesteps=4)) >= 4
+        runner.stop()
+
+
+def test_an_unwrapped_pettingzoo_env_is_refused_naming_the_adapter() -> None:
+    parallel = _pettingzoo_parallel()
+    with pytest.raises(TypeError, match=r"ParallelPettingZooEnv.*MultiAgentEnvRunner"):
+        fr.SingleAgentEnvRunner(config=config(lambda ctx: parallel()))
+
+
+def test_a_single_agent_env_in_a_multi_agent_runner_names_single_agent_env_runner() -> None:
+    with pytest.raises(TypeError, match=r"single-agent gymnasium env.*SingleAgentEnvRunner"):
+        fr.MultiAgentEnvRunner(config=config("CartPole-v1"))

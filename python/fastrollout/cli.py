@@ -16,10 +16,12 @@ return. Then a summary (throughput, episodes and returns, where the time went) a
 runners' metrics (RLlib's names, aggregated over the runners by an ``EnvRunnerGroup``),
 or with ``--json`` only the summary as JSON. ``--output DIR`` also writes every
 ``sample`` call's metrics as JSON lines and a plot, and records the episodes (parquet,
-``DIR/episodes/``), which ``evaluate DIR`` reads (see ``fastrollout._cli_evaluate``).
+``DIR/episodes/``, each runner's in files of up to 64 MiB), which ``evaluate DIR`` reads
+(see ``fastrollout._cli_evaluate``); a last line on stderr says what it wrote.
 
 Exit status: 0 on success, 2 on a configuration error (bad arguments, an unknown env, a
-device this machine lacks), with a one-line message on stderr.
+device this machine lacks), with a one-line message on stderr; 141 (as for SIGPIPE),
+without a traceback, when the reader of stdout goes away (``| head``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import contextlib
 import decimal
 import math
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -61,6 +64,11 @@ __all__ = [
 ]
 
 PROG = "python -m fastrollout"
+
+# --output's episode files: each runner buffers its episodes up to this size (before
+# compression) per file, instead of RLlib's one file per sample() call, which makes
+# hundreds of small files for a run of 1e5 steps.
+OUTPUT_FILE_SIZE = 64 * 1024 * 1024
 
 # The measurements behind --num-threads' default: medians of 8 (8 sub-envs) and 4 (256)
 # paired runs in one process that switches between 1 and 2 threads, on a 2-core machine
@@ -234,8 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"write every sample() call's metrics to DIR/{JSONL_NAME} (one JSON object "
         f"per line), a plot of return and throughput to DIR/{PLOT_NAME} (needs "
         "matplotlib: pip install 'fastrollout[plot]'), and the episodes to "
-        f"DIR/{EPISODES_DIR}/ (parquet; needs pyarrow: pip install 'fastrollout[offline]'), "
-        "which `evaluate DIR` reads",
+        f"DIR/{EPISODES_DIR}/ (parquet files of up to 64 MiB; needs pyarrow: pip install "
+        "'fastrollout[offline]'), which `evaluate DIR` reads",
     )
     sample.add_argument(
         "--json",
@@ -283,7 +291,11 @@ def config_from_args(args: argparse.Namespace) -> Any:
         config.resources(device=args.device)
         config.debugging(seed=args.seed)
         if args.output is not None and _has_pyarrow():
-            config.offline_data(output=str(args.output / EPISODES_DIR), output_write_episodes=True)
+            config.offline_data(
+                output=str(args.output / EPISODES_DIR),
+                output_write_episodes=True,
+                output_max_file_size=OUTPUT_FILE_SIZE,
+            )
         config.validate()
     except (ValueError, TypeError) as err:
         raise ConfigurationError(str(err)) from err
@@ -485,8 +497,15 @@ def _sample(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
                 record = log.add_call(episodes, call_s=call_s, metrics=group.get_metrics())
                 if log.episodes:
                     bar.set_postfix(ret=f"{log.return_sum / log.episodes:.1f}", refresh=False)
-                bar.update(record["call_env_steps"])
+                if log.env_steps < args.timesteps:
+                    bar.update(record["call_env_steps"])
             elapsed = time.perf_counter() - log.start
+            # The final line, drawn once by close(): update() would draw it first. A call
+            # may return a few steps more than asked (whole vector steps): the bar's
+            # total becomes what was sampled, so that it ends at 100%.
+            bar.total = max(args.timesteps, log.env_steps)
+            bar.n = log.env_steps
+            bar.close()
         finally:
             group.stop()
             if started_ray:
@@ -523,7 +542,31 @@ def _sample(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
                 "(pip install 'fastrollout[offline]')",
                 file=sys.stderr,
             )
+        print(_wrote(args.output), file=sys.stderr)
     return summary, title
+
+
+def _wrote(output: Path) -> str:
+    """The line that says what ``--output`` wrote where (files, sizes)."""
+    parts = [p.name for p in (output / JSONL_NAME, output / PLOT_NAME) if p.is_file()]
+    files = sorted((output / EPISODES_DIR).rglob("*.parquet"))
+    if files:
+        size = sum(f.stat().st_size for f in files)
+        parts.append(
+            f"{EPISODES_DIR}/ ({len(files)} parquet file{'s' if len(files) != 1 else ''}, "
+            f"{_human_size(size)})"
+        )
+    return f"{PROG} sample: wrote {', '.join(parts)} in {output}"
+
+
+def _human_size(size: int) -> str:
+    """``size`` bytes as B, KiB, MiB or GiB with 3 significant digits."""
+    value = float(size)
+    for unit in ("B", "KiB", "MiB"):
+        if value < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.3g} {unit}"
+        value /= 1024
+    return f"{value:.3g} GiB"
 
 
 def _write_plot(log: RunLog, path: Path, title: str) -> None:
@@ -554,9 +597,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     run = {"sample": run_sample, "evaluate": run_evaluate}[args.command]
     try:
         run(args)
+        # Inside the try: a reader that went away (``| head``) surfaces here.
+        sys.stdout.flush()
     except ConfigurationError as err:
         # One line, however the library worded it (gymnasium's hints included).
         message = " ".join(str(err).split())
         print(f"{PROG} {args.command}: error: {message}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        return _stdout_closed()
     return 0
+
+
+def _stdout_closed() -> int:
+    """Ends quietly after the reader of stdout went away, as a command killed by SIGPIPE.
+
+    Returns:
+        128 + SIGPIPE, the status a shell reports for such a command.
+    """
+    # Python flushes stdout again at exit, which would raise once more: what is left
+    # in its buffer goes to /dev/null instead.
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    return 128 + int(getattr(signal, "SIGPIPE", 13))

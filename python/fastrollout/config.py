@@ -193,6 +193,7 @@ class RunnerConfig:
         self.output: str | os.PathLike[str] | None = None
         self.output_write_episodes = True
         self.output_max_rows_per_file: int | None = None
+        self.output_max_file_size: int | None = None
         self._is_frozen = False
 
     # ---------------------------------------------------------------- frozen state
@@ -824,6 +825,7 @@ class RunnerConfig:
         output: str | os.PathLike[str] | None = NotProvided,
         output_write_episodes: bool = NotProvided,
         output_max_rows_per_file: int | None = NotProvided,
+        output_max_file_size: int | None = NotProvided,
     ) -> RunnerConfig:
         """Sets where sampled episodes are recorded (RLlib's recording settings).
 
@@ -836,15 +838,18 @@ class RunnerConfig:
             output: The folder to write to (None: record nothing).
             output_write_episodes: One row per episode chunk holding its state (RLlib's
                 default), or one row per step in RLlib's column names.
-            output_max_rows_per_file: Rows per file (None: one file per ``sample()``
-                call).
+            output_max_rows_per_file: Rows per file (None: no limit on rows).
+            output_max_file_size: Bytes per file, counted before parquet's compression
+                (None: no limit on bytes). Without either limit, one file per
+                ``sample()`` call, as RLlib writes them. RLlib 2.60's default is 64 MiB,
+                but only its old stack's JSON writer reads it; here it is None.
 
         Returns:
             self.
 
         Raises:
             TypeError: A value of the wrong type.
-            ValueError: ``output_max_rows_per_file`` below 1.
+            ValueError: ``output_max_rows_per_file`` or ``output_max_file_size`` below 1.
         """
         if output is not NotProvided:
             _check_output(output)
@@ -856,6 +861,10 @@ class RunnerConfig:
             if output_max_rows_per_file is not None:
                 _check_int(output_max_rows_per_file, "output_max_rows_per_file", 1)
             self.output_max_rows_per_file = output_max_rows_per_file
+        if output_max_file_size is not NotProvided:
+            if output_max_file_size is not None:
+                _check_int(output_max_file_size, "output_max_file_size", 1)
+            self.output_max_file_size = output_max_file_size
         return self
 
     # ---------------------------------------------------------------- derived values
@@ -1078,6 +1087,8 @@ class RunnerConfig:
         _check_bool(self.output_write_episodes, "output_write_episodes")
         if self.output_max_rows_per_file is not None:
             _check_int(self.output_max_rows_per_file, "output_max_rows_per_file", 1)
+        if self.output_max_file_size is not None:
+            _check_int(self.output_max_file_size, "output_max_file_size", 1)
 
     def _validate_modules(self) -> None:
         policies = _normalize_policies(self.policies)

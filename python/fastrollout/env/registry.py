@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import inspect
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -117,6 +118,8 @@ class EnvCreator:
         num_workers: The number of remote runners, put into every ``EnvContext``.
         check: Whether every env is checked (:func:`fastrollout.env.check_env`) when
             created.
+        multi_agent: The kind of env the runner that uses it samples (None: either);
+            an env of the other kind is refused, naming the runner that samples it.
     """
 
     def __init__(
@@ -129,6 +132,7 @@ class EnvCreator:
         num_workers: int,
         remote: bool,
         check: bool,
+        multi_agent: bool | None = None,
     ) -> None:
         self.env_spec = env_spec
         self._make = make
@@ -137,6 +141,14 @@ class EnvCreator:
         self.num_workers = num_workers
         self.remote = remote
         self.check = check
+        self.multi_agent = multi_agent
+        if (
+            multi_agent is not None
+            and isinstance(env_spec, type)
+            and (issubclass(env_spec, gym.Env) or is_multi_agent_env(env_spec))
+        ):
+            # An env class tells its kind before any env is made.
+            _check_kind(env_spec, multi_agent, env_spec)
 
     def env_context(self, vector_index: int = 0) -> EnvContext:
         """Returns the ``EnvContext`` that the env at ``vector_index`` is created with.
@@ -165,7 +177,8 @@ class EnvCreator:
             The new env.
 
         Raises:
-            TypeError: The creator returned something that is not an env.
+            TypeError: The creator returned something that is not an env, or an env of
+                the other kind than ``multi_agent`` says.
             fastrollout.env.EnvCheckError: The env failed the check.
         """
         env = self._make(self.env_context(vector_index))
@@ -173,10 +186,23 @@ class EnvCreator:
             # Not a sub-env: the runner serves its episodes instead (make_sub_envs).
             raise ExternalEnvCreated(env)
         if not (isinstance(env, gym.Env) or is_multi_agent_env(env)):
+            hint = ""
+            if _is_pettingzoo(env):
+                hint = (
+                    ": wrap it, env=lambda ctx: ParallelPettingZooEnv(...) (or "
+                    "PettingZooEnv for an AEC env, from fastrollout.env), and sample it "
+                    "with a MultiAgentEnvRunner"
+                )
             raise TypeError(
                 f"the env creator for {_describe(self.env_spec)} returned "
-                f"{type(env).__name__}, not a gymnasium.Env or MultiAgentEnv"
+                f"{type(env).__name__}, not a gymnasium.Env or MultiAgentEnv{hint}"
             )
+        if self.multi_agent is not None:
+            try:
+                _check_kind(env, self.multi_agent, self.env_spec)
+            except TypeError:
+                env.close()
+                raise
         if self.check:
             check_env(env, name=_describe(self.env_spec))
         return env
@@ -239,6 +265,64 @@ class EnvCreator:
             f"EnvCreator({_describe(self.env_spec)}, env_config={self.env_config!r}, "
             f"worker_index={self.worker_index}, check={self.check})"
         )
+
+
+def _check_kind(env: Any, multi_agent: bool, env_spec: Any) -> None:
+    """Raises when ``env`` (an env or env class) is not of the kind the runner samples."""
+    if is_multi_agent_env(env) == multi_agent:
+        return
+    name = _describe(env_spec)
+    if multi_agent:
+        raise TypeError(
+            f"env {name} is a single-agent gymnasium env; MultiAgentEnvRunner samples "
+            "MultiAgentEnv envs: sample it with a SingleAgentEnvRunner, or make it a "
+            "multi-agent env with fastrollout.env.make_multi_agent"
+        )
+    raise TypeError(
+        f"env {name} is a multi-agent env (MultiAgentEnv); SingleAgentEnvRunner samples "
+        "single-agent gymnasium envs: sample it with fastrollout.MultiAgentEnvRunner("
+        "config=config), and map its agents to modules with config.multi_agent(policies="
+        "..., policy_mapping_fn=...) (one shared module by default)"
+    )
+
+
+def _is_pettingzoo(env: Any) -> bool:
+    """Whether ``env`` is a PettingZoo env (AEC or parallel), known by its class's module."""
+    return any(c.__module__.split(".")[0] == "pettingzoo" for c in type(env).__mro__)
+
+
+def _takes_config(creator: Any) -> bool:
+    """Whether ``creator`` can be called with one positional argument (the EnvContext).
+
+    Returns True where the signature cannot be read (some builtins): the call decides.
+    """
+    try:
+        signature = inspect.signature(creator)
+    except (TypeError, ValueError):
+        return True
+    try:
+        signature.bind(None)
+    except TypeError:
+        return False
+    return True
+
+
+def _config_argument_error(creator: Any) -> TypeError:
+    """The error for an env class or creator that takes no EnvContext."""
+    name = _describe(creator)
+    if isinstance(creator, type):
+        return TypeError(
+            f"env class {name} cannot be made: its __init__ takes no config argument, and "
+            "env classes are called with the env config (an EnvContext dict), as in RLlib; "
+            f"give __init__ one (def __init__(self, config=None)), or pass a creator, "
+            f"environment(env=lambda ctx: {name}()), or register one, "
+            f"register_env('name', lambda ctx: {name}()) and environment(env='name')"
+        )
+    return TypeError(
+        f"env creator {name} takes no argument; env creators are called with the env "
+        "config (an EnvContext dict), as in RLlib: define it as lambda ctx: ... or "
+        "def make(config): ..."
+    )
 
 
 def _describe(env_spec: Any) -> str:
@@ -320,6 +404,8 @@ def _resolve(env_spec: EnvSpec) -> Callable[[EnvContext], Any]:
                 return _GymMake(env_spec)
         target = _import_dotted(env_spec)
         if callable(target):
+            if not _takes_config(target):
+                raise _config_argument_error(target)
             return target  # type: ignore[no-any-return]
         raise ValueError(
             f"unknown env {env_spec!r} (not a name given to fastrollout.register_env, "
@@ -334,6 +420,8 @@ def _resolve(env_spec: EnvSpec) -> Callable[[EnvContext], Any]:
             f"({type(env_spec).__name__}); pass its class or a lambda ctx: ... instead"
         )
     if callable(env_spec):
+        if not _takes_config(env_spec):
+            raise _config_argument_error(env_spec)
         return env_spec
     raise TypeError(
         f"env must be a registered name, a gymnasium id, an env class or a callable "
@@ -349,6 +437,7 @@ def make_env_creator(
     num_workers: int = 0,
     remote: bool = False,
     disable_env_checking: bool = False,
+    multi_agent: bool | None = None,
 ) -> EnvCreator:
     """Returns a callable that creates the envs of one runner from an env spec.
 
@@ -368,13 +457,17 @@ def make_env_creator(
         num_workers: The number of remote runners.
         remote: Whether sub-envs run as Ray actors (only recorded in the context).
         disable_env_checking: Skip :func:`fastrollout.env.check_env` on created envs.
+        multi_agent: The kind of env the runner samples (None: either); an env class of
+            the other kind is refused here, any other env when it is made.
 
     Returns:
         An :class:`EnvCreator`; ``creator(vector_index)`` returns a new env.
 
     Raises:
         ValueError: An unknown name or id.
-        TypeError: A spec of the wrong type (e.g. an env instance) or a non-dict config.
+        TypeError: A spec of the wrong type (e.g. an env instance, a class or creator
+            that takes no config argument, an env class of the other kind) or a non-dict
+            config.
     """
     if env_spec is None:
         raise ValueError(
@@ -391,6 +484,7 @@ def make_env_creator(
         num_workers=num_workers,
         remote=remote,
         check=not disable_env_checking,
+        multi_agent=multi_agent,
     )
 
 

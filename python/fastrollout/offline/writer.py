@@ -13,12 +13,13 @@ first sub-env's unwrapped class name in lower case, ``worker`` the runner's inde
 file is written under a hidden temporary name in its folder and then renamed
 (``os.replace``), so a crash leaves only whole files under ``.parquet`` names.
 
-With ``max_rows_per_file`` unset, each ``sample()`` call's episodes make one file (as
-RLlib's). With it, rows are buffered until there are that many, and files hold whole
-chunks (never a chunk split across two files; a chunk longer than the limit gets a file
-of its own). Unlike RLlib (whose ``output_write_remaining_data`` defaults to False and
-drops them), the rows still buffered at ``close()`` are always written: data sampled is
-data kept.
+With ``max_rows_per_file`` and ``max_bytes_per_file`` unset, each ``sample()`` call's
+episodes make one file (as RLlib's). With either, rows are buffered until there are that
+many rows or bytes (the bytes before parquet's compression: the packed states, or the
+columns' arrays), and files hold whole chunks (never a chunk split across two files; a
+chunk over the limit gets a file of its own). Unlike RLlib (whose
+``output_write_remaining_data`` defaults to False and drops them), the rows still buffered
+at ``close()`` are always written: data sampled is data kept.
 """
 
 from __future__ import annotations
@@ -51,7 +52,9 @@ class EpisodeWriter:
         output: The base folder.
         write_episodes: One row per chunk holding its state (RLlib's episodes layout),
             or one row per step in RLlib's column names.
-        max_rows_per_file: Rows per file (None: one file per :meth:`write` call).
+        max_rows_per_file: Rows per file (None: no limit on rows).
+        max_bytes_per_file: Bytes per file before compression (None: no limit on
+            bytes). Without either limit, one file per :meth:`write` call.
         subdir: The folder under ``output`` (RLlib: the env's name, lower case).
         worker_index: The runner's index (in the folder names).
         queue_size: ``write`` calls that may wait for the writer thread before the next
@@ -67,6 +70,7 @@ class EpisodeWriter:
         *,
         write_episodes: bool = True,
         max_rows_per_file: int | None = None,
+        max_bytes_per_file: int | None = None,
         subdir: str = "env",
         worker_index: int = 0,
         queue_size: int = 2,
@@ -77,6 +81,7 @@ class EpisodeWriter:
         self.folder = Path(output) / subdir
         self.write_episodes = write_episodes
         self.max_rows_per_file = max_rows_per_file
+        self.max_bytes_per_file = max_bytes_per_file
         self.worker_index = worker_index
         self._id = uuid.uuid4().hex[:16]
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=queue_size)
@@ -84,8 +89,9 @@ class EpisodeWriter:
         self._closed = False
         self._writes = 0
         self.files: list[Path] = []
-        # Buffered rows (max_rows_per_file): per chunk, its rows (episodes layout: one).
-        self._pending: list[tuple[int, Any]] = []
+        # Buffered chunks (with a limit): per chunk, its rows (episodes layout: one), its
+        # bytes and its payload.
+        self._pending: list[tuple[int, int, Any]] = []
         self._thread = threading.Thread(
             target=self._run, name=f"fastrollout-offline-writer-{worker_index}", daemon=True
         )
@@ -145,22 +151,20 @@ class EpisodeWriter:
 
     def _add(self, states: list[tuple[bool, dict[str, Any]]]) -> None:
         for multi_agent, state in states:
-            rows = self._rows_of(multi_agent, state)
-            self._pending.append(rows)
-        if self.max_rows_per_file is None:
-            self._flush(final=True)
-        else:
-            self._flush(final=False)
+            self._pending.append(self._rows_of(multi_agent, state))
+        unlimited = self.max_rows_per_file is None and self.max_bytes_per_file is None
+        self._flush(final=unlimited)
 
-    def _rows_of(self, multi_agent: bool, state: dict[str, Any]) -> tuple[int, Any]:
-        """(row count, payload) of one chunk in the configured layout."""
+    def _rows_of(self, multi_agent: bool, state: dict[str, Any]) -> tuple[int, int, Any]:
+        """(row count, bytes, payload) of one chunk in the configured layout."""
         if self.write_episodes:
             state = L.ma_state_for_disk(state) if multi_agent else L.sa_state_for_disk(state)
-            return 1, (multi_agent, L.packb(state))
+            packed = L.packb(state)
+            return 1, len(packed), (multi_agent, packed)
         if not multi_agent:
             cols, rem = L.split_sa_state(L.sa_state_for_disk(state))
             _add_ids(cols, rem["rows"], state["id_"], None, None)
-            return rem["rows"], (False, [cols], rem)
+            return rem["rows"], _nbytes([cols]), (False, [cols], rem)
         state = L.ma_state_for_disk(state)
         parts, agents, total = [], [], 0
         for aid, s in state["agent_episodes"]:
@@ -170,23 +174,30 @@ class EpisodeWriter:
             agents.append([aid, rem])
             total += rem["rows"]
         state["agent_episodes"] = agents
-        return total, (True, parts, state)
+        return total, _nbytes(parts), (True, parts, state)
 
     def _flush(self, *, final: bool) -> None:
-        limit = self.max_rows_per_file
+        max_rows = self.max_rows_per_file
+        max_bytes = self.max_bytes_per_file
+
+        def over(rows: int, size: int) -> bool:
+            return (max_rows is not None and rows > max_rows) or (
+                max_bytes is not None and size > max_bytes
+            )
+
         while self._pending:
-            take, rows = 0, 0
-            if limit is not None:
-                for n, _ in self._pending:
-                    if take and rows + n > limit:
-                        break
-                    take, rows = take + 1, rows + n
-                if rows < limit and take == len(self._pending) and not final:
-                    return  # wait for more rows
-            else:
-                take = len(self._pending)
+            take, rows, size = 0, 0, 0
+            for n, b, _ in self._pending:
+                if take and over(rows + n, size + b):
+                    break
+                take, rows, size = take + 1, rows + n, size + b
+            reached = (max_rows is not None and rows >= max_rows) or (
+                max_bytes is not None and size >= max_bytes
+            )
+            if take == len(self._pending) and not (reached or final):
+                return  # wait for more rows
             batch, self._pending = self._pending[:take], self._pending[take:]
-            self._write_file([payload for _, payload in batch])
+            self._write_file([payload for _, _, payload in batch])
 
     def _write_file(self, payloads: list[Any]) -> None:
         pa = L.require("pyarrow")
@@ -228,6 +239,11 @@ def _add_ids(
     """Adds RLlib's id columns (the same value in each of ``rows`` rows) to a chunk's."""
     for name, value in ((L.EPS_ID, eps_id), (L.AGENT_ID, agent_id), (L.MODULE_ID, module_id)):
         cols[name] = np.array([value] * rows, dtype=object)
+
+
+def _nbytes(parts: list[dict[str, np.ndarray]]) -> int:
+    """The bytes of a chunk's column arrays (object items count as pointers)."""
+    return sum(a.nbytes for cols in parts for a in cols.values())
 
 
 def _is_ma(episode: Any) -> bool:
@@ -298,11 +314,17 @@ def for_runner(runner: Any) -> EpisodeWriter:
         A new writer; the runner hands it each ``sample()`` call's episodes and closes it
         at ``stop()``.
     """
+    from fastrollout.config import RunnerConfig
+
     config = runner.config
+    # Only fastrollout's config: RLlib's new-stack recording ignores its
+    # output_max_file_size (a 64 MiB default meant for the old stack's JSON writer).
+    max_bytes = config.output_max_file_size if isinstance(config, RunnerConfig) else None
     return EpisodeWriter(
         config.output,
         write_episodes=bool(getattr(config, "output_write_episodes", True)),
         max_rows_per_file=getattr(config, "output_max_rows_per_file", None),
+        max_bytes_per_file=max_bytes,
         subdir=_subdir(runner),
         worker_index=int(getattr(runner, "worker_index", 0)),
     )

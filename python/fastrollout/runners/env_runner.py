@@ -326,7 +326,9 @@ class EnvRunner(Checkpointable, abc.ABC, Generic[EpisodeT]):
             ImportError: For remote sub-envs without ray (naming the extra).
         """
         self._close_env_quietly()
-        creator = make_sub_env_creator(self.config, self.worker_index, self.num_workers)
+        creator = make_sub_env_creator(
+            self.config, self.worker_index, self.num_workers, multi_agent=self._multi_agent
+        )
         self._sub_envs = make_sub_envs(self.config, creator, multi_agent=self._multi_agent)
         self.env = self._sub_envs.env
         self.num_envs = self._sub_envs.num_envs

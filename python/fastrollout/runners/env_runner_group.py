@@ -172,13 +172,16 @@ class EnvRunnerGroup(Checkpointable):
             # has sent it the latest state.
             max_task_retries=0,
         )(RunnerHost)
-        # The config goes to the object store once, not once per actor. The group keeps
-        # the reference: Ray restarts an actor with the same arguments, which must still
-        # be in the object store then.
-        self._config_ref = ray.put(cfg)
         registered = _registered_envs(cfg.env)
+        # Ray restarts an actor with its constructor's arguments. Small ones travel inside
+        # the actor's creation task, which Ray keeps for restarts; large ones would go to
+        # the object store (Ray then logs an error that a restart may find them gone), so
+        # those the group puts there itself, once for all actors, and keeps referenced.
+        args: tuple[Any, Any] = (cfg, registered)
+        if _pickled_size(args) > _INLINE_ARGS_LIMIT:
+            self._config_ref = args = (ray.put(cfg), ray.put(registered))
         for index in range(1, n + 1):
-            handle = actor_cls.remote(self.env_runner_cls, self._config_ref, index, n, registered)
+            handle = actor_cls.remote(self.env_runner_cls, args[0], index, n, args[1])
             self._remotes[index] = _Remote(handle)
         # Every runner starts from the local runner's state, so all act with the same
         # policy (each runner seeds its module apart) and may then sample (RunnerHost).
@@ -1170,6 +1173,18 @@ def _default_runner_cls(config: Any) -> type:
     env = config.env
     multi = config.is_multi_agent or (isinstance(env, type) and is_multi_agent_env(env))
     return MultiAgentEnvRunner if multi else SingleAgentEnvRunner
+
+
+# Below Ray's limit for arguments passed inside a task (RAY_max_direct_call_object_size,
+# 100 KiB by default), with room for the other arguments and pickling differences.
+_INLINE_ARGS_LIMIT = 64 * 1024
+
+
+def _pickled_size(obj: Any) -> int:
+    """The size of ``obj`` pickled as Ray pickles task arguments (cloudpickle)."""
+    from ray import cloudpickle
+
+    return len(cloudpickle.dumps(obj))
 
 
 def _registered_envs(env: Any) -> dict[str, Callable[..., Any]]:

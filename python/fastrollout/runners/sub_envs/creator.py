@@ -11,7 +11,9 @@ from fastrollout.runners._rllib import is_rllib_config
 __all__ = ["make_sub_env_creator"]
 
 
-def make_sub_env_creator(config: Any, worker_index: int, num_workers: int) -> EnvCreator:
+def make_sub_env_creator(
+    config: Any, worker_index: int, num_workers: int, *, multi_agent: bool | None = None
+) -> EnvCreator:
     """The callable that creates one sub-env: ``creator(vector_index) -> env``.
 
     Uses ``fastrollout.env.make_env_creator`` (registered names, gymnasium ids, classes,
@@ -21,6 +23,8 @@ def make_sub_env_creator(config: Any, worker_index: int, num_workers: int) -> En
         config: The runner config (``env``, ``env_config``, ``disable_env_checking``).
         worker_index: The runner's index.
         num_workers: The number of remote runners.
+        multi_agent: The kind of env the runner samples (None: either); an env of the
+            other kind is refused with a ``TypeError`` that names the runner to use.
 
     Returns:
         The creator.
@@ -46,4 +50,5 @@ def make_sub_env_creator(config: Any, worker_index: int, num_workers: int) -> En
         # runner built from RLlib's config leaves the env unstepped until it samples.
         disable_env_checking=bool(cfg(config, "disable_env_checking", False))
         or is_rllib_config(config),
+        multi_agent=multi_agent,
     )
