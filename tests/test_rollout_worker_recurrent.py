@@ -337,6 +337,22 @@ def test_a_batch_without_state_columns_is_refused_by_name() -> None:
         worker.stop()
 
 
+def test_recorded_episodes_keep_state_out_per_step_and_drop_per_sequence_columns() -> None:
+    from fastrollout.evaluation.io import batch_to_episodes
+
+    worker = lstm_worker()
+    try:
+        batch = worker.sample()
+        episodes = batch_to_episodes(batch)
+        assert sum(len(e) for e in episodes) == batch.count
+        for e in episodes:
+            keys = set(e.extra_model_outputs)
+            assert {"state_out_0", "state_out_1"} <= keys
+            assert not {"seq_lens", "state_in_0", "state_in_1"} & keys
+    finally:
+        worker.stop()
+
+
 # -- helpers -----------------------------------------------------------------------------
 
 
