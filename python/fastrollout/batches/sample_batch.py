@@ -211,13 +211,16 @@ class SampleBatch(dict):  # type: ignore[type-arg]
 
     count: int
     num_grad_updates: float | None
+    #: A recurrent policy's rows per sequence (None without ``seq_lens``).
+    max_seq_len: int | None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         if self.DONES in kwargs:
             raise KeyError("SampleBatch takes terminateds and truncateds, not dones")
         self.num_grad_updates = kwargs.pop("_num_grad_updates", None)
         self._is_training = bool(kwargs.pop("_is_training", False))
-        for flag in ("_time_major", "_max_seq_len", "_zero_padded"):
+        self.max_seq_len = kwargs.pop("_max_seq_len", None)
+        for flag in ("_time_major", "_zero_padded"):
             kwargs.pop(flag, None)
         super().__init__(*args, **kwargs)
         if self.DONES in self:
@@ -337,7 +340,10 @@ class SampleBatch(dict):  # type: ignore[type-arg]
 
     def _new(self, data: dict[str, Any]) -> SampleBatch:
         return SampleBatch(
-            data, _is_training=self._is_training, _num_grad_updates=self.num_grad_updates
+            data,
+            _is_training=self._is_training,
+            _num_grad_updates=self.num_grad_updates,
+            _max_seq_len=self.max_seq_len,
         )
 
     def copy(self, shallow: bool = False) -> SampleBatch:  # type: ignore[override]
@@ -612,7 +618,10 @@ def concat_samples(
             data[key] = np.concatenate([np.asarray(p[key]) for p in parts])
             continue
         data[key] = tree_map(_concat_leaves, *[dict.__getitem__(p, key) for p in parts])
-    return SampleBatch(data, _num_grad_updates=grad_updates)
+    seq_lens = [p.max_seq_len for p in parts if p.max_seq_len is not None]
+    return SampleBatch(
+        data, _num_grad_updates=grad_updates, _max_seq_len=max(seq_lens) if seq_lens else None
+    )
 
 
 def _concat_multi_agent(samples: Sequence[SampleBatch | MultiAgentBatch]) -> MultiAgentBatch:

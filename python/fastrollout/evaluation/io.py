@@ -67,7 +67,13 @@ def batch_to_episodes(batch: SampleBatch) -> list[SingleAgentEpisode]:
         "value_targets",
         "values_bootstrapped",
     }
-    extra_keys = [k for k in batch if k not in own]
+    # A recurrent policy's seq_lens and state_in_* have one row per sequence, not per
+    # step (its state_out_* per step stay, as extra model outputs).
+    extra_keys = [
+        k
+        for k in batch
+        if k not in own and k != SampleBatch.SEQ_LENS and not k.startswith("state_in_")
+    ]
     episodes = []
     for start, end in _episode_bounds(batch):
         obs = batch[SampleBatch.OBS][start:end]

@@ -4,6 +4,12 @@ A ``RolloutWorker`` acts with its runner's inference copy of each module; the po
 the full module (policy and value function) that learns, post-processes sampled batches
 (value estimates and GAE, as RLlib's ``PPOTorchPolicy.postprocess_trajectory``) and
 computes and applies gradients.
+
+A stateful module (``is_stateful()``) is a recurrent policy: its batches carry the old
+stack's ``state_in_*``/``state_out_*``/``seq_lens`` columns
+(:mod:`fastrollout.evaluation.recurrent`), and every forward pass over a batch's rows runs
+its sequences, zero-padded to the longest, from their ``state_in``; the loss sees only the
+real rows (the padding is masked out).
 """
 
 from __future__ import annotations
@@ -18,7 +24,14 @@ import torch
 from fastrollout._core import gae_segments
 from fastrollout.batches import SampleBatch
 from fastrollout.core import Columns
-from fastrollout.core.tree import concat, take, to_tensor
+from fastrollout.core.tree import concat, leaves, take, to_tensor, tree_map
+from fastrollout.evaluation.recurrent import (
+    DEFAULT_MAX_SEQ_LEN,
+    SequenceLayout,
+    flatten_state,
+    state_paths,
+    unflatten_state,
+)
 from fastrollout.learners.ppo import PPOConfig, _explained_variance, ppo_loss
 from fastrollout.modules import RLModule
 
@@ -82,6 +95,17 @@ class TorchPolicy:
         self.num_grad_updates = 0
         # The grad-update count of the weights the sampler acted with (set_weights).
         self.sampler_grad_updates = 0
+        # A recurrent module's initial state (numpy leaves) and its leaves' order.
+        self._initial_state: Any = None
+        self._state_paths: list[tuple[Any, ...]] = []
+        if module.is_stateful():
+            self._initial_state = tree_map(
+                lambda x: np.asarray(x.detach().cpu() if hasattr(x, "detach") else x),
+                module.get_initial_state(),
+            )
+            self._state_paths = state_paths(self._initial_state)
+        #: Rows per sequence of a recurrent policy's batches (``model_config``'s).
+        self.max_seq_len = int(module.model_config.get("max_seq_len") or DEFAULT_MAX_SEQ_LEN)
 
     @property
     def observation_space(self) -> Any:
@@ -97,6 +121,131 @@ class TorchPolicy:
     def device(self) -> torch.device:
         """Where the module's parameters are."""
         return self.model.device
+
+    # -- recurrent state -----------------------------------------------------------------
+
+    def is_recurrent(self) -> bool:
+        """Whether the module is stateful (its batches carry ``state_in_*``, ``seq_lens``)."""
+        return self._initial_state is not None
+
+    def num_state_tensors(self) -> int:
+        """The number of state leaves (``state_in_0`` ... ``state_in_{n-1}``)."""
+        return len(self._state_paths)
+
+    def get_initial_state(self) -> list[np.ndarray]:
+        """The initial state's leaves, in ``state_in_i`` order (empty if not recurrent)."""
+        if self._initial_state is None:
+            return []
+        return [np.array(x) for x in flatten_state(self._initial_state, self._state_paths)]
+
+    @property
+    def initial_state(self) -> Any:
+        """The module's initial state as nested numpy leaves (None if not recurrent)."""
+        return self._initial_state
+
+    def _nested_state(self, flat: Sequence[Any]) -> Any:
+        """Tensors of ``state_in_i`` columns as the module's nested ``STATE_IN``."""
+        return unflatten_state([to_tensor(x, self.device) for x in flat], self._initial_state)
+
+    def _state_columns(self, batch: Mapping[str, Any], prefix: str) -> list[Any]:
+        names = [f"{prefix}{i}" for i in range(self.num_state_tensors())]
+        missing = [k for k in names if k not in batch]
+        if missing:
+            raise KeyError(
+                f"policy {self.policy_id!r} is recurrent: the batch lacks {missing} "
+                f"(it has {sorted(batch)}); RolloutWorker.sample() adds them"
+            )
+        return [batch[k] for k in names]
+
+    def _sequence_view(self, batch: Mapping[str, Any]) -> _SequenceRows:
+        """The module as seen by a loss on ``batch``'s rows (its sequences run whole)."""
+        if SampleBatch.SEQ_LENS not in batch:
+            raise KeyError(
+                f"policy {self.policy_id!r} is recurrent: the batch has no 'seq_lens' "
+                "(RolloutWorker.sample() adds them)"
+            )
+        layout = SequenceLayout(np.asarray(batch[SampleBatch.SEQ_LENS]))
+        state_in = self._nested_state(self._state_columns(batch, "state_in_"))
+        return _SequenceRows(self.model, layout, state_in)
+
+    def _recurrent_values(self, batch: SampleBatch, last_rows: np.ndarray) -> np.ndarray:
+        """The values of every row, then of each segment's last ``new_obs``.
+
+        A row's value comes from its sequence run from its ``state_in``; a last
+        ``new_obs``'s from one step from its row's ``state_out``.
+        """
+        view = self._sequence_view(batch)
+        last_obs = tree_map(lambda x: x[:, None], take(batch[SampleBatch.NEXT_OBS], last_rows))
+        last_state = [np.asarray(x)[last_rows] for x in self._state_columns(batch, "state_out_")]
+        with torch.no_grad():
+            try:
+                rows = view.forward_train({Columns.OBS: to_tensor(batch[Columns.OBS], self.device)})
+                last = self.model.forward_train(
+                    {
+                        Columns.OBS: to_tensor(last_obs, self.device),
+                        Columns.STATE_IN: self._nested_state(last_state),
+                    }
+                )
+            finally:
+                self.model.eval()
+        for out in (rows, last):
+            if Columns.VF_PREDS not in out:
+                raise KeyError(
+                    f"policy {self.policy_id!r}: {type(self.model).__name__}.forward_train "
+                    f"returned no {Columns.VF_PREDS!r}; PPO's post-processing needs values"
+                )
+        values = torch.cat([rows[Columns.VF_PREDS], last[Columns.VF_PREDS][:, 0]])
+        return values.float().cpu().numpy()  # type: ignore[no-any-return]
+
+    def compute_log_likelihoods(
+        self,
+        actions: Any,
+        obs_batch: Any,
+        state_batches: Sequence[Any] | None = None,
+        prev_action_batch: Any = None,
+        prev_reward_batch: Any = None,
+        actions_normalized: bool = True,
+        in_training: bool = True,
+        *,
+        seq_lens: Any = None,
+    ) -> torch.Tensor:
+        """The log-likelihood of ``actions`` under the policy, one per row.
+
+        Args:
+            actions: One action per row.
+            obs_batch: The rows' observations.
+            state_batches: A recurrent policy's ``state_in_i`` columns: one row per row
+                (each row a sequence of one step, as RLlib's), or one per sequence with
+                ``seq_lens``; None: the initial state.
+            prev_action_batch: Accepted for RLlib's signature; unused.
+            prev_reward_batch: Accepted for RLlib's signature; unused.
+            actions_normalized: Accepted for RLlib's signature; unused.
+            in_training: Accepted for RLlib's signature; unused.
+            seq_lens: The rows' sequences (fastrollout's addition): each sequence runs
+                from its ``state_in`` through its rows.
+
+        Returns:
+            A float tensor of one log-likelihood per row.
+        """
+        obs = to_tensor(obs_batch, self.device)
+        n = len(next(leaves(obs)))
+        with torch.no_grad():
+            try:
+                if self.is_recurrent():
+                    lens = np.ones(n, np.int64) if seq_lens is None else np.asarray(seq_lens)
+                    layout = SequenceLayout(lens)
+                    flat = state_batches
+                    if not flat:
+                        flat = [np.repeat(x[None], len(lens), 0) for x in self.get_initial_state()]
+                    out = _SequenceRows(self.model, layout, self._nested_state(flat)).forward_train(
+                        {Columns.OBS: obs}
+                    )
+                else:
+                    out = self.model.forward_train({Columns.OBS: obs})
+            finally:
+                self.model.eval()
+        dist = self.model.get_train_action_dist_cls().from_logits(out[Columns.ACTION_DIST_INPUTS])
+        return dist.logp(to_tensor(actions, self.device))  # type: ignore[no-any-return]
 
     # -- post-processing -----------------------------------------------------------------
 
@@ -144,9 +293,11 @@ class TorchPolicy:
             return batch
         ends = np.asarray(segment_ends, dtype=np.int64)
         last_rows = ends - 1
-        new_obs = batch[SampleBatch.NEXT_OBS]
-        last_obs = take(new_obs, last_rows)
-        all_values = self.values(concat([batch[SampleBatch.OBS], last_obs]))
+        if self.is_recurrent():
+            all_values = self._recurrent_values(batch, last_rows)
+        else:
+            last_obs = take(batch[SampleBatch.NEXT_OBS], last_rows)
+            all_values = self.values(concat([batch[SampleBatch.OBS], last_obs]))
         vf_preds = np.ascontiguousarray(all_values[:n], dtype=np.float32)
         terminated = np.asarray(batch[SampleBatch.TERMINATEDS])[last_rows]
         bootstraps = np.where(terminated, 0.0, all_values[n:]).astype(np.float32)
@@ -178,9 +329,12 @@ class TorchPolicy:
 
     def _loss(self, batch: SampleBatch) -> tuple[torch.Tensor, dict[str, float]]:
         tensors = self._loss_batch(batch)
+        # A recurrent module's rows run as zero-padded sequences; the loss gets the real
+        # rows' outputs back (the mask), so PPO's row-wise loss applies unchanged.
+        module: Any = self._sequence_view(batch) if self.is_recurrent() else self.model
         self.model.train()
         try:
-            loss, stats = self.loss_fn(self.model, tensors, self.config)
+            loss, stats = self.loss_fn(module, tensors, self.config)
         finally:
             self.model.eval()
         if Columns.VALUE_TARGETS in tensors and Columns.VF_PREDS in tensors:
@@ -336,3 +490,33 @@ class TorchPolicy:
 
     def __repr__(self) -> str:
         return f"TorchPolicy({self.policy_id!r}, {type(self.model).__name__})"
+
+
+class _SequenceRows:
+    """A recurrent module seen row by row: ``forward_train`` on rows runs their sequences.
+
+    The rows' observations are zero-padded into ``(num_sequences, T, ...)``, the module
+    runs them from the sequences' ``STATE_IN``, and each output comes back as one row per
+    real row (padded steps dropped: the loss mask). Other attributes are the module's.
+
+    Args:
+        module: The stateful module.
+        layout: The rows' sequences.
+        state_in: The module's ``STATE_IN`` at each sequence's start (nested tensors).
+    """
+
+    def __init__(self, module: RLModule, layout: SequenceLayout, state_in: Any) -> None:
+        self.module = module
+        self.layout = layout
+        self.state_in = state_in
+
+    def forward_train(self, batch: Mapping[str, Any], **kwargs: Any) -> dict[str, Any]:
+        """The module's ``forward_train`` over the rows' sequences, one output per row."""
+        obs = tree_map(self.layout.pad, batch[Columns.OBS])
+        out = self.module.forward_train(
+            {Columns.OBS: obs, Columns.STATE_IN: self.state_in}, **kwargs
+        )
+        return {k: tree_map(self.layout.unpad, v) for k, v in out.items() if k != Columns.STATE_OUT}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.module, name)

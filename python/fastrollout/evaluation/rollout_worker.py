@@ -47,6 +47,7 @@ from fastrollout.checkpoints import (
 )
 from fastrollout.config import BATCH_MODES, OBSERVATION_FILTERS, RunnerConfig
 from fastrollout.core import DEFAULT_MODULE_ID
+from fastrollout.core.tree import tree_map
 from fastrollout.env import EnvContext
 from fastrollout.evaluation.env_wrappers import wrap_for_worker
 from fastrollout.evaluation.observation_filters import (
@@ -55,6 +56,7 @@ from fastrollout.evaluation.observation_filters import (
     with_mean_std_connector,
 )
 from fastrollout.evaluation.policy import TorchPolicy
+from fastrollout.evaluation.recurrent import add_recurrent_columns
 from fastrollout.filters import Filter, clip_reward, get_filters, sync_filters
 from fastrollout.learners.ppo import PPOConfig
 from fastrollout.runners._keys import WEIGHTS_SEQ_NO
@@ -502,6 +504,11 @@ class RolloutWorker(Checkpointable):
                 )
                 # The runner's per-step record of the weights' version: no old-stack column.
                 part.pop(WEIGHTS_SEQ_NO, None)
+                policy = self.policy_map[pid]
+                if policy.is_recurrent():
+                    add_recurrent_columns(
+                        part, chunk, policy.initial_state, policy.max_seq_len, policy_id=pid
+                    )
                 self._unroll_id += 1
                 per_policy[pid].append(part)
         batches = {pid: self._policy_batch(pid, parts) for pid, parts in per_policy.items()}
@@ -522,6 +529,8 @@ class RolloutWorker(Checkpointable):
         policy = self.policy_map[pid]
         policy.postprocess(batch, ends)
         batch.num_grad_updates = float(policy.num_grad_updates)
+        if policy.is_recurrent():
+            batch.max_seq_len = policy.max_seq_len
         return batch
 
     def _record_metrics(self, episode: Any) -> None:
@@ -1076,6 +1085,51 @@ def _minibatches(
     if not size or size >= batch.count:
         yield batch
         return
+    if SampleBatch.SEQ_LENS in batch:
+        # A recurrent policy's rows stay in their sequences: whole sequences, shuffled,
+        # about ``size`` rows per minibatch (RLlib's old stack does the same).
+        yield from _sequence_minibatches(batch, size)
+        return
     shuffled = batch.shuffle()
     for start in range(0, shuffled.count - size + 1, size):
         yield shuffled.slice(start, start + size)
+
+
+def _sequence_minibatches(batch: SampleBatch, size: int) -> Iterable[SampleBatch]:
+    """Minibatches of whole sequences (random order), each of at least ``size`` rows.
+
+    The sequences left over after the last full minibatch are dropped, as the row-wise
+    minibatches drop their remainder.
+    """
+    seq_lens = np.asarray(batch[SampleBatch.SEQ_LENS])
+    starts = np.cumsum(seq_lens) - seq_lens
+    order = np.random.permutation(len(seq_lens))
+    chosen: list[int] = []
+    rows = 0
+    for s in order.tolist():
+        chosen.append(s)
+        rows += int(seq_lens[s])
+        if rows >= size:
+            yield _take_sequences(batch, np.array(chosen), starts, seq_lens)
+            chosen, rows = [], 0
+
+
+def _take_sequences(
+    batch: SampleBatch, seqs: np.ndarray, starts: np.ndarray, seq_lens: np.ndarray
+) -> SampleBatch:
+    """The batch of the given sequences, in that order (rows, ``state_in_*``, ``seq_lens``)."""
+    lens = seq_lens[seqs]
+    rows = np.repeat(starts[seqs] - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))
+    data: dict[str, Any] = {}
+    for key, value in batch.items():
+        if key == SampleBatch.SEQ_LENS:
+            data[key] = lens
+        elif key.startswith("state_in_"):
+            data[key] = np.asarray(value)[seqs]
+        elif isinstance(value, list):
+            data[key] = [value[i] for i in rows]
+        else:
+            data[key] = tree_map(lambda x: x[rows], value)
+    out = SampleBatch(data, _num_grad_updates=batch.num_grad_updates)
+    out.max_seq_len = batch.max_seq_len
+    return out
