@@ -439,3 +439,28 @@ def test_layout_matches_rlllibs_old_stack_lstm_worker(num_envs: int) -> None:
     finally:
         theirs_w.stop()
         ours_w.stop()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="RLlib 2.60 not installed")
+def test_an_rllib_old_stack_lstm_config_builds_the_default_lstm_module() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from ray.rllib.algorithms.ppo import PPOConfig
+
+        rllib_config = (
+            PPOConfig()
+            .api_stack(enable_rl_module_and_learner=False, enable_env_runner_and_connector_v2=False)
+            .env_runners(rollout_fragment_length=10, num_envs_per_env_runner=2)
+            .training(model={"use_lstm": True, "max_seq_len": 4, "lstm_cell_size": 8})
+            .debugging(seed=0)
+        )
+    worker = fr.RolloutWorker(env_creator=FixedEnv, config=rllib_config)
+    try:
+        module = worker.get_policy().model
+        assert isinstance(module, fr.modules.DefaultLSTMModule)
+        assert module.model_config["max_seq_len"] == 4
+        batch = worker.sample()
+        assert batch.max_seq_len == 4 and sum(batch["seq_lens"]) == batch.count
+        assert np.asarray(batch["state_out_0"]).shape == (batch.count, 1, 8)
+    finally:
+        worker.stop()

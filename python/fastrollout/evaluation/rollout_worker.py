@@ -89,6 +89,8 @@ class _IOContext(NamedTuple):
 
 # The keys of RLlib's old-stack model dict that fastrollout's default module takes.
 _RLLIB_MODEL_KEYS = ("fcnet_hiddens", "fcnet_activation", "vf_share_layers")
+# ... and those of its LSTM wrapper (use_lstm=True: fastrollout's DefaultLSTMModule).
+_RLLIB_LSTM_KEYS = ("use_lstm", "max_seq_len", "lstm_cell_size")
 # RLlib's PPO settings that PPOConfig has under the same names.
 _RLLIB_PPO_KEYS = (
     "gamma",
@@ -134,7 +136,8 @@ def _runner_config_from_rllib(config: Any) -> tuple[RunnerConfig, PPOConfig]:
         if hasattr(config, name):
             setattr(out, name, getattr(config, name))
     model = dict(getattr(config, "model", {}) or {})
-    out.rl_module(model_config={k: model[k] for k in _RLLIB_MODEL_KEYS if k in model})
+    keys = _RLLIB_MODEL_KEYS + (_RLLIB_LSTM_KEYS if model.get("use_lstm") else ())
+    out.rl_module(model_config={k: model[k] for k in keys if k in model})
     ppo = {}
     for name in _RLLIB_PPO_KEYS:
         value = getattr(config, name, None)
