@@ -124,7 +124,10 @@ impl<'py> BatchField<'py> {
         }
         // A non-array value (a constant such as the weights' sequence number) goes to
         // every episode as it is; a dict/tuple of arrays (a recurrent state) is a batch.
-        if self.value.cast::<PyUntypedArray>().is_err() && self.name == "extra" && !is_nested(&self.value) {
+        if self.value.cast::<PyUntypedArray>().is_err()
+            && self.name == "extra"
+            && !is_nested_batch(&self.value, self.n)
+        {
             return Ok(Input::Object(self.value.clone()));
         }
         let spec = episode.row_spec(self.field_name());
@@ -155,7 +158,7 @@ impl<'py> BatchField<'py> {
     fn first_rows(&self) -> PyResult<Option<FirstRows<'py>>> {
         let Ok(array) = self.value.cast::<PyUntypedArray>() else {
             // A nested batch's first item is inferred from its row 0 (the per-row path).
-            if self.name != "extra" || is_nested(&self.value) {
+            if self.name != "extra" || is_nested_batch(&self.value, self.n) {
                 return Ok(None);
             }
             // As `prepare` infers and converts a first item (an object where either fails).
@@ -279,7 +282,8 @@ impl<'py> FastStep<'py> {
         for (slot, f) in all.enumerate() {
             let Some(spec) = model.row_spec(out.name(slot)) else { return Ok(None) };
             // Extras may be nested batches (a recurrent state's dict of arrays).
-            let batch = f.value.cast::<PyUntypedArray>().is_ok() || (slot >= 3 && is_nested(&f.value));
+            let batch =
+                f.value.cast::<PyUntypedArray>().is_ok() || (slot >= 3 && is_nested_batch(&f.value, f.n));
             let rows = if batch {
                 match f.convert(spec) {
                     Ok(rows) => FastRows::Batch(rows),
@@ -365,6 +369,37 @@ fn record_rows(
 /// space's observations or a recurrent module's state are batched.
 fn is_nested(value: &Bound<'_, PyAny>) -> bool {
     value.cast::<PyDict>().is_ok() || value.cast::<PyTuple>().is_ok()
+}
+
+/// Whether an extra model output is a nested batch of `n` rows (a recurrent module's
+/// state): a non-empty dict or tuple whose leaves are all numpy arrays with `n` rows. Any
+/// other dict or tuple is a constant for every row, as any other non-array value is.
+fn is_nested_batch(value: &Bound<'_, PyAny>, n: usize) -> bool {
+    fn leaves_have_rows(value: &Bound<'_, PyAny>, n: usize) -> Option<bool> {
+        if let Ok(d) = value.cast::<PyDict>() {
+            let mut any = false;
+            for (_, v) in d.iter() {
+                if !leaves_have_rows(&v, n)? {
+                    return Some(false);
+                }
+                any = true;
+            }
+            return Some(any);
+        }
+        if let Ok(t) = value.cast::<PyTuple>() {
+            let mut any = false;
+            for v in t.iter() {
+                if !leaves_have_rows(&v, n)? {
+                    return Some(false);
+                }
+                any = true;
+            }
+            return Some(any);
+        }
+        let a = value.cast::<PyUntypedArray>().ok()?;
+        Some(a.shape().first() == Some(&n))
+    }
+    is_nested(value) && leaves_have_rows(value, n) == Some(true)
 }
 
 /// The rows of a batch: `len(value)`, or for a nested batch its first leaf's (every leaf
@@ -603,7 +638,7 @@ fn subset_episodes<'py>(
     let extras = extras
         .iter()
         .map(|(_, f)| f)
-        .filter(|f| f.value.cast::<PyUntypedArray>().is_ok() || is_nested(&f.value));
+        .filter(|f| f.value.cast::<PyUntypedArray>().is_ok() || is_nested_batch(&f.value, subset.len()));
     for f in fields.into_iter().chain(extras) {
         check_subset_rows(&f.value, subset.len(), &|| f.label())?;
     }

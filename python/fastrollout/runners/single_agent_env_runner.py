@@ -81,10 +81,13 @@ def _take_infos(infos: Any, rows: np.ndarray) -> Any:
 def _is_batch(value: Any) -> bool:
     """Whether an extra model output is batched (else a constant for every row).
 
-    Batched: an array with a batch axis, or a nested batch (a recurrent state's dict of
-    arrays).
+    Batched: an array with a batch axis, or a dict/tuple of such arrays (a recurrent
+    state), as the native record tells them apart.
     """
-    return isinstance(value, (dict, tuple)) or (isinstance(value, np.ndarray) and value.ndim > 0)
+    if isinstance(value, (dict, tuple)):
+        parts = list(leaves(value))
+        return bool(parts) and all(isinstance(x, np.ndarray) and x.ndim > 0 for x in parts)
+    return isinstance(value, np.ndarray) and value.ndim > 0
 
 
 def _take_extras(extras: dict[str, Any], rows: np.ndarray) -> dict[str, Any]:
