@@ -521,3 +521,67 @@ def test_the_server_records_the_local_clients_state_out_and_continues_from_it() 
             np.testing.assert_allclose(out["sum"][:, 1], [k, 2 * k, 3 * k, 4 * k])
     finally:
         runner.stop()
+
+
+def test_nested_state_extras_travel_in_log_experience_frames() -> None:
+    # A recurrent state (a dict of arrays, or tuples, which msgpack sends as lists)
+    # inside a log_action's "extra", as a local-inference client sends it.
+    pytest.importorskip("msgpack")
+    from fastrollout.external import protocol
+
+    h, c = np.arange(4, dtype=np.float32), np.ones((2, 3), np.float64)
+    call = {"type": "log_action", "extra": {Columns.STATE_OUT: {"h": h, "pair": (c, h)}}}
+    back = protocol.unpack(protocol.pack({"type": "log_experience", "calls": [call]}))
+    state = back["calls"][0]["extra"][Columns.STATE_OUT]
+    assert state["h"].dtype == np.float32 and state["pair"][0].dtype == np.float64
+    np.testing.assert_array_equal(state["h"], h)
+    np.testing.assert_array_equal(state["pair"][0], c)
+    assert isinstance(state["pair"], list)  # (the runner reads it as the state's tuple)
+    from fastrollout.runners._recurrent import RecurrentStates
+
+    class Pair:
+        def is_stateful(self) -> bool:
+            return True
+
+        def get_initial_state(self) -> Any:
+            return {"h": np.zeros(4, np.float32), "pair": (np.zeros((2, 3)), np.zeros(4))}
+
+    states = RecurrentStates({"m": Pair()})
+    kept = states.set_state("m", ("e", None), state)
+    assert isinstance(kept["pair"], tuple)
+    np.testing.assert_array_equal(states.state("m", ("e", None))["pair"][1], h)
+
+
+def test_an_episode_begun_before_the_client_had_weights_keeps_the_servers_states() -> None:
+    # Its first steps were random (no module yet): the client sends no state for it, so
+    # the server's runner keeps the episode's own chain; episodes begun later send theirs.
+    pytest.importorskip("msgpack")
+    from fastrollout.external import PolicyClient
+
+    runner = server_runner()
+    try:
+        with PolicyClient(f"127.0.0.1:{runner.env.port}", "local", None, timeout_s=TIMEOUT) as c:
+            assert not c._modules
+            early = c.start_episode("early")
+            c.get_action(early, np.array([0, 1], np.float32))
+            sampler = Sampler(runner, 2)
+            wait_for_weights(runner.env)
+            c.update_policy_weights()
+            assert c._modules
+            late = c.start_episode("late")
+            for t in range(1, 4):
+                c.get_action(early, np.array([t, 1], np.float32))
+                c.get_action(late, np.array([t, 2], np.float32))
+            assert c._calls[-1]["extra"][Columns.STATE_OUT]["n"].tolist() == [3.0]
+            assert all(
+                Columns.STATE_OUT not in call.get("extra", {})
+                for call in c._calls
+                if call.get("episode_id") == early
+            )
+            c.end_episode(early, np.array([4, 1], np.float32))
+            c.end_episode(late, np.array([4, 2], np.float32))
+        episodes = sampler.join()
+        check_chain(episodes, {})
+        assert sorted(len(e) for e in episodes) == [3, 4]
+    finally:
+        runner.stop()
