@@ -151,6 +151,11 @@ class PolicyClient:
         self._calls: list[dict[str, Any]] = []
         self._calls_time = time.monotonic()
         self._local_open: dict[str, bool] = {}
+        # Stateful modules' live states, per (episode id, agent id) (single-agent: agent
+        # None), and the episodes that took a step before the client had weights (they
+        # send no state: the server's runner keeps its own for them).
+        self._states: Any = None
+        self._stateless_episodes: set[str] = set()
         with self._lock:
             self._call(None)
             if inference_mode == "local":
@@ -179,6 +184,7 @@ class PolicyClient:
                 if eid in self._local_open:
                     raise ValueError(f"Episode {eid} is already started")
                 self._local_open[eid] = training
+                self._forget_states(eid)
                 self._record(
                     {"type": "start_episode", "episode_id": eid, "training_enabled": training}
                 )
@@ -241,14 +247,19 @@ class PolicyClient:
                 self._check_local(episode_id)
                 obs = self._conform(self._obs, observation, "observation")
                 act = self._conform(self._actions, action, "action")
-                self._record(
-                    {
-                        "type": "log_action",
-                        "episode_id": episode_id,
-                        "observation": obs,
-                        "action": act,
-                    }
-                )
+                call = {
+                    "type": "log_action",
+                    "episode_id": episode_id,
+                    "observation": obs,
+                    "action": act,
+                }
+                if self._states:
+                    # A stateful module still sees the step: its state advances with its
+                    # forward pass (as the runner's does for logged actions).
+                    extra = self._logged_states(episode_id, obs)
+                    if extra:
+                        call["extra"] = extra
+                self._record(call)
                 return
             assert self._obs is not None and self._actions is not None
             self._call(
@@ -310,6 +321,7 @@ class PolicyClient:
                 self._check_local(episode_id)
                 obs = self._conform(self._obs, observation, "observation")
                 del self._local_open[episode_id]
+                self._forget_states(episode_id)
                 self._record({"type": "end_episode", "episode_id": episode_id, "observation": obs})
                 self._flush()
                 return
@@ -534,7 +546,9 @@ class PolicyClient:
             time.monotonic() - self._weights_time >= self.update_interval
         ):
             self._refresh_weights()
-        action, extra = self._act(obs)
+        action, extra = self._act(episode_id, obs)
+        if extra and episode_id in self._stateless_episodes:
+            extra = _without_state(extra, self.multi_agent)
         call = {
             "type": "log_action",
             "episode_id": episode_id,
@@ -546,26 +560,76 @@ class PolicyClient:
         self._record(call)
         return action
 
-    def _act(self, obs: Any) -> tuple[Any, Any]:
-        """The module's action (and its outputs for the step) for one observation."""
+    def _act(self, episode_id: str, obs: Any) -> tuple[Any, Any]:
+        """The module's action (and its outputs for the step) for one observation.
+
+        Args:
+            episode_id: The episode (a stateful module's state is kept per episode and
+                agent).
+            obs: The observation (multi-agent: a dict agent id -> observation).
+
+        Returns:
+            The action and the outputs to log with it (None: none).
+        """
         assert self._actions is not None
         if not self._modules:  # (no weights yet: the server's runner has not sampled)
+            self._stateless_episodes.add(episode_id)
             if not self.multi_agent:
                 return self._actions.space.sample(), None
             return {a: self._actions.of(a).sample() for a in obs}, None
         if not self.multi_agent:
-            mid = next(iter(self._modules)) if len(self._modules) == 1 else "default_policy"
-            actions, extras = self._forward(mid, [obs])
+            mid = self._single_module()
+            actions, extras = self._forward(mid, [obs], [(episode_id, None)])
             return actions[0], extras[0]
-        by_module: dict[Any, list[str]] = {}
-        for aid in obs:
-            by_module.setdefault(self._module_for(aid), []).append(aid)
         action, extra = {}, {}
-        for mid, agents in by_module.items():
-            actions, extras = self._forward(mid, [obs[a] for a in agents])
+        for mid, agents in self._agents_by_module(obs).items():
+            slots = [(episode_id, a) for a in agents]
+            actions, extras = self._forward(mid, [obs[a] for a in agents], slots)
             for a, act, ex in zip(agents, actions, extras, strict=True):
                 action[a], extra[a] = act, ex
         return action, extra
+
+    def _single_module(self) -> Any:
+        return next(iter(self._modules)) if len(self._modules) == 1 else "default_policy"
+
+    def _agents_by_module(self, obs: Mapping[Any, Any]) -> dict[Any, list[Any]]:
+        by_module: dict[Any, list[Any]] = {}
+        for aid in obs:
+            by_module.setdefault(self._module_for(aid), []).append(aid)
+        return by_module
+
+    def _logged_states(self, episode_id: str, obs: Any) -> Any:
+        """A logged step's ``STATE_OUT`` per stateful module's row (None: none to send).
+
+        The stateful modules run on the step's observation, so their states advance as
+        for an action of their own; the server records the state and goes on from it.
+        """
+        from fastrollout.core import Columns
+
+        if episode_id in self._stateless_episodes:
+            return None
+        states = self._states
+        if not self.multi_agent:
+            mid = self._single_module()
+            if mid not in states:
+                return None
+            _, extras = self._forward(mid, [obs], [(episode_id, None)])
+            return {Columns.STATE_OUT: extras[0][Columns.STATE_OUT]}
+        extra = {}
+        for mid, agents in self._agents_by_module(obs).items():
+            if mid not in states:
+                continue
+            slots = [(episode_id, a) for a in agents]
+            _, extras = self._forward(mid, [obs[a] for a in agents], slots)
+            for a, ex in zip(agents, extras, strict=True):
+                extra[a] = {Columns.STATE_OUT: ex[Columns.STATE_OUT]}
+        return extra or None
+
+    def _forget_states(self, episode_id: str) -> None:
+        """Drops an episode's states (its next start reads the initial state)."""
+        self._stateless_episodes.discard(episode_id)
+        if self._states:
+            self._states.drop_where(lambda slot: slot[0] == episode_id)
 
     def _module_for(self, agent_id: str) -> Any:
         if self._policy_mapping_fn is not None:
@@ -581,12 +645,23 @@ class PolicyClient:
             )
         return mid
 
-    def _forward(self, module_id: Any, observations: list[Any]) -> tuple[list[Any], list[Any]]:
+    def _forward(
+        self, module_id: Any, observations: list[Any], slots: list[Any]
+    ) -> tuple[list[Any], list[Any]]:
         """One exploring forward pass of a module on a batch of observations.
+
+        A stateful module gets its rows' states as ``STATE_IN`` (a time axis of one step
+        on every column, as the runner feeds it), and keeps each row's ``STATE_OUT``.
+
+        Args:
+            module_id: The module.
+            observations: One observation per row.
+            slots: The ``(episode id, agent id)`` of each row (its state's key).
 
         Returns:
             The actions for the env, one per row, and per row the module's
-            ``action_logp`` and ``action_dist_inputs`` (those it outputs).
+            ``action_logp`` and ``action_dist_inputs`` (those it outputs) and, for a
+            stateful module, its ``STATE_OUT`` (numpy, nested as its state).
         """
         import torch
 
@@ -599,9 +674,16 @@ class PolicyClient:
         module = self._modules[module_id]
         stacked = tree_map(lambda *rows: np.stack(rows), *observations)
         batch = {Columns.OBS: tree_map(torch.from_numpy, stacked)}
+        states = self._states
+        stateful = module_id in states
+        if stateful:
+            states.add_state_in({module_id: batch}, {module_id: slots})
         with torch.no_grad():
             out = dict(module.forward_exploration(batch))
             outputs = {module_id: out}
+            if stateful:
+                states.remove_time_axis(outputs)
+                states.store(outputs, {module_id: slots})
             add_actions({module_id: module}, outputs, True, as_numpy=True)
         out = outputs[module_id]
         space = module.action_space
@@ -621,10 +703,12 @@ class PolicyClient:
             }
         )
         rows = range(len(observations))
-        return (
-            [take(actions, i) for i in rows],
-            [{k: np.asarray(v[i]) for k, v in columns.items()} for i in rows],
-        )
+        extras = [{k: np.asarray(v[i]) for k, v in columns.items()} for i in rows]
+        if stateful:
+            state_out = tree_map(_numpy, out[Columns.STATE_OUT])
+            for i, ex in enumerate(extras):
+                ex[Columns.STATE_OUT] = take(state_out, i)
+        return [take(actions, i) for i in rows], extras
 
     def _refresh_weights(self) -> None:
         reply = self._call(
@@ -638,6 +722,8 @@ class PolicyClient:
 
         built = dict(self._modules)
         described = {mid: protocol.pack(d) for mid, d in modules.items()}
+        # Other modules (not only other weights): the live states start over.
+        rebuilt = described != self._module_descriptions
         for mid, description in modules.items():
             module = built.get(mid)
             if module is None or self._module_descriptions.get(mid) != described[mid]:
@@ -653,6 +739,10 @@ class PolicyClient:
             built[mid] = module
         self._modules = {mid: built[mid] for mid in modules}
         self._module_descriptions = described
+        if rebuilt or self._states is None:
+            from fastrollout.runners._recurrent import RecurrentStates
+
+            self._states = RecurrentStates(self._modules)
         self._weights_seq_no = int(reply["weights_seq_no"])
 
     def _record(self, call: dict[str, Any]) -> None:
@@ -730,6 +820,17 @@ def _unsquashed(space: gym.Space[Any]) -> bool:
     if isinstance(space, gym.spaces.Tuple):
         return any(_unsquashed(s) for s in space.spaces)
     return isinstance(space, gym.spaces.Box) and bool(space.is_bounded("both"))
+
+
+def _without_state(extra: dict[str, Any], multi_agent: bool) -> dict[str, Any]:
+    """A step's outputs without ``STATE_OUT`` (per agent, multi-agent)."""
+    from fastrollout.core import Columns
+
+    if multi_agent:
+        return {
+            a: {k: v for k, v in ex.items() if k != Columns.STATE_OUT} for a, ex in extra.items()
+        }
+    return {k: v for k, v in extra.items() if k != Columns.STATE_OUT}
 
 
 def _numpy(x: Any) -> Any:

@@ -93,6 +93,30 @@ class _ModuleStates:
 
         tree_map(put, self.buffers, out)
 
+    def put(self, slot: Hashable, state: Any) -> Any:
+        """Makes ``state`` (one state, no batch axis) the slot's state.
+
+        Returns:
+            The state with numpy leaves.
+
+        Raises:
+            ValueError: If its structure or a leaf's shape differs from the initial
+                state's (nothing is stored then).
+        """
+        try:
+            one = _same_structure(self.initial, state)
+        except (KeyError, TypeError, ValueError):
+            one = None
+        if one is None or any(
+            x.shape != i.shape for i, x in zip(leaves(self.initial), leaves(one), strict=True)
+        ):
+            raise ValueError(
+                f"module {self.module_id!r}: the {Columns.STATE_OUT!r} given {_describe(state)} "
+                f"is not shaped as its initial state {_describe(self.initial)} (leaf shapes shown)"
+            )
+        self.store([slot], tree_map(lambda x: x[None], one))
+        return one
+
     def like_initial(self, value: Any, n: int, key: str) -> Any:
         """``value`` as numpy leaves, checked to be a batch of ``n`` initial states.
 
@@ -247,6 +271,30 @@ class RecurrentStates:
                     f"{Columns.STATE_OUT!r} output"
                 )
             states.store(list(slots[mid]), state_out)
+
+    def set_state(self, module_id: str, slot: Hashable, state: Any) -> Any:
+        """Makes a state given from outside the slot's next ``STATE_IN``.
+
+        A simulator that took a step itself (``log_action`` with its own
+        ``STATE_OUT``, as a local-inference policy client sends it) sets the state the
+        episode records for that step, so the next step starts from it: the state a
+        step records is always the one the next step reads, as RLlib's runners read it
+        back from the episode.
+
+        Args:
+            module_id: A stateful module's id.
+            slot: The slot.
+            state: One state, nested as the module's initial state, without a batch
+                axis (tensors, arrays, or lists where the initial state has tuples).
+
+        Returns:
+            The state with numpy leaves (to record).
+
+        Raises:
+            ValueError: Naming the module and the key, if its structure or a leaf's
+                shape differs from the initial state's (nothing is stored then).
+        """
+        return self._modules[module_id].put(slot, state)
 
     def drop(self, slots: Iterable[Hashable]) -> None:
         """Starts slots over: their next forward pass reads the initial state."""

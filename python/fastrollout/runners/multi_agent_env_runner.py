@@ -302,12 +302,16 @@ class MultiAgentEnvRunner(EnvRunner[MultiAgentEpisode]):
         As the single-agent runner does: the logged actions replace the module's, their
         ``action_logp`` is the module's log-probability of them where its
         ``action_dist_inputs`` define one, and the simulator's own outputs replace the
-        module's.
+        module's (its own ``STATE_OUT`` also becomes the agent's live state).
 
         Args:
             logged: ``(row, {agent: action}, simulator outputs or None)`` per logged row.
             ids: The sub-envs of the rows.
             per_env: ``(env actions, actions, extras)`` per row, as computed.
+
+        Raises:
+            ValueError: If a simulator's ``STATE_OUT`` is not shaped as its module's
+                state (named by episode, agent and module).
         """
         for j, acts, own in logged:
             episode = self._episodes[int(ids[j])]
@@ -326,7 +330,21 @@ class MultiAgentEnvRunner(EnvRunner[MultiAgentEpisode]):
                     )
                     if logp is not None:
                         ex[Columns.ACTION_LOGP] = logp[0]
-                ex.update((own or {}).get(aid, {}) if _per_agent(own, acts) else own or {})
+                given = (own or {}).get(aid, {}) if _per_agent(own, acts) else own or {}
+                mid = episode.module_for(aid)
+                if Columns.STATE_OUT in given and mid in self._states:
+                    # The simulator's own state: recorded, and the agent's next step
+                    # starts from it.
+                    try:
+                        state = self._states.set_state(
+                            mid, (int(ids[j]), aid), given[Columns.STATE_OUT]
+                        )
+                    except ValueError as err:
+                        raise ValueError(
+                            f"episode {episode.id_}, agent {aid!r}: log_action's outputs: {err}"
+                        ) from None
+                    given = {**given, Columns.STATE_OUT: state}
+                ex.update(given)
                 ex.setdefault(keys.WEIGHTS_SEQ_NO, self._weights_seq_no)
                 new_extras[aid] = ex
             per_env[j] = (acts, acts, new_extras)

@@ -123,6 +123,24 @@ def _batched_resets(space: gym.Space[Any], results: StepResults) -> StepResults:
     )
 
 
+def _set_row(buffer: Any, j: int, value: Any, key: str) -> None:
+    """Writes ``value`` into row ``j`` of a nested batch of extras (same nesting).
+
+    Raises:
+        ValueError: If ``value`` is not nested as ``buffer`` (naming ``key``).
+    """
+
+    def put(b: np.ndarray, x: Any) -> None:
+        b[j] = x
+
+    try:
+        tree_map(put, buffer, value)
+    except (KeyError, TypeError, ValueError, IndexError) as err:
+        raise ValueError(
+            f"the simulator's own {key!r} is not nested as the module's ({err})"
+        ) from None
+
+
 def _same_layout(buffer: Any, batch: Any) -> bool:
     """Whether ``batch``'s rows fit ``buffer`` (same nesting, leaf dtypes and row shapes)."""
     try:
@@ -382,7 +400,7 @@ class SingleAgentEnvRunner(EnvRunner[SingleAgentEpisode]):
             logged = self._sub_envs.logged_actions(ids)
             if logged:
                 actions, env_actions, extras = self._with_logged(
-                    logged, actions, env_actions, extras
+                    logged, ids, actions, env_actions, extras
                 )
         extras[keys.WEIGHTS_SEQ_NO] = self._weights_seq_no
         self._sub_envs.send(ids, env_actions)
@@ -395,6 +413,7 @@ class SingleAgentEnvRunner(EnvRunner[SingleAgentEpisode]):
     def _with_logged(
         self,
         logged: list[tuple[int, Any, Any]],
+        ids: np.ndarray,
         actions: Any,
         env_actions: Any,
         extras: dict[str, Any],
@@ -404,16 +423,24 @@ class SingleAgentEnvRunner(EnvRunner[SingleAgentEpisode]):
         The logged action replaces the module's in its row (it is what the env did), its
         ``action_logp`` becomes the module's log-probability of it where the module's
         ``action_dist_inputs`` define one, and the simulator's own outputs for the step
-        replace the module's.
+        replace the module's. A stateful module's state advanced with its forward pass
+        on the step's observation (as RLlib's runners advance it for off-policy
+        actions), unless the simulator gave its own ``STATE_OUT``: that one is recorded
+        and the next step starts from it.
 
         Args:
             logged: ``(row, action, simulator outputs or None)`` per logged row.
+            ids: The sub-env (slot) of each row.
             actions: The module's actions, batched.
             env_actions: The actions for the env, batched.
             extras: The module's extra outputs, batched.
 
         Returns:
             The actions, the actions for the env, and the extras.
+
+        Raises:
+            ValueError: If a simulator's ``STATE_OUT`` is not shaped as the module's
+                state, or another of its outputs as the module's.
         """
         from gymnasium.vector.utils import concatenate, create_empty_array
 
@@ -425,16 +452,26 @@ class SingleAgentEnvRunner(EnvRunner[SingleAgentEpisode]):
         if env_actions is not actions:
             env_actions = _copy_batch(env_actions)
             set_rows(env_actions, rows, given)
-        extras = {k: np.array(v) if isinstance(v, np.ndarray) else v for k, v in extras.items()}
+        extras = {k: tree_map(np.array, v) if _is_batch(v) else v for k, v in extras.items()}
         dist_inputs = extras.get(Columns.ACTION_DIST_INPUTS)
         if isinstance(dist_inputs, np.ndarray) and Columns.ACTION_LOGP in extras:
             logp = self._logp_of(DEFAULT_MODULE_ID, dist_inputs[rows], given, self._call.explore)
             if logp is not None:
                 extras[Columns.ACTION_LOGP][rows] = logp
+        stateful = DEFAULT_MODULE_ID in self._states
         for j, _, own in logged:
             for k, v in (own or {}).items():
-                if isinstance(extras.get(k), np.ndarray):
-                    extras[k][j] = v
+                try:
+                    if k == Columns.STATE_OUT and stateful:
+                        v = self._states.set_state(DEFAULT_MODULE_ID, int(ids[j]), v)
+                    buffer = extras.get(k)
+                    if isinstance(buffer, np.ndarray):
+                        buffer[j] = v
+                    elif isinstance(buffer, (dict, tuple)):
+                        _set_row(buffer, j, v, k)
+                except ValueError as err:
+                    episode = self._episodes[int(ids[j])].id_
+                    raise ValueError(f"episode {episode}: log_action's outputs: {err}") from None
         return actions, env_actions, extras
 
     def _poll(self, wait_s: float) -> StepResults:
