@@ -219,8 +219,8 @@ class DefaultAct:
                 if kwargs is None:
                     kwargs = {"t": runner._exploration_t(ts)} if explore else {}
                 output = own[module_id] = getattr(module, self._phase)(module_batch, **kwargs)
-                # (A stateful module's outputs have a one-step time axis.)
-                runner._states.remove_time_axis({module_id: output})
+                if module_id in runner._states:  # (its outputs have a one-step time axis)
+                    runner._states.remove_time_axis({module_id: output})
                 logits[module_id] = _own_logits(output)
             else:
                 logits[module_id] = run_layers(layers, module._obs(module_batch))

@@ -103,45 +103,39 @@ class _ModuleStates:
             ValueError: If its structure or a leaf's shape differs from the initial
                 state's (nothing is stored then).
         """
-        try:
-            one = _same_structure(self.initial, state)
-        except (KeyError, TypeError, ValueError):
-            one = None
-        if one is None or any(
-            x.shape != i.shape for i, x in zip(leaves(self.initial), leaves(one), strict=True)
-        ):
-            raise ValueError(
-                f"module {self.module_id!r}: the {Columns.STATE_OUT!r} given {_describe(state)} "
-                f"is not shaped as its initial state {_describe(self.initial)} (leaf shapes shown)"
-            )
+        one = self.like_initial(state, None, Columns.STATE_OUT)
         self.store([slot], tree_map(lambda x: x[None], one))
         return one
 
-    def like_initial(self, value: Any, n: int, key: str) -> Any:
-        """``value`` as numpy leaves, checked to be a batch of ``n`` initial states.
+    def like_initial(self, value: Any, n: int | None, key: str) -> Any:
+        """``value`` as numpy leaves, checked to be laid out as the initial state.
 
         Args:
-            value: A state batch (dicts/tuples of tensors or arrays).
-            n: The batch size it must have.
+            value: A state, or a batch of states (dicts/tuples of tensors or arrays; lists
+                where the state has tuples, as msgpack delivers them).
+            n: The batch size it must have (None: one state, without a batch axis).
             key: Its column (``STATE_IN`` or ``STATE_OUT``), for the message.
 
         Returns:
-            The batch with numpy leaves.
+            The value with numpy leaves.
 
         Raises:
             ValueError: Naming the module and the key, if the structure or a leaf's shape
-                differs from the initial state's with a batch axis of ``n``.
+                differs from the initial state's (with a batch axis of ``n``).
         """
+        batch = () if n is None else (n,)
         try:
             out = _same_structure(self.initial, value)
         except (KeyError, TypeError, ValueError):
             out = None
         if out is None or any(
-            x.shape != (n, *i.shape) for i, x in zip(leaves(self.initial), leaves(out), strict=True)
+            x.shape != (*batch, *i.shape)
+            for i, x in zip(leaves(self.initial), leaves(out), strict=True)
         ):
+            what = "a state" if n is None else f"a batch of {n}"
             raise ValueError(
-                f"module {self.module_id!r}: its {key!r} {_describe(value)} is not a batch of "
-                f"{n} of its initial state {_describe(self.initial)} (leaf shapes shown)"
+                f"module {self.module_id!r}: its {key!r} {_describe(value)} is not {what} of "
+                f"its initial state {_describe(self.initial)} (leaf shapes shown)"
             )
         return out
 
@@ -197,10 +191,6 @@ class RecurrentStates:
 
     def __contains__(self, module_id: object) -> bool:
         return module_id in self._modules
-
-    def initial_state(self, module_id: str) -> Any:
-        """A module's initial state (numpy, without a batch axis)."""
-        return self._modules[module_id].initial
 
     def state(self, module_id: str, slot: Hashable) -> Any:
         """A slot's current state (numpy, without a batch axis)."""

@@ -875,7 +875,8 @@ class EnvRunner(Checkpointable, abc.ABC, Generic[EpisodeT]):
             if direct is not None:
                 return direct
         out = self._forward(batch, explore, ts)
-        self._states.remove_time_axis(out)
+        if self._states:
+            self._states.remove_time_axis(out)
         start = time.perf_counter()
         return self._connect(self._connectors.module_to_env, out, explore), start
 
