@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastrollout._core import __version__
 from fastrollout.callbacks import Callbacks
-from fastrollout.config import RunnerConfig
+from fastrollout.config import RunnerConfig, sub_env_backend
 from fastrollout.env import register_env
 from fastrollout.episodes import MultiAgentEpisode, SingleAgentEpisode
 from fastrollout.errors import EpisodeStateError, MultiAgentEnvError, SpaceMismatchError
@@ -40,6 +40,7 @@ __all__ = [
     "SpaceMismatchError",
     "__version__",
     "register_env",
+    "sub_env_backend",
 ]
 
 # Public names that need torch -> the subpackage that defines them.

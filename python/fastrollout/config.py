@@ -34,7 +34,10 @@ import gymnasium as gym
 from fastrollout.callbacks import CALLBACK_NAMES, Callbacks, _as_list
 from fastrollout.core import DEFAULT_MODULE_ID
 
-__all__ = ["NotProvided", "RunnerConfig"]
+__all__ = ["SUB_ENV_BACKENDS", "NotProvided", "RunnerConfig", "sub_env_backend"]
+
+#: The values of ``sub_env_backend``.
+SUB_ENV_BACKENDS = ("default", "shared_memory")
 
 
 class _NotProvided:
@@ -158,6 +161,10 @@ class RunnerConfig:
         self.restart_failed_sub_environments = False
         self.max_sub_environment_restart_attempts = 5
         self.sub_env_step_timeout_s: float | None = None
+        # Where the sub-envs step (fastrollout's own settings; see sub_env_backend()).
+        self.sub_env_backend = "default"
+        self.num_sub_env_workers: int | None = None
+        self.sub_env_batch_size: int | None = None
         self.restart_failed_env_runners = True
         self.ignore_env_runner_failures = False
         self.max_num_env_runner_restarts = 1000
@@ -332,6 +339,9 @@ class RunnerConfig:
         restart_failed_sub_environments: bool = NotProvided,
         max_sub_environment_restart_attempts: int = NotProvided,
         sub_env_step_timeout_s: float | None = NotProvided,
+        sub_env_backend: str = NotProvided,
+        num_sub_env_workers: int | None = NotProvided,
+        sub_env_batch_size: int | None = NotProvided,
     ) -> RunnerConfig:
         """Sets how runners sample.
 
@@ -409,6 +419,16 @@ class RunnerConfig:
                 restarts) that takes longer counts as that sub-env's failure, so one hung
                 simulator cannot hang the runner; None (default): no limit.
                 fastrollout's own setting.
+            sub_env_backend: ``"default"`` (as ``gym_env_vectorize_mode`` and
+                ``remote_worker_envs`` say) or ``"shared_memory"``: worker processes step
+                the sub-envs in the background and the runner infers for one batch while
+                the others step (see :func:`sub_env_backend`). An ``"envpool:<task>"``
+                env id always runs on EnvPool. fastrollout's own setting.
+            num_sub_env_workers: Worker processes of the ``"shared_memory"`` backend
+                (None: one per CPU core, at most one per sub-env).
+            sub_env_batch_size: Sub-envs the runner acts for per turn with the
+                ``"shared_memory"`` and EnvPool backends (None: half the sub-envs,
+                rounded up; all of them: lockstep).
 
         Returns:
             self.
@@ -417,6 +437,12 @@ class RunnerConfig:
             ValueError: A value out of range (the message names the argument).
             TypeError: A value of the wrong type.
         """
+        _set_sub_env_backend(
+            self,
+            backend=sub_env_backend,
+            num_workers=num_sub_env_workers,
+            batch_size=sub_env_batch_size,
+        )
         if env_runner_cls is not NotProvided:
             if env_runner_cls is not None and not isinstance(env_runner_cls, type):
                 raise TypeError(f"env_runner_cls must be a class, got {env_runner_cls!r}")
@@ -1187,6 +1213,51 @@ class RunnerConfig:
 
 
 # -------------------------------------------------------------------- checks
+
+
+def sub_env_backend(
+    config: Any,
+    backend: str = "shared_memory",
+    *,
+    num_workers: int | None = None,
+    batch_size: int | None = None,
+) -> Any:
+    """Chooses where a runner config's sub-envs step, on any config (RLlib's too).
+
+    RLlib's ``AlgorithmConfig`` has no such settings (it checks
+    ``gym_env_vectorize_mode`` against gymnasium's modes), so an RLlib user who samples
+    with ``env_runner_cls=fastrollout.SingleAgentEnvRunner`` switches the backend on
+    with this function; the attributes it sets travel with the config to remote runners.
+
+    Args:
+        config: A ``RunnerConfig`` or an RLlib ``AlgorithmConfig`` (not frozen).
+        backend: ``"shared_memory"`` (worker processes stepping the sub-envs in the
+            background, observations in shared memory) or ``"default"``.
+        num_workers: Worker processes (None: one per CPU core, at most one per sub-env).
+        batch_size: Sub-envs the runner acts for per turn (None: half of them, rounded
+            up; ``num_envs_per_env_runner``: lockstep).
+
+    Returns:
+        The config.
+
+    Raises:
+        ValueError: For an unknown backend or a count below 1.
+        TypeError: For a count that is not an int.
+    """
+    _set_sub_env_backend(config, backend=backend, num_workers=num_workers, batch_size=batch_size)
+    return config
+
+
+def _set_sub_env_backend(config: Any, *, backend: Any, num_workers: Any, batch_size: Any) -> None:
+    """Checks and sets the given sub-env backend settings (``NotProvided``: left alone)."""
+    if backend is not NotProvided:
+        _check_choice(backend, "sub_env_backend", SUB_ENV_BACKENDS)
+        config.sub_env_backend = backend
+    for name, value in (("num_sub_env_workers", num_workers), ("sub_env_batch_size", batch_size)):
+        if value is not NotProvided:
+            if value is not None:
+                _check_int(value, name, 1)
+            setattr(config, name, value)
 
 
 def _deep_update(original: dict[str, Any], new: Mapping[str, Any]) -> None:
