@@ -187,6 +187,7 @@ BACKENDS = {
     "sync": {},
     "async": {"gym_env_vectorize_mode": "async"},
     "remote": {"remote_worker_envs": True},
+    "shared_memory": {"sub_env_backend": "shared_memory", "num_sub_env_workers": 2},
 }
 
 
@@ -238,9 +239,9 @@ def test_single_agent_crashes_restart_one_sub_env_and_keep_the_counts(request, t
         r.stop()
 
 
-@pytest.mark.parametrize("backend", ["list", "remote"])
+@pytest.mark.parametrize("backend", ["list", "remote", "shared_memory"])
 def test_multi_agent_crashes_restart_one_sub_env_and_keep_the_counts(request, tmp_path, backend):
-    runners = {"remote_worker_envs": True} if backend == "remote" else {}
+    runners = BACKENDS.get(backend, {})
     if backend == "remote":
         request.getfixturevalue("ray_local")
     c = crash_config(crashy_multi_agent, 2, tmp_path, 0.01 if runners else 0.02, **runners)
@@ -301,6 +302,26 @@ def test_a_killed_async_worker_is_replaced_alone():
         r.stop()
 
 
+def test_a_killed_shared_memory_worker_fails_only_its_sub_envs():
+    runners = {"sub_env_backend": "shared_memory", "num_sub_env_workers": 2}
+    r = fr.SingleAgentEnvRunner(config=crash_config(SlowEnv, 4, **runners))
+    try:
+        first = r.sample(num_timesteps=40)
+        workers = r.env._workers
+        victim, other = workers[1].process, workers[0].process
+        os.kill(victim.pid, signal.SIGKILL)
+        second = r.sample(num_timesteps=80)
+        assert steps(second) >= 80
+        assert_exact(second)
+        assert workers[1].process.pid != victim.pid and workers[0].process is other
+        # Worker 0's sub-envs (0 and 1) continued their episodes; worker 1's were dropped.
+        kept = {e.id_ for e in first} & {e.id_ for e in second}
+        assert len(kept) == 2
+        assert r.get_metrics()["num_env_restarts_lifetime"].peek() == 2
+    finally:
+        r.stop()
+
+
 def test_a_killed_remote_sub_env_is_replaced_alone(ray_local):
     r = fr.SingleAgentEnvRunner(config=crash_config(SlowEnv, 3, remote_worker_envs=True))
     try:
@@ -334,7 +355,7 @@ class HangsOnce(SlowEnv):
         return super().step(action)
 
 
-@pytest.mark.parametrize("backend", ["async", "remote"])
+@pytest.mark.parametrize("backend", ["async", "remote", "shared_memory"])
 def test_a_hung_sub_env_times_out_and_is_replaced(request, tmp_path, backend):
     if backend == "remote":
         request.getfixturevalue("ray_local")

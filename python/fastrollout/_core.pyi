@@ -295,6 +295,12 @@ def multi_agent_record_steps(
     env_indices: Sequence[int] | npt.NDArray[np.integer[Any]] | None = None,
 ) -> list[int]: ...
 
+# The shared-memory sub-env backend's wait (rust/py/ready.rs; GIL released).
+
+def wait_ready(
+    fds: list[int], weights: list[int], need: int, timeout_s: float | None = None
+) -> list[int]: ...
+
 @final
 class ModuleBatcher:
     """Per-module inference batches gathered across sub-envs and agents, scattered back."""

@@ -11,6 +11,7 @@ mod multi;
 mod object;
 mod outputs;
 mod postprocess;
+mod ready;
 mod runner;
 mod single;
 mod spec;
@@ -41,6 +42,8 @@ mod _core {
     use super::outputs::AgentOutputsPy;
     #[pymodule_export]
     use super::postprocess::gae_segments;
+    #[pymodule_export]
+    use super::ready::wait_ready;
     #[pymodule_export]
     use super::runner::multi_agent_record_steps;
     #[pymodule_export]

@@ -11,6 +11,8 @@
 //! A step may concern only some of the sub-envs (remote sub-envs batched as they become
 //! ready): [`EnvIndices`] says which sub-env each row of such a step belongs to.
 
+pub mod ready;
+
 use std::fmt;
 use std::sync::Arc;
 

@@ -560,7 +560,9 @@ class SingleAgentEnvRunner(EnvRunner[SingleAgentEpisode]):
         action = gym.vector.utils.batch_space(self.env.single_action_space, 1).sample()
         ids = np.array([i], np.int64)
         self._sub_envs.send(ids, action)
-        self._pending.put(ids, action, {keys.WEIGHTS_SEQ_NO: self._weights_seq_no})
+        # No extras: its row is a reset, and a row with fewer keys would narrow the extras
+        # of the rows that come back with it (see _PendingRows.take).
+        self._pending.put(ids, action, {})
 
     def _run_env_to_module(self, explore: bool) -> None:
         """Runs the env-to-module pipeline on the latest observations (cached).

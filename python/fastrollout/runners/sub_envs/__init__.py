@@ -10,6 +10,9 @@
   stepped as they become ready (``remote_worker_envs``), single- and multi-agent;
 - :class:`~fastrollout.runners.sub_envs.external.ExternalSubEnvs`: the episodes of an
   ``ExternalEnv`` (simulators, a policy server's clients), one per row;
+- :class:`~fastrollout.runners.sub_envs.shared_memory.SharedMemorySubEnvs`: worker
+  processes that step groups of sub-envs in the background, observations in shared
+  memory, batches returned as they are ready (``sub_env_backend="shared_memory"``);
 - :func:`make_sub_envs`: the backend a runner config asks for.
 """
 
@@ -53,6 +56,27 @@ def make_sub_envs(config: Any, creator: Any, *, multi_agent: bool) -> SubEnvs:
     n = int(cfg(config, "num_envs_per_env_runner", 1))
     timeout = cfg(config, "sub_env_step_timeout_s")
     timeout = None if timeout is None else float(timeout)
+    backend = cfg(config, "sub_env_backend", "default")
+    if backend == "shared_memory":
+        if cfg(config, "remote_worker_envs", False):
+            raise ValueError(
+                "sub_env_backend='shared_memory' and remote_worker_envs=True both say where "
+                "the sub-envs run: choose one"
+            )
+        from fastrollout.runners.sub_envs.shared_memory import SharedMemorySubEnvs
+
+        workers = cfg(config, "num_sub_env_workers")
+        batch = cfg(config, "sub_env_batch_size")
+        return SharedMemorySubEnvs(
+            creator,
+            n,
+            multi_agent=multi_agent,
+            num_workers=None if workers is None else int(workers),
+            batch_size=None if batch is None else int(batch),
+            step_timeout_s=timeout,
+        )
+    if backend != "default":
+        raise ValueError(f"sub_env_backend must be 'default' or 'shared_memory', got {backend!r}")
     if cfg(config, "remote_worker_envs", False):
         from fastrollout.runners.sub_envs.remote import RemoteSubEnvs
 
