@@ -425,7 +425,8 @@ class RunnerConfig:
                 the others step (see :func:`sub_env_backend`). An ``"envpool:<task>"``
                 env id always runs on EnvPool. fastrollout's own setting.
             num_sub_env_workers: Worker processes of the ``"shared_memory"`` backend
-                (None: one per CPU core, at most one per sub-env).
+                (None: one per CPU core but the runner's own; at least one, at most one
+                per sub-env).
             sub_env_batch_size: Sub-envs the runner acts for per turn with the
                 ``"shared_memory"`` and EnvPool backends (None: half the sub-envs,
                 rounded up; all of them: lockstep).
@@ -1233,7 +1234,8 @@ def sub_env_backend(
         config: A ``RunnerConfig`` or an RLlib ``AlgorithmConfig`` (not frozen).
         backend: ``"shared_memory"`` (worker processes stepping the sub-envs in the
             background, observations in shared memory) or ``"default"``.
-        num_workers: Worker processes (None: one per CPU core, at most one per sub-env).
+        num_workers: Worker processes (None: one per CPU core but the runner's own; at
+            least one, at most one per sub-env).
         batch_size: Sub-envs the runner acts for per turn (None: half of them, rounded
             up; ``num_envs_per_env_runner``: lockstep).
 

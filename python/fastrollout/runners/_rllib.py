@@ -134,21 +134,29 @@ def build_from_spec(spec: Any) -> Any:
         spec: RLlib's spec, with its spaces set.
 
     Returns:
-        :class:`~fastrollout.modules.DefaultMLPModule` (or, with ``use_lstm`` and shared
+        :class:`~fastrollout.modules.DefaultMLPModule` (images:
+        :class:`~fastrollout.modules.DefaultCNNModule`; with ``use_lstm`` and shared
         value layers, :class:`~fastrollout.modules.DefaultLSTMModule`) where the spec
         builds RLlib's default PPO module on an observation space both encode alike, else
         ``spec.build()``.
     """
+    import gymnasium as gym
+
+    from fastrollout.modules.cnn import DefaultCNNModule
     from fastrollout.modules.default import DefaultMLPModule
     from fastrollout.modules.recurrent import DefaultLSTMModule
 
-    if _is_rllib_default_ppo(spec) and _same_encoding(spec.observation_space):
+    obs_space = spec.observation_space
+    image = isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 3
+    if _is_rllib_default_ppo(spec) and (_same_encoding(obs_space) or image):
         # RLlib's catalog reads missing keys from its DefaultModelConfig (whose
         # vf_share_layers is True, where fastrollout's default is PPO's False).
         model_config = {**_rllib_default_model_config(), **dict(spec.model_config or {})}
-        twin: type[Any] = DefaultMLPModule
+        twin: type[Any] = DefaultCNNModule if image else DefaultMLPModule
         inference_only = True
         if model_config.get("use_lstm"):
+            if image:  # no CNN+LSTM twin
+                return spec.build()
             if not model_config.get("vf_share_layers"):
                 # RLlib's acting weights leave the critic's LSTM out, whose state the
                 # episodes still record: only RLlib's own module steps it as RLlib does.

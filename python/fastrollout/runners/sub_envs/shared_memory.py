@@ -50,7 +50,10 @@ _ALIGN = 64
 
 
 def default_num_workers(num_envs: int) -> int:
-    """Worker processes when the config names none: one per CPU core, at most one per sub-env.
+    """Worker processes when the config names none: one per CPU core but the runner's own.
+
+    The runner's process infers (and records) on one core while the workers step the
+    sub-envs on the others; at least one worker, at most one per sub-env.
 
     Args:
         num_envs: The sub-envs.
@@ -62,7 +65,7 @@ def default_num_workers(num_envs: int) -> int:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not Linux
         cores = os.cpu_count() or 1
-    return max(1, min(cores, num_envs))
+    return max(1, min(cores - 1, num_envs))
 
 
 def _leaves(tree: Any) -> list[np.ndarray]:
@@ -89,23 +92,26 @@ def _rebuild(tree: Any, leaves: list[np.ndarray]) -> Any:
 
 
 class _Block:
-    """The shared arrays of all sub-envs: observations (if typed), rewards and flags.
+    """The shared arrays of all sub-envs: observations and actions (if typed), rewards, flags.
 
     The runner makes it (``create``) and the workers attach to it by name (``attach``);
-    ``views`` are numpy arrays over it, one row per sub-env.
+    its arrays are numpy views of the shared memory, one row per sub-env.
 
     Args:
         template: A batch of ``num_envs`` observations as gymnasium lays it out (None:
             observations travel through the pipes).
+        action_template: The same for actions (None: actions travel through the pipes).
         num_envs: The sub-envs.
     """
 
-    def __init__(self, template: Any, num_envs: int) -> None:
+    def __init__(self, template: Any, action_template: Any, num_envs: int) -> None:
         self.num_envs = num_envs
         self.template = template
+        self.action_template = action_template
         specs: list[tuple[tuple[int, ...], np.dtype[Any]]] = []
-        if template is not None:
-            specs += [(a.shape, a.dtype) for a in _leaves(template)]
+        for t in (template, action_template):
+            if t is not None:
+                specs += [(a.shape, a.dtype) for a in _leaves(t)]
         # Rewards, terminateds, truncateds.
         specs += [((num_envs,), np.dtype(np.float64))] + [((num_envs,), np.dtype(bool))] * 2
         self.specs = specs
@@ -135,13 +141,18 @@ class _Block:
             for (shape, dtype), off in zip(self.specs, self.offsets, strict=True)
         ]
         self.rewards, self.terminateds, self.truncateds = arrays[-3:]
-        self.observations = None if self.template is None else _rebuild(self.template, arrays[:-3])
+        k = 0 if self.template is None else len(_leaves(self.template))
+        self.observations = None if self.template is None else _rebuild(self.template, arrays[:k])
+        self.actions = (
+            None if self.action_template is None else _rebuild(self.action_template, arrays[k:-3])
+        )
         # One sub-env's observation arrays, to check each observation's shapes against.
         self.row_template = None if self.template is None else take_rows(self.template, 0)
 
     def release(self, unlink: bool) -> None:
         shm, self.shm = self.shm, None
-        self.observations = self.rewards = self.terminateds = self.truncateds = None  # type: ignore[assignment]
+        self.observations = self.actions = None
+        self.rewards = self.terminateds = self.truncateds = None  # type: ignore[assignment]
         if shm is None:
             return
         with contextlib.suppress(Exception):
@@ -152,7 +163,7 @@ class _Block:
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(shm=None, observations=None, row_template=None)
+        state.update(shm=None, observations=None, actions=None, row_template=None)
         for k in ("rewards", "terminateds", "truncateds"):
             state.pop(k, None)
         return state
@@ -166,6 +177,27 @@ def _portable_error(err: BaseException) -> BaseException:
     except Exception:
         text = "".join(traceback.format_exception(err)).rstrip()
         return RuntimeError(f"{type(err).__name__}: {err}\n{text}")
+
+
+# The first byte of a command: a step whose actions are in the block (then the sub-envs as
+# int32s), or any other command (then its pickle).
+_STEP = b"S"
+_PICKLED = b"P"
+
+
+def _send_command(conn: Any, msg: tuple[Any, ...]) -> None:
+    """Sends a worker a pickled command."""
+    from multiprocessing.reduction import ForkingPickler
+
+    conn.send_bytes(_PICKLED + bytes(ForkingPickler.dumps(msg)))
+
+
+def _read_command(conn: Any) -> tuple[Any, ...]:
+    """Reads a worker's next command (see ``_STEP``)."""
+    raw = conn.recv_bytes()
+    if raw[:1] == _STEP:
+        return ("step", np.frombuffer(raw, np.int32, offset=1).tolist(), None)
+    return pickle.loads(raw[1:])  # type: ignore[no-any-return]
 
 
 def _check_obs(obs: Any, template_row: Any, i: int) -> None:
@@ -214,7 +246,7 @@ def _worker_main(
     conn.send(("made", spaces, made))
     while True:
         try:
-            msg = conn.recv()
+            msg = _read_command(conn)
         except (EOFError, OSError, KeyboardInterrupt):
             break
         kind = msg[0]
@@ -293,7 +325,13 @@ def _steps(
         if host is None:  # its creation failed (already reported): no row
             continue
         try:
-            action = actions[j] if multi_agent else take_rows(actions, j)
+            if multi_agent:
+                action = actions[j]
+            elif actions is None:  # in the block
+                assert block is not None
+                action = take_rows(block.actions, i)
+            else:
+                action = take_rows(actions, j)
             obs, rew, term, trunc, infos = host.step(action)
         except Exception as err:
             failed[i] = _portable_error(err)
@@ -354,8 +392,10 @@ class SharedMemorySubEnvs(SubEnvs):
         creator: ``creator(vector_index) -> env`` (inherited by, or pickled to, the workers).
         num_envs: The number of sub-envs.
         multi_agent: The env is a ``MultiAgentEnv``.
-        num_workers: Worker processes (None: :func:`default_num_workers`); at most one per
-            sub-env.
+        num_workers: Worker processes (None: :func:`default_num_workers`, one per core but
+            the runner's own); at most one per sub-env. Each steps a contiguous group of
+            the sub-envs in two halves, one command each, so that it steps one half while
+            the runner infers for the other.
         batch_size: Sub-envs per batch (None: half of them, rounded up). A batch is made
             of whole workers' answers, so it may hold more.
         step_timeout_s: A worker whose answer takes longer fails all its sub-envs (it is
@@ -400,6 +440,12 @@ class SharedMemorySubEnvs(SubEnvs):
         groups = np.array_split(np.arange(num_envs), w)
         self._workers = [_Worker(k, [int(i) for i in g]) for k, g in enumerate(groups)]
         self._worker_of = np.concatenate([np.full(len(g), k) for k, g in enumerate(groups)])
+        # Each worker's group in two halves, stepped by separate commands: while the
+        # runner infers for one half, the worker steps the other (double buffering within
+        # a worker, as Sample Factory's worker splits).
+        self._half_of = np.concatenate(
+            [2 * k + (np.arange(len(g)) >= -(-len(g) // 2)) for k, g in enumerate(groups)]
+        )
         # Sub-envs whose worker was started again since they failed: recreating them is
         # done (see recreate).
         self._fresh: set[int] = set()
@@ -472,7 +518,7 @@ class SharedMemorySubEnvs(SubEnvs):
 
     def _attach(self, worker: _Worker) -> None:
         assert self._block is not None and self._block.shm is not None
-        worker.conn.send(("attach", self._block, self._block.shm.name))
+        _send_command(worker.conn, ("attach", self._block, self._block.shm.name))
         worker.conn.recv()
 
     def _set_spaces(self, spaces: dict[str, Any]) -> None:
@@ -486,10 +532,18 @@ class SharedMemorySubEnvs(SubEnvs):
         self.single_action_space = spaces["action_space"]
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
-        template: Any = create_empty_array(self.single_observation_space, self.num_envs)
-        if not all(isinstance(a, np.ndarray) and a.dtype.kind in "biuf" for a in _leaves(template)):
-            template = None  # Text, Graph, ...: observations through the pipes
-        self._block = _Block(template, self.num_envs)
+
+        def typed(space: Any) -> Any:
+            # Text, Graph, ...: through the pipes.
+            t = create_empty_array(space, self.num_envs)
+            ok = all(isinstance(a, np.ndarray) and a.dtype.kind in "biuf" for a in _leaves(t))
+            return t if ok else None
+
+        self._block = _Block(
+            typed(self.single_observation_space),
+            typed(self.single_action_space),
+            self.num_envs,
+        )
         self._block.create()
         for worker in self._workers:
             self._attach(worker)
@@ -519,7 +573,11 @@ class SharedMemorySubEnvs(SubEnvs):
         if not worker.alive:
             return
         try:
-            worker.conn.send((kind, *args))
+            if kind == "step" and args[1] is None:
+                # The common step (actions in the block): the sub-envs as int32s, no pickle.
+                worker.conn.send_bytes(_STEP + np.asarray(ids, np.int32).tobytes())
+            else:
+                _send_command(worker.conn, (kind, *args))
         except (OSError, ValueError):  # its pipe broke: the next poll reports the worker
             worker.pending.append(_Command(kind, ids, 0.0))
             return
@@ -587,16 +645,24 @@ class SharedMemorySubEnvs(SubEnvs):
         ids = np.arange(self.num_envs) if env_ids is None else np.asarray(env_ids)
         if not len(ids):
             return
-        owners = self._worker_of[ids]
-        for k in np.unique(owners):
-            rows = np.flatnonzero(owners == k)
+        block = self._block
+        in_block = block is not None and block.actions is not None
+        if in_block:
+            # Written before the commands are sent (the pipe orders the two).
+            set_rows(block.actions, ids, actions)  # type: ignore[union-attr]
+        halves = self._half_of[ids]
+        first = halves[0]
+        groups = [first] if len(ids) == 1 or (halves == first).all() else np.unique(halves)
+        for h in groups:
+            rows = np.flatnonzero(halves == h) if len(groups) > 1 else np.arange(len(ids))
             sub_ids = ids[rows].tolist()
             if self.multi_agent:
                 part = [actions[j] for j in rows]
+            elif in_block:
+                part = None
             else:
                 part = actions if len(rows) == len(ids) else take_rows(actions, rows)
-            worker = self._workers[int(k)]
-            self._command(worker, "step", sub_ids, sub_ids, part)
+            self._command(self._workers[int(h) // 2], "step", sub_ids, sub_ids, part)
 
     def poll(self, wait_s: float) -> StepResults:
         """See :meth:`SubEnvs.poll`: waits for at least a batch of sub-envs (or all in flight)."""
@@ -652,21 +718,19 @@ class SharedMemorySubEnvs(SubEnvs):
                 limit,
             )
             for j in ready:
+                # One answer per ready worker (a further one is found by the next wait).
                 worker = busy[j]
-                # Every answer that is there now (a worker may have several in flight).
-                while worker.pending:
-                    cmd = worker.pending[0]
-                    try:
-                        _, payload, errors = worker.conn.recv()
-                    except (EOFError, OSError):
-                        self._lose(worker, failed, ChildProcessError)
-                        break
-                    worker.pending.popleft()
+                cmd = worker.pending[0]
+                try:
+                    _, payload, errors = worker.conn.recv()
+                except (EOFError, OSError):
+                    self._lose(worker, failed, ChildProcessError)
+                    continue
+                worker.pending.popleft()
+                if errors:
                     failed.update(errors)
-                    out.append((worker, cmd, payload))
-                    have += len(cmd.ids)
-                    if not worker.pending or not worker.conn.poll(0):
-                        break
+                out.append((worker, cmd, payload))
+                have += len(cmd.ids)
             if not ready:
                 if end is not None and time.monotonic() >= end:
                     return out
@@ -778,7 +842,7 @@ class SharedMemorySubEnvs(SubEnvs):
         worker = self._workers[int(self._worker_of[i])]
         failed: dict[int, BaseException] = {}
         self._drain(worker, failed)
-        worker.conn.send(("call", i, fn, args))
+        _send_command(worker.conn, ("call", i, fn, args))
         _, payload, errors = worker.conn.recv()
         if errors:
             raise next(iter(errors.values()))
@@ -792,7 +856,7 @@ class SharedMemorySubEnvs(SubEnvs):
         for worker in self._workers:
             if worker.alive:
                 with contextlib.suppress(Exception):
-                    worker.conn.send(("close",))
+                    _send_command(worker.conn, ("close",))
         for worker in self._workers:
             if worker.process is not None:
                 worker.process.join(timeout=2)
