@@ -381,7 +381,9 @@ class SingleAgentEnvRunner(EnvRunner[SingleAgentEpisode]):
         ids = results.env_ids
         rows = _rows_without(ids, results.failed, n)
         obs, infos = results.observations, results.infos
-        if rows is not None:
+        if rows is not None and ids is None:
+            # A lockstep batch with failed rows (backends that name their rows return
+            # only the good ones).
             obs, infos = take_rows(obs, rows), _take_infos(infos, rows)
         m = n if rows is None else len(rows)
         # A reset is recorded like a step of never-reset episodes (their reset rows).

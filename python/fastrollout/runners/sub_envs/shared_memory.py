@@ -98,9 +98,8 @@ class _Block:
     its arrays are numpy views of the shared memory, one row per sub-env.
 
     Args:
-        template: A batch of ``num_envs`` observations as gymnasium lays it out (None:
-            observations travel through the pipes).
-        action_template: The same for actions (None: actions travel through the pipes).
+        template: A batch of ``num_envs`` observations as gymnasium lays it out.
+        action_template: The same for actions.
         num_envs: The sub-envs.
     """
 
@@ -110,8 +109,7 @@ class _Block:
         self.action_template = action_template
         specs: list[tuple[tuple[int, ...], np.dtype[Any]]] = []
         for t in (template, action_template):
-            if t is not None:
-                specs += [(a.shape, a.dtype) for a in _leaves(t)]
+            specs += [(a.shape, a.dtype) for a in _leaves(t)]
         # Rewards, terminateds, truncateds.
         specs += [((num_envs,), np.dtype(np.float64))] + [((num_envs,), np.dtype(bool))] * 2
         self.specs = specs
@@ -141,13 +139,11 @@ class _Block:
             for (shape, dtype), off in zip(self.specs, self.offsets, strict=True)
         ]
         self.rewards, self.terminateds, self.truncateds = arrays[-3:]
-        k = 0 if self.template is None else len(_leaves(self.template))
-        self.observations = None if self.template is None else _rebuild(self.template, arrays[:k])
-        self.actions = (
-            None if self.action_template is None else _rebuild(self.action_template, arrays[k:-3])
-        )
+        k = len(_leaves(self.template))
+        self.observations = _rebuild(self.template, arrays[:k])
+        self.actions = _rebuild(self.action_template, arrays[k:-3])
         # One sub-env's observation arrays, to check each observation's shapes against.
-        self.row_template = None if self.template is None else take_rows(self.template, 0)
+        self.row_template = take_rows(self.template, 0)
 
     def release(self, unlink: bool) -> None:
         shm, self.shm = self.shm, None
@@ -204,14 +200,31 @@ def _check_obs(obs: Any, template_row: Any, i: int) -> None:
     """Refuses an observation whose arrays do not have the space's shapes (no broadcasting)."""
     from fastrollout.errors import SpaceMismatchError
 
-    got = _leaves(obs) if isinstance(obs, (dict, tuple)) else [obs]
-    want = _leaves(template_row)
-    if len(got) != len(want) or any(np.shape(g) != w.shape for g, w in zip(got, want, strict=True)):
-        shapes = [np.shape(g) for g in got]
+    def fits(o: Any, t: Any) -> bool:
+        if isinstance(t, dict):
+            return isinstance(o, dict) and o.keys() == t.keys() and all(fits(o[k], t[k]) for k in t)
+        if isinstance(t, tuple):
+            return (
+                isinstance(o, tuple)
+                and len(o) == len(t)
+                and all(fits(a, b) for a, b in zip(o, t, strict=True))
+            )
+        return bool(np.shape(o) == t.shape)
+
+    if not fits(obs, template_row):
         raise SpaceMismatchError(
             f"sub-env {i} returned an observation that does not fit the observation space: "
-            f"shapes {shapes}, expected {[w.shape for w in want]}"
+            f"{_shapes(obs)}, expected {_shapes(template_row)}"
         )
+
+
+def _shapes(tree: Any) -> Any:
+    """The shapes of a (nested) observation, for messages."""
+    if isinstance(tree, dict):
+        return {k: _shapes(v) for k, v in tree.items()}
+    if isinstance(tree, tuple):
+        return tuple(_shapes(v) for v in tree)
+    return np.shape(tree)
 
 
 def _worker_main(
@@ -281,7 +294,7 @@ def _worker_main(
                     continue
                 try:
                     obs, infos = host.reset(seed)
-                    if block is not None and block.observations is not None:
+                    if block is not None:  # single-agent: into the block
                         _check_obs(obs, block.row_template, i)
                         set_rows(block.observations, i, obs)
                         obs = None
@@ -319,7 +332,7 @@ def _steps(
 ) -> Any:
     """Steps the named sub-envs in a worker; results into the block (and the payload)."""
     rows: list[Any] = []
-    shared = block is not None and block.observations is not None
+
     for j, i in enumerate(sub_ids):
         host = hosts.get(i)
         if host is None:  # its creation failed (already reported): no row
@@ -341,17 +354,15 @@ def _steps(
             continue
         assert block is not None
         try:
-            if shared:
-                _check_obs(obs, block.row_template, i)
-                set_rows(block.observations, i, obs)
-                obs = None
+            _check_obs(obs, block.row_template, i)
+            set_rows(block.observations, i, obs)
             block.rewards[i] = rew
         except Exception as err:
             failed[i] = _portable_error(err)
             continue
         block.terminateds[i] = term
         block.truncateds[i] = trunc
-        rows.append((i, obs, infos))
+        rows.append((i, None, infos))
     return rows
 
 
@@ -533,15 +544,18 @@ class SharedMemorySubEnvs(SubEnvs):
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
 
-        def typed(space: Any) -> Any:
-            # Text, Graph, ...: through the pipes.
+        def typed(space: Any, what: str) -> Any:
             t = create_empty_array(space, self.num_envs)
-            ok = all(isinstance(a, np.ndarray) and a.dtype.kind in "biuf" for a in _leaves(t))
-            return t if ok else None
+            if not all(isinstance(a, np.ndarray) and a.dtype.kind in "biuf" for a in _leaves(t)):
+                raise TypeError(
+                    f"sub_env_backend='shared_memory' needs {what} of numeric arrays (Box, "
+                    f"Discrete, MultiDiscrete, MultiBinary, Dict/Tuple of them); got {space}"
+                )
+            return t
 
         self._block = _Block(
-            typed(self.single_observation_space),
-            typed(self.single_action_space),
+            typed(self.single_observation_space, "observations"),
+            typed(self.single_action_space, "actions"),
             self.num_envs,
         )
         self._block.create()
@@ -621,7 +635,7 @@ class SharedMemorySubEnvs(SubEnvs):
     def _observation(self, i: int, obs: Any) -> Any:
         """Sub-env ``i``'s observation from the block (a copy), or as the pipe brought it."""
         block = self._block
-        if obs is not None or block is None or block.observations is None:
+        if obs is not None or block is None:
             return obs
         return _copy_tree(take_rows(block.observations, i))
 
@@ -646,22 +660,17 @@ class SharedMemorySubEnvs(SubEnvs):
         if not len(ids):
             return
         block = self._block
-        in_block = block is not None and block.actions is not None
-        if in_block:
+        if block is not None:
             # Written before the commands are sent (the pipe orders the two).
-            set_rows(block.actions, ids, actions)  # type: ignore[union-attr]
+            set_rows(block.actions, ids, actions)
         halves = self._half_of[ids]
         first = halves[0]
         groups = [first] if len(ids) == 1 or (halves == first).all() else np.unique(halves)
         for h in groups:
             rows = np.flatnonzero(halves == h) if len(groups) > 1 else np.arange(len(ids))
             sub_ids = ids[rows].tolist()
-            if self.multi_agent:
-                part = [actions[j] for j in rows]
-            elif in_block:
-                part = None
-            else:
-                part = actions if len(rows) == len(ids) else take_rows(actions, rows)
+            # (Single-agent actions are in the block.)
+            part = [actions[j] for j in rows] if self.multi_agent else None
             self._command(self._workers[int(h) // 2], "step", sub_ids, sub_ids, part)
 
     def poll(self, wait_s: float) -> StepResults:
@@ -768,27 +777,24 @@ class SharedMemorySubEnvs(SubEnvs):
         resets: list[tuple[int, Any, Any]],
         failed: dict[int, BaseException],
     ) -> StepResults:
-        if self.multi_agent:
-            cols: list[list[Any]] = (
-                [list(c) for c in zip(*[r[1:] for r in rows], strict=True)] if rows else [[]] * 5
-            )
-            return StepResults(np.asarray(ids, np.int64), *cols, resets=resets, failed=failed)
+        # In sub-env order, as a lockstep backend returns them (the order of the rows in
+        # the next forward pass, hence of the random draws).
         order = np.argsort(ids, kind="stable")
         env_ids = np.asarray(ids, np.int64)[order]
+        if self.multi_agent:
+            cols: list[list[Any]] = (
+                [list(c) for c in zip(*[rows[j][1:] for j in order], strict=True)]
+                if rows
+                else [[]] * 5
+            )
+            return StepResults(env_ids, *cols, resets=resets, failed=failed)
         block = self._block
         assert block is not None
-        if block.observations is not None:
-            obs = take_rows(block.observations, env_ids)
-        else:
-            from gymnasium.vector.utils import concatenate, create_empty_array
-
-            space = self.single_observation_space
-            items = [rows[j][1] for j in order]
-            out = create_empty_array(space, len(items))
-            obs = concatenate(space, items, out) if items else out
         return StepResults(
             env_ids,
-            obs,
+            # The ready rows, copied out of the block (the workers write it again once
+            # they get their next actions).
+            take_rows(block.observations, env_ids),
             block.rewards[env_ids],
             block.terminateds[env_ids],
             block.truncateds[env_ids],
@@ -797,10 +803,32 @@ class SharedMemorySubEnvs(SubEnvs):
             failed=failed,
         )
 
-    def reset(self, i: int, seed: int | None = None) -> None:
-        """See :meth:`SubEnvs.reset`: the reset is in flight (``poll`` returns it)."""
+    def reset(self, i: int, seed: int | None = None) -> tuple[Any, Any] | None:
+        """See :meth:`SubEnvs.reset`.
+
+        With a batch of all sub-envs the reset is waited for here, as a lockstep backend
+        resets (so the sub-env acts in the next turn with the others, and the episodes
+        are the lockstep backends'); else it is in flight and ``poll`` returns it.
+
+        Raises:
+            Exception: What the sub-env's reset raised, or the loss of its worker (a
+                waited-for reset).
+        """
         worker = self._workers[int(self._worker_of[i])]
         self._command(worker, "reset", [i], [i], [seed])
+        if self.batch_size < self.num_envs:
+            return None
+        failed: dict[int, BaseException] = {}
+        got: list[tuple[_Worker, _Command, Any]] = []
+        while worker.pending and not failed:
+            got += self._collect(self.num_envs, failed)
+        if i in failed:
+            raise failed[i]
+        for _, cmd, payload in got:
+            if cmd.kind == "reset" and payload:
+                _, obs, infos = payload[0]
+                return self._observation(i, obs), infos
+        raise RuntimeError(f"internal error: no reset of sub-env {i} came back")  # pragma: no cover
 
     def recreate(self, i: int) -> None:
         """See :meth:`SubEnvs.recreate`.
