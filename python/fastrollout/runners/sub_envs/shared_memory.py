@@ -367,13 +367,23 @@ def _steps(
 
 
 class _Command:
-    """A command a worker has not answered yet."""
+    """A command a worker has not answered yet.
 
-    __slots__ = ("deadline", "ids", "kind")
+    Attributes:
+        kind: ``"step"``, ``"reset"``, ``"recreate"``, ...
+        ids: The sub-envs whose results its answer carries.
+        gens: Per sub-env it concerns, the sub-env's generation when it was sent.
+        deadline: When it times out (None: never).
+    """
 
-    def __init__(self, kind: str, ids: list[int], deadline: float | None) -> None:
+    __slots__ = ("deadline", "gens", "ids", "kind")
+
+    def __init__(
+        self, kind: str, ids: list[int], gens: dict[int, int], deadline: float | None
+    ) -> None:
         self.kind = kind
         self.ids = ids
+        self.gens = gens
         self.deadline = deadline
 
 
@@ -460,6 +470,9 @@ class SharedMemorySubEnvs(SubEnvs):
         # Sub-envs whose worker was started again since they failed: recreating them is
         # done (see recreate).
         self._fresh: set[int] = set()
+        # Each sub-env's generation, one more at each recreate: answers to commands sent
+        # before (a step or reset in flight when the sub-env failed) are dropped.
+        self._gen = [0] * num_envs
         self._block: _Block | None = None
         self._agent_spaces: _AgentSpaces | None = None
         self._closed = False
@@ -583,9 +596,13 @@ class SharedMemorySubEnvs(SubEnvs):
         worker.starting = False
         return time.monotonic() + self._step_timeout_s + allowance
 
-    def _command(self, worker: _Worker, kind: str, ids: list[int], *args: Any) -> None:
+    def _command(
+        self, worker: _Worker, kind: str, ids: list[int], *args: Any, about: int | None = None
+    ) -> None:
         if not worker.alive:
             return
+        gen = self._gen
+        gens = {i: gen[i] for i in ids} if about is None else {about: gen[about]}
         try:
             if kind == "step" and args[1] is None:
                 # The common step (actions in the block): the sub-envs as int32s, no pickle.
@@ -593,9 +610,13 @@ class SharedMemorySubEnvs(SubEnvs):
             else:
                 _send_command(worker.conn, (kind, *args))
         except (OSError, ValueError):  # its pipe broke: the next poll reports the worker
-            worker.pending.append(_Command(kind, ids, 0.0))
+            worker.pending.append(_Command(kind, ids, gens, 0.0))
             return
-        worker.pending.append(_Command(kind, ids, self._deadline(worker)))
+        worker.pending.append(_Command(kind, ids, gens, self._deadline(worker)))
+
+    def _current(self, cmd: _Command, i: int) -> bool:
+        """Whether ``cmd`` was sent to sub-env ``i`` as it is now (not before a recreate)."""
+        return cmd.gens.get(i, -1) == self._gen[i]
 
     # -- SubEnvs ---------------------------------------------------------------------
 
@@ -685,11 +706,13 @@ class SharedMemorySubEnvs(SubEnvs):
         for _, cmd, payload in got:
             if cmd.kind == "reset":
                 for i, obs, infos in payload or []:
-                    resets.append((i, self._observation(i, obs), infos))
+                    if self._current(cmd, i):
+                        resets.append((i, self._observation(i, obs), infos))
             elif cmd.kind == "step":
                 for row in payload or []:
-                    ids.append(row[0])
-                    rows.append(row)
+                    if self._current(cmd, row[0]):
+                        ids.append(row[0])
+                        rows.append(row)
         return self._results(ids, rows, resets, failed)
 
     def _collect(
@@ -737,7 +760,8 @@ class SharedMemorySubEnvs(SubEnvs):
                     continue
                 worker.pending.popleft()
                 if errors:
-                    failed.update(errors)
+                    # (The failures of sub-envs made again since are stale.)
+                    failed.update((i, e) for i, e in errors.items() if self._current(cmd, i))
                 out.append((worker, cmd, payload))
                 have += len(cmd.ids)
             if not ready:
@@ -845,8 +869,11 @@ class SharedMemorySubEnvs(SubEnvs):
             self._fresh.discard(i)
             return
         if worker.alive:
-            self._command(worker, "recreate", [], i)
+            self._gen[i] += 1
+            self._command(worker, "recreate", [], i, about=i)
             return
+        for j in worker.ids:
+            self._gen[j] += 1
         self._start(worker)
         _, made = self._made(worker)
         self._fresh.update(j for j in worker.ids if j != i)
