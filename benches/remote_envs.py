@@ -4,6 +4,7 @@ Usage::
 
     python benches/remote_envs.py [--quick] [--json F] [--rounds 3] [--seconds 5]
                                   [--wait-ms 0 2] [--only KEY ...]
+                                  [--shm-workers 8] [--shm-batch-size 1]
 
 One runner steps 8 sub-envs of ``fastrollout.env.examples.SlowEnv`` with
 ``env_config={"step_ms": [1, 2, 3, 4, 5, 6, 7, 8]}``: sub-env ``vector_index`` k sleeps
@@ -21,6 +22,14 @@ Contenders (the key in brackets is what ``--only`` and the JSON use):
 - **lockstep async** [``fr_async``]: the same with ``gym_env_vectorize_mode="async"``
   (gymnasium's ``AsyncVectorEnv``, one process per sub-env): a vector step waits for the
   slowest sub-env (8 ms; at best 1000 steps/s).
+- **fastrollout shared memory** [``fr_shm``]: ``env_runners(sub_env_backend=
+  "shared_memory", num_sub_env_workers=8, sub_env_batch_size=1)`` (``--shm-workers``,
+  ``--shm-batch-size``): worker processes step the sub-envs in the background and hand
+  observations over in shared memory; with a worker per sub-env and batches of one, the
+  runner acts for each sub-env as soon as its step returns, as with remote sub-envs, but
+  without Ray. The settings are printed in the header and the row's name, and the line
+  after the build names what stepped the sub-envs (the env's class: where the backend is
+  not there, the setting is not used and it reads ``SyncVectorEnv``).
 - **fastrollout remote W** [``fr_remote_wW``]: ``env_runners(remote_worker_envs=True,
   remote_env_batch_wait_ms=W)``: every sub-env a Ray actor; the runner acts for the
   sub-envs whose step has returned (waiting up to W ms for more of them) and sends them
@@ -95,6 +104,7 @@ class Sampler:
     between: Callable[[], Any]
     stop: Callable[[], Any]
     actor_ids: Callable[[], set[str]] = field(default=lambda: set())
+    backend: str | None = None  # what steps the sub-envs (fastrollout: the env's class)
 
 
 @dataclass
@@ -111,6 +121,7 @@ class Contender:
     new_actors: int | None = None
     build_s: float | None = None
     warmup_s: float | None = None
+    backend: str | None = None
 
 
 def ideal_steps_per_s(step_ms: list[float]) -> float:
@@ -142,7 +153,10 @@ def _counts(vector_indices: np.ndarray, weights: np.ndarray | None = None) -> np
 
 
 def _fr_builder(
-    args: argparse.Namespace, mode: str | None, wait_ms: int | None
+    args: argparse.Namespace,
+    mode: str | None,
+    wait_ms: int | None,
+    shared_memory: bool = False,
 ) -> Callable[[], Sampler]:
     def build() -> Sampler:
         import fastrollout as fr
@@ -158,6 +172,12 @@ def _fr_builder(
             kwargs["gym_env_vectorize_mode"] = mode
         if wait_ms is not None:
             kwargs.update(remote_worker_envs=True, remote_env_batch_wait_ms=wait_ms)
+        if shared_memory:
+            kwargs.update(
+                sub_env_backend="shared_memory",
+                num_sub_env_workers=args.shm_workers,
+                sub_env_batch_size=args.shm_batch_size,
+            )
         runner = fr.SingleAgentEnvRunner(config=c.env_runners(**kwargs))
         steps = args.fragment * NUM_ENVS
 
@@ -168,7 +188,9 @@ def _fr_builder(
             idx = np.array([int(e.get_observations(-1)[1]) for e in episodes])
             return int(lens.sum()), _counts(idx, lens)
 
-        return Sampler(sample=sample, between=runner.get_metrics, stop=runner.stop)
+        env = runner.env
+        backend = type(getattr(env, "unwrapped", env)).__name__
+        return Sampler(sample=sample, between=runner.get_metrics, stop=runner.stop, backend=backend)
 
     return build
 
@@ -244,6 +266,13 @@ def contenders(args: argparse.Namespace) -> list[Contender]:
         Contender("fr_sync", "lockstep sync (fastrollout)", _fr_builder(args, "sync", None)),
         Contender("fr_async", "lockstep async (fastrollout)", _fr_builder(args, "async", None)),
     ]
+    out.append(
+        Contender(
+            "fr_shm",
+            f"fastrollout shared memory, {args.shm_workers} workers, batch {args.shm_batch_size}",
+            _fr_builder(args, None, None, shared_memory=True),
+        )
+    )
     for w in args.wait_ms:
         out.append(
             Contender(
@@ -300,6 +329,7 @@ def measure(c: Contender, args: argparse.Namespace) -> None:
             calls += 1
         c.build_s = t_warm - t_build
         c.warmup_s = time.perf_counter() - t_warm
+        c.backend = s.backend
         if not seen.all():
             c.error = f"sub-envs {np.flatnonzero(seen == 0).tolist()} never stepped in warm-up"
             return
@@ -311,9 +341,10 @@ def measure(c: Contender, args: argparse.Namespace) -> None:
                     f"{NUM_ENVS} sub-envs (not remote)"
                 )
                 return
+        stepped_by = f" (sub-envs stepped by {c.backend})" if c.backend else ""
         print(
             f"  {c.name}: built in {c.build_s:.1f} s, every sub-env stepped "
-            f"{c.warmup_s:.1f} s later",
+            f"{c.warmup_s:.1f} s later{stepped_by}",
             flush=True,
         )
         for r in range(args.rounds):
@@ -397,9 +428,23 @@ def main(argv: list[str] | None = None) -> int:
         default=[1, 2, 3, 4, 5, 6, 7, 8],
         help="each sub-env's step time in ms (1 .. 8)",
     )
+    p.add_argument(
+        "--shm-workers",
+        type=int,
+        default=NUM_ENVS,
+        help="worker processes of the shared-memory backend (8: one per sub-env)",
+    )
+    p.add_argument(
+        "--shm-batch-size",
+        type=int,
+        default=1,
+        help="sub-envs the runner acts for per turn with the shared-memory backend (1)",
+    )
     p.add_argument("--no-rllib", action="store_true", help="leave RLlib out")
     p.add_argument("--only", nargs="+", metavar="KEY", help="contender keys (prefixes)")
     args = p.parse_args(argv)
+    if args.shm_workers < 1 or args.shm_batch_size < 1:
+        p.error("--shm-workers and --shm-batch-size must be at least 1")
     if args.quick:
         args.rounds, args.seconds = 1, 2.0
 
@@ -426,7 +471,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"{NUM_ENVS} SlowEnv sub-envs, step_ms {args.step_ms}; {args.fragment} steps per "
-        f"sub-env per sample(); {args.rounds} window(s) of >= {args.seconds} s each"
+        f"sub-env per sample(); {args.rounds} window(s) of >= {args.seconds} s each; "
+        f"shared memory: sub_env_backend='shared_memory', num_sub_env_workers="
+        f"{args.shm_workers}, sub_env_batch_size={args.shm_batch_size}"
     )
     try:
         for c in cs:
@@ -453,6 +500,7 @@ def main(argv: list[str] | None = None) -> int:
                 "sub_env_actors": c.new_actors,
                 "build_s": c.build_s,
                 "warmup_s": c.warmup_s,
+                "backend": c.backend,
                 "error": c.error,
                 **ratios(v, c.wait_ms, by_key, args),
             }

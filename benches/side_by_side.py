@@ -3,14 +3,17 @@
 Usage::
 
     python benches/side_by_side.py [--quick] [--json out.json] [--only NAME ...] [--no-rllib]
-                                   [--processes N]
+                                   [--processes N] [--rounds N] [--contenders NAME ...]
+                                   [--pong] [--pong-num-envs 8 16]
 
-For every workload the three contenders run the same work in this process, one after the
-other, each warmed up and then timed over several rounds (one run of each per round); the
-table shows each contender's median, and each ratio is the median over the rounds of the
-ratio of the two runs of the same round (runs next to each other in time, so that the VM's
-slow phases, which last seconds, move both sides of a ratio alike).
-Torch runs on one thread for all three (``torch.set_num_threads(1)``), and numpy's OpenBLAS
+For every workload the contenders run the same work in this process, one after the
+other, each warmed up and then timed over several rounds (``--rounds``, default 9, 3 with
+``--quick``; one run of each per round); the table shows each contender's median, and
+each ratio is the median over the rounds of the ratio of the two runs of the same round
+(runs next to each other in time, so that the VM's slow phases, which last seconds, move
+both sides of a ratio alike). ``--only`` keeps the workloads whose name contains one of
+its words, ``--contenders`` the contenders whose name does (both in any case).
+Torch runs on one thread for all (``torch.set_num_threads(1)``), and numpy's OpenBLAS
 too (``OPENBLAS_NUM_THREADS=1`` unless set), on the CPU unless
 ``--device`` names another (``cuda``: RLlib's local runner has no device option, so its
 column is left out there, and it is also left out where ray is not installed or
@@ -42,18 +45,68 @@ episodes it returned, and a measurement that never reduced them would time how t
 allocator copes with a heap that only grows (for the image workload, 28 MB more per call).
 
 Env steps are the transitions recorded (sub-env reset steps of gymnasium's next-step
-autoreset are not counted, in any of the three). The episode workload times
+autoreset, and EnvPool's, are not counted, in any contender). The episode workload times
 ``add_env_step`` x100 + ``cut`` + ``to_numpy`` of a ``MultiAgentEpisode`` (per env step);
 the metrics workload one ``log_value`` call (per call). The image workload steps
 ``SyntheticImageEnv`` (84x84x4 uint8) with a policy that pools the image to 4 numbers before
 the same MLP, so that the copies of the observations, not the network, are what differs.
+
+**Pong** (only on request: ``--pong`` adds the rows, ``--only pong`` runs only them; a
+missing ale-py, opencv or ray leaves them out with the reason, a missing envpool its two
+contenders; they use RLlib's wrapper and config even with ``--no-rllib``, which leaves
+out RLlib's runners). A real env and a real network, nobody here wrote either: ALE's
+``ALE/Pong-v5`` made as RLlib's tuned PPO Atari example makes it (``frameskip=1``,
+``full_action_space=False``, ``repeat_action_probability=0``) inside RLlib's
+``wrap_atari_for_new_api_stack(env, dim=64, framestack=4)`` (frame skip 4 with the max of
+the last two frames, 64x64 grayscale through opencv, 4 frames stacked, float32 in
+[-1, 1]), and RLlib's default PPO CNN as the tuned example configures it
+(``conv_filters=[[16,4,2],[32,4,2],[64,4,2],[128,4,2]]``, relu, one 256-unit head layer,
+the value head on the shared encoder). One row per sub-env count (``--pong-num-envs``,
+default 8 and 16), all its contenders taking turns in each round, one line each:
+
+- **bare loop, SyncVectorEnv / AsyncVectorEnv**: the same sub-envs in gymnasium's vector
+  env (in this process, or one process each), fastrollout's twin of RLlib's CNN
+  (``DefaultCNNModule``, acting: encoder and pi head) and ``_draw``, recording nothing: the
+  limit of a lockstep loop;
+- **RLlib 2.60, sync / async**: RLlib's ``SingleAgentEnvRunner`` from that ``PPOConfig``
+  (``gym_env_vectorize_mode`` ``"sync"`` or ``"async"``);
+- **fastrollout, sync / async**: ``fastrollout.SingleAgentEnvRunner`` with RLlib's config
+  (``env_runner_cls=fastrollout.SingleAgentEnvRunner``), the default sub-env backend;
+- **fastrollout, shared memory (W workers, batch B)**: the same plus
+  ``fastrollout.sub_env_backend(config, "shared_memory", num_workers=W, batch_size=B)``,
+  W = min(cores, sub-envs), B = half the sub-envs: the runner acts for one half while the
+  other steps;
+- **fastrollout, EnvPool (batch B)**: ``envpool:Pong-v5`` with ``PONG_ENVPOOL_KWARGS`` (the
+  wrapper's work done by EnvPool's C++ env: uint8 observations, turned channels-last with
+  ``channels_last``) and ``sub_env_batch_size=B``;
+- **bare loop, EnvPool send/recv (batch B)**: ``envpool.make`` with the same arguments,
+  ``recv`` B sub-envs, the same forward pass and draw, ``send``, recording nothing.
+
+The line after each row names what each runner built (its env's and module's classes),
+so a setting that a build does not honour yet shows: a shared-memory line whose env reads
+``SyncVectorEnv`` ran the default backend. Each ratio column is a reference's time over
+the line's (per round, median): above 1, the line is faster than the reference.
+What bounds the figures: per env step, the env's CPU time (4 ALE frames and 4 opencv
+resizes with RLlib's wrapper, about 1.5 ms on one core of the 2-core VM; less with
+EnvPool's C++), the CNN's forward pass (about 8 M multiply-adds per observation: on one
+torch thread of that VM about 0.45 ms per observation in batches of 8 or 16, 1.7 ms
+alone) and the machine's cores: a
+lockstep loop in one process pays env and CNN one after the other, ``AsyncVectorEnv``
+overlaps the sub-envs with each other but not with the CNN, and the pipelined backends
+(shared memory, EnvPool) overlap the CNN with the other half's steps, so with enough
+cores they approach the larger of the two, not their sum. The runner's own bookkeeping
+(recording 64 KB float32 observations) is small beside both. Contenders that are not
+running hold their processes, idle, and a pipelined contender's last batch finishes its
+step at the start of the next contender's run.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
@@ -137,16 +190,37 @@ def _rllib_pool_module() -> type:
 
 @dataclass
 class Workload:
-    """One row of the table: a name, a unit and up to three contenders.
+    """One workload: a name, a unit and its contenders.
 
     Each contender is a factory returning ``run() -> units done`` (a closure that keeps its
-    env / runner / episode between calls).
+    env / runner / episode between calls). A factory raises :class:`Unavailable` for a
+    contender this installation cannot run; it is left out, with the reason.
+
+    The main table's workloads have the contenders ``CONTENDERS`` and its ``RATIOS``. A
+    workload with ``references`` (the Pong rows) has any contenders, shown one line each,
+    with the ratio of each reference's time to the line's.
     """
 
     name: str
     unit: str
     units_per_run: int
     contenders: dict[str, Callable[[], Callable[[], int]]] = field(default_factory=dict)
+    #: Contenders every other contender is compared with (``"ref/who"`` ratios).
+    references: tuple[str, ...] = ()
+    #: Runs only when asked for (``--pong``, or ``--only`` matching its name).
+    on_request: bool = False
+    #: Why the workload cannot run here (a missing package), or None.
+    unavailable: str | None = None
+
+    def ratios(self) -> tuple[tuple[str, str], ...]:
+        """The (numerator, denominator) contender pairs whose per-round ratios are taken."""
+        if not self.references:
+            return RATIOS
+        return tuple((ref, who) for ref in self.references for who in self.contenders if who != ref)
+
+
+class Unavailable(Exception):
+    """Raised by a contender's factory where it cannot run here (the message says why)."""
 
 
 def _draw(logits: torch.Tensor) -> torch.Tensor:
@@ -161,13 +235,21 @@ def _cartpole_fns(n: int) -> list[Callable[[], gym.Env]]:
 
 
 def _bare_single(
-    make_env: Callable[[], gym.vector.VectorEnv], encode: Callable, steps: int, device: str
+    make_env: Callable[[], gym.vector.VectorEnv],
+    encode: Callable,
+    steps: int,
+    device: str,
+    make_policy: Callable[[gym.vector.VectorEnv], Callable[[torch.Tensor], torch.Tensor]]
+    | None = None,
 ):
     def factory() -> Callable[[], int]:
         env = make_env()
-        space = env.single_observation_space
-        dim = int(space.shape[-1]) if encode is _pool else int(np.prod(space.shape))
-        policy = _mlp(dim, int(env.single_action_space.n)).to(device)
+        if make_policy is None:
+            space = env.single_observation_space
+            dim = int(space.shape[-1]) if encode is _pool else int(np.prod(space.shape))
+            policy = _mlp(dim, int(env.single_action_space.n)).to(device)
+        else:
+            policy = make_policy(env)
         obs, _ = env.reset(seed=0)
         state = {"obs": obs, "fresh": np.zeros(env.num_envs, bool)}
 
@@ -185,6 +267,7 @@ def _bare_single(
             state["obs"], state["fresh"] = obs, fresh
             return done_steps
 
+        run.close = env.close  # type: ignore[attr-defined]
         return run
 
     return factory
@@ -372,6 +455,279 @@ def _vector_cartpole(n: int, mode: str) -> gym.vector.VectorEnv:
     return gym.vector.SyncVectorEnv(_cartpole_fns(n))
 
 
+# -- Pong: RLlib's Atari wrapper and CNN ---------------------------------------------------
+
+#: The Pong rows' env: ALE's Pong through RLlib's ``wrap_atari_for_new_api_stack``, made
+#: as RLlib's tuned PPO Atari example makes it (ALE's own frame skip and sticky actions
+#: off: the wrapper skips 4 frames, keeping the brighter pixels).
+PONG_ENV_ID = "ale_py:ALE/Pong-v5"
+PONG_ENV_CONFIG: dict[str, Any] = {
+    "frameskip": 1,
+    "full_action_space": False,
+    "repeat_action_probability": 0.0,
+}
+#: The wrapper's arguments: 64x64 grayscale frames, 4 of them stacked (float32 in [-1, 1]).
+PONG_WRAPPER: dict[str, Any] = {"dim": 64, "framestack": 4}
+#: RLlib's default PPO module for it, as in the tuned example: 4 convolutions, one 256-unit
+#: head layer, the value head on the shared encoder.
+PONG_MODEL_CONFIG: dict[str, Any] = {
+    "conv_filters": [[16, 4, 2], [32, 4, 2], [64, 4, 2], [128, 4, 2]],
+    "conv_activation": "relu",
+    "head_fcnet_hiddens": [256],
+    "vf_share_layers": True,
+}
+#: The name the runners' configs give the env (``ray.tune.register_env``).
+PONG_ENV_NAME = "fastrollout_bench_pong"
+#: The same game on EnvPool: its C++ Atari env doing what the wrapper does (frame skip 4,
+#: 64x64 grayscale, 4 frames, up to 30 no-ops and FIRE at reset, no reward clipping,
+#: 27,000 steps at most). Its observations are uint8 and channels-first; fastrollout's
+#: backend turns them channels-last with ``channels_last`` (the bare loop with a view).
+PONG_ENVPOOL_ID = "envpool:Pong-v5"
+PONG_ENVPOOL_KWARGS: dict[str, Any] = {
+    "img_height": 64,
+    "img_width": 64,
+    "stack_num": 4,
+    "gray_scale": True,
+    "frame_skip": 4,
+    "noop_max": 30,
+    "use_fire_reset": True,
+    "episodic_life": True,
+    "reward_clip": False,
+    "repeat_action_probability": 0.0,
+    "full_action_space": False,
+    "max_episode_steps": 27000,
+}
+
+# The Pong rows' contenders (keys in the results), and those every other one is compared to.
+BARE_SYNC = "bare loop, SyncVectorEnv"
+BARE_ASYNC = "bare loop, AsyncVectorEnv"
+RLLIB_SYNC = "RLlib 2.60, sync"
+RLLIB_ASYNC = "RLlib 2.60, async"
+PONG_REFERENCES = (RLLIB_SYNC, RLLIB_ASYNC, BARE_SYNC, BARE_ASYNC)
+
+
+def make_pong(config: Any) -> gym.Env:
+    """Pong through RLlib's Atari wrapper (the env of every Pong contender but EnvPool's).
+
+    Args:
+        config: ``gymnasium.make``'s keyword arguments (from the runners, an EnvContext).
+
+    Returns:
+        The wrapped env: (64, 64, 4) float32 observations, 6 actions.
+    """
+    from ray.rllib.env.wrappers.atari_wrappers import wrap_atari_for_new_api_stack
+
+    return wrap_atari_for_new_api_stack(gym.make(PONG_ENV_ID, **config), **PONG_WRAPPER)
+
+
+def _pong_missing() -> str | None:
+    """Why the Pong rows cannot run here (a missing package), or None."""
+    for module, package in (("ray", "ray[rllib]==2.60.0"), ("ale_py", "ale-py"), ("cv2", "opencv")):
+        if importlib.util.find_spec(module) is None:
+            return (
+                f"{package} is not installed (the Pong rows need RLlib's Atari wrapper, "
+                "ale-py and opencv: pip install 'fastrollout[atari]' 'ray[rllib]==2.60.0')"
+            )
+    return None
+
+
+def _cnn_policy(
+    observation_space: gym.Space, action_space: gym.Space
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The bare loops' policy: fastrollout's twin of RLlib's PPO CNN, acting (logits)."""
+    from fastrollout.modules import DefaultCNNModule
+
+    module = RLModuleSpec(
+        module_class=DefaultCNNModule,
+        observation_space=observation_space,
+        action_space=action_space,
+        inference_only=True,
+        model_config=PONG_MODEL_CONFIG,
+    ).build()
+
+    def policy(obs: torch.Tensor) -> torch.Tensor:
+        return module.forward_inference({FrColumns.OBS: obs})[FrColumns.ACTION_DIST_INPUTS]
+
+    return policy
+
+
+def _pong_vector_env(n: int, mode: str) -> gym.vector.VectorEnv:
+    fns = [functools.partial(make_pong, dict(PONG_ENV_CONFIG)) for _ in range(n)]
+    if mode == "async":
+        return gym.vector.AsyncVectorEnv(fns)
+    return gym.vector.SyncVectorEnv(fns)
+
+
+def _pong_config(n: int, mode: str) -> Any:
+    """RLlib's PPOConfig of the Pong rows (one local runner, ``n`` sub-envs)."""
+    from ray.rllib.algorithms.ppo import PPOConfig
+    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+    from ray.tune.registry import register_env
+
+    register_env(PONG_ENV_NAME, make_pong)
+    c = PPOConfig().debugging(seed=0).environment(PONG_ENV_NAME, env_config=PONG_ENV_CONFIG)
+    c = c.env_runners(num_env_runners=0, num_envs_per_env_runner=n, gym_env_vectorize_mode=mode)
+    return c.rl_module(model_config=DefaultModelConfig(**PONG_MODEL_CONFIG))
+
+
+def _built(run: Callable[[], int], runner: Any) -> Callable[[], int]:
+    """``run`` with what its runner built (env and module classes) and its ``close``."""
+    env = getattr(runner, "env", None)
+    base = getattr(env, "unwrapped", env)
+    env_name = type(env).__name__
+    if base is not env:
+        env_name += f" of {type(base).__name__}"  # RLlib's wrapper of the vector env
+    module = getattr(runner, "module", None)
+    run.built = f"env {env_name}, module {type(module).__name__}"  # type: ignore[attr-defined]
+    run.close = runner.stop  # type: ignore[attr-defined]
+    return run
+
+
+def _rllib_pong(n: int, steps: int, mode: str):
+    def factory() -> Callable[[], int]:
+        from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
+
+        runner = SingleAgentEnvRunner(config=_pong_config(n, mode))
+        return _built(_sampler(runner, steps, 0), runner)
+
+    return factory
+
+
+def _fr_pong(
+    n: int,
+    steps: int,
+    mode: str = "sync",
+    *,
+    backend: str = "default",
+    workers: int | None = None,
+    batch_size: int | None = None,
+    envpool: bool = False,
+):
+    def factory() -> Callable[[], int]:
+        c = _pong_config(n, mode).env_runners(env_runner_cls=fr.SingleAgentEnvRunner)
+        if backend != "default" or batch_size is not None:
+            fr.sub_env_backend(c, backend, num_workers=workers, batch_size=batch_size)
+        if not envpool:
+            runner = fr.SingleAgentEnvRunner(config=c)
+            return _built(_sampler(runner, steps, 0), runner)
+        if importlib.util.find_spec("envpool") is None:
+            raise Unavailable("envpool is not installed (pip install 'fastrollout[envpool]')")
+        c = c.environment(
+            PONG_ENVPOOL_ID, env_config={**PONG_ENVPOOL_KWARGS, "channels_last": True}
+        )
+        try:
+            runner = fr.SingleAgentEnvRunner(config=c)
+        except (ValueError, TypeError, ImportError, NotImplementedError) as e:
+            # The backend is younger than this row: say what stopped it, run the others.
+            first = str(e).splitlines()[0][:200]
+            raise Unavailable(f"fastrollout's EnvPool backend: {type(e).__name__}: {first}") from e
+        return _built(_sampler(runner, steps, 0), runner)
+
+    return factory
+
+
+def _bare_envpool(n: int, batch_size: int, steps: int):
+    def factory() -> Callable[[], int]:
+        try:
+            import envpool
+        except ImportError as e:
+            raise Unavailable(
+                "envpool is not installed (pip install 'fastrollout[envpool]')"
+            ) from e
+        task = PONG_ENVPOOL_ID.partition(":")[2]
+        env = envpool.make(
+            task,
+            env_type="gymnasium",
+            num_envs=n,
+            batch_size=batch_size,
+            seed=0,
+            **PONG_ENVPOOL_KWARGS,
+        )
+        stack, height, width = env.observation_space.shape
+        space = gym.spaces.Box(0, 255, (height, width, stack), np.uint8)
+        policy = _cnn_policy(space, env.action_space)
+        env.async_reset()
+        # A sub-env whose last step ended its episode returns its reset observation next
+        # (EnvPool resets at the next send), which is not a transition.
+        fresh = np.ones(n, bool)
+
+        def run() -> int:
+            done_steps = 0
+            while done_steps < steps:
+                obs, _, term, trunc, info = env.recv()
+                ids = info["env_id"]
+                done_steps += int(len(ids) - fresh[ids].sum())
+                fresh[ids] = term | trunc
+                with torch.no_grad():
+                    # Channels-last as a view: the CNN takes (B, H, W, C) and permutes back.
+                    actions = _draw(policy(torch.from_numpy(obs).permute(0, 2, 3, 1)))
+                env.send(actions.numpy(), ids)
+            return done_steps
+
+        threads = env.config["num_threads"]  # 0: EnvPool's default
+        run.close = env.close  # type: ignore[attr-defined]
+        built = f"envpool {envpool.__version__}, num_threads {threads}"
+        run.built = built  # type: ignore[attr-defined]
+        return run
+
+    return factory
+
+
+def pong_workloads(
+    steps: int, num_envs: tuple[int, ...], with_rllib: bool = True, device: str = "cpu"
+) -> list[Workload]:
+    """The Pong rows: one per sub-env count, every way of stepping Pong in it.
+
+    Args:
+        steps: Env steps per timed run (at least 10 vector steps).
+        num_envs: The sub-env counts (each at least 2).
+        with_rllib: Whether RLlib's runners are contenders (RLlib's Atari wrapper and
+            config are used either way).
+        device: The torch device; the rows run on the CPU only.
+
+    Returns:
+        The workloads, to run on request (``--pong``, or ``--only pong``).
+    """
+    missing = _pong_missing()
+    if device != "cpu":
+        missing = "the Pong rows run on the CPU only (RLlib's local runner has no device)"
+    out = []
+    for n in num_envs:
+        k = max(steps, 10 * n)
+        # Half the sub-envs step while the runner acts for the other half.
+        batch = max(1, n // 2)
+        workers = min(os.cpu_count() or 1, n)
+        w = Workload(
+            f"Pong-v5 64x64x4 (RLlib's Atari wrapper) + RLlib's PPO CNN, {n} sub-envs",
+            "µs/env step",
+            k,
+            references=PONG_REFERENCES if with_rllib else (BARE_SYNC, BARE_ASYNC),
+            on_request=True,
+            unavailable=missing,
+        )
+        c = w.contenders
+
+        def policy(env: gym.vector.VectorEnv) -> Callable[[torch.Tensor], torch.Tensor]:
+            return _cnn_policy(env.single_observation_space, env.single_action_space)
+
+        for mode, name in (("sync", BARE_SYNC), ("async", BARE_ASYNC)):
+            c[name] = _bare_single(
+                lambda n=n, mode=mode: _pong_vector_env(n, mode), _flat, k, "cpu", policy
+            )
+        if with_rllib:
+            c[RLLIB_SYNC] = _rllib_pong(n, k, "sync")
+            c[RLLIB_ASYNC] = _rllib_pong(n, k, "async")
+        c["fastrollout, sync"] = _fr_pong(n, k, "sync")
+        c["fastrollout, async"] = _fr_pong(n, k, "async")
+        c[f"fastrollout, shared memory ({workers} workers, batch {batch})"] = _fr_pong(
+            n, k, backend="shared_memory", workers=workers, batch_size=batch
+        )
+        c[f"fastrollout, EnvPool (batch {batch})"] = _fr_pong(n, k, batch_size=batch, envpool=True)
+        c[f"bare loop, EnvPool send/recv (batch {batch})"] = _bare_envpool(n, batch, k)
+        out.append(w)
+    return out
+
+
 def workloads(
     steps: int,
     device: str = "cpu",
@@ -456,43 +812,68 @@ def workloads(
 
 
 def measure(
-    factories: dict[str, Callable[[], Callable[[], int]]], repeats: int, warmup: int
-) -> dict[str, float]:
+    factories: dict[str, Callable[[], Callable[[], int]]],
+    repeats: int,
+    warmup: int,
+    ratios: tuple[tuple[str, str], ...] = (),
+) -> dict[str, Any]:
     """Median time per unit (µs) of each contender over ``repeats`` timed runs, and the
-    median ratios of the table's pairs of contenders.
+    median ratios of the given pairs of contenders.
 
     The contenders take turns (one run each per round), so that a change in the machine's
     load during the measurement hits all of them alike; a ratio is taken within each round
     (``"fastrollout/bare"``: fastrollout's run over the bare loop's run of the same round),
-    and its median over the rounds is what the table shows.
+    and its median over the rounds is what the table shows. A contender whose factory
+    raises :class:`Unavailable` is left out (``"left out"``: its reason). After the last
+    round each contender's ``close`` (where it has one) stops its processes.
 
     Args:
         factories: Contender name -> factory of its run closure.
         repeats: Timed runs per contender.
         warmup: Untimed runs per contender first.
+        ratios: The (numerator, denominator) pairs (default: ``RATIOS``).
 
     Returns:
-        Contender name -> median µs per unit, and ``"a/b"`` -> median ratio of a's to b's
-        time for the pairs ``RATIOS`` names (where both ran).
+        Contender name -> median µs per unit, ``"a/b"`` -> median ratio of a's to b's time
+        for each pair where both ran, and, where any, ``"built"`` (contender -> what its
+        runner built) and ``"left out"`` (contender -> why).
     """
-    runs = {who: factory() for who, factory in factories.items()}
-    for run in runs.values():
-        for _ in range(warmup):
-            run()
-            _between(run)
+    runs: dict[str, Callable[[], int]] = {}
+    left_out: dict[str, str] = {}
+    for who, factory in factories.items():
+        try:
+            runs[who] = factory()
+        except Unavailable as e:
+            left_out[who] = str(e)
+            print(f"  left out {who}: {e}", flush=True)
     times: dict[str, list[float]] = {who: [] for who in runs}
-    gc.collect()
-    for _ in range(repeats):
-        for who, run in runs.items():
-            t0 = time.perf_counter()
-            units = run()
-            times[who].append((time.perf_counter() - t0) / units * 1e6)
-            _between(run)
-    out = {who: statistics.median(t) for who, t in times.items()}
-    for a, b in RATIOS:
+    try:
+        for run in runs.values():
+            for _ in range(warmup):
+                run()
+                _between(run)
+        gc.collect()
+        for _ in range(repeats):
+            for who, run in runs.items():
+                t0 = time.perf_counter()
+                units = run()
+                times[who].append((time.perf_counter() - t0) / units * 1e6)
+                _between(run)
+    finally:
+        for run in runs.values():
+            close = getattr(run, "close", None)
+            if close is not None:
+                close()
+    out: dict[str, Any] = {who: statistics.median(t) for who, t in times.items()}
+    for a, b in ratios or RATIOS:
         if a in times and b in times:
             pairs = zip(times[a], times[b], strict=True)
             out[f"{a}/{b}"] = statistics.median(x / y for x, y in pairs)
+    built = {who: run.built for who, run in runs.items() if hasattr(run, "built")}
+    if built:
+        out["built"] = built
+    if left_out:
+        out["left out"] = left_out
     return out
 
 
@@ -558,9 +939,21 @@ def _fmt(x: float | None) -> str:
     return f"{x:.3f}" if x < 1 else f"{x:.1f}" if x < 100 else f"{x:.0f}"
 
 
+def _contenders_of(r: dict[str, Any]) -> tuple[str, ...]:
+    """A result's contender names: its ``"contenders"``, else the main table's."""
+    return tuple(r.get("contenders", CONTENDERS))
+
+
+def _ratio_keys_of(r: dict[str, Any]) -> list[str]:
+    """A result's ratio keys: each reference over each other contender, else ``RATIOS``."""
+    if "references" not in r:
+        return [f"{a}/{b}" for a, b in RATIOS]
+    return [f"{a}/{b}" for a in r["references"] for b in _contenders_of(r) if b != a]
+
+
 def _progress(r: dict[str, Any], prefix: str = "") -> None:
     """Prints one workload's times as they come (each contender that ran)."""
-    line = ", ".join(f"{who} {_fmt(r[who])}" for who in CONTENDERS if who in r)
+    line = ", ".join(f"{who} {_fmt(r[who])}" for who in _contenders_of(r) if who in r)
     print(f"  {prefix}{r['name']}: {line} {r['unit']}", flush=True)
 
 
@@ -592,11 +985,20 @@ def combine(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     for results in runs:
         for r in results:
             by_name.setdefault(r["name"], []).append(r)
-    ratios = {f"{a}/{b}" for a, b in RATIOS}
     out = []
     for name, rs in by_name.items():
         c: dict[str, Any] = {"name": name, "unit": rs[0]["unit"], "processes": len(rs)}
-        keys = dict.fromkeys(k for r in rs for k in r if k in ratios or k in CONTENDERS)
+        contenders = dict.fromkeys(k for r in rs for k in _contenders_of(r))
+        ratios = {k for r in rs for k in _ratio_keys_of(r)}
+        if any("contenders" in r for r in rs):
+            c["contenders"] = list(contenders)
+        if any("references" in r for r in rs):
+            c["references"] = list(dict.fromkeys(x for r in rs for x in r.get("references", ())))
+        for extra in ("built", "left out"):
+            found = next((r[extra] for r in rs if r.get(extra)), None)
+            if found:
+                c[extra] = found
+        keys = dict.fromkeys(k for r in rs for k in r if k in ratios or k in contenders)
         for k in keys:
             values = [r[k] for r in rs if r.get(k) is not None]
             if not values:
@@ -636,31 +1038,79 @@ def _in_processes(argv: list[str], n: int) -> list[dict[str, Any]]:
                 results = json.load(f)["results"]
             for r in results:
                 _progress(r, f"[{i + 1}/{n}] ")
+                if i == 0:
+                    for who, why in r.get("left out", {}).items():
+                        print(f"  left out {who}: {why}", flush=True)
             runs.append(results)
     return combine(runs)
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    """The Markdown table of the results.
+    """The Markdown tables of the results: the main table, then the per-contender one.
 
     Args:
         results: One dict per workload (name, unit, bare, rllib, fastrollout, and the
-            ratios `measure` adds).
+            ratios `measure` adds); those with ``references`` (the Pong rows) go to
+            :func:`contender_table`.
 
     Returns:
-        The table.
+        The tables (each only where it has rows).
     """
+    main = [r for r in results if "references" not in r]
     rows = [
         "| workload | unit | bare loop | RLlib 2.60 | fastrollout | RLlib / fastrollout "
         "| fastrollout / bare |",
         "|---|---|---:|---:|---:|---:|---:|",
     ]
-    for r in results:
+    for r in main:
         rows.append(
             f"| {r['name']} | {r['unit']} | {_fmt(r.get('bare'))} | {_fmt(r.get('rllib'))} "
             f"| {_fmt(r.get('fastrollout'))} | {_ratio(r, 'rllib', 'fastrollout')} "
             f"| {_ratio(r, 'fastrollout', 'bare')} |"
         )
+    per_contender = [r for r in results if "references" in r]
+    tables = ["\n".join(rows)] if main or not per_contender else []
+    if per_contender:
+        tables.append(contender_table(per_contender))
+    return "\n\n".join(tables)
+
+
+def _reference_cell(r: dict[str, Any], ref: str, who: str) -> str:
+    if who == ref:
+        return "ref"
+    if ref not in r.get("references", ()):
+        return "-"
+    return _ratio(r, ref, who)
+
+
+def contender_table(results: list[dict[str, Any]]) -> str:
+    """The Markdown table of workloads with ``references``: one line per contender.
+
+    Each reference column holds the reference's time over the line's (the median over
+    the rounds of that ratio): above 1, the line's contender is faster than the reference.
+
+    Args:
+        results: Results with ``contenders`` and ``references``.
+
+    Returns:
+        The table.
+    """
+    refs = list(dict.fromkeys(ref for r in results for ref in r["references"]))
+    head = "| workload | contender | time | env steps/s | " + " | ".join(
+        f"{ref} / this" for ref in refs
+    )
+    rows = [head + " |", "|---|---|---:|---:|" + "---:|" * len(refs)]
+    for r in results:
+        for who in _contenders_of(r):
+            if who not in r:
+                continue
+            cells = [_reference_cell(r, ref, who) for ref in refs]
+            rate = f"{1e6 / r[who]:,.0f}" if r["unit"] == "µs/env step" else "-"
+            rows.append(
+                f"| {r['name']} | {who} | {_fmt(r[who])} {r['unit']} | {rate} | "
+                + " | ".join(cells)
+                + " |"
+            )
     return "\n".join(rows)
 
 
@@ -686,12 +1136,82 @@ def _without_options(argv: list[str], names: tuple[str, ...]) -> list[str]:
     return out
 
 
+def _measure_workload(
+    w: Workload,
+    contenders: dict[str, Callable[[], Callable[[], int]]],
+    repeats: int,
+    warmup: int,
+) -> dict[str, Any]:
+    """Measures one workload's contenders and prints its figures.
+
+    Args:
+        w: The workload.
+        contenders: The contenders to run (``--contenders`` may leave some of ``w``'s out).
+        repeats: Timed rounds.
+        warmup: Untimed runs per contender first.
+
+    Returns:
+        Its result: name, unit, ``measure``'s figures and, for a workload with
+        references, the contenders and references that ran.
+    """
+    r: dict[str, Any] = {"name": w.name, "unit": w.unit}
+    r.update(measure(contenders, repeats, warmup, w.ratios()))
+    if w.references:
+        r["contenders"] = [who for who in contenders if who in r]
+        r["references"] = [ref for ref in w.references if ref in r]
+    _progress(r)
+    for who, what in r.get("built", {}).items():
+        print(f"    {who}: {what}", flush=True)
+    return r
+
+
+def _selected(w: Workload, only: list[str] | None, pong: bool) -> bool:
+    """Whether a workload runs: ``--only`` names it, or no ``--only`` and it is a default
+    row (the Pong rows also with ``--pong``)."""
+    if only:
+        return any(s.lower() in w.name.lower() for s in only)
+    return pong or not w.on_request
+
+
+def _chosen(
+    contenders: dict[str, Callable[[], Callable[[], int]]], names: list[str] | None
+) -> dict[str, Callable[[], Callable[[], int]]]:
+    """The contenders ``--contenders`` keeps (all without it)."""
+    if not names:
+        return contenders
+    return {k: v for k, v in contenders.items() if any(s.lower() in k.lower() for s in names)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps and repeats")
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument(
-        "--only", nargs="*", default=None, help="run only workloads whose name contains one"
+        "--only",
+        nargs="*",
+        default=None,
+        help="run only workloads whose name contains one (any case); 'pong': the Pong rows",
+    )
+    parser.add_argument(
+        "--contenders",
+        nargs="+",
+        default=None,
+        help="run only contenders whose name contains one (any case), e.g. 'envpool'",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=None, help="timed rounds (default 9; 3 with --quick)"
+    )
+    parser.add_argument(
+        "--pong",
+        action="store_true",
+        help="add the Pong rows (RLlib's Atari wrapper and CNN; ale-py, opencv, envpool)",
+    )
+    parser.add_argument(
+        "--pong-num-envs",
+        type=int,
+        nargs="+",
+        default=[8, 16],
+        help="sub-envs of the Pong rows (default 8 16)",
     )
     parser.add_argument(
         "--device", default="cpu", help="torch device of the policies (cpu, cuda, auto)"
@@ -734,10 +1254,15 @@ def main(argv: list[str] | None = None) -> int:
     COMPRESS_OBSERVATIONS = args.compress_observations
     if args.processes < 1:
         parser.error("--processes must be at least 1")
+    if args.rounds is not None and args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    if any(n < 2 for n in args.pong_num_envs):
+        parser.error("--pong-num-envs: each count must be at least 2 (half of them step)")
     warnings.simplefilter("ignore")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     torch.set_num_threads(1)
     steps, repeats, warmup = (200, 3, 1) if args.quick else (1000, 9, 2)
+    repeats = args.rounds or repeats
     info = machine()
     print("machine:", "; ".join(f"{k}: {v}" for k, v in info.items()), flush=True)
     results: list[dict[str, Any]] = []
@@ -748,7 +1273,13 @@ def main(argv: list[str] | None = None) -> int:
         info["gpu"] = torch.cuda.get_device_name(device)
     info["device"] = str(device)
     print(f"device: {device}", flush=True)
+    pong_rows = pong_workloads(
+        steps, tuple(args.pong_num_envs), not args.no_rllib, str(device.type)
+    )
     if args.processes > 1:
+        for w in pong_rows:
+            if _selected(w, args.only, args.pong) and w.unavailable:
+                print(f"  left out {w.name}: {w.unavailable}", flush=True)
         # The children get the same arguments but for these two (each writes its own json).
         child = _without_options(argv, ("--processes", "--json"))
         results = _in_processes(child, args.processes)
@@ -757,13 +1288,15 @@ def main(argv: list[str] | None = None) -> int:
         rows = workloads(
             steps, str(device), tuple(args.num_envs), args.vectorize_mode, not args.no_rllib
         )
-        for w in rows:
-            if args.only and not any(s in w.name for s in args.only):
+        for w in rows + pong_rows:
+            if not _selected(w, args.only, args.pong):
                 continue
-            r: dict[str, Any] = {"name": w.name, "unit": w.unit}
-            r.update(measure(w.contenders, repeats, warmup))
-            _progress(r)
-            results.append(r)
+            if w.unavailable:
+                print(f"  left out {w.name}: {w.unavailable}", flush=True)
+                continue
+            contenders = _chosen(w.contenders, args.contenders)
+            if contenders:
+                results.append(_measure_workload(w, contenders, repeats, warmup))
     print()
     print(table(results))
     cmd = "python benches/side_by_side.py " + shlex.join(argv)
