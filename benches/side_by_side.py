@@ -74,8 +74,8 @@ default 8 and 16), all its contenders taking turns in each round, one line each:
   (``env_runner_cls=fastrollout.SingleAgentEnvRunner``), the default sub-env backend;
 - **fastrollout, shared memory (W workers, batch B)**: the same plus
   ``fastrollout.sub_env_backend(config, "shared_memory", num_workers=W, batch_size=B)``,
-  W = min(cores, sub-envs), B = half the sub-envs: the runner acts for one half while the
-  other steps;
+  W and B the backend's defaults (one worker per core but the runner's own; half the
+  sub-envs): the runner acts for one half while the other steps;
 - **fastrollout, EnvPool (batch B)**: ``envpool:Pong-v5`` with ``PONG_ENVPOOL_KWARGS`` (the
   wrapper's work done by EnvPool's C++ env: uint8 observations, turned channels-last with
   ``channels_last``) and ``sub_env_batch_size=B``;
@@ -696,7 +696,9 @@ def pong_workloads(
         k = max(steps, 10 * n)
         # Half the sub-envs step while the runner acts for the other half.
         batch = max(1, n // 2)
-        workers = min(os.cpu_count() or 1, n)
+        from fastrollout.runners.sub_envs.shared_memory import default_num_workers
+
+        workers = default_num_workers(n)
         w = Workload(
             f"Pong-v5 64x64x4 (RLlib's Atari wrapper) + RLlib's PPO CNN, {n} sub-envs",
             "µs/env step",

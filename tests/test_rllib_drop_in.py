@@ -73,11 +73,51 @@ def test_default_ppo_module_is_built_as_its_fastrollout_twin(spaces, make_config
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize(
+    "model_config",
+    [
+        {},
+        {
+            "conv_filters": [[16, 4, 2], [32, 4, 2], [64, 4, 2], [128, 4, 2]],
+            "head_fcnet_hiddens": [256],
+        },
+    ],
+    ids=["default", "atari"],
+)
+def test_image_spaces_get_the_cnn_twin(model_config):
+    """RLlib's default PPO CNN and fastrollout's DefaultCNNModule: same parameters and outputs."""
+    from fastrollout.modules import DefaultCNNModule
+
+    space = gym.spaces.Box(-1, 1, (64, 64, 4), np.float32)
+    spec = (
+        ppo.PPOConfig()
+        .rl_module(model_config=model_config)
+        .get_rl_module_spec(
+            spaces={"default_policy": (space, gym.spaces.Discrete(6))}, inference_only=True
+        )
+    )
+    spec.observation_space, spec.action_space = space, gym.spaces.Discrete(6)
+    theirs = spec.build()
+    ours = _rllib.build_from_spec(spec)
+    assert isinstance(ours, DefaultCNNModule)
+    assert sorted(ours.get_state()) == sorted(theirs.get_state())
+    ours.set_state(theirs.get_state())
+    x = torch.rand(5, *space.shape) * 2 - 1
+    for phase in ("forward_inference", "forward_exploration"):
+        a = getattr(theirs, phase)({"obs": x})["action_dist_inputs"]
+        b = getattr(ours, phase)({"obs": x})["action_dist_inputs"]
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+
+
 def test_other_modules_are_rllibs_own():
-    """An image observation space: RLlib's catalog builds a CNN, so RLlib's module runs."""
+    """A CNN with an LSTM: fastrollout has no twin of it, so RLlib's module runs."""
     space = gym.spaces.Box(0, 255, (42, 42, 3), np.uint8)
-    spec = ppo.PPOConfig().get_rl_module_spec(
-        spaces={"default_policy": (space, gym.spaces.Discrete(2))}, inference_only=True
+    spec = (
+        ppo.PPOConfig()
+        .rl_module(model_config={"use_lstm": True, "vf_share_layers": True})
+        .get_rl_module_spec(
+            spaces={"default_policy": (space, gym.spaces.Discrete(2))}, inference_only=True
+        )
     )
     spec.observation_space, spec.action_space = space, gym.spaces.Discrete(2)
     module = _rllib.build_from_spec(spec)
