@@ -696,9 +696,12 @@ def pong_workloads(
         k = max(steps, 10 * n)
         # Half the sub-envs step while the runner acts for the other half.
         batch = max(1, n // 2)
-        from fastrollout.runners.sub_envs.shared_memory import default_num_workers
+        try:
+            from fastrollout.runners.sub_envs.shared_memory import default_num_workers
 
-        workers = default_num_workers(n)
+            workers: int | None = default_num_workers(n)
+        except ImportError:  # a build without the backend (before_after.py's earlier one)
+            workers = None
         w = Workload(
             f"Pong-v5 64x64x4 (RLlib's Atari wrapper) + RLlib's PPO CNN, {n} sub-envs",
             "µs/env step",

@@ -130,6 +130,21 @@ def _int_at_least(minimum: int, what: str = "an int") -> Callable[[str], int]:
 
 
 _positive_int = _int_at_least(1)
+
+
+def _json_dict(text: str) -> dict[str, Any]:
+    """A JSON object (``--env-config``)."""
+    import json
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"not JSON: {err}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
+
+
 _non_negative_int = _int_at_least(0)
 _seed = _int_at_least(0, "an int seed")
 
@@ -235,6 +250,38 @@ def build_parser() -> argparse.ArgumentParser:
         "vectorized implementation such as CartPole's",
     )
     sample.add_argument(
+        "--sub-env-backend",
+        choices=["default", "shared_memory"],
+        default="default",
+        help="where the sub-envs step: as --vectorize-mode says, or in worker processes "
+        "that step in the background, observations in shared memory (an envpool:<task> "
+        "env always runs on EnvPool)",
+    )
+    sample.add_argument(
+        "--sub-env-workers",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="worker processes of the shared_memory backend (default: one per core but "
+        "this process's)",
+    )
+    sample.add_argument(
+        "--sub-env-batch-size",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="sub-envs acted for per turn with the shared_memory and EnvPool backends "
+        "(default: half of them)",
+    )
+    sample.add_argument(
+        "--env-config",
+        type=_json_dict,
+        default=None,
+        metavar="JSON",
+        help="the env config as a JSON object (for an envpool:<task> env, EnvPool's "
+        'arguments, e.g. \'{"img_height": 64, "channels_last": true}\')',
+    )
+    sample.add_argument(
         "--output",
         type=Path,
         default=None,
@@ -274,12 +321,14 @@ def config_from_args(args: argparse.Namespace) -> Any:
 
     try:
         config = RunnerConfig()
+        env_config = dict(args.env_config or {})
         if args.multi_agent is not None:
             config.environment(
-                make_multi_agent(args.env), env_config={"num_agents": args.multi_agent}
+                make_multi_agent(args.env),
+                env_config={**env_config, "num_agents": args.multi_agent},
             )
         else:
-            config.environment(args.env)
+            config.environment(args.env, env_config=env_config)
         config.env_runners(
             num_env_runners=args.num_env_runners,
             num_cpus_per_env_runner=args.num_cpus_per_env_runner,
@@ -287,6 +336,9 @@ def config_from_args(args: argparse.Namespace) -> Any:
             rollout_fragment_length=args.rollout_fragment_length,
             gym_env_vectorize_mode=args.vectorize_mode,
             explore=not args.no_explore,
+            sub_env_backend=args.sub_env_backend,
+            num_sub_env_workers=args.sub_env_workers,
+            sub_env_batch_size=args.sub_env_batch_size,
         )
         config.resources(device=args.device)
         config.debugging(seed=args.seed)
@@ -318,9 +370,13 @@ def check_config(args: argparse.Namespace) -> None:
     """
     from fastrollout.env import make_env_creator
     from fastrollout.modules import resolve_device
+    from fastrollout.runners.sub_envs.envpool_backend import envpool_task, require_envpool
 
     try:
-        make_env_creator(args.env, disable_env_checking=True)
+        if envpool_task(args.env) is not None:
+            require_envpool()
+        else:
+            make_env_creator(args.env, disable_env_checking=True)
         if not args.num_env_runners:
             resolve_device(args.device)
         else:

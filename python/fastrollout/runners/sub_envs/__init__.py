@@ -13,6 +13,8 @@
 - :class:`~fastrollout.runners.sub_envs.shared_memory.SharedMemorySubEnvs`: worker
   processes that step groups of sub-envs in the background, observations in shared
   memory, batches returned as they are ready (``sub_env_backend="shared_memory"``);
+- :class:`~fastrollout.runners.sub_envs.envpool_backend.EnvPoolSubEnvs`: an EnvPool task
+  (``"envpool:<task>"`` env ids), stepped through EnvPool's own ``send``/``recv``;
 - :func:`make_sub_envs`: the backend a runner config asks for.
 """
 
@@ -57,6 +59,10 @@ def make_sub_envs(config: Any, creator: Any, *, multi_agent: bool) -> SubEnvs:
     timeout = cfg(config, "sub_env_step_timeout_s")
     timeout = None if timeout is None else float(timeout)
     backend = cfg(config, "sub_env_backend", "default")
+    from fastrollout.runners.sub_envs.envpool_backend import EnvPoolSpec
+
+    if isinstance(creator, EnvPoolSpec):
+        return _envpool(config, creator, n, backend, multi_agent=multi_agent)
     if backend == "shared_memory":
         if cfg(config, "remote_worker_envs", False):
             raise ValueError(
@@ -122,6 +128,28 @@ def _in_process(
         make_vector=getattr(creator, "make_vector", None),
         step_timeout_s=timeout,
     )
+
+
+def _envpool(config: Any, spec: Any, n: int, backend: str, *, multi_agent: bool) -> SubEnvs:
+    """The EnvPool of an ``"envpool:<task>"`` env id (single-agent runners only)."""
+    from fastrollout.runners.sub_envs.envpool_backend import EnvPoolSubEnvs
+
+    name = f"envpool:{spec.task}"
+    if multi_agent:
+        raise TypeError(f"{name} is a single-agent env: sample it with a SingleAgentEnvRunner")
+    for setting, clash in (
+        ("sub_env_backend='shared_memory'", backend == "shared_memory"),
+        ("remote_worker_envs=True", bool(cfg(config, "remote_worker_envs", False))),
+        (
+            # EnvPool cannot make one of its envs again.
+            "restart_failed_sub_environments=True",
+            bool(cfg(config, "restart_failed_sub_environments", False)),
+        ),
+    ):
+        if clash:
+            raise ValueError(f"{name} runs on EnvPool, which does not go with {setting}")
+    batch = cfg(config, "sub_env_batch_size")
+    return EnvPoolSubEnvs(spec, n, None if batch is None else int(batch))
 
 
 def _external(env: ExternalEnv, *, multi_agent: bool) -> SubEnvs:

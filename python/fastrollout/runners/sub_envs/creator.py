@@ -17,7 +17,9 @@ def make_sub_env_creator(
     """The callable that creates one sub-env: ``creator(vector_index) -> env``.
 
     Uses ``fastrollout.env.make_env_creator`` (registered names, gymnasium ids, classes,
-    creators; the env check unless ``disable_env_checking``).
+    creators; the env check unless ``disable_env_checking``). An ``"envpool:<task>"`` id
+    gives an :class:`~fastrollout.runners.sub_envs.envpool_backend.EnvPoolSpec` instead,
+    which ``make_sub_envs`` turns into an EnvPool.
 
     Args:
         config: The runner config (``env``, ``env_config``, ``disable_env_checking``).
@@ -39,7 +41,12 @@ def make_sub_env_creator(
             "registered name, an env class or a creator"
         )
     from fastrollout.env import make_env_creator
+    from fastrollout.runners.sub_envs.envpool_backend import EnvPoolSpec, envpool_task
 
+    task = envpool_task(env)
+    if task is not None:
+        # EnvPool makes its envs itself: the backend gets the task and its kwargs.
+        return EnvPoolSpec(task, cfg(config, "env_config", {}), worker_index)  # type: ignore[return-value]
     env_config = dict(cfg(config, "env_config", {}))
     return make_env_creator(
         env,

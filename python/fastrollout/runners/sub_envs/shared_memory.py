@@ -1,14 +1,15 @@
 """Sub-envs in worker processes that step in the background (the ``shared_memory`` backend).
 
-W worker processes each own a contiguous group of the sub-envs. ``send`` hands a worker the
-actions of some of its sub-envs; the worker steps them one after another and writes their
-observations, rewards and flags into one shared-memory block, then answers on its pipe (the
-infos, and any failure). ``poll`` waits, in the native core with the GIL released, until the
-answers hold at least ``sub_env_batch_size`` sub-envs, and returns those: the runner infers
-for them while the other workers' sub-envs go on stepping (double buffering with the default
-batch of half the sub-envs). Observations never travel through pickles: the runner reads the
-ready rows straight out of the shared block. Multi-agent sub-envs return per-agent dicts,
-which travel through the pipes.
+W worker processes each own a contiguous group of the sub-envs, stepped in two halves. The
+runner writes the actions of some sub-envs into one shared-memory block and sends their
+worker a few bytes naming them; the worker steps them one after another, writes their
+observations, rewards and flags into the block, then answers on its pipe (the infos, and
+any failure). ``poll`` waits, in the native core with the GIL released, until the answers
+hold at least ``sub_env_batch_size`` sub-envs, and returns those: the runner infers for
+them while the other half, and the other workers' sub-envs, go on stepping (double
+buffering with the default batch of half the sub-envs). Observations never travel through
+pickles: the runner copies the ready rows out of the block once. Multi-agent sub-envs
+return per-agent dicts, which travel through the pipes.
 
 Each sub-env's steps stay in order and each episode holds exactly one sub-env's steps; with
 a batch of all sub-envs the runner acts for every sub-env each turn, as the lockstep
