@@ -612,9 +612,9 @@ def _fr_pong(
             return _built(_sampler(runner, steps, 0), runner)
         if importlib.util.find_spec("envpool") is None:
             raise Unavailable("envpool is not installed (pip install 'fastrollout[envpool]')")
-        c = c.environment(
-            PONG_ENVPOOL_ID, env_config={**PONG_ENVPOOL_KWARGS, "channels_last": True}
-        )
+        c = c.environment(PONG_ENVPOOL_ID)
+        # (RLlib's environment() merges env_config into the gymnasium env's: replaced.)
+        c.env_config = {**PONG_ENVPOOL_KWARGS, "channels_last": True}
         try:
             runner = fr.SingleAgentEnvRunner(config=c)
         except (ValueError, TypeError, ImportError, NotImplementedError) as e:
