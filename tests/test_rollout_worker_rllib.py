@@ -16,9 +16,6 @@ Deliberate differences, pinned where they show:
   ``unroll_id``: RLlib counts in its own way (1, 3, ...), fastrollout 0, 1, ...; so only
   where they change is compared, not their values.
 - ``set_weights`` for an unknown policy: RLlib ignores it silently, fastrollout raises.
-- ``truncate_episodes`` with several sub-envs whose episodes end at different steps:
-  fastrollout may return up to ``num_envs - 1`` rows more than RLlib's exact
-  ``rollout_fragment_length * num_envs`` (documented "about").
 - ``MeanStdFilter`` with several sub-envs: the same statistics, but RLlib filters env i's
   observation of a step with the statistics after envs 0..i, fastrollout with those after
   all envs of the step.
@@ -236,13 +233,9 @@ def test_cartpole_columns_dtypes_shapes(entry: str) -> None:
     with rllib_worker(creator, config) as theirs_w, our_worker(creator, ours_config) as ours_w:
         for _ in range(2):
             theirs, ours = rllib_sample(theirs_w), our_sample(ours_w)
-            # RLlib's count is exact. fastrollout's runner steps its sub-envs together and
-            # an env's reset after a done episode is a step without a row, so it may run
-            # up to num_envs - 1 steps over (documented: "about" rollout_fragment_length *
-            # num_envs). The deterministic envs below reset in lockstep: exact there.
-            assert theirs.count == 32
-            assert 32 <= ours.count <= 32 + 1
-            assert_same_structure(ours, theirs, same_count=False)
+            # Both exact: each sub-env stops at its own fragment.
+            assert theirs.count == ours.count == 32
+            assert_same_structure(ours, theirs)
             assert_episode_rows(ours)
             assert_episode_rows(theirs)
         assert sorted(ours_w.get_weights()) == sorted(theirs_w.get_weights())

@@ -406,8 +406,10 @@ class RolloutWorker(Checkpointable):
     def sample(self, **kwargs: Any) -> SampleBatch | MultiAgentBatch:
         """Samples one batch.
 
-        ``"truncate_episodes"``: ``rollout_fragment_length * num_envs`` env steps (up to
-        ``num_envs - 1`` more), ongoing episodes cut and continued by the next call.
+        ``"truncate_episodes"``: exactly ``rollout_fragment_length * num_envs`` env steps
+        (each sub-env stops at its own fragment; gymnasium's ``AsyncVectorEnv`` and
+        natively vectorized envs, which step all sub-envs together, may go up to
+        ``num_envs - 1`` over), ongoing episodes cut and continued by the next call.
         ``"complete_episodes"``: whole episodes only, at least that many steps. With an
         ``input_creator``, the reader's next batches instead.
 
@@ -451,7 +453,15 @@ class RolloutWorker(Checkpointable):
     def _collect(self) -> list[Any]:
         target = self.total_rollout_fragment_length
         if self.batch_mode == "truncate_episodes":
-            return list(self._runner.sample(num_timesteps=target))
+            runner = self._runner
+            if not runner._multi_agent and runner._sub_envs.steps_subsets:
+                # Each sub-env stops at its own fragment: exactly the old stack's count.
+                fragment = target // self.num_envs
+                return list(runner.sample_fragments(fragment))
+            # (Multi-agent lists reset a done sub-env at once: each turn steps every
+            # sub-env once, so the count is exact too; sub-envs that step only all
+            # together may go up to num_envs - 1 steps over.)
+            return list(runner.sample(num_timesteps=target))
         episodes: list[Any] = []
         steps = 0
         # As RLlib: episodes until the batch reaches its size, the rest kept for later.

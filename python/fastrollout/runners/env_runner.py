@@ -67,9 +67,14 @@ class _SampleCall:
         self.done_untrained: list[Any] = []
         self.untrained_steps = 0
         self.untrained_agent_steps = 0
+        # Per sub-env, the env steps it still takes in this call (sample_fragments), or
+        # None: the call counts steps summed over sub-envs.
+        self.left: np.ndarray | None = None
 
     def finished(self, steps: int) -> bool:
         """Whether the call has its steps (``steps`` counted as configured) or episodes."""
+        if self.left is not None:
+            return not (self.left > 0).any()
         if self.num_timesteps is not None:
             return steps >= self.num_timesteps
         return self.episodes >= (self.num_episodes or 0)
@@ -216,6 +221,10 @@ class EnvRunner(Checkpointable, abc.ABC, Generic[EpisodeT]):
         # Done episodes of external simulators beyond a call's num_episodes: the next
         # calls return them first (such sub-envs cannot be reset to stop at a count).
         self._done_carried: list[Any] = []
+        # sample_fragments: the steps each sub-env takes in the call being made, and the
+        # sub-envs that took theirs and wait, with their latest observation, for the next.
+        self._fragment_budget: int | None = None
+        self._held: dict[int, Any] = {}
         # offline_data(output=...): the episode writer, made at the first sample() call.
         self._offline_writer: Any = None
         # Episode id -> the chunks of that episode returned by earlier ``sample`` calls.
@@ -456,6 +465,51 @@ class EnvRunner(Checkpointable, abc.ABC, Generic[EpisodeT]):
             self._offline_writer.write(samples)
         return samples
 
+    def sample_fragments(
+        self, fragment_length: int | None = None, *, explore: bool | None = None
+    ) -> list[EpisodeT]:
+        """Samples exactly ``fragment_length`` env steps from every sub-env.
+
+        The count of RLlib's old stack (``RolloutWorker`` with ``truncate_episodes``):
+        ``fragment_length * num_envs`` steps in all, each sub-env stopping at its own
+        fragment (a sub-env that took its steps waits, its next action computed in the
+        next call, while the others catch up on the steps their resets took). Chunks
+        continue across calls as with ``sample``. fastrollout's own method.
+
+        Args:
+            fragment_length: Env steps per sub-env (default: the config's
+                ``rollout_fragment_length``).
+            explore: As in :meth:`sample`.
+
+        Returns:
+            The done episodes and the ongoing episodes' chunks, as :meth:`sample`.
+
+        Raises:
+            ValueError: If the fragment is below 1, or the sub-envs step only all together
+                (gymnasium's ``AsyncVectorEnv``, natively vectorized envs).
+        """
+        if self._multi_agent:
+            # (Its lockstep list of envs resets a sub-env at once: every turn steps each
+            # sub-env once, so sample(num_timesteps=k * num_envs) is exact there.)
+            raise NotImplementedError("sample_fragments: single-agent runners only")
+        k = self._fragment_length() if fragment_length is None else int(fragment_length)
+        if k < 1:
+            raise ValueError(f"fragment_length must be at least 1, got {k}")
+        if self._sub_envs is not None and not self._sub_envs.steps_subsets:
+            raise ValueError(
+                f"{type(self._sub_envs).__name__} steps all its sub-envs together, so each "
+                "cannot stop at its own fragment: use sample(num_timesteps=...)"
+            )
+        self._fragment_budget = k
+        try:
+            return self.sample(num_timesteps=k * self.num_envs, explore=explore)
+        finally:
+            self._fragment_budget = None
+
+    def _release_held(self) -> None:
+        """Puts the sub-envs held by the last ``sample_fragments`` call back into the turns."""
+        raise NotImplementedError  # pragma: no cover (single-agent runners hold sub-envs)
+
     def _pull_state(self) -> None:
         """Loads the state server's state if it is newer than this runner's weights.
 
@@ -536,6 +590,8 @@ class EnvRunner(Checkpointable, abc.ABC, Generic[EpisodeT]):
             to_numpy=bool(cfg(self.config, "episodes_to_numpy", True)),
         )
         call = self._call
+        if self._fragment_budget is not None:
+            call.left = np.full(self.num_envs, self._fragment_budget, np.int64)
         if self._needs_initial_reset or (
             # External simulators' episodes cannot be reset: they go on across calls.
             (force_reset or num_episodes is not None) and not self._sub_envs.external
@@ -543,6 +599,8 @@ class EnvRunner(Checkpointable, abc.ABC, Generic[EpisodeT]):
             self._reset_all()
         if num_episodes is not None and not self._sub_envs.external:
             self._needs_initial_reset = True
+        if self._held:
+            self._release_held()
         if self._done_carried:
             k = len(self._done_carried) if num_episodes is None else num_episodes
             call.done_out, self._done_carried = self._done_carried[:k], self._done_carried[k:]
@@ -714,6 +772,8 @@ class EnvRunner(Checkpointable, abc.ABC, Generic[EpisodeT]):
         episode = self._episodes[i]
         self._ongoing_episodes_for_metrics.pop(episode.id_, None)
         self._drop_steps(episode)
+        if self._call.left is not None:  # sample_fragments: its steps are taken again
+            self._call.left[i] += len(episode)
         self._new_episode(i)
         self._failing = True
         while True:
@@ -1110,6 +1170,7 @@ class EnvRunner(Checkpointable, abc.ABC, Generic[EpisodeT]):
         self._interrupted = False
         self._needs_initial_reset = True
         self._done_carried = []
+        self._held = {}
 
     def _close_env_quietly(self) -> None:
         """Closes existing sub-envs before they are replaced (errors ignored)."""

@@ -368,6 +368,7 @@ class SingleAgentEnvRunner(EnvRunner[SingleAgentEpisode]):
 
     def _reset_all(self) -> None:
         n = self.num_envs
+        self._held = {}
         self._episodes = [None] * n  # type: ignore[list-item]
         for i in range(n):
             self._new_episode(i)
@@ -427,7 +428,7 @@ class SingleAgentEnvRunner(EnvRunner[SingleAgentEpisode]):
                 )
         extras[keys.WEIGHTS_SEQ_NO] = self._weights_seq_no
         self._sub_envs.send(ids, env_actions)
-        if self._sub_envs.lockstep:
+        if ids is None:  # every sub-env, in lockstep
             self._sent = (actions, extras)
         else:
             self._pending.put(ids, actions, extras)
@@ -561,7 +562,10 @@ class SingleAgentEnvRunner(EnvRunner[SingleAgentEpisode]):
         self._sub_envs_stepped(rows, started)
         self._obs = results.observations
         self._ready = ids
-        self._run_env_to_module(call.explore)
+        if call.left is not None:
+            self._count_fragments(rows, started)
+        if self._ready is None or len(self._ready):
+            self._run_env_to_module(call.explore)
         if self._per_step_callbacks:
             started_set = set(started)
             for i in range(n) if rows is None else rows:
@@ -570,6 +574,52 @@ class SingleAgentEnvRunner(EnvRunner[SingleAgentEpisode]):
                 )
         return done  # type: ignore[no-any-return]
 
+    def _count_fragments(self, rows: Any, started: list[int]) -> None:
+        """``sample_fragments``: counts the recorded steps, holds sub-envs that took theirs.
+
+        A held sub-env is left out of the next turns (its observation kept); the next call
+        acts for it first (``_release_held``).
+        """
+        left = self._call.left
+        assert left is not None
+        stepped = np.arange(self.num_envs) if rows is None else np.asarray(rows, np.int64)
+        if started:
+            stepped = np.setdiff1d(stepped, started)
+        left[stepped] -= 1
+        if self._ready is None:
+            # A lockstep batch: row i is sub-env i. Failed sub-envs are left out: once the
+            # turns name their sub-envs, a restarted one is sent its own step.
+            ready = np.arange(self.num_envs) if rows is None else np.asarray(rows, np.int64)
+            rows_of = ready
+        else:
+            ready = self._ready
+            rows_of = np.arange(len(ready))
+        done = left[ready] <= 0
+        if not done.any():
+            return
+        for j in np.flatnonzero(done).tolist():
+            self._held[int(ready[j])] = take_rows(self._obs, rows_of[j])
+        keep = np.flatnonzero(~done)
+        self._ready = ready[keep]
+        self._obs = take_rows(self._obs, rows_of[keep])
+
+    def _release_held(self) -> None:
+        held, self._held = self._held, {}
+        ids = np.array(sorted(held), np.int64)
+        rows = [held[i] for i in ids.tolist()]
+        from gymnasium.vector.utils import concatenate, create_empty_array
+
+        space = self.env.single_observation_space
+        obs = concatenate(space, rows, create_empty_array(space, len(rows)))
+        if self._ready is not None and len(self._ready):
+            raise RuntimeError("internal error: sub-envs held while others wait")
+        if self._sub_envs.lockstep and len(ids) == self.num_envs:
+            self._ready = None  # all of them: the lockstep turn again
+        else:
+            self._ready = ids
+        self._obs = obs
+        self._run_env_to_module(self._call.explore)
+
     def _record_reset(self, i: int, obs: Any, infos: Any) -> None:
         # Single-agent sub-envs reset on their next step (every backend autoresets); only
         # reset_all resets them otherwise.
@@ -577,8 +627,9 @@ class SingleAgentEnvRunner(EnvRunner[SingleAgentEpisode]):
 
     def _restart_sub_env(self, i: int) -> None:
         # The recreated sub-env resets on its next step (its action ignored): a lockstep
-        # backend steps it with the others; a remote one is sent a step now.
-        if self._sub_envs.lockstep:
+        # turn steps it with the others; else it is sent a step now.
+        self._held.pop(i, None)
+        if self._sub_envs.lockstep and self._ready is None:
             return
         action = gym.vector.utils.batch_space(self.env.single_action_space, 1).sample()
         ids = np.array([i], np.int64)

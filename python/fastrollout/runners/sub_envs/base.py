@@ -111,6 +111,11 @@ class SubEnvs(abc.ABC):
     external: bool = False
     exhausted: bool = False
 
+    @property
+    def steps_subsets(self) -> bool:
+        """Whether ``send`` may name some of the sub-envs only (True but for lockstep ones)."""
+        return not self.lockstep
+
     def fragment_envs(self) -> int:
         """The sub-envs a ``sample()`` without counts sizes its batch by (``num_envs``)."""
         return self.num_envs

@@ -110,6 +110,20 @@ def take_rows(batch: Any, rows: Any) -> Any:
     return batch[rows]
 
 
+def batch_space_of(space: Any, n: int) -> Any:
+    """``gymnasium.vector.utils.batch_space(space, n)``, made once per space and size."""
+    key = (id(space), n)
+    cached = _BATCH_SPACES.get(key)
+    if cached is None or cached[0] is not space:
+        from gymnasium.vector.utils import batch_space
+
+        cached = _BATCH_SPACES[key] = (space, batch_space(space, n))
+    return cached[1]
+
+
+_BATCH_SPACES: dict[tuple[int, int], tuple[Any, Any]] = {}
+
+
 def _factory(creator: Callable[[int], Any], i: int, guard: bool) -> Callable[[], Any]:
     """``() -> sub-env i`` (guarded), picklable for gymnasium's sub-process workers."""
     return functools.partial(_make, creator, i, guard)
@@ -153,6 +167,9 @@ class GymVectorSubEnvs(SubEnvs):
         self._guard = guard
         self._step_timeout_s = step_timeout_s
         self._actions: Any = None
+        # Steps of some sub-envs only (a sync vector env): (sub-envs, actions) per send.
+        self._subset: list[tuple[np.ndarray, Any]] = []
+        self._mode = mode
         if mode in ("sync", "async"):
             fns = [_factory(creator, i, guard) for i in range(num_envs)]
             if mode == "sync":
@@ -209,15 +226,77 @@ class GymVectorSubEnvs(SubEnvs):
             resets=[],
         )
 
+    @property
+    def steps_subsets(self) -> bool:
+        """Whether ``send`` takes some sub-envs only (in-process sync vector envs)."""
+        return self._mode == "sync"
+
     def send(self, env_ids: np.ndarray | None, actions: Any) -> None:
-        """See :meth:`SubEnvs.send`."""
-        if isinstance(self._vec, _ResilientAsyncVectorEnv):
+        """See :meth:`SubEnvs.send`.
+
+        Raises:
+            ValueError: For some sub-envs only, where the vector env steps all of them
+                (``"async"``, ``"vector_entry_point"``).
+        """
+        if env_ids is not None:
+            if not self.steps_subsets:
+                raise ValueError(
+                    f"gym_env_vectorize_mode={self._mode!r} steps every sub-env together: it "
+                    "cannot step some of them only"
+                )
+            self._subset.append((np.asarray(env_ids, np.int64), actions))
+        elif isinstance(self._vec, _ResilientAsyncVectorEnv):
             self._vec.send_steps(actions)
         else:
             self._actions = actions
 
+    def _step_subset(self) -> StepResults:
+        """Steps the sub-envs of the last sends, as the sync vector env steps each one.
+
+        Each sub-env resets instead of stepping where its episode ended (gymnasium's
+        next-step autoreset, with the vector env's own flags); the rows come back in
+        sub-env order, failed sub-envs (with restarts) left out.
+        """
+        from gymnasium.vector.utils import concatenate, create_empty_array, iterate
+
+        pending, self._subset = self._subset, []
+        vec = self._vec
+        single = vec.single_action_space
+        rows: list[tuple[int, Any, float, bool, bool, Any]] = []
+        failed: dict[int, BaseException] = {}
+        for ids, actions in pending:
+            for i, action in zip(
+                ids.tolist(), iterate(batch_space_of(single, len(ids)), actions), strict=True
+            ):
+                env = vec.envs[i]
+                if vec._autoreset_envs[i]:
+                    obs, info = env.reset()
+                    rew, term, trunc = 0.0, False, False
+                else:
+                    obs, rew, term, trunc, info = env.step(action)
+                vec._autoreset_envs[i] = bool(term or trunc)
+                if self._guard and isinstance(info, dict) and _FAILED in info:
+                    failed[i] = info[_FAILED]
+                    continue
+                rows.append((i, obs, float(rew), bool(term), bool(trunc), info))
+        rows.sort(key=lambda r: r[0])
+        space = vec.single_observation_space
+        out = create_empty_array(space, len(rows))
+        obs_batch = concatenate(space, [r[1] for r in rows], out) if rows else out
+        return StepResults(
+            np.array([r[0] for r in rows], np.int64),
+            obs_batch,
+            np.array([r[2] for r in rows], np.float64),
+            np.array([r[3] for r in rows], bool),
+            np.array([r[4] for r in rows], bool),
+            [r[5] for r in rows],
+            failed=failed or _NO_FAILURES,
+        )
+
     def poll(self, wait_s: float) -> StepResults:
         """See :meth:`SubEnvs.poll`."""
+        if self._subset:
+            return self._step_subset()
         if isinstance(self._vec, _ResilientAsyncVectorEnv):
             obs, rewards, terminateds, truncateds, infos, failed = self._vec.wait_steps(
                 self._step_timeout_s
