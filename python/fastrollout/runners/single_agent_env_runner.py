@@ -152,6 +152,15 @@ def _same_layout(buffer: Any, batch: Any) -> bool:
     return all(leaves(fits))
 
 
+def _concatenate_rows(*parts: Any) -> Any:
+    """One batch of the rows of several (torch tensors or numpy arrays)."""
+    if isinstance(parts[0], np.ndarray):
+        return np.concatenate(parts)
+    import torch
+
+    return torch.cat(parts)
+
+
 # The numpy kind of a Python number's array (what np.full makes of it).
 _NUMBER_KINDS = {int: "i", float: "f", bool: "b"}
 
@@ -562,10 +571,9 @@ class SingleAgentEnvRunner(EnvRunner[SingleAgentEpisode]):
         self._sub_envs_stepped(rows, started)
         self._obs = results.observations
         self._ready = ids
+        self._run_env_to_module(call.explore)
         if call.left is not None:
             self._count_fragments(rows, started)
-        if self._ready is None or len(self._ready):
-            self._run_env_to_module(call.explore)
         if self._per_step_callbacks:
             started_set = set(started)
             for i in range(n) if rows is None else rows:
@@ -577,8 +585,10 @@ class SingleAgentEnvRunner(EnvRunner[SingleAgentEpisode]):
     def _count_fragments(self, rows: Any, started: list[int]) -> None:
         """``sample_fragments``: counts the recorded steps, holds sub-envs that took theirs.
 
-        A held sub-env is left out of the next turns (its observation kept); the next call
-        acts for it first (``_release_held``).
+        The env-to-module pipeline has run on every new observation (as RLlib's old stack
+        filters each one when it arrives); a held sub-env keeps its row of that batch and
+        is left out of the next turns, and the next call acts for it first, with the
+        weights of then (``_release_held``).
         """
         left = self._call.left
         assert left is not None
@@ -595,30 +605,40 @@ class SingleAgentEnvRunner(EnvRunner[SingleAgentEpisode]):
             ready = self._ready
             rows_of = np.arange(len(ready))
         done = left[ready] <= 0
-        if not done.any():
+        if not done.any() and (self._ready is not None or rows is None):
             return
+        batch = self._cached_to_module
         for j in np.flatnonzero(done).tolist():
-            self._held[int(ready[j])] = take_rows(self._obs, rows_of[j])
-        keep = np.flatnonzero(~done)
-        self._ready = ready[keep]
-        self._obs = take_rows(self._obs, rows_of[keep])
+            r = int(rows_of[j])
+            self._held[int(ready[j])] = (
+                take_rows(self._obs, r),
+                None if batch is None else tree_map(lambda x, r=r: x[r : r + 1], batch),
+            )
+        keep = rows_of[np.flatnonzero(~done)]
+        self._ready = ready[np.flatnonzero(~done)]
+        self._obs = take_rows(self._obs, keep)
+        if batch is not None:
+            # (numpy arrays and torch tensors alike take an int64 array of rows.)
+            self._cached_to_module = tree_map(lambda x: x[keep], batch) if len(keep) else None
 
     def _release_held(self) -> None:
         held, self._held = self._held, {}
-        ids = np.array(sorted(held), np.int64)
-        rows = [held[i] for i in ids.tolist()]
+        ids = sorted(held)
+        if self._ready is not None and len(self._ready):
+            raise RuntimeError("internal error: sub-envs held while others wait")
         from gymnasium.vector.utils import concatenate, create_empty_array
 
         space = self.env.single_observation_space
-        obs = concatenate(space, rows, create_empty_array(space, len(rows)))
-        if self._ready is not None and len(self._ready):
-            raise RuntimeError("internal error: sub-envs held while others wait")
+        rows = [held[i][0] for i in ids]
+        self._obs = concatenate(space, rows, create_empty_array(space, len(rows)))
+        batches = [held[i][1] for i in ids]
+        self._cached_to_module = (
+            None if batches[0] is None else tree_map(_concatenate_rows, *batches)
+        )
         if self._sub_envs.lockstep and len(ids) == self.num_envs:
             self._ready = None  # all of them: the lockstep turn again
         else:
-            self._ready = ids
-        self._obs = obs
-        self._run_env_to_module(self._call.explore)
+            self._ready = np.array(ids, np.int64)
 
     def _record_reset(self, i: int, obs: Any, infos: Any) -> None:
         # Single-agent sub-envs reset on their next step (every backend autoresets); only
