@@ -364,7 +364,8 @@ class EnvRunner(Checkpointable, abc.ABC, Generic[EpisodeT]):
         ``"complete_episodes"``. Timesteps (env steps, summed over sub-envs): done
         episodes plus the chunks of the ongoing ones, which the next call continues (same
         ``id_``, ``t_started`` at the chunk's end, ``episode_lookback_horizon`` steps of
-        look-back); between ``num_timesteps`` and ``num_timesteps + num_envs - 1`` steps.
+        look-back); between ``num_timesteps`` and ``num_timesteps + num_envs - 1`` steps
+        (``sample_fragments`` takes exactly a fragment from every sub-env).
         Episodes: exactly ``num_episodes`` done episodes, from freshly reset envs.
         Returned episodes are numpy'ized (unless ``episodes_to_numpy`` is off). After a
         call that raised (an env's error), the next call resets every sub-env first: the
