@@ -313,13 +313,6 @@ def _worker_main(
             except Exception as err:
                 hosts[i] = None
                 failed[i] = _portable_error(err)
-        elif kind == "call":
-            _, i, fn, args = msg
-            host = hosts.get(i)
-            try:
-                payload = None if host is None else host.call(fn, *args)
-            except Exception as err:
-                failed[i] = _portable_error(err)
         conn.send(("ok", payload, {i: _portable_error(e) for i, e in failed.items()}))
 
 
@@ -880,29 +873,6 @@ class SharedMemorySubEnvs(SubEnvs):
         self._fresh.update(j for j in worker.ids if j != i)
         if made:
             raise made.get(i) or next(iter(made.values()))
-
-    def call(self, i: int, fn: Callable[..., Any], *args: Any) -> Any:
-        """Runs ``fn(env, *args)`` on sub-env ``i`` in its worker (after its pending steps).
-
-        Args:
-            i: The sub-env.
-            fn: The function (picklable).
-            *args: More arguments.
-
-        Returns:
-            Its result.
-
-        Raises:
-            Exception: What ``fn`` raised.
-        """
-        worker = self._workers[int(self._worker_of[i])]
-        failed: dict[int, BaseException] = {}
-        self._drain(worker, failed)
-        _send_command(worker.conn, ("call", i, fn, args))
-        _, payload, errors = worker.conn.recv()
-        if errors:
-            raise next(iter(errors.values()))
-        return payload
 
     def close(self) -> None:
         """See :meth:`SubEnvs.close`: ends the workers and frees the shared block."""
