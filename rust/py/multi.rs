@@ -25,7 +25,8 @@ use super::single::{
     info_or_absent, perf_counter, ExtraOutputs, PreparedReset, PreparedStep, RowSteps, SingleAgentEpisodePy,
 };
 use crate::episode::multi::{
-    plan_agent_step, AgentPlan, AgentStepError, AgentStepInput, MapRead, Source, StepMap,
+    episode_ends, plan_env_step, AgentPlan, AgentStep, AgentStepError, AgentStepInput, EnvStep, Hanging,
+    MapRead, MapWrite, Source, StepMap,
 };
 
 /// RLlib's skip tag in env-step maps.
@@ -110,6 +111,43 @@ impl StepMapPy {
         let steps = values.try_iter()?.map(|v| step_from_py(&v?)).collect::<PyResult<Vec<_>>>()?;
         self.map.extend(steps);
         Ok(())
+    }
+
+    /// How many entries back (1 = the last) the agent last stepped within `start..=stop`
+    /// entries back; None if it did not.
+    #[pyo3(name = "_last_stepped")]
+    fn last_stepped(&self, start: usize, stop: usize) -> Option<usize> {
+        self.map.last_stepped(start, stop)
+    }
+
+    /// Appends the `new_steps` env steps of the chunk that continues this one: `theirs`
+    /// (the agent's map there) after the env step both share, or skips (None).
+    #[pyo3(name = "_append_chunk")]
+    fn append_chunk(&mut self, theirs: Option<PyRef<'_, StepMapPy>>, new_steps: usize) {
+        self.map.append_chunk(theirs.as_deref().map(|m| &m.map), new_steps);
+    }
+
+    /// The map of an agent first seen in a chunk appended to an episode whose maps hold
+    /// `steps_before` entries before the shared env step, under `lookback`.
+    #[staticmethod]
+    #[pyo3(name = "_joined")]
+    fn joined(
+        theirs: Option<PyRef<'_, StepMapPy>>,
+        new_steps: usize,
+        steps_before: usize,
+        lookback: usize,
+    ) -> StepMapPy {
+        StepMapPy {
+            map: StepMap::joined(theirs.as_deref().map(|m| &m.map), new_steps, steps_before, lookback),
+        }
+    }
+
+    /// The look-back a cut keeps: at least `requested`, and back to the observation each
+    /// hanging action (`hanging`: those agents' maps) was computed from.
+    #[staticmethod]
+    #[pyo3(name = "_cut_lookback")]
+    fn cut_lookback(requested: usize, hanging: Vec<PyRef<'_, StepMapPy>>) -> usize {
+        StepMap::cut_lookback(requested, hanging.iter().map(|m| &m.map))
     }
 
     /// Entries at `indices` (RLlib's index semantics; `fill`: out-of-range reads as "S";
@@ -574,10 +612,8 @@ impl MultiAgentEpisodeCore {
             existing.push(eps);
         }
 
-        // The episode ends when `__all__` says so or every agent is done.
-        let mut is_terminated = all_terminated;
-        let is_truncated = all_truncated;
-        let mut every_agent_done = true;
+        // The episode ends when `__all__` says so or every live agent is flagged now.
+        let mut live_flagged: AgentVec<bool> = AgentVec::new();
         for (aid, eps) in agent_episodes.iter() {
             if eps.cast::<SingleAgentEpisodePy>()?.borrow().done() {
                 continue;
@@ -587,14 +623,12 @@ impl MultiAgentEpisodeCore {
                 Some(i) => rows[i].terminated || rows[i].truncated,
                 None => flag(terminateds.as_ref(), &aid)? || flag(truncateds.as_ref(), &aid)?,
             };
+            live_flagged.push(flagged);
             if !flagged {
-                every_agent_done = false;
                 break;
             }
         }
-        if every_agent_done {
-            is_terminated = true;
-        }
+        let (is_terminated, is_truncated) = episode_ends(all_terminated, all_truncated, live_flagged);
 
         // Agents that join take their place in `agent_episodes` in the order RLlib visits
         // them: that of the Python set it builds from the same dicts with the same set
@@ -633,50 +667,56 @@ impl MultiAgentEpisodeCore {
             None
         };
 
-        // Phase 1: decide and convert; nothing is stored yet.
-        let mut new_agent_episode: Option<Bound<'py, PyAny>> = None;
+        // The plan: each mentioned agent's part, by RLlib's rules, checked whole before
+        // any value is converted or stored.
+        let n = order.as_ref().map_or(rows.len(), Vec::len);
+        let at = |k: usize| order.as_ref().map_or(k, |o| o[k]);
         let have_hanging_actions = !hanging_actions.is_empty();
-        let mut plans: AgentVec<(usize, Prepared<'py>, f64, Option<Bound<'py, StepMapPy>>)> = AgentVec::new();
-        let mut row_steps = RowSteps::default();
+        let mut steps: AgentVec<AgentStep> = AgentVec::new();
+        let mut rewards: AgentVec<f64> = AgentVec::new();
+        let mut maps: AgentVec<Option<Bound<'py, StepMapPy>>> = AgentVec::new();
+        let mut hanging: AgentVec<Option<Bound<'py, PyAny>>> = AgentVec::new();
         let mut observed_with_map = 0usize;
-        for k in 0..order.as_ref().map_or(rows.len(), Vec::len) {
-            let i = order.as_ref().map_or(k, |o| o[k]);
-            let row = &rows[i];
+        for k in 0..n {
+            let row = &rows[at(k)];
             let aid = &row.aid;
-            let existing = &existing[i];
-            // One shared borrow of an agent's episode serves its done check and its step's
-            // preparation (each borrow and release is an atomic read-modify-write).
-            let mut held = existing.as_ref().map(Bound::try_borrow).transpose()?;
-            let episode_done = held.as_ref().is_some_and(|e| e.done());
+            let (has_episode, episode_done, agent_len) = match &existing[at(k)] {
+                Some(e) => {
+                    let e = e.try_borrow()?;
+                    (true, e.done(), e.chunk_len())
+                }
+                None => (false, false, 0),
+            };
             let step_map = step_maps.get_item(aid)?.map(Bound::cast_into::<StepMapPy>).transpose()?;
             if row.observation.is_some() && step_map.is_some() {
                 observed_with_map += 1;
             }
-            let terminated = row.terminated || is_terminated;
-            let truncated = row.truncated || is_truncated;
             let hanging_action = if have_hanging_actions {
                 hanging_actions.get_item(aid)?.filter(|v| !v.is_none())
             } else {
                 None
             };
-            let input = AgentStepInput {
-                has_observation: row.observation.is_some(),
-                has_action: row.action.is_some(),
-                has_reward: row.has_reward,
-                has_any_data: row.observation.is_some()
-                    || row.action.is_some()
-                    || row.reward.is_some()
-                    || row.info.is_some()
-                    || row.extra.is_some(),
-                terminated,
-                truncated,
-                has_episode: existing.is_some(),
-                episode_done,
-                has_step_map: step_map.is_some(),
-                has_hanging_action: hanging_action.is_some(),
-            };
-            let plan = plan_agent_step(&input).map_err(|e| agent_error(aid, e))?;
-            let reward = match &row.reward {
+            steps.push(AgentStep {
+                input: AgentStepInput {
+                    has_observation: row.observation.is_some(),
+                    has_action: row.action.is_some(),
+                    has_reward: row.has_reward,
+                    has_any_data: row.observation.is_some()
+                        || row.action.is_some()
+                        || row.reward.is_some()
+                        || row.info.is_some()
+                        || row.extra.is_some(),
+                    terminated: row.terminated,
+                    truncated: row.truncated,
+                    has_episode,
+                    episode_done,
+                    has_step_map: step_map.is_some(),
+                    has_hanging_action: hanging_action.is_some(),
+                },
+                agent_len,
+                t_started: t_started.get_item(aid)?.map(|v| v.extract::<i64>()).transpose()?,
+            });
+            rewards.push(match &row.reward {
                 Some(r) => r.extract::<f64>().map_err(|_| {
                     pyo3::exceptions::PyTypeError::new_err(format!(
                         "the reward of agent {} must be a real number, got {}",
@@ -685,7 +725,33 @@ impl MultiAgentEpisodeCore {
                     ))
                 })?,
                 None => 0.0,
-            };
+            });
+            maps.push(step_map);
+            hanging.push(hanging_action);
+        }
+        let plan = plan_env_step(
+            &EnvStep {
+                agents: &steps,
+                terminated: is_terminated,
+                truncated: is_truncated,
+                env_t,
+                env_t_started,
+                lookback,
+            },
+            &rewards,
+        )
+        .map_err(|(k, e)| agent_error(&rows[at(k)].aid, e))?;
+
+        // The values each part records, converted; nothing is stored yet.
+        let mut new_agent_episode: Option<Bound<'py, PyAny>> = None;
+        let mut prepared_parts: AgentVec<Prepared<'py>> = AgentVec::new();
+        let mut row_steps = RowSteps::default();
+        for (k, outcome) in plan.agents.iter().enumerate() {
+            let row = &rows[at(k)];
+            let aid = &row.aid;
+            let existing = &existing[at(k)];
+            let reward = rewards[k];
+            let hanging_action = &hanging[k];
             let mut agent_episode = || -> PyResult<Bound<'py, SingleAgentEpisodePy>> {
                 if let Some(e) = existing {
                     return Ok(e.clone());
@@ -698,16 +764,10 @@ impl MultiAgentEpisodeCore {
                 make_agent_episode(make, aid, compression)
             };
             let none = || py.None().into_bound(py);
-            let prepared = match plan {
-                AgentPlan::Step {
-                    observation,
-                    action: action_src,
-                    extra_model_outputs,
-                    add_hanging_reward,
-                } => {
+            let prepared = match outcome.plan {
+                AgentPlan::Step { observation, action: action_src, extra_model_outputs, .. } => {
                     let eps = agent_episode()?;
                     let (obs_value, info_value) = if observation == Source::Last {
-                        held = None;
                         let (o, i) = eps.borrow_mut().last_observation_and_infos(py)?;
                         (o, Some(i))
                     } else {
@@ -726,28 +786,23 @@ impl MultiAgentEpisodeCore {
                         extras_value.as_ref().and_then(|v| v.cast::<AgentOutputsPy>().ok().cloned());
                     let extras_dict =
                         if extras_rows.is_some() { None } else { as_dict(extras_value.as_ref())? };
-                    let hanging_reward = if add_hanging_reward {
+                    let hanging_reward = if outcome.add_hanging_reward {
                         rewards_end.get_item(aid)?.map(|v| v.extract::<f64>()).transpose()?.unwrap_or(0.0)
                     } else {
                         0.0
                     };
                     // This step's own values (not the agent's last observation or its hanging
                     // ones) go straight into the columns where they fit them.
-                    let given = observation == Source::Given && action_src == Source::Given;
-                    let row = if given && extra_model_outputs == Source::Given {
+                    let given = observation == Source::Given
+                        && action_src == Source::Given
+                        && extra_model_outputs == Source::Given;
+                    let row_step = if given {
                         let extras = match (&extras_rows, &extras_dict) {
                             (Some(r), _) => Some(ExtraOutputs::Rows(r.get())),
                             (None, Some(d)) => Some(ExtraOutputs::Dict(d)),
                             (None, None) => None,
                         };
-                        let fresh;
-                        let e = if let Some(e) = &held {
-                            e
-                        } else {
-                            fresh = eps.try_borrow()?;
-                            &fresh
-                        };
-                        e.prepare_row_step(
+                        eps.try_borrow()?.prepare_row_step(
                             &mut row_steps,
                             &obs_value,
                             &action_value,
@@ -757,8 +812,8 @@ impl MultiAgentEpisodeCore {
                     } else {
                         None
                     };
-                    let step = if let Some(row) = row {
-                        StepData::Rows { row, info: info_or_absent(info_value.as_ref()) }
+                    let step = if let Some(row_step) = row_step {
+                        StepData::Rows { row: row_step, info: info_or_absent(info_value.as_ref()) }
                     } else {
                         let extras_dict = match &extras_rows {
                             Some(r) => Some(r.get().to_dict(py)?),
@@ -777,13 +832,7 @@ impl MultiAgentEpisodeCore {
                             .map_err(|e| for_agent(py, aid, e))?;
                         StepData::Items(Box::new(step))
                     };
-                    Prepared::Step {
-                        episode: eps,
-                        step,
-                        pops_hanging: action_src == Source::Hanging,
-                        terminated,
-                        truncated,
-                    }
+                    Prepared::Step { episode: eps, step }
                 }
                 AgentPlan::Join => {
                     let eps = agent_episode()?;
@@ -798,17 +847,15 @@ impl MultiAgentEpisodeCore {
                         _ => row.extra.clone().unwrap_or_else(none),
                     },
                 },
-                AgentPlan::AddReward { begin } => Prepared::AddReward { begin },
-                AgentPlan::Drop => Prepared::Drop,
+                AgentPlan::AddReward { .. } | AgentPlan::Drop => Prepared::Nothing,
             };
-            plans.push((i, prepared, reward, step_map));
+            prepared_parts.push(prepared);
         }
 
-        // Phase 2: store.
+        // Store: the plan applied.
         // The step's time, for `get_duration_s` (the clock of Python's `time.perf_counter`),
         // of the episode and of the agents that step.
         let now = perf_counter();
-        let env_t = env_t + 1;
         // Agents with a map but no observation now get a skip. When every map belongs to an
         // agent that observed, there are none (and no lookups are needed to know).
         if observed_with_map != step_maps.len() {
@@ -830,75 +877,70 @@ impl MultiAgentEpisodeCore {
             }
             Ok(())
         };
-        let all_hanging = [&rewards_begin, &hanging_actions, &hanging_extras, &rewards_end];
-        for (i, prepared, reward, step_map) in plans {
-            let aid = &rows[i].aid;
+        for (k, (outcome, prepared)) in plan.agents.iter().zip(prepared_parts).enumerate() {
+            let aid = &rows[at(k)].aid;
             match prepared {
-                Prepared::Step { episode: eps, step, pops_hanging, terminated, truncated } => {
-                    let agent_len = {
-                        let mut e = eps.borrow_mut();
-                        match step {
-                            StepData::Rows { row, info } => {
-                                row_steps.apply(row, &mut e, info, terminated, truncated, now)?;
-                            }
-                            StepData::Items(step) => e.apply_step(py, *step, terminated, truncated)?,
+                Prepared::Step { episode: eps, step } => {
+                    let mut e = eps.borrow_mut();
+                    match step {
+                        StepData::Rows { row, info } => {
+                            row_steps.apply(row, &mut e, info, outcome.terminated, outcome.truncated, now)?;
                         }
-                        e.chunk_len()
-                    };
-                    if pops_hanging {
-                        remove(&[&hanging_actions, &hanging_extras, &rewards_end], aid)?;
+                        StepData::Items(step) => {
+                            e.apply_step(py, *step, outcome.terminated, outcome.truncated)?;
+                        }
                     }
-                    // `agent_t_started` is a defaultdict(int): reading it records the agent.
-                    let t0: i64 = if let Some(v) = t_started.get_item(aid)? {
-                        v.extract()?
-                    } else {
-                        t_started.set_item(aid, 0)?;
-                        0
-                    };
-                    let agent_t = agent_len as i64 + t0;
-                    let map = match step_map {
-                        Some(m) => m,
-                        None => step_map_of(py, &step_maps, aid)?,
-                    };
-                    map.borrow_mut().map.push(Some(agent_t));
-                    if existing[i].is_none() && agent_episodes.get_item(aid)?.is_none() {
+                    drop(e);
+                    if existing[at(k)].is_none() && agent_episodes.get_item(aid)?.is_none() {
                         agent_episodes.set_item(aid, &eps)?;
-                    }
-                    if terminated || truncated {
-                        remove(&all_hanging, aid)?;
                     }
                 }
                 Prepared::Join { episode: eps, reset, infos } => {
-                    {
-                        let map = step_map_of(py, &step_maps, aid)?;
-                        let mut map = map.borrow_mut();
-                        // One skip per env step of this chunk before this one, look-back
-                        // included. RLlib 2.60 counts from the episode's start (env_t), which
-                        // misplaces agents that join in a later chunk (see the multi-agent
-                        // deviation tests).
-                        let skips = env_t - env_t_started + i64::try_from(lookback).unwrap_or(0);
-                        map.map.extend(std::iter::repeat_n(None, usize::try_from(skips).unwrap_or(0)));
-                        map.map.push(Some(0));
-                        map.map.set_lookback(lookback);
-                    }
                     eps.borrow_mut().apply_reset(py, reset, infos.as_ref())?;
-                    add_to(&rewards_begin, aid, reward)?;
                     agent_episodes.set_item(aid, &eps)?;
                 }
                 Prepared::Hang { action, extras } => {
                     hanging_actions.set_item(aid, action)?;
-                    rewards_end.set_item(aid, reward)?;
                     hanging_extras.set_item(aid, extras)?;
                 }
-                Prepared::AddReward { begin } => {
-                    add_to(if begin { &rewards_begin } else { &rewards_end }, aid, reward)?;
+                Prepared::Nothing => {}
+            }
+            if outcome.set_t_started {
+                // `agent_t_started` is a defaultdict(int): reading it records the agent.
+                t_started.set_item(aid, 0)?;
+            }
+            match outcome.map {
+                MapWrite::Nothing => {}
+                MapWrite::Step(t) => {
+                    let map = match &maps[k] {
+                        Some(m) => m.clone(),
+                        None => step_map_of(py, &step_maps, aid)?,
+                    };
+                    map.borrow_mut().map.push(Some(t));
                 }
-                Prepared::Drop => {
-                    remove(&all_hanging, aid)?;
-                    dropped.add(aid)?;
+                MapWrite::Join { skips, lookback } => {
+                    let map = step_map_of(py, &step_maps, aid)?;
+                    let mut map = map.borrow_mut();
+                    map.map.extend(std::iter::repeat_n(None, skips));
+                    map.map.push(Some(0));
+                    map.map.set_lookback(lookback);
                 }
             }
+            match outcome.hanging {
+                Hanging::Keep => {}
+                Hanging::TakeEnd => remove(&[&hanging_actions, &hanging_extras, &rewards_end], aid)?,
+                Hanging::Clear => {
+                    remove(&[&rewards_begin, &hanging_actions, &hanging_extras, &rewards_end], aid)?;
+                }
+                Hanging::SetEnd(r) => rewards_end.set_item(aid, r)?,
+                Hanging::AddEnd(r) => add_to(&rewards_end, aid, r)?,
+                Hanging::AddBegin(r) => add_to(&rewards_begin, aid, r)?,
+            }
+            if outcome.dropped {
+                dropped.add(aid)?;
+            }
         }
+        let env_t = plan.env_t;
         let mut e = episode.try_borrow_mut()?;
         e.env_t = env_t;
         e.is_terminated = is_terminated;
@@ -943,15 +985,11 @@ enum StepData<'py> {
     Items(Box<PreparedStep<'py>>),
 }
 
-/// What one agent's step will do, prepared before anything is stored.
+/// The values one agent's part of the plan records, converted before anything is stored.
 enum Prepared<'py> {
     Step {
         episode: Bound<'py, SingleAgentEpisodePy>,
         step: StepData<'py>,
-        /// The action came from the agent's hanging data, which is used up.
-        pops_hanging: bool,
-        terminated: bool,
-        truncated: bool,
     },
     Join {
         episode: Bound<'py, SingleAgentEpisodePy>,
@@ -962,10 +1000,8 @@ enum Prepared<'py> {
         action: Bound<'py, PyAny>,
         extras: Bound<'py, PyAny>,
     },
-    AddReward {
-        begin: bool,
-    },
-    Drop,
+    /// Rewards and drops store no values of their own.
+    Nothing,
 }
 
 fn get_opt<'py>(

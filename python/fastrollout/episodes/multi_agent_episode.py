@@ -342,26 +342,22 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
         for agent_id in self.agent_ids | other.agent_ids:
             sa_episode = self.agent_episodes.get(agent_id)
             theirs = other.env_t_to_agent_t.get(agent_id)
-            # `other`'s entries from its first env step on (the one it shares with us).
-            tail = (
-                theirs.data[theirs.lookback :] if theirs is not None else [SKIP] * (new_steps + 1)
-            )
             if sa_episode is None:
                 self.agent_episodes[agent_id] = other.agent_episodes[agent_id]
                 self.agent_t_started[agent_id] = other.agent_t_started[agent_id]
                 if agent_id in self.env_t_to_agent_t:
-                    self.env_t_to_agent_t[agent_id].extend(tail[1:])
+                    self.env_t_to_agent_t[agent_id]._append_chunk(theirs, new_steps)
                 else:
-                    self.env_t_to_agent_t[agent_id] = StepMap(
-                        [SKIP] * steps_before + tail, lookback_before
+                    self.env_t_to_agent_t[agent_id] = StepMap._joined(
+                        theirs, new_steps, steps_before, lookback_before
                     )
                 self._take_hanging_end(agent_id, other)
             elif sa_episode.is_done or agent_id not in other.agent_episodes:
-                self.env_t_to_agent_t[agent_id].extend([SKIP] * new_steps)
+                self.env_t_to_agent_t[agent_id]._append_chunk(None, new_steps)
             else:
                 sa_episode.concat_episode(other.agent_episodes[agent_id])
                 self._take_hanging_end(agent_id, other)
-                self.env_t_to_agent_t[agent_id].extend(tail[1:])
+                self.env_t_to_agent_t[agent_id]._append_chunk(theirs, new_steps)
         # Rewards before an agent's first observation add up over the chunks. A cut
         # starts the successor's cache with what hung at the end of this chunk (rewards
         # of agents that had acted; their steps in `other` count them), so those
@@ -408,17 +404,12 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
             )
         if self.is_done:
             raise EpisodeDoneError("cut: the multi-agent episode is done")
-        requested = len_lookback_buffer
-        for agent_id in self._hanging_actions_end:
-            step_map = self.env_t_to_agent_t[agent_id]
-            # Keep the agent's last observation in the look-back: its hanging action was
-            # computed from it. (RLlib 2.60 starts this search at index 0 for
-            # len_lookback_buffer=0, i.e. at the chunk's first step, and loses the agent:
-            # ray issue 44677.)
-            for i in range(max(requested, 1), len(step_map.data) + 1):
-                if step_map.get(-i) != SKIP:
-                    len_lookback_buffer = max(len_lookback_buffer, i - 1)
-                    break
+        # Agents whose action hangs keep the observation it came from in the look-back
+        # (RLlib 2.60 loses them for len_lookback_buffer=0: ray issue 44677).
+        len_lookback_buffer = StepMap._cut_lookback(
+            len_lookback_buffer,
+            [self.env_t_to_agent_t[aid] for aid in self._hanging_actions_end],
+        )
         successor = self._cut_simultaneous(len_lookback_buffer)
         if successor is None:
             successor = self._cut_rebuilt(len_lookback_buffer)
@@ -529,7 +520,7 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
             done = eps.is_done
             if done:
                 # How many env steps back it last stepped (None: before the kept ones).
-                last = next((i for i in range(1, lookback + 2) if step_map.get(-i) != SKIP), None)
+                last = step_map._last_stepped(1, lookback + 1)
                 if last is None:
                     gone.add(aid)
                     continue

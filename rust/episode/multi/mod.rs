@@ -1,0 +1,20 @@
+//! Multi-agent bookkeeping (RLlib 2.60 `MultiAgentEpisode` semantics): which env step each
+//! agent step belongs to, and what an env step means for each agent.
+//!
+//! Agents act only on some env steps (turn-based games), join late and leave early. An
+//! agent's action waits ("hangs") until its next observation arrives; rewards that arrive
+//! while it waits add up, and rewards before its first observation are kept apart. The
+//! agents' own data lives in single-agent episodes; this module keeps the env-step to
+//! agent-step maps ([`StepMap`]), decides per agent what an env step records where
+//! ([`plan_agent_step`]), and turns a whole env step into one plan checked before anything
+//! is applied ([`plan_env_step`]), as well as the map rules of `cut` and `concat_episode`.
+
+mod agent;
+mod env_step;
+mod step_map;
+
+pub use agent::{plan_agent_step, AgentPlan, AgentStepError, AgentStepInput, Source};
+pub use env_step::{
+    episode_ends, plan_env_step, AgentOutcome, AgentStep, EnvStep, EnvStepPlan, Hanging, MapWrite,
+};
+pub use step_map::{MapRead, StepMap};
