@@ -39,6 +39,12 @@ DEFAULT_MODULE_ID = "default_policy"
 SKIP = "S"  # An env step at which an agent did not step (RLlib's skip tag).
 
 
+#: (agent episode class, id of the observation space, id of the action space) -> a blank
+#: agent episode with those spaces (it holds them, so the ids stay theirs), oldest first.
+_BLANK_AGENT_EPISODES: dict[tuple[type, int, int], SingleAgentEpisode] = {}
+_MAX_BLANK_AGENT_EPISODES = 64
+
+
 def default_agent_to_module_mapping_fn(agent_id: Any, episode: Any) -> str:
     """Maps every agent to the one default module (RLlib's default)."""
     return DEFAULT_MODULE_ID
@@ -175,13 +181,36 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
                 f"of its possible_agents {list(declared)}: list every agent the env may "
                 "return data for in possible_agents"
             )
-        return self._agent_episode_cls(
-            agent_id=agent_id,
-            module_id=self.module_for(agent_id),
-            multi_agent_episode_id=self.id_,
-            observation_space=self.observation_space.get(agent_id),
-            action_space=self.action_space.get(agent_id),
-        )
+        cls = self._agent_episode_cls
+        obs_space = self.observation_space.get(agent_id)
+        act_space = self.action_space.get(agent_id)
+        if cls.__init__ is not SingleAgentEpisode.__init__:
+            # A subclass's own constructor runs for every agent.
+            return cls(
+                agent_id=agent_id,
+                module_id=self.module_for(agent_id),
+                multi_agent_episode_id=self.id_,
+                observation_space=obs_space,
+                action_space=act_space,
+            )
+        # Agents with the same spaces copy one blank episode's layouts instead of reading
+        # them from the spaces again (about 10 µs per agent and chunk).
+        key = (cls, id(obs_space), id(act_space))
+        blank = _BLANK_AGENT_EPISODES.get(key)
+        if (
+            blank is None
+            or blank.observation_space is not obs_space
+            or blank.action_space is not act_space
+        ):
+            blank = cls(observation_space=obs_space, action_space=act_space)
+            if len(_BLANK_AGENT_EPISODES) >= _MAX_BLANK_AGENT_EPISODES:
+                _BLANK_AGENT_EPISODES.pop(next(iter(_BLANK_AGENT_EPISODES)))
+            _BLANK_AGENT_EPISODES[key] = blank
+        episode = blank._blank_like()
+        episode.agent_id = agent_id
+        episode.module_id = self.module_for(agent_id)
+        episode.multi_agent_episode_id = self.id_
+        return episode
 
     def add_env_reset(self, *, observations: dict, infos: dict | None = None) -> None:
         """Records the reset observations (and infos) of the agents that got one.
