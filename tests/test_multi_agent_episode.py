@@ -240,6 +240,54 @@ def test_constructor_spaces_go_to_the_agents() -> None:
     assert gym_dict.agent_episodes["a0"].observation_space == OBS_SPACES["a0"]
 
 
+@fastrollout_only
+def test_agents_get_the_layouts_of_their_own_spaces() -> None:
+    import fastrollout
+
+    # Agent episodes are copied from one blank episode per pair of space objects: each new
+    # space object (one per loop, so its id may be a freed one's) still gets its own layout.
+    for shape in [(2,), (3,), (2,), (5,)]:
+        space = gym.spaces.Box(-1.0, 1.0, shape, np.float32)
+        acts = gym.spaces.Discrete(3)
+        ep = MAEpisode(
+            id_="m", observation_space={"a": space, "b": space}, action_space={"a": acts, "b": acts}
+        )
+        ep.add_env_reset(observations={"a": np.zeros(shape, np.float32)})
+        with pytest.raises(fastrollout.errors.SpaceMismatchError, match="agent 'a'"):
+            ep.add_env_step({"a": np.zeros(7, np.float32)}, {"a": 0}, {"a": 1.0})
+        ep.add_env_step(
+            {"a": np.ones(shape, np.float32), "b": np.ones(shape, np.float32)}, {"a": 2}, {"a": 1.0}
+        )
+        a, b = ep.agent_episodes["a"], ep.agent_episodes["b"]
+        assert a.observation_space is space and a.action_space is acts
+        assert (a.agent_id, b.agent_id, a.multi_agent_episode_id) == ("a", "b", "m")
+        assert a.module_id == ep.module_for("a")
+        assert a.id_ != b.id_
+        assert ep.get_observations(-1)["a"].shape == shape
+
+
+@fastrollout_only
+def test_an_agent_episode_subclass_constructor_runs_for_every_agent() -> None:
+    import fastrollout
+
+    made = []
+
+    class Counted(fastrollout.SingleAgentEpisode):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            made.append(kwargs.get("agent_id"))
+            super().__init__(*args, **kwargs)
+
+    class Episode(fastrollout.MultiAgentEpisode):
+        _agent_episode_cls = Counted
+
+    ep = Episode(observation_space=OBS_SPACES, action_space=ACT_SPACES)
+    ep.add_env_reset(
+        observations={"a0": OBS_SPACES["a0"].sample(), "a1": OBS_SPACES["a1"].sample()}
+    )
+    assert sorted(made) == ["a0", "a1"]
+    assert all(type(e) is Counted for e in ep.agent_episodes.values())
+
+
 # --------------------------------------------------------------------------------------
 # Reset and steps.
 # --------------------------------------------------------------------------------------
