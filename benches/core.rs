@@ -121,11 +121,49 @@ fn bench_cut_and_gather(c: &mut Criterion) {
     }
 }
 
-/// The core's share of a multi-agent env step: plan each agent's step, record it in the
-/// agent's episode, extend its env-step map (what `MultiAgentEpisode.add_env_step` does per
-/// agent natively), then cut every agent at the rollout boundary.
+/// One simultaneous env step of every agent through the core: the env step's plan, then
+/// each agent's record and step-map entry as the plan says.
+fn multi_agent_env_step(
+    agents: &mut [SingleAgentCore<()>],
+    maps: &mut [fastrollout::episode::multi::StepMap],
+    env_t: i64,
+    obs: &[u8],
+) {
+    use fastrollout::episode::multi::{plan_env_step, AgentStep, AgentStepInput, EnvStep, MapWrite};
+    let steps: Vec<AgentStep> = agents
+        .iter()
+        .map(|a| AgentStep {
+            input: AgentStepInput {
+                has_observation: true,
+                has_action: true,
+                has_reward: true,
+                has_any_data: true,
+                has_episode: true,
+                has_step_map: true,
+                ..AgentStepInput::default()
+            },
+            agent_len: a.len(),
+            t_started: Some(a.t_started),
+        })
+        .collect();
+    let rewards = vec![1.0; agents.len()];
+    let env_step =
+        EnvStep { agents: &steps, terminated: false, truncated: false, env_t, env_t_started: 0, lookback: 0 };
+    let plan = plan_env_step(black_box(&env_step), &rewards).expect("plan");
+    for ((agent, map), outcome) in agents.iter_mut().zip(maps.iter_mut()).zip(&plan.agents) {
+        agent.add_step(step(obs), no_object).expect("step");
+        if let MapWrite::Step(t) = outcome.map {
+            map.push(Some(t));
+        }
+    }
+}
+
+/// The core's share of a multi-agent env step: plan the env step for every agent, record
+/// each agent's step in its episode and extend its env-step map (what
+/// `MultiAgentEpisode.add_env_step` does natively), then cut every agent at the rollout
+/// boundary.
 fn bench_multi_agent(c: &mut Criterion) {
-    use fastrollout::episode::multi::{plan_agent_step, AgentStepInput, StepMap};
+    use fastrollout::episode::multi::StepMap;
     let obs = vec![0u8; CARTPOLE_OBS * 4];
     for n_agents in [2usize, 8] {
         c.bench_function(&format!("multi_agent/{n_agents}_agents/100_steps_then_cut"), |b| {
@@ -136,22 +174,8 @@ fn bench_multi_agent(c: &mut Criterion) {
                     (agents, maps)
                 },
                 |(agents, maps)| {
-                    let input = AgentStepInput {
-                        has_observation: true,
-                        has_action: true,
-                        has_reward: true,
-                        has_any_data: true,
-                        has_episode: true,
-                        has_step_map: true,
-                        ..AgentStepInput::default()
-                    };
-                    for _ in 0..100 {
-                        for (agent, map) in agents.iter_mut().zip(maps.iter_mut()) {
-                            let plan = plan_agent_step(black_box(&input)).expect("plan");
-                            black_box(plan);
-                            agent.add_step(step(&obs), no_object).expect("step");
-                            map.push(Some(agent.t));
-                        }
+                    for env_t in 0..100 {
+                        multi_agent_env_step(agents, maps, env_t, &obs);
                     }
                     for agent in agents.iter() {
                         black_box(agent.cut(1).expect("cut"));
@@ -167,17 +191,8 @@ fn bench_multi_agent(c: &mut Criterion) {
 /// agent, in steady state), and of `MultiAgentEpisode.to_numpy` of a 100-step chunk (one
 /// gather per leaf of every agent's observations, actions and rewards).
 fn bench_multi_agent_step_and_to_numpy(c: &mut Criterion) {
-    use fastrollout::episode::multi::{plan_agent_step, AgentStepInput, StepMap};
+    use fastrollout::episode::multi::StepMap;
     let obs = vec![0u8; CARTPOLE_OBS * 4];
-    let input = AgentStepInput {
-        has_observation: true,
-        has_action: true,
-        has_reward: true,
-        has_any_data: true,
-        has_episode: true,
-        has_step_map: true,
-        ..AgentStepInput::default()
-    };
     for n_agents in [2usize, 8] {
         // Steady state: the same agents step on (their columns already grown), and every
         // 100 steps each is cut (untimed), as a runner's chunks are; timing fresh episodes
@@ -185,11 +200,8 @@ fn bench_multi_agent_step_and_to_numpy(c: &mut Criterion) {
         c.bench_function(&format!("multi_agent/{n_agents}_agents/add_env_step"), |b| {
             let mut agents: Vec<_> = (0..n_agents).map(|_| episode(CARTPOLE_OBS, DType::F32)).collect();
             let mut maps: Vec<StepMap> = (0..n_agents).map(|_| StepMap::new(vec![Some(0)], 0)).collect();
-            for _ in 0..100 {
-                for (agent, map) in agents.iter_mut().zip(maps.iter_mut()) {
-                    agent.add_step(step(&obs), no_object).expect("step");
-                    map.push(Some(agent.t));
-                }
+            for env_t in 0..100 {
+                multi_agent_env_step(&mut agents, &mut maps, env_t, &obs);
             }
             b.iter_custom(|iters| {
                 let mut timed = std::time::Duration::ZERO;
@@ -199,12 +211,8 @@ fn bench_multi_agent_step_and_to_numpy(c: &mut Criterion) {
                     maps = agents.iter().map(|a| StepMap::new(vec![Some(a.t)], 1)).collect();
                     let batch = (iters - done).min(100);
                     let start = std::time::Instant::now();
-                    for _ in 0..batch {
-                        for (agent, map) in agents.iter_mut().zip(maps.iter_mut()) {
-                            black_box(plan_agent_step(black_box(&input)).expect("plan"));
-                            agent.add_step(step(&obs), no_object).expect("step");
-                            map.push(Some(agent.t));
-                        }
+                    for env_t in 0..batch {
+                        multi_agent_env_step(&mut agents, &mut maps, env_t as i64, &obs);
                     }
                     timed += start.elapsed();
                     done += batch;
