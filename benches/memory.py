@@ -21,7 +21,9 @@ Usage::
    ``compress_observations``: done 100-step episodes (``sample(num_episodes=2)``) and
    50-step chunks of 1000-step episodes (``sample(num_timesteps=100)``). For those the
    table also gives the observations' stored bytes per step (``_stored_bytes``: the
-   compressed blocks plus the items kept uncompressed). ``--cases`` runs only the cases
+   compressed blocks plus the items kept uncompressed), and the growths are what dropping
+   the held episodes frees, live bytes only (the runner's own buffers would blur a growth
+   over sampling; the allocators keep most freed memory, so RSS cannot tell a drop). ``--cases`` runs only the cases
    whose name contains the given text.
 2. **RSS over sampling.** fastrollout's ``SingleAgentEnvRunner`` (CartPole-v1, 8 sub-envs)
    samples ``--steps-rss`` env steps in calls of 1000, dropping the episodes and reducing
@@ -242,13 +244,19 @@ def child(case: str) -> dict[str, Any]:
     after = rss_bytes(), live_bytes()
     steps = sum(len(e) for e in held)
     raw = sum(_raw_bytes(e) for e in held)
-    live = None if after[1] is None or before[1] is None else after[1] - before[1]
     stored = None
     if case.startswith("scene"):
         stored = sum(e._stored_bytes("observations") for e in held)
+        # The runner's own buffers change between the two measurements by about as much
+        # as compressed episodes hold: measure instead what dropping the episodes frees.
+        del held
+        gc.collect()
+        before = rss_bytes(), live_bytes()
+    live = None if after[1] is None or before[1] is None else after[1] - before[1]
     return {
         "steps": steps,
-        "held_bytes": after[0] - before[0],
+        # Allocators keep most freed memory: RSS tells nothing about a drop.
+        "held_bytes": None if stored is not None else after[0] - before[0],
         "live_bytes": live,
         "raw_bytes": raw,
         "stored_obs_bytes": stored,
@@ -320,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
             text=True,
         )
         r = json.loads(res.stdout.strip().splitlines()[-1])
-        held, raw = r["held_bytes"] / r["steps"], r["raw_bytes"] / r["steps"]
+        raw = r["raw_bytes"] / r["steps"]
         out["bytes_per_step"][name] = r
         live = "| - | - |"
         if r["live_bytes"] is not None:
@@ -328,8 +336,12 @@ def main(argv: list[str] | None = None) -> int:
             live = f"| {per_step:.1f} | {per_step / raw:.2f} |"
         stored = r.get("stored_obs_bytes")
         stored_cell = "-" if stored is None else f"{stored / r['steps']:.1f}"
+        rss = "| - | -"
+        if r["held_bytes"] is not None:
+            held = r["held_bytes"] / r["steps"]
+            rss = f"| {held:.1f} | {held / raw:.2f}"
         print(
-            f"| {name} | {r['steps']} | {raw:.1f} | {held:.1f} | {held / raw:.2f} {live} "
+            f"| {name} | {r['steps']} | {raw:.1f} {rss} {live} "
             f"{stored_cell} |",
             flush=True,
         )
