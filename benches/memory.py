@@ -23,8 +23,8 @@ Usage::
    table also gives the observations' stored bytes per step (``_stored_bytes``: the
    compressed blocks plus the items kept uncompressed), and the growths are what dropping
    the held episodes frees, live bytes only (the runner's own buffers would blur a growth
-   over sampling; the allocators keep most freed memory, so RSS cannot tell a drop). ``--cases`` runs only the cases
-   whose name contains the given text.
+   over sampling; the allocators keep most freed memory, so RSS cannot tell a drop).
+   ``--cases`` runs only the cases whose name contains the given text.
 2. **RSS over sampling.** fastrollout's ``SingleAgentEnvRunner`` (CartPole-v1, 8 sub-envs)
    samples ``--steps-rss`` env steps in calls of 1000, dropping the episodes and reducing
    the metrics every 20 calls, as a training loop does; RSS is printed every 10 % of the
@@ -217,8 +217,9 @@ def child(case: str) -> dict[str, Any]:
         case: A value of ``CASES``.
 
     Returns:
-        ``{"steps", "held_bytes", "live_bytes", "raw_bytes"}`` (``live_bytes`` None
-        where it cannot be measured).
+        ``{"steps", "held_bytes", "live_bytes", "raw_bytes", "stored_obs_bytes"}``
+        (``live_bytes`` None where it cannot be measured; ``stored_obs_bytes`` and, as
+        RSS cannot tell a drop, not ``held_bytes``, for the scene cases).
     """
     warnings.simplefilter("ignore")
     import fastrollout as fr
@@ -341,8 +342,7 @@ def main(argv: list[str] | None = None) -> int:
             held = r["held_bytes"] / r["steps"]
             rss = f"| {held:.1f} | {held / raw:.2f}"
         print(
-            f"| {name} | {r['steps']} | {raw:.1f} {rss} {live} "
-            f"{stored_cell} |",
+            f"| {name} | {r['steps']} | {raw:.1f} {rss} {live} {stored_cell} |",
             flush=True,
         )
     if not args.skip_rss:

@@ -1128,7 +1128,13 @@ mod tests {
         packed.set_compression(Some(32));
         for i in 0..51usize {
             let frame: Vec<u8> = (0..64 * 64)
-                .map(|k: usize| if (k / 64).abs_diff(i) < 6 && (k % 64).abs_diff(i % 40) < 6 { 255 } else { (k / 64) as u8 })
+                .map(|k: usize| {
+                    if (k / 64).abs_diff(i) < 6 && (k % 64).abs_diff(i % 40) < 6 {
+                        255
+                    } else {
+                        (k / 64) as u8
+                    }
+                })
                 .collect();
             plain.push(&[&frame]).unwrap();
             packed.push(&[&frame]).unwrap();
