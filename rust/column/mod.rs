@@ -460,7 +460,8 @@ impl Column {
     pub fn recycle_keep_tail(&mut self, keep: usize) {
         let keep = keep.min(self.total);
         if keep > self.total - self.sealed() {
-            self.unpack();
+            // Only the blocks that hold the kept tail.
+            self.unseal_at(self.total - keep);
         }
         // Items to drop from the uncompressed buffers (the sealed ones go with the blocks).
         let drop = self.total - keep - self.sealed();
@@ -537,8 +538,7 @@ impl Column {
     /// [`Self::gather_into`] on a column with sealed items (`out` and `fill` checked).
     /// A run of positions that covers one whole block (a short last one included) in
     /// order decompresses straight into `out`; other sealed items go through one scratch
-    /// block. `false` if a block
-    /// does not decompress (a bug).
+    /// block. `false` if a block does not decompress (a bug).
     fn gather_packed_into(
         &self,
         packed: &Packed,
@@ -1108,14 +1108,16 @@ mod tests {
             succ.extend_from(&packed, &[0, 1]);
             succ_plain.extend_from(&plain, &[0, 1]);
             assert_eq!(contents(&succ), contents(&succ_plain));
-            // Recycling keeps the tail raw for the successor.
-            let mut r = packed.clone();
-            r.recycle_keep_tail(2);
-            r.push(&item).unwrap();
-            let mut q = plain.clone();
-            q.recycle_keep_tail(2);
-            q.push(&item).unwrap();
-            assert_eq!(contents(&r), contents(&q));
+            // Recycling keeps the tail raw for the successor (unsealing only its blocks).
+            for keep in [0, 2, rows + 1, plain.total()] {
+                let (mut r, mut q) = (packed.clone(), plain.clone());
+                r.recycle_keep_tail(keep);
+                q.recycle_keep_tail(keep);
+                assert_eq!((r.sealed(), r.lookback()), (0, q.lookback()));
+                r.push(&item).unwrap();
+                q.push(&item).unwrap();
+                assert_eq!(contents(&r), contents(&q));
+            }
         }
     }
 
