@@ -339,6 +339,36 @@ fn bench_compressed_observations(c: &mut Criterion) {
         for r in &rows {
             filled.push(&[r]).expect("push");
         }
+        if compression.is_some() {
+            // A 50-step chunk handed out (51 observations): before, nothing of it was
+            // sealed; `seal_all` compresses every item, then the first read of its last
+            // observation decompresses the short last block.
+            let mut chunk = Column::new(obs_schema(84 * 84 * 4, u8_));
+            chunk.set_compression(compression);
+            for r in rows.iter().take(51) {
+                chunk.push(&[r]).expect("push");
+            }
+            g.throughput(Throughput::Bytes(51 * 84 * 84 * 4));
+            g.bench_function("seal_all_51_steps/lz4_32", |b| {
+                b.iter_batched(
+                    || chunk.clone(),
+                    |mut c| {
+                        c.seal_all();
+                        c
+                    },
+                    criterion::BatchSize::LargeInput,
+                );
+            });
+            chunk.seal_all();
+            g.throughput(Throughput::Bytes(84 * 84 * 4));
+            g.bench_function("read_last_of_sealed_chunk/lz4_32", |b| {
+                b.iter_batched(
+                    || chunk.clone(),
+                    |c| black_box(c.item(0, 50).len()),
+                    criterion::BatchSize::LargeInput,
+                );
+            });
+        }
         let mut out = vec![0u8; 256 * 84 * 84 * 4];
         g.throughput(Throughput::Bytes(out.len() as u64));
         g.bench_function(format!("to_numpy_gather_256_steps/{name}"), |b| {

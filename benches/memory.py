@@ -2,7 +2,7 @@
 
 Usage::
 
-    python benches/memory.py [--steps-rss 1000000] [--skip-rss] [--json out.json]
+    python benches/memory.py [--steps-rss 1000000] [--skip-rss] [--cases scene] [--json out.json]
 
 1. **Bytes per stored step.** Each case runs in a fresh child process: it measures the
    process's memory, builds many finished episodes and holds them (after ``to_numpy``),
@@ -15,7 +15,16 @@ Usage::
    takes its arenas from ``mmap``, and fastrollout's native allocator, mimalloc, which
    counts its own; the three do not overlap). Cases: CartPole
    episodes from fastrollout's runner, episodes recorded by hand (``add_env_step``) with
-   CartPole and 84x84x4 uint8 observations, each with RLlib 2.60's episode alongside.
+   CartPole and 84x84x4 uint8 observations, each with RLlib 2.60's episode alongside; and
+   the runner on ``SyntheticImageEnv(frames="scene")`` (84x84x4 uint8 frame stacks of the
+   moving-shapes scene, 2 sub-envs, random actions) with and without
+   ``compress_observations``: done 100-step episodes (``sample(num_episodes=2)``) and
+   50-step chunks of 1000-step episodes (``sample(num_timesteps=100)``). For those the
+   table also gives the observations' stored bytes per step (``_stored_bytes``: the
+   compressed blocks plus the items kept uncompressed), and the growths are what dropping
+   the held episodes frees, live bytes only (the runner's own buffers would blur a growth
+   over sampling; the allocators keep most freed memory, so RSS cannot tell a drop).
+   ``--cases`` runs only the cases whose name contains the given text.
 2. **RSS over sampling.** fastrollout's ``SingleAgentEnvRunner`` (CartPole-v1, 8 sub-envs)
    samples ``--steps-rss`` env steps in calls of 1000, dropping the episodes and reducing
    the metrics every 20 calls, as a training loop does; RSS is printed every 10 % of the
@@ -42,6 +51,10 @@ CASES = {
     "CartPole obs, add_env_step x200 per episode, 2000 episodes: RLlib 2.60": "sa_rllib",
     "84x84x4 uint8 obs, add_env_step x100 per episode, 50 episodes: fastrollout": "img_fr",
     "84x84x4 uint8 obs, add_env_step x100 per episode, 50 episodes: RLlib 2.60": "img_rllib",
+    "scene runner, done 100-step episodes x20: uncompressed": "scene_done_plain",
+    "scene runner, done 100-step episodes x20: compress_observations": "scene_done_packed",
+    "scene runner, 50-step chunks x40: uncompressed": "scene_chunks_plain",
+    "scene runner, 50-step chunks x40: compress_observations": "scene_chunks_packed",
 }
 
 
@@ -161,6 +174,42 @@ def _runner_episodes(steps: int):
     return held, before
 
 
+def _scene_episodes(chunks: bool, compress: bool):
+    """Episodes of the moving-shapes scene from the runner: 20 done 100-step episodes, or
+    40 chunks of 50 steps (``sample`` cuts 1000-step episodes)."""
+    import torch
+
+    import fastrollout as fr
+    from fastrollout.env.examples import SyntheticImageEnv
+
+    torch.set_num_threads(1)
+    env_config = {"frames": "scene", "episode_len": 1000 if chunks else 100}
+    c = (
+        fr.RunnerConfig()
+        .environment(SyntheticImageEnv, env_config=env_config)
+        .resources(device="cpu")
+        .debugging(seed=0)
+        .env_runners(num_envs_per_env_runner=2, compress_observations=compress)
+    )
+    runner = fr.SingleAgentEnvRunner(config=c)
+
+    def sample() -> list[Any]:
+        if chunks:
+            return runner.sample(num_timesteps=100, random_actions=True)  # type: ignore[no-any-return]
+        return runner.sample(num_episodes=2, random_actions=True)  # type: ignore[no-any-return]
+
+    sample()
+    runner.get_metrics()
+    gc.collect()
+    before = rss_bytes(), live_bytes()
+    held: list[Any] = []
+    while len(held) < (40 if chunks else 20):
+        held.extend(sample())
+        # Drop the metrics' references to the episodes (a training loop reduces them).
+        runner.get_metrics()
+    return held, before
+
+
 def child(case: str) -> dict[str, Any]:
     """Measures one case (in a fresh process).
 
@@ -168,14 +217,17 @@ def child(case: str) -> dict[str, Any]:
         case: A value of ``CASES``.
 
     Returns:
-        ``{"steps", "held_bytes", "live_bytes", "raw_bytes"}`` (``live_bytes`` None
-        where it cannot be measured).
+        ``{"steps", "held_bytes", "live_bytes", "raw_bytes", "stored_obs_bytes"}``
+        (``live_bytes`` None where it cannot be measured; ``stored_obs_bytes`` and, as
+        RSS cannot tell a drop, not ``held_bytes``, for the scene cases).
     """
     warnings.simplefilter("ignore")
     import fastrollout as fr
 
     if case == "runner":
         held, before = _runner_episodes(200_000)
+    elif case.startswith("scene"):
+        held, before = _scene_episodes("chunks" in case, case.endswith("packed"))
     else:
         if case.endswith("rllib"):
             from ray.rllib.env.single_agent_episode import SingleAgentEpisode as cls
@@ -193,12 +245,22 @@ def child(case: str) -> dict[str, Any]:
     after = rss_bytes(), live_bytes()
     steps = sum(len(e) for e in held)
     raw = sum(_raw_bytes(e) for e in held)
+    stored = None
+    if case.startswith("scene"):
+        stored = sum(e._stored_bytes("observations") for e in held)
+        # The runner's own buffers change between the two measurements by about as much
+        # as compressed episodes hold: measure instead what dropping the episodes frees.
+        del held
+        gc.collect()
+        before = rss_bytes(), live_bytes()
     live = None if after[1] is None or before[1] is None else after[1] - before[1]
     return {
         "steps": steps,
-        "held_bytes": after[0] - before[0],
+        # Allocators keep most freed memory: RSS tells nothing about a drop.
+        "held_bytes": None if stored is not None else after[0] - before[0],
         "live_bytes": live,
         "raw_bytes": raw,
+        "stored_obs_bytes": stored,
     }
 
 
@@ -245,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--steps-rss", type=int, default=1_000_000)
     parser.add_argument("--skip-rss", action="store_true")
+    parser.add_argument("--cases", default="", help="only the cases whose name contains this")
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args(argv)
     if args.child:
@@ -253,10 +316,12 @@ def main(argv: list[str] | None = None) -> int:
     out: dict[str, Any] = {"bytes_per_step": {}}
     print(
         "| case | steps held | raw bytes / step | RSS bytes / step | RSS / raw "
-        "| live bytes / step | live / raw |"
+        "| live bytes / step | live / raw | obs stored bytes / step |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, case in CASES.items():
+        if args.cases not in name:
+            continue
         res = subprocess.run(
             [sys.executable, __file__, "--child", case],
             check=True,
@@ -264,14 +329,20 @@ def main(argv: list[str] | None = None) -> int:
             text=True,
         )
         r = json.loads(res.stdout.strip().splitlines()[-1])
-        held, raw = r["held_bytes"] / r["steps"], r["raw_bytes"] / r["steps"]
+        raw = r["raw_bytes"] / r["steps"]
         out["bytes_per_step"][name] = r
         live = "| - | - |"
         if r["live_bytes"] is not None:
             per_step = r["live_bytes"] / r["steps"]
             live = f"| {per_step:.1f} | {per_step / raw:.2f} |"
+        stored = r.get("stored_obs_bytes")
+        stored_cell = "-" if stored is None else f"{stored / r['steps']:.1f}"
+        rss = "| - | -"
+        if r["held_bytes"] is not None:
+            held = r["held_bytes"] / r["steps"]
+            rss = f"| {held:.1f} | {held / raw:.2f}"
         print(
-            f"| {name} | {r['steps']} | {raw:.1f} | {held:.1f} | {held / raw:.2f} {live}",
+            f"| {name} | {r['steps']} | {raw:.1f} {rss} {live} {stored_cell} |",
             flush=True,
         )
     if not args.skip_rss:

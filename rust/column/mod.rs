@@ -233,7 +233,8 @@ impl Column {
     /// items (at least 1) that is not among the newest `rows` into one LZ4 block per
     /// leaf; reads decompress transparently. `None` unpacks everything. Items read,
     /// select, cut and gather exactly as uncompressed; the column compares equal only to
-    /// columns with the same compression.
+    /// columns with the same compression (and the same [`Self::seal_all`] state). The
+    /// same `rows` again changes nothing.
     pub fn set_compression(&mut self, rows: Option<usize>) {
         match rows {
             None => {
@@ -264,40 +265,106 @@ impl Column {
         self.leaves.iter().map(Vec::len).sum::<usize>() + self.packed.as_ref().map_or(0, |p| p.stored_bytes())
     }
 
-    /// Seals full blocks while more than two blocks' worth of items are uncompressed, so
-    /// that the newest `rows..2 * rows` items stay uncompressed (the look-back a cut
-    /// keeps and the last observation the runner reads are there).
-    fn seal_full_blocks(&mut self) {
+    /// Seals every item, the last block possibly shorter than `rows`, on a column that
+    /// receives no more items (a done episode's observations, a chunk a runner hands
+    /// out): nothing stays uncompressed and the emptied buffers give back their memory.
+    /// Nothing happens on an uncompressed column. Reads are unchanged (reading the last
+    /// item decompresses its block once). A write or removal seals everything again; an
+    /// append opens the column: its last block goes back to the uncompressed buffers and
+    /// full blocks are sealed as before.
+    pub fn seal_all(&mut self) {
         let Some(p) = self.packed.as_deref_mut() else { return };
-        while self.total - p.sealed >= 2 * p.rows {
-            for (leaf, buf) in self.leaves.iter_mut().enumerate() {
-                let bytes = p.rows * self.schema.leaves[leaf].item_bytes();
-                p.seal(leaf, &buf[..bytes]);
-                buf.copy_within(bytes.., 0);
-                buf.truncate(buf.len() - bytes);
-            }
-            p.sealed += p.rows;
+        p.closed = true;
+        self.seal_full_blocks();
+        for buf in self.leaves.iter_mut() {
+            shrink(buf);
         }
     }
 
-    /// Decompresses every sealed item back into the uncompressed buffers (the
-    /// compression setting stays; [`Self::seal_full_blocks`] seals again).
-    fn unpack(&mut self) {
+    /// Seals full blocks while more than two blocks' worth of items are uncompressed, so
+    /// that the newest `rows..2 * rows` items stay uncompressed (the look-back a cut
+    /// keeps and the last observation the runner reads are there); on a closed column
+    /// (see [`Self::seal_all`]) seals every item.
+    fn seal_full_blocks(&mut self) {
         let Some(p) = self.packed.as_deref_mut() else { return };
-        if p.sealed == 0 {
+        // A short last block exists only on a closed column that holds no raw item.
+        debug_assert!(p.sealed % p.rows == 0 || self.total == p.sealed);
+        let mut done = 0;
+        loop {
+            let raw = self.total - p.sealed;
+            let take = if p.closed {
+                raw.min(p.rows)
+            } else if raw >= 2 * p.rows {
+                p.rows
+            } else {
+                0
+            };
+            if take == 0 {
+                break;
+            }
+            for (leaf, buf) in self.leaves.iter().enumerate() {
+                let n = self.schema.leaves[leaf].item_bytes();
+                p.seal(leaf, &buf[done * n..(done + take) * n]);
+            }
+            done += take;
+            p.sealed += take;
+        }
+        if done > 0 {
+            // One move of the remaining raw items to the front, however many blocks sealed.
+            for (leaf, buf) in self.leaves.iter_mut().enumerate() {
+                let bytes = done * self.schema.leaves[leaf].item_bytes();
+                buf.copy_within(bytes.., 0);
+                buf.truncate(buf.len() - bytes);
+            }
+        }
+    }
+
+    /// Moves the items of blocks `from..` back in front of the uncompressed buffers (the
+    /// compression setting stays; [`Self::seal_full_blocks`] seals again).
+    fn unseal_from(&mut self, from: usize) {
+        let Some(p) = self.packed.as_deref_mut() else { return };
+        let start = from * p.rows;
+        if start >= p.sealed {
             return;
         }
         for (leaf, buf) in self.leaves.iter_mut().enumerate() {
             let n = self.schema.leaves[leaf].item_bytes();
-            let mut all = vec![0; p.sealed * n + buf.len()];
-            for (b, dst) in all[..p.sealed * n].chunks_exact_mut((p.rows * n).max(1)).enumerate() {
-                let ok = n == 0 || p.decompress_into(leaf, b, dst);
+            let mut all = vec![0; (p.sealed - start) * n + buf.len()];
+            let mut at = 0;
+            for b in from..p.block_count() {
+                let len = p.block_rows(b) * n;
+                let ok = n == 0 || p.decompress_into(leaf, b, &mut all[at..at + len]);
                 debug_assert!(ok, "a sealed block did not decompress");
+                at += len;
             }
-            all[p.sealed * n..].copy_from_slice(buf);
+            all[at..].copy_from_slice(buf);
             *buf = all;
         }
-        p.clear();
+        p.truncate(from);
+    }
+
+    /// Unseals the block of absolute position `pos` and every later one, if `pos` is
+    /// sealed (before a write into or removal of that item).
+    fn unseal_at(&mut self, pos: usize) {
+        if let Some(p) = self.packed.as_deref().filter(|p| pos < p.sealed) {
+            let block = pos / p.rows;
+            self.unseal_from(block);
+        }
+    }
+
+    /// Decompresses every sealed item back into the uncompressed buffers.
+    fn unpack(&mut self) {
+        self.unseal_from(0);
+    }
+
+    /// Opens a closed column (see [`Self::seal_all`]) before an append: its last block,
+    /// short or full, goes back to the uncompressed buffers, so that the newest items are
+    /// uncompressed again and no short block stays in the middle.
+    fn reopen(&mut self) {
+        let Some(p) = self.packed.as_deref_mut().filter(|p| p.closed) else { return };
+        p.closed = false;
+        let last = p.block_count().saturating_sub(1);
+        self.unseal_from(last);
     }
 
     fn check_item<B: AsRef<[u8]>>(&self, item: &[B]) -> Result<(), ColumnError> {
@@ -324,6 +391,9 @@ impl Column {
     /// schema (a wrong size would corrupt later reads, not memory: every read is bounds
     /// checked).
     pub fn push_unchecked<B: AsRef<[u8]>>(&mut self, item: &[B]) {
+        if self.packed.as_ref().is_some_and(|p| p.closed) {
+            self.reopen();
+        }
         for (buf, bytes) in self.leaves.iter_mut().zip(item) {
             stream::extend(buf, bytes.as_ref());
         }
@@ -336,6 +406,10 @@ impl Column {
     /// Appends the items at `positions` of `other` (same schema) after this column's data.
     pub fn extend_from(&mut self, other: &Column, positions: &[usize]) {
         debug_assert_eq!(self.schema, other.schema);
+        if positions.is_empty() {
+            return;
+        }
+        self.reopen();
         for (leaf, buf) in self.leaves.iter_mut().enumerate() {
             buf.reserve(positions.len() * other.schema.leaves[leaf].item_bytes());
             for &p in positions {
@@ -352,9 +426,7 @@ impl Column {
         if pos >= self.total {
             return;
         }
-        if pos < self.sealed() {
-            self.unpack();
-        }
+        self.unseal_at(pos);
         let at = pos - self.sealed();
         for (leaf, buf) in self.leaves.iter_mut().enumerate() {
             let n = self.schema.leaves[leaf].item_bytes();
@@ -388,12 +460,15 @@ impl Column {
     pub fn recycle_keep_tail(&mut self, keep: usize) {
         let keep = keep.min(self.total);
         if keep > self.total - self.sealed() {
-            self.unpack();
+            // Only the blocks that hold the kept tail.
+            self.unseal_at(self.total - keep);
         }
         // Items to drop from the uncompressed buffers (the sealed ones go with the blocks).
         let drop = self.total - keep - self.sealed();
         if let Some(p) = self.packed.as_deref_mut() {
+            // The kept tail starts a successor that is appended to.
             p.clear();
+            p.closed = false;
         }
         for (leaf, buf) in self.leaves.iter_mut().enumerate() {
             let n = self.schema.leaves[leaf].item_bytes();
@@ -461,9 +536,9 @@ impl Column {
     }
 
     /// [`Self::gather_into`] on a column with sealed items (`out` and `fill` checked).
-    /// A run of positions that covers one whole block in order decompresses straight
-    /// into `out`; other sealed items go through one scratch block. `false` if a block
-    /// does not decompress (a bug).
+    /// A run of positions that covers one whole block (a short last one included) in
+    /// order decompresses straight into `out`; other sealed items go through one scratch
+    /// block. `false` if a block does not decompress (a bug).
     fn gather_packed_into(
         &self,
         packed: &Packed,
@@ -485,20 +560,22 @@ impl Column {
                 Pos::At(p) if p >= base => Some(&raw[(p - base) * item_n..(p - base + 1) * item_n]),
                 Pos::At(p) => {
                     let block = p / rows;
+                    let len = packed.block_rows(block);
                     let whole = !one_hot
                         && p % rows == 0
                         && positions
-                            .get(i..i + rows)
+                            .get(i..i + len)
                             .is_some_and(|run| run.iter().enumerate().all(|(k, &q)| q == Pos::At(p + k)));
                     if whole {
-                        if !packed.decompress_into(leaf, block, &mut out[i * n..(i + rows) * n]) {
+                        if !packed.decompress_into(leaf, block, &mut out[i * n..(i + len) * n]) {
                             return false;
                         }
-                        i += rows;
+                        i += len;
                         continue;
                     }
                     if scratch.as_ref().is_none_or(|(b, _)| *b != block) {
-                        let mut bytes = scratch.take().map_or_else(|| vec![0; rows * item_n], |(_, v)| v);
+                        let mut bytes = scratch.take().map_or_else(Vec::new, |(_, v)| v);
+                        bytes.resize(len * item_n, 0);
                         if !packed.decompress_into(leaf, block, &mut bytes) {
                             return false;
                         }
@@ -537,8 +614,8 @@ impl Column {
             }
             .into());
         }
-        if positions.iter().any(|&p| p < self.sealed()) {
-            self.unpack();
+        if let Some(&first) = positions.iter().min() {
+            self.unseal_at(first);
         }
         let base = self.sealed();
         for (leaf, bytes) in items.iter().enumerate() {
@@ -940,6 +1017,136 @@ mod tests {
         }
         assert_eq!((z.total(), z.sealed()), (5, 4));
         assert!(z.item(0, 0).is_empty());
+    }
+
+    #[test]
+    fn sealing_everything_keeps_reads_and_a_short_last_block() {
+        for rows in [1, 2, 3, 8] {
+            for n in [0, 1, 5, 17, 40] {
+                let plain = two_leaf(n, None);
+                let mut packed = two_leaf(n, Some(rows));
+                packed.seal_all();
+                assert_eq!(packed.sealed(), n, "nothing stays raw");
+                assert!(packed.leaf_bytes(0).is_empty() && packed.leaf_bytes(1).is_empty());
+                assert_eq!(contents(&packed), contents(&plain));
+                let pos: Vec<Pos> =
+                    (0..n).rev().map(Pos::At).chain([Pos::Fill]).chain((0..n).map(Pos::At)).collect();
+                assert_eq!(
+                    packed.gather(0, &pos, Some(&[9; 15]), false),
+                    plain.gather(0, &pos, Some(&[9; 15]), false)
+                );
+                // Sealing again changes nothing; so does the same compression.
+                let before = packed.clone();
+                packed.seal_all();
+                packed.set_compression(Some(rows));
+                assert_eq!(packed, before);
+                // A cut's look-back and a slice read the same and are open for appends.
+                let tail: Vec<usize> = (n.saturating_sub(3)..n).collect();
+                let picks: Vec<usize> = (0..n).step_by(2).collect();
+                for (sel, lb) in [(&tail, tail.len().saturating_sub(1)), (&picks, 1)] {
+                    let (mut s, mut t) = (packed.select(sel, lb), plain.select(sel, lb));
+                    assert_eq!((s.compression(), s.lookback()), (Some(rows), t.lookback()));
+                    assert_eq!(contents(&s), contents(&t));
+                    for i in 0..3u8 {
+                        s.push(&[vec![i; 15], [i; 8].to_vec()]).unwrap();
+                        t.push(&[vec![i; 15], [i; 8].to_vec()]).unwrap();
+                    }
+                    assert_eq!(contents(&s), contents(&t));
+                }
+                // Unpacking gives back the plain column.
+                let mut off = packed.clone();
+                off.set_compression(None);
+                assert_eq!(off, plain);
+                // Sealing an uncompressed column does nothing.
+                let mut p2 = plain.clone();
+                p2.seal_all();
+                assert_eq!(p2, plain);
+            }
+        }
+    }
+
+    #[test]
+    fn a_sealed_column_takes_appends_writes_removals_and_concats() {
+        for (rows, n) in [(4, 30), (4, 32), (3, 1), (8, 0), (1, 7)] {
+            let mut plain = two_leaf(n, None);
+            let mut packed = two_leaf(n, Some(rows));
+            packed.seal_all();
+            // Appends open the column: no short block stays before raw items, the newest
+            // items are raw again, and sealing goes on by full blocks.
+            for i in 0..(2 * rows + 3) {
+                let item = [vec![(i * 3) as u8; 15], (i as i64).to_ne_bytes().to_vec()];
+                packed.push(&item).unwrap();
+                plain.push(&item).unwrap();
+                assert_eq!(packed.sealed() % rows, 0);
+                assert!(packed.sealed() < packed.total());
+                assert_eq!(contents(&packed), contents(&plain));
+            }
+            packed.seal_all();
+            assert_eq!(packed.sealed(), packed.total());
+            // Writes and removals on a sealed column keep it sealed.
+            let item = [vec![200u8; 15], 7i64.to_ne_bytes().to_vec()];
+            let last = plain.total() - 1;
+            for c in [&mut plain, &mut packed] {
+                c.overwrite_many(&[last], &[&item[0], &item[1]]).unwrap();
+                c.remove(last - 1);
+                c.overwrite_many(&[0], &[&item[0], &item[1]]).unwrap();
+            }
+            assert_eq!(packed.sealed(), packed.total());
+            assert_eq!(contents(&packed), contents(&plain));
+            // A concat: a sealed chunk loses its last item (the successor's first), then
+            // takes the successor's items, sealed or not.
+            let (mut succ, mut succ_plain) = (two_leaf(9, Some(rows)), two_leaf(9, None));
+            succ.seal_all();
+            let all: Vec<usize> = (0..9).collect();
+            let (mut a, mut b) = (packed.clone(), plain.clone());
+            a.remove(a.total() - 1);
+            b.remove(b.total() - 1);
+            a.extend_from(&succ, &all);
+            b.extend_from(&succ_plain, &all);
+            assert_eq!(contents(&a), contents(&b));
+            assert!(a.sealed() < a.total(), "the concat is open for appends");
+            succ.extend_from(&packed, &[0, 1]);
+            succ_plain.extend_from(&plain, &[0, 1]);
+            assert_eq!(contents(&succ), contents(&succ_plain));
+            // Recycling keeps the tail raw for the successor (unsealing only its blocks).
+            for keep in [0, 2, rows + 1, plain.total()] {
+                let (mut r, mut q) = (packed.clone(), plain.clone());
+                r.recycle_keep_tail(keep);
+                q.recycle_keep_tail(keep);
+                assert_eq!((r.sealed(), r.lookback()), (0, q.lookback()));
+                r.push(&item).unwrap();
+                q.push(&item).unwrap();
+                assert_eq!(contents(&r), contents(&q));
+            }
+        }
+    }
+
+    #[test]
+    fn a_sealed_column_of_moving_frames_holds_far_fewer_bytes() {
+        let image =
+            Schema::new(vec![Leaf::new(DType { kind: crate::schema::Kind::UInt, size: 1 }, vec![64, 64])]);
+        // 51 items: one chunk of 50 steps; before `seal_all` none is sealed.
+        let (mut plain, mut packed) = (Column::new(image.clone()), Column::new(image));
+        packed.set_compression(Some(32));
+        for i in 0..51usize {
+            let frame: Vec<u8> = (0..64 * 64)
+                .map(|k: usize| {
+                    if (k / 64).abs_diff(i) < 6 && (k % 64).abs_diff(i % 40) < 6 {
+                        255
+                    } else {
+                        (k / 64) as u8
+                    }
+                })
+                .collect();
+            plain.push(&[&frame]).unwrap();
+            packed.push(&[&frame]).unwrap();
+        }
+        assert_eq!(packed.stored_bytes(), plain.stored_bytes());
+        packed.seal_all();
+        packed.shrink_to_fit();
+        assert!(packed.stored_bytes() * 4 < plain.stored_bytes(), "{}", packed.stored_bytes());
+        assert!(packed.capacity_bytes() * 4 < plain.stored_bytes(), "{}", packed.capacity_bytes());
+        assert_eq!(contents(&packed), contents(&plain));
     }
 
     #[test]

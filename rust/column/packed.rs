@@ -2,8 +2,11 @@
 //!
 //! A packed column keeps its newest items uncompressed (the rows still being appended and
 //! the look-back a cut keeps) and seals every full block of [`Packed::rows`] older items,
-//! leaf by leaf, into one LZ4 block (`lz4_flex`, pure Rust). Blocks are compressed once
-//! and never change: a write into a sealed item unpacks the column first.
+//! leaf by leaf, into one LZ4 block (`lz4_flex`, pure Rust). A closed column (one that
+//! receives no more items: a done episode, a chunk handed out) seals everything, the last
+//! block possibly shorter than `rows`. Blocks are compressed once and never change: a
+//! write into a sealed item or an append after a short last block unseals the blocks from
+//! there on first.
 //!
 //! Why LZ4 and 32 rows: on 84x84x4 uint8 frame stacks of a moving-shapes scene, LZ4 blocks
 //! of 32 rows kept 21x fewer bytes at about 10 µs per row to compress and 9-14 µs to
@@ -21,27 +24,61 @@ pub const DEFAULT_BLOCK_ROWS: usize = 32;
 pub(crate) struct Packed {
     /// Items per block (at least 1).
     pub rows: usize,
-    /// Items held in blocks: a multiple of `rows`, from absolute position 0.
+    /// Items held in blocks, from absolute position 0: a multiple of `rows`, except on a
+    /// closed column whose last block is short (and then no item is left uncompressed).
     pub sealed: usize,
     /// Per leaf, the compressed blocks in order; block `b` holds items
-    /// `b * rows..(b + 1) * rows`.
+    /// `b * rows..min((b + 1) * rows, sealed)`.
     pub blocks: Vec<Vec<Vec<u8>>>,
+    /// Seal every item, not only full blocks beyond the newest `rows` (see
+    /// `Column::seal_all`); an append opens the column again.
+    pub closed: bool,
     /// The last block decompressed for single-item reads (leaf, block, bytes).
     cache: Mutex<Option<(usize, usize, Vec<u8>)>>,
 }
 
 impl Packed {
     pub fn new(rows: usize, leaves: usize) -> Packed {
-        Packed { rows: rows.max(1), sealed: 0, blocks: vec![Vec::new(); leaves], cache: Mutex::new(None) }
+        Packed {
+            rows: rows.max(1),
+            sealed: 0,
+            blocks: vec![Vec::new(); leaves],
+            closed: false,
+            cache: Mutex::new(None),
+        }
     }
 
-    /// Compresses one block of `rows` items (`bytes`) of `leaf` and appends it.
+    /// Items in block `block` (`rows`, or fewer for a short last block).
+    pub fn block_rows(&self, block: usize) -> usize {
+        self.rows.min(self.sealed.saturating_sub(block * self.rows))
+    }
+
+    /// Blocks per leaf.
+    pub fn block_count(&self) -> usize {
+        self.sealed.div_ceil(self.rows)
+    }
+
+    /// Drops blocks `from..` of every leaf (their items are `from * rows..sealed`); the
+    /// caller has copied them out.
+    pub fn truncate(&mut self, from: usize) {
+        for b in &mut self.blocks {
+            b.truncate(from);
+        }
+        self.sealed = self.sealed.min(from * self.rows);
+        let cache = self.cache.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if cache.as_ref().is_some_and(|(_, b, _)| *b >= from) {
+            *cache = None;
+        }
+    }
+
+    /// Compresses one block (`bytes`: `rows` items, or fewer for the last block of a
+    /// closed column) of `leaf` and appends it.
     pub fn seal(&mut self, leaf: usize, bytes: &[u8]) {
         self.blocks[leaf].push(lz4_flex::block::compress(bytes));
     }
 
-    /// Decompresses block `block` of `leaf` into `out`, which holds exactly one block's
-    /// bytes. `false` if the block does not decompress to that size (a bug: blocks are
+    /// Decompresses block `block` of `leaf` into `out`, which holds exactly that block's
+    /// bytes ([`Self::block_rows`] items). `false` if the block does not decompress to that size (a bug: blocks are
     /// only ever made by [`Self::seal`]).
     pub fn decompress_into(&self, leaf: usize, block: usize, out: &mut [u8]) -> bool {
         let Some(z) = self.blocks.get(leaf).and_then(|b| b.get(block)) else { return false };
@@ -58,7 +95,7 @@ impl Packed {
         let mut cache = self.cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let hit = matches!(&*cache, Some((l, b, _)) if *l == leaf && *b == block);
         if !hit {
-            let mut bytes = vec![0; self.rows * n];
+            let mut bytes = vec![0; self.block_rows(block) * n];
             if !self.decompress_into(leaf, block, &mut bytes) {
                 *cache = None;
                 return false;
@@ -74,7 +111,7 @@ impl Packed {
         }
     }
 
-    /// Drops every block (the column keeps its configuration).
+    /// Drops every block (the column keeps its configuration, `closed` included).
     pub fn clear(&mut self) {
         for b in &mut self.blocks {
             b.clear();
@@ -105,7 +142,13 @@ impl Packed {
 
 impl Clone for Packed {
     fn clone(&self) -> Packed {
-        Packed { rows: self.rows, sealed: self.sealed, blocks: self.blocks.clone(), cache: Mutex::new(None) }
+        Packed {
+            rows: self.rows,
+            sealed: self.sealed,
+            blocks: self.blocks.clone(),
+            closed: self.closed,
+            cache: Mutex::new(None),
+        }
     }
 }
 
@@ -113,7 +156,10 @@ impl Clone for Packed {
 /// packed with the same block size have equal blocks. The cache does not count.
 impl PartialEq for Packed {
     fn eq(&self, other: &Packed) -> bool {
-        self.rows == other.rows && self.sealed == other.sealed && self.blocks == other.blocks
+        self.rows == other.rows
+            && self.sealed == other.sealed
+            && self.closed == other.closed
+            && self.blocks == other.blocks
     }
 }
 
@@ -124,6 +170,7 @@ impl fmt::Debug for Packed {
         f.debug_struct("Packed")
             .field("rows", &self.rows)
             .field("sealed", &self.sealed)
+            .field("closed", &self.closed)
             .field("stored_bytes", &self.stored_bytes())
             .finish_non_exhaustive()
     }

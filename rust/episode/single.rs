@@ -198,6 +198,20 @@ impl<O: Clone> SingleAgentCore<O> {
         }
     }
 
+    /// Seals every item of the compressed typed columns (see [`Column::seal_all`]): for a
+    /// chunk that receives no more steps (a done episode, a chunk a runner hands out).
+    /// Reads are unchanged; a later step or concat still works.
+    pub fn seal(&mut self) {
+        let fields = [&mut self.observations, &mut self.actions, &mut self.rewards]
+            .into_iter()
+            .chain(self.extra_model_outputs.iter_mut().map(|(_, f)| f));
+        for field in fields {
+            if let Storage::Typed { column, .. } = &mut field.storage {
+                column.seal_all();
+            }
+        }
+    }
+
     /// Gives back the spare capacity of every field's buffers.
     pub fn shrink_to_fit(&mut self) {
         self.observations.shrink_to_fit();
@@ -320,6 +334,10 @@ impl<O: Clone> SingleAgentCore<O> {
         self.t += 1;
         self.is_terminated = step.terminated;
         self.is_truncated = step.truncated;
+        if self.is_done() {
+            // The last observation is in: nothing more is appended.
+            self.seal();
+        }
         Ok(())
     }
 
@@ -437,6 +455,9 @@ impl<O: Clone> SingleAgentCore<O> {
         self.t += 1;
         self.is_terminated = terminated;
         self.is_truncated = truncated;
+        if self.is_done() {
+            self.seal();
+        }
         Ok(())
     }
 
@@ -507,7 +528,7 @@ impl<O: Clone> SingleAgentCore<O> {
         }
         let rewards = cut(&self.rewards, 0)?;
         let t_started = self.t_started + start;
-        let sliced = SingleAgentCore {
+        let mut sliced = SingleAgentCore {
             observations: cut(&self.observations, 1)?,
             infos: cut(&self.infos, 1)?,
             actions: cut(&self.actions, 0)?,
@@ -519,6 +540,9 @@ impl<O: Clone> SingleAgentCore<O> {
             is_truncated: keep_done && self.is_truncated,
         };
         sliced.validate()?;
+        if sliced.is_done() {
+            sliced.seal();
+        }
         Ok(sliced)
     }
 
@@ -613,6 +637,9 @@ impl<O: Clone> SingleAgentCore<O> {
         // keeps only the termination then).
         self.is_terminated |= other.is_terminated;
         self.is_truncated |= other.is_truncated;
+        if self.is_done() {
+            self.seal();
+        }
         // `to_numpy` of a chunk without steps switches only its observations (RLlib's
         // rule): a numpy'd chunk without steps followed by a numpy'd chunk reads as
         // batches, as `to_numpy` of the whole would have made it (RLlib leaves the step
@@ -767,6 +794,54 @@ mod tests {
         by_items.is_truncated = true;
         assert_eq!(by_rows, by_items);
         assert_eq!(read(&by_rows.extra("logp").unwrap().clone()), vec![-1.0, -2.0, -3.0, -4.0]);
+    }
+
+    /// (sealed, total) of the observations' column.
+    fn obs_sealed(e: &Core) -> (usize, usize) {
+        match &e.observations.storage {
+            Storage::Typed { column, .. } => (column.sealed(), column.total()),
+            _ => panic!("not typed"),
+        }
+    }
+
+    #[test]
+    fn a_chunk_that_takes_no_more_steps_seals_its_compressed_columns() {
+        let mut e = new_episode();
+        if let Storage::Typed { column, .. } = &mut e.observations.storage {
+            column.set_compression(Some(4));
+        }
+        for k in 1..10u8 {
+            step(&mut e, f32::from(k));
+        }
+        let (sealed, total) = obs_sealed(&e);
+        assert!(sealed < total, "a running chunk keeps its newest items raw");
+        // A chunk handed out: sealed; its successor (cut before) and a concat still work.
+        let mut succ = e.cut(1).unwrap();
+        let mut out = e.clone();
+        out.seal();
+        assert_eq!(obs_sealed(&out), (10, 10));
+        assert_eq!(read(&out.observations), read(&e.observations));
+        for k in 10..13u8 {
+            step(&mut succ, f32::from(k));
+        }
+        // The done step seals (the row path and the item path alike).
+        let bytes = [13.0f32, 130.0, 1300.0, -13.0].map(f32::to_ne_bytes);
+        let row: Vec<&[u8]> = bytes.iter().map(<[u8; 4]>::as_slice).collect();
+        let mut done = succ.clone();
+        done.add_row_step(&row, &["logp"], None, false, true).unwrap();
+        assert_eq!(obs_sealed(&done).0, obs_sealed(&done).1);
+        out.concat(&done, |_, _, _: TypedItem<'_>| String::new()).unwrap();
+        assert_eq!(obs_sealed(&out), (14, 14), "a concat that ends done is sealed");
+        assert_eq!(read(&out.observations), (0..14u8).map(f32::from).collect::<Vec<_>>());
+        let sliced = out.slice(Some(5), None, None, Some(1)).unwrap();
+        assert_eq!(obs_sealed(&sliced).0, obs_sealed(&sliced).1, "a done slice is sealed");
+        assert_eq!(read(&sliced.observations), (5..14u8).map(f32::from).collect::<Vec<_>>());
+        // Not done: a concat keeps the newest items raw.
+        let mut open = e.clone();
+        open.seal();
+        open.concat(&succ, |_, _, _: TypedItem<'_>| String::new()).unwrap();
+        assert!(obs_sealed(&open).0 < obs_sealed(&open).1);
+        assert_eq!(read(&open.observations), (0..13u8).map(f32::from).collect::<Vec<_>>());
     }
 
     #[test]

@@ -316,6 +316,15 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
             eps.to_numpy()
         return self
 
+    def _seal(self) -> None:
+        """Compresses every compressed observation of every agent, none kept raw.
+
+        For a chunk that receives no more steps (runners call it on the episodes they
+        hand out); reads are unchanged and later steps still work.
+        """
+        for eps in self.agent_episodes.values():
+            eps._seal()
+
     def finalize(self, drop_zero_len_single_agent_episodes: bool = False) -> MultiAgentEpisode:
         """The seed-era name of :meth:`to_numpy`.
 
@@ -1332,6 +1341,9 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
         episode._last_step_time = state["_last_step_time"]
         episode._custom_data = state.get("custom_data", {})
         episode._observation_compression = state.get("_observation_compression")
+        if episode.is_done:
+            # A done episode keeps nothing raw (its agents' done steps sealed theirs).
+            episode._seal()
         episode.validate()
         return episode
 

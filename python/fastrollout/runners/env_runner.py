@@ -720,6 +720,8 @@ class EnvRunner(Checkpointable, abc.ABC, Generic[EpisodeT]):
             self._episode_ended(episode)
             enough = call.num_episodes is not None and call.episodes >= call.num_episodes
             if not sub_envs.trains(i):
+                # Held for the metrics until get_metrics.
+                episode._seal()
                 call.done_untrained.append(episode)
             elif enough:
                 # External episodes cannot be reset to stop here: the next call returns it.
@@ -983,7 +985,12 @@ class EnvRunner(Checkpointable, abc.ABC, Generic[EpisodeT]):
         return (self.num_env_steps_sampled_lifetime // runners + ts) * runners
 
     def _episode_out(self, episode: Any, to_numpy: bool) -> Any:
-        """An episode (done or a chunk) as ``sample`` returns it."""
+        """An episode (done or a chunk) as ``sample`` returns it.
+
+        It receives no more steps here (a chunk's successor is cut first): compressed
+        observations keep nothing raw.
+        """
+        episode._seal()
         return episode.to_numpy() if to_numpy else episode
 
     def _cut_ongoing(self, to_numpy: bool) -> list[Any]:
