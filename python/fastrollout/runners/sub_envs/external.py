@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from fastrollout.core.tree import take
 from fastrollout.env.external_env import ExternalEnv, _Episode, _Event
 from fastrollout.runners.sub_envs.base import StepResults, SubEnvs
-from fastrollout.runners.sub_envs.vector import take_rows
 
 __all__ = ["ExternalSubEnvs"]
 
@@ -126,7 +126,7 @@ class ExternalSubEnvs(SubEnvs):
                     answers.append((event.on_action, j))
                 self._answered(episode)
         for fn, j in answers:
-            fn(actions[j] if self.multi_agent else take_rows(actions, j))
+            fn(actions[j] if self.multi_agent else take(actions, j))
 
     def logged_actions(self, env_ids: Sequence[int]) -> list[tuple[int, Any, Any]]:
         """The rows whose action the simulator took itself (``log_action``).
