@@ -1,4 +1,4 @@
-"""Observation filters, their cross-worker synchronisation, and reward/action clipping.
+"""Observation filters, their cross-worker synchronisation, and reward clipping.
 
 The API follows RLlib 2.60's old-stack ``ray.rllib.utils.filter`` (``NoFilter``,
 ``MeanStdFilter``, ``ConcurrentMeanStdFilter``, ``get_filter``) and the flow of
@@ -19,7 +19,6 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any, TypeAlias, TypeVar
 
-import gymnasium as gym
 import numpy as np
 
 from fastrollout.core.tree import tree_map
@@ -31,7 +30,6 @@ __all__ = [
     "MeanStdFilter",
     "NoFilter",
     "RunningStat",
-    "clip_action",
     "clip_reward",
     "filter_from_state",
     "get_filter",
@@ -853,41 +851,3 @@ def clip_reward(reward: Any, clip_rewards: bool | float | None) -> Any:
         return reward
     limit = abs(float(clip_rewards))
     return np.clip(reward, -limit, limit)
-
-
-def clip_action(action: Any, action_space: Any) -> Any:
-    """Clips the Box components of ``action`` to their space's bounds.
-
-    Args:
-        action: An action, nested like the space (dicts for Dict, tuples for Tuple).
-        action_space: A gymnasium space, or its components nested in dicts/tuples.
-
-    Raises:
-        ValueError: the action is not nested like the space.
-    """
-
-    def clip(a: Any, space: Any, path: str) -> Any:
-        if isinstance(space, gym.spaces.Box):
-            return np.clip(a, space.low, space.high)
-        if isinstance(space, (gym.spaces.Dict, Mapping)):
-            subspaces = space.spaces if isinstance(space, gym.spaces.Dict) else space
-            if not isinstance(a, Mapping) or set(a.keys()) != set(subspaces.keys()):
-                raise ValueError(
-                    f"clip_action: {path or 'action'} should be a dict with keys "
-                    f"{sorted(map(str, subspaces))}, got {a!r}"
-                )
-            return {k: clip(a[k], subspaces[k], f"{path}[{k!r}]") for k in a}
-        if isinstance(space, (gym.spaces.Tuple, tuple, list)):
-            components = space.spaces if isinstance(space, gym.spaces.Tuple) else space
-            if not isinstance(a, (tuple, list)) or len(a) != len(components):
-                raise ValueError(
-                    f"clip_action: {path or 'action'} should be a tuple of "
-                    f"{len(components)} components, got {a!r}"
-                )
-            return tuple(
-                clip(x, s, f"{path}[{i}]")
-                for i, (x, s) in enumerate(zip(a, components, strict=True))
-            )
-        return a
-
-    return clip(action, action_space, "")
