@@ -7,12 +7,12 @@ leaf.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-__all__ = ["concat", "leaves", "set_rows", "take", "to_tensor", "tree_map"]
+__all__ = ["as_list", "concat", "leaves", "set_rows", "take", "to_tensor", "tree_map"]
 
 
 def tree_map(fn: Callable[..., Any], *trees: Any) -> Any:
@@ -78,3 +78,16 @@ def to_tensor(tree: Any, device: Any) -> Any:
     import torch
 
     return tree_map(lambda x: torch.as_tensor(np.ascontiguousarray(x), device=device), tree)
+
+
+def as_list(value: Any) -> list[Any]:
+    """One value or a collection of them, as a list (RLlib's ``force_list``).
+
+    >>> as_list(None), as_list("p0"), as_list(("p0", "p1"))
+    ([], ['p0'], ['p0', 'p1'])
+    """
+    if value is None:
+        return []
+    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        return [value]
+    return list(value)

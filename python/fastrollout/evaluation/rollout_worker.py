@@ -47,7 +47,7 @@ from fastrollout.checkpoints import (
 )
 from fastrollout.config import BATCH_MODES, OBSERVATION_FILTERS, RunnerConfig
 from fastrollout.core import DEFAULT_MODULE_ID
-from fastrollout.core.tree import tree_map
+from fastrollout.core.tree import as_list, tree_map
 from fastrollout.env import EnvContext
 from fastrollout.evaluation.env_wrappers import wrap_for_worker
 from fastrollout.evaluation.observation_filters import (
@@ -677,7 +677,7 @@ class RolloutWorker(Checkpointable):
             policies: Only these ids (None: all).
             inference_only: Only what acting needs.
         """
-        ids = list(self.policy_map) if policies is None else _as_list(policies)
+        ids = list(self.policy_map) if policies is None else as_list(policies)
         return {
             pid: self._check_policy(pid, "get_weights").model.get_state(
                 inference_only=inference_only
@@ -728,7 +728,7 @@ class RolloutWorker(Checkpointable):
             policy_ids: Only these policies (None: all).
         """
         self.global_vars.update(global_vars)
-        for pid in list(self.policy_map) if policy_ids is None else _as_list(policy_ids):
+        for pid in list(self.policy_map) if policy_ids is None else as_list(policy_ids):
             self._check_policy(pid, "set_global_vars").on_global_var_update(self.global_vars)
 
     def get_filters(self, flush_after: bool = False) -> dict[str, Filter]:
@@ -1070,10 +1070,6 @@ def _int_episode_id(episode_id: str) -> int:
 def _check_setting(value: Any, name: str, choices: Collection[str]) -> None:
     if value not in choices:
         raise ValueError(f"unknown {name} {value!r}; expected one of {', '.join(choices)}")
-
-
-def _as_list(ids: Any) -> list[str]:
-    return [ids] if isinstance(ids, str) else list(ids)
 
 
 def _fetch_refs(weights: Mapping[str, Any]) -> dict[str, Any]:
