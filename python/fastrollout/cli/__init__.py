@@ -380,7 +380,7 @@ def check_config(args: argparse.Namespace) -> None:
         if not args.num_env_runners:
             resolve_device(args.device)
         else:
-            from fastrollout.runners._ray_host import require_ray
+            from fastrollout.runners.ray_host import require_ray
 
             require_ray(f"--num-env-runners {args.num_env_runners}")
     except (ValueError, TypeError, ImportError) as err:
@@ -418,7 +418,7 @@ def _start_ray(num_env_runners: int, cpus_per_runner: float) -> bool:
     Raises:
         ImportError: If Ray is not installed (naming the extra).
     """
-    from fastrollout.runners._ray_host import require_ray
+    from fastrollout.runners.ray_host import require_ray
 
     ray = require_ray(f"--num-env-runners {num_env_runners}")
     if ray.is_initialized():

@@ -59,7 +59,7 @@ from fastrollout.evaluation.policy import TorchPolicy
 from fastrollout.evaluation.recurrent import add_recurrent_columns
 from fastrollout.filters import Filter, clip_reward, get_filters, sync_filters
 from fastrollout.learners.ppo import PPOConfig
-from fastrollout.runners._keys import WEIGHTS_SEQ_NO
+from fastrollout.runners.keys import WEIGHTS_SEQ_NO
 
 __all__ = ["RolloutMetrics", "RolloutWorker"]
 

@@ -24,8 +24,7 @@ from fastrollout.env.check import space_mismatch
 from fastrollout.episodes import SingleAgentEpisode
 from fastrollout.errors import SpaceMismatchError
 from fastrollout.modules import MultiRLModule
-from fastrollout.runners import _keys as keys
-from fastrollout.runners import _rllib
+from fastrollout.runners import _rllib, keys
 from fastrollout.runners._config import OBSERVATION_BLOCK_ROWS, cfg, smoothing_window
 from fastrollout.runners.env_runner import EnvRunner
 from fastrollout.runners.sub_envs import StepResults
