@@ -50,6 +50,7 @@ from fastrollout.core import DEFAULT_MODULE_ID
 from fastrollout.core.tree import as_list, tree_map
 from fastrollout.env import EnvContext
 from fastrollout.evaluation.env_wrappers import wrap_for_worker
+from fastrollout.evaluation.filters import Filter, clip_reward, get_filters, sync_filters
 from fastrollout.evaluation.observation_filters import (
     ObservationFilters,
     observation_shape,
@@ -57,7 +58,6 @@ from fastrollout.evaluation.observation_filters import (
 )
 from fastrollout.evaluation.policy import TorchPolicy
 from fastrollout.evaluation.recurrent import add_recurrent_columns
-from fastrollout.filters import Filter, clip_reward, get_filters, sync_filters
 from fastrollout.learners.ppo import PPOConfig
 from fastrollout.runners.keys import WEIGHTS_SEQ_NO
 
@@ -747,7 +747,7 @@ class RolloutWorker(Checkpointable):
     def sync_filters(self, new_filters: Mapping[str, Filter]) -> None:
         """Copies each policy's filter state from ``new_filters`` (RLlib's ``sync``).
 
-        ``fastrollout.filters.synchronize`` sends filters with empty buffers, so a
+        ``fastrollout.evaluation.filters.synchronize`` sends filters with empty buffers, so a
         worker's buffer then holds only what it sees afterwards.
 
         Raises:
@@ -868,7 +868,7 @@ class RolloutWorker(Checkpointable):
         Raises:
             KeyError: A state of a policy this worker does not have.
         """
-        from fastrollout.filters import filter_from_state
+        from fastrollout.evaluation.filters import filter_from_state
 
         policy_states = state.get("policy_states", {})
         for pid, policy_state in policy_states.items():
