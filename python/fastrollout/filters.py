@@ -3,32 +3,6 @@
 ``fastrollout.filters`` is the name the guides use; the code lives with the RolloutWorker.
 """
 
-from fastrollout.evaluation.filters import (
-    SMALL_NUMBER,
-    ConcurrentMeanStdFilter,
-    Filter,
-    MeanStdFilter,
-    NoFilter,
-    RunningStat,
-    clip_reward,
-    filter_from_state,
-    get_filter,
-    get_filters,
-    sync_filters,
-    synchronize,
-)
-
-__all__ = [
-    "SMALL_NUMBER",
-    "ConcurrentMeanStdFilter",
-    "Filter",
-    "MeanStdFilter",
-    "NoFilter",
-    "RunningStat",
-    "clip_reward",
-    "filter_from_state",
-    "get_filter",
-    "get_filters",
-    "sync_filters",
-    "synchronize",
-]
+# The module's whole public API, under this name.
+from fastrollout.evaluation.filters import *  # noqa: F403
+from fastrollout.evaluation.filters import __all__ as __all__
