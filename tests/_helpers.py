@@ -403,7 +403,7 @@ def restore_cli_threads(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """
     import torch
 
-    from fastrollout import _cli_threads
+    from fastrollout.cli import threads as _cli_threads
 
     for name in _cli_threads.THREAD_ENV_VARS:
         monkeypatch.delenv(name, raising=False)

@@ -19,8 +19,6 @@ import pytest
 import torch
 from tests._helpers import restore_cli_threads  # noqa: F401 (a fixture)
 
-from fastrollout import _cli_threads
-from fastrollout._cli_report import JSONL_NAME, PLOT_NAME, RunLog, render_summary, summarize
 from fastrollout.cli import (
     build_parser,
     config_from_args,
@@ -29,6 +27,8 @@ from fastrollout.cli import (
     render_table,
     run_sample,
 )
+from fastrollout.cli import threads as _cli_threads
+from fastrollout.cli.report import JSONL_NAME, PLOT_NAME, RunLog, render_summary, summarize
 from fastrollout.env import is_multi_agent_env, register_env
 
 # sample sets torch's threads and the thread variables: each test puts them back.

@@ -10,8 +10,8 @@ import pytest
 from tests._helpers import restore_cli_threads  # noqa: F401 (a fixture)
 
 import fastrollout as fr
-from fastrollout._cli_evaluate import EPISODES_DIR, render_estimates
 from fastrollout.cli import build_parser, main, run_evaluate
+from fastrollout.cli.evaluate import EPISODES_DIR, render_estimates
 from fastrollout.offline import estimate, read_episodes
 
 # sample sets torch's threads and the thread variables: each test puts them back.

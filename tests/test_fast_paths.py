@@ -151,7 +151,7 @@ def test_to_tensor_device_memo_tells_cpu_from_other_devices():
 
 
 def test_grad_off_and_restore_as_no_grad():
-    from fastrollout.modules._grad import grad_off, grad_restore
+    from fastrollout.modules.grad import grad_off, grad_restore
 
     assert torch.is_grad_enabled()
     was_on = grad_off()

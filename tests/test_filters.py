@@ -17,13 +17,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from fastrollout.connectors import clip_action
 from fastrollout.filters import (
     SMALL_NUMBER,
     ConcurrentMeanStdFilter,
     MeanStdFilter,
     NoFilter,
     RunningStat,
-    clip_action,
     clip_reward,
     filter_from_state,
     get_filter,

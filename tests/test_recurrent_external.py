@@ -492,7 +492,7 @@ def test_the_server_records_the_local_clients_state_out_and_continues_from_it() 
     # in RLlib's layout (a dict of per-step arrays).
     pytest.importorskip("msgpack")
     from fastrollout.external import PolicyClient
-    from fastrollout.runners._recurrent import RecurrentStates
+    from fastrollout.runners.recurrent_states import RecurrentStates
 
     runner = server_runner()
     try:
@@ -537,7 +537,7 @@ def test_nested_state_extras_travel_in_log_experience_frames() -> None:
     np.testing.assert_array_equal(state["h"], h)
     np.testing.assert_array_equal(state["pair"][0], c)
     assert isinstance(state["pair"], list)  # (the runner reads it as the state's tuple)
-    from fastrollout.runners._recurrent import RecurrentStates
+    from fastrollout.runners.recurrent_states import RecurrentStates
 
     class Pair:
         def is_stateful(self) -> bool:

@@ -137,7 +137,7 @@ def test_remote_multi_agent_episodes_are_exact(ray_local):
 
 
 def test_remote_sub_envs_need_ray_named_in_the_error(monkeypatch):
-    import fastrollout.runners._ray_host as host
+    import fastrollout.runners.ray_host as host
 
     def no_ray(feature: str) -> Any:
         raise ImportError(f"{feature} needs ray: pip install 'fastrollout[ray]'")

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from fastrollout.core.tree import as_list
+
 __all__ = ["CALLBACK_NAMES", "Callbacks", "make_callback"]
 
 # The hooks runners call, in the order they first occur while sampling.
@@ -164,14 +166,6 @@ class Callbacks:
         """
 
 
-def _as_list(value: Any) -> list[Any]:
-    if value is None:
-        return []
-    if isinstance(value, list | tuple):
-        return list(value)
-    return [value]
-
-
 def make_callback(
     callback_name: str,
     callbacks_objects: Any = None,
@@ -207,14 +201,14 @@ def make_callback(
     """
     call_kwargs = {**(kwargs or {}), **more_kwargs}
     call_args = tuple(args or ())
-    for obj in _as_list(callbacks_objects):
+    for obj in as_list(callbacks_objects):
         hook = getattr(obj, callback_name, None)
         if hook is None:
             raise AttributeError(
                 f"callbacks object {type(obj).__name__} has no method {callback_name!r}"
             )
         hook(*call_args, **call_kwargs)
-    for fn in _as_list(callbacks_functions):
+    for fn in as_list(callbacks_functions):
         if not callable(fn):
             raise TypeError(
                 f"callback for {callback_name!r} must be callable, got {type(fn).__name__}"

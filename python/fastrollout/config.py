@@ -31,8 +31,9 @@ from typing import Any
 
 import gymnasium as gym
 
-from fastrollout.callbacks import CALLBACK_NAMES, Callbacks, _as_list
+from fastrollout.callbacks import CALLBACK_NAMES, Callbacks
 from fastrollout.core import DEFAULT_MODULE_ID
+from fastrollout.core.tree import as_list
 
 __all__ = ["SUB_ENV_BACKENDS", "NotProvided", "RunnerConfig", "sub_env_backend"]
 
@@ -996,7 +997,7 @@ class RunnerConfig:
         Returns:
             The callbacks objects, in order.
         """
-        return [cls() for cls in _as_list(self.callbacks_class)]
+        return [cls() for cls in as_list(self.callbacks_class)]
 
     def callbacks_functions(self, hook: str) -> list[Callable[..., Any]]:
         """Returns the plain callables registered for one hook.
@@ -1012,7 +1013,7 @@ class RunnerConfig:
         """
         if hook not in CALLBACK_NAMES:
             raise ValueError(f"unknown callback hook {hook!r}; hooks are {list(CALLBACK_NAMES)}")
-        return _as_list(getattr(self, f"callbacks_{hook}"))
+        return as_list(getattr(self, f"callbacks_{hook}"))
 
     def make_env_creator(self, worker_index: int = 0) -> Any:
         """Returns the creator of runner ``worker_index``'s envs (see ``fastrollout.env``).
@@ -1354,13 +1355,13 @@ def _check_optional_callable(value: Any, name: str) -> None:
 
 
 def _check_callbacks_class(value: Any) -> None:
-    for cls in _as_list(value):
+    for cls in as_list(value):
         if not callable(cls):
             raise TypeError(f"callbacks_class must be a class or a list of classes, got {cls!r}")
 
 
 def _check_callables(value: Any, hook: str) -> None:
-    for fn in _as_list(value):
+    for fn in as_list(value):
         if not callable(fn):
             raise TypeError(
                 f"callbacks({hook}=...) must be a callable or a list of callables, "

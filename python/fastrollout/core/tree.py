@@ -1,17 +1,18 @@
 """Nested values (observations of Dict/Tuple spaces): dicts and tuples of arrays.
 
-One leaf-wise map serves the batches, learners, estimators, the policy client and the
-RolloutWorker's policies; dicts and tuples are nodes, anything else is a leaf.
+One leaf-wise map serves the batches, learners, estimators, the policy client, the sub-env
+backends and the RolloutWorker's policies; dicts and tuples are nodes, anything else is a
+leaf.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-__all__ = ["concat", "leaves", "take", "to_tensor", "tree_map"]
+__all__ = ["as_list", "concat", "leaves", "set_rows", "take", "to_tensor", "tree_map"]
 
 
 def tree_map(fn: Callable[..., Any], *trees: Any) -> Any:
@@ -54,8 +55,39 @@ def take(tree: Any, index: Any) -> Any:
     return tree_map(lambda x: x[index], tree)
 
 
+def set_rows(batch: Any, rows: Any, values: Any) -> None:
+    """Writes ``values`` (batched) into rows ``rows`` of ``batch`` (nested dicts/tuples).
+
+    Args:
+        batch: A batched array, or a dict/tuple of them (gymnasium's vector layout).
+        rows: Row indices (or one index, with ``values`` one item).
+        values: The rows' values, laid out as ``batch``.
+    """
+    if isinstance(batch, dict):
+        for k, v in batch.items():
+            set_rows(v, rows, values[k])
+    elif isinstance(batch, tuple):
+        for b, v in zip(batch, values, strict=True):
+            set_rows(b, rows, v)
+    else:
+        batch[rows] = values
+
+
 def to_tensor(tree: Any, device: Any) -> Any:
     """Every leaf as a torch tensor on ``device`` (arrays made contiguous first)."""
     import torch
 
     return tree_map(lambda x: torch.as_tensor(np.ascontiguousarray(x), device=device), tree)
+
+
+def as_list(value: Any) -> list[Any]:
+    """One value or a collection of them, as a list (RLlib's ``force_list``).
+
+    >>> as_list(None), as_list("p0"), as_list(("p0", "p1"))
+    ([], ['p0'], ['p0', 'p1'])
+    """
+    if value is None:
+        return []
+    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        return [value]
+    return list(value)

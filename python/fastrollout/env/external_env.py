@@ -173,7 +173,7 @@ def _cast(space: gym.Space[Any], value: Any) -> Any:
     return value
 
 
-class _Event:
+class ExternalEnvEvent:
     """One observation of an episode with what came with it, in the runner's order."""
 
     __slots__ = (
@@ -219,7 +219,7 @@ class _Event:
         self.last = last
 
 
-class _Episode:
+class ExternalEnvEpisode:
     """An episode between ``start_episode`` and its end, on the simulator's side."""
 
     __slots__ = (
@@ -238,7 +238,7 @@ class _Episode:
     def __init__(self, episode_id: str, training_enabled: bool, multi_agent: bool) -> None:
         self.id = episode_id
         self.training_enabled = training_enabled
-        self.events: collections.deque[_Event] = collections.deque()
+        self.events: collections.deque[ExternalEnvEvent] = collections.deque()
         # Rewards and infos logged since the last observation (per agent: dicts).
         self.reward: Any = {} if multi_agent else 0.0
         self.info: Any = {}
@@ -306,10 +306,10 @@ class ExternalEnv(threading.Thread):
         if self.max_concurrent < 1:
             raise ValueError(f"max_concurrent must be >= 1, got {max_concurrent}")
         self._cond = threading.Condition()
-        self._episodes: dict[str, _Episode] = {}
+        self._episodes: dict[str, ExternalEnvEpisode] = {}
         self._finished: set[str] = set()
         # Episodes whose next event the runner may take (FIFO: no episode starves).
-        self._deliverable: collections.deque[_Episode] = collections.deque()
+        self._deliverable: collections.deque[ExternalEnvEpisode] = collections.deque()
         self._closed: str | None = None
         # An event wakes the runner only once this many episodes have one waiting (0: the
         # runner does not wait): a wake-up per event while it collects a batch would cost
@@ -353,7 +353,7 @@ class ExternalEnv(threading.Thread):
                 raise ValueError(f"Episode {episode_id} has already completed.")
             if episode_id in self._episodes:
                 raise ValueError(f"Episode {episode_id} is already started")
-            self._episodes[episode_id] = _Episode(
+            self._episodes[episode_id] = ExternalEnvEpisode(
                 episode_id, bool(training_enabled), self.multi_agent
             )
         return episode_id
@@ -583,7 +583,7 @@ class ExternalEnv(threading.Thread):
         if self._closed is not None:
             raise ExternalEnvClosedError(f"{type(self).__name__}: {self._closed}")
 
-    def _get(self, episode_id: str) -> _Episode:
+    def _get(self, episode_id: str) -> ExternalEnvEpisode:
         self._check_open()
         episode = self._episodes.get(episode_id)
         if episode is None:
@@ -594,7 +594,7 @@ class ExternalEnv(threading.Thread):
 
     def _push(
         self,
-        episode: _Episode,
+        episode: ExternalEnvEpisode,
         observation: Any,
         *,
         terminated: bool = False,
@@ -628,7 +628,7 @@ class ExternalEnv(threading.Thread):
             trunc = {"__all__": truncated}
             episode.done_agents = {}
         episode.events.append(
-            _Event(
+            ExternalEnvEvent(
                 observation,
                 reward,
                 info,

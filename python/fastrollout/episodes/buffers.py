@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 import numpy as np
 
+from fastrollout.core.spaces import space_to_dict
+
 if TYPE_CHECKING:
     from fastrollout.episodes.single_agent_episode import SingleAgentEpisode
 
@@ -32,19 +34,17 @@ def space_state(space: gym.Space | None) -> Any:
     """A space as RLlib's buffer states hold it.
 
     Returns:
-        ``gym_space_to_dict(space)`` where RLlib is loaded in this process, else the space
-        itself (None for None).
+        The space in RLlib's ``gym_space_to_dict`` form
+        (:func:`fastrollout.core.spaces.space_to_dict`) where RLlib is loaded in this
+        process, else the space itself (None for None).
     """
     if space is None:
         return None
-    # Only where RLlib is in use already (loaded): importing it here would cost seconds on
-    # a first get_state() in a process that never needs RLlib's form. fastrollout's
-    # from_state takes both forms.
+    # RLlib's from_state needs the dict form; elsewhere the space object costs nothing to
+    # keep, and fastrollout's from_state takes both forms.
     if "ray.rllib" not in sys.modules:
         return space
-    from ray.rllib.utils.serialization import gym_space_to_dict
-
-    return gym_space_to_dict(space)
+    return space_to_dict(space)
 
 
 def _same_data(a: Any, b: Any) -> bool:

@@ -19,6 +19,7 @@ import gymnasium as gym
 import numpy as np
 
 from fastrollout._core import SingleAgentEpisodeCore
+from fastrollout.core.spaces import space_from_dict
 from fastrollout.episodes._ids import new_episode_id
 from fastrollout.episodes.buffers import ExtraModelOutputsView, LookbackBufferView, space_state
 from fastrollout.errors import EpisodeStateError
@@ -33,12 +34,10 @@ def _same(value: Any) -> Any:
 
 
 def _space_from_state(value: Any) -> gym.Space | None:
-    """A space from a state: itself, or rebuilt from RLlib's serialized form (a dict)."""
-    if isinstance(value, dict):
-        from ray.rllib.utils.serialization import gym_space_from_dict
-
-        return gym_space_from_dict(value)
-    return value
+    """A space from a state: itself, or rebuilt from RLlib's dict form (without Ray)."""
+    if isinstance(value, Mapping):
+        return space_from_dict(value)
+    return value  # type: ignore[no-any-return]
 
 
 def _same_item(a: Any, b: Any) -> bool:
@@ -455,7 +454,8 @@ class SingleAgentEpisode(SingleAgentEpisodeCore):
             The episode.
 
         Raises:
-            ImportError: For spaces serialized by RLlib where RLlib is not installed.
+            ValueError: For a serialized space of a kind outside gymnasium's (one of
+                RLlib's own) where RLlib is not installed.
         """
         episode = cls(
             state["id_"],

@@ -1,10 +1,10 @@
 """A worker's observation filters, kept in step with the runner's ``MeanStdFilter`` connector.
 
-The old stack's filters (``fastrollout.filters``) are what users read, merge and sync; the
-runner normalises with its env-to-module ``MeanStdFilter`` connector, so the policy acts on
-the filtered observations and the episodes record them. Before each sampling call the
-filters' statistics become the connector's base; afterwards what the connector saw is
-added to each filter's ``running_stats`` and ``buffer``.
+The old stack's filters (``fastrollout.evaluation.filters``) are what users read, merge and
+sync; the runner normalises with its env-to-module ``MeanStdFilter`` connector, so the
+policy acts on the filtered observations and the episodes record them. Before each sampling
+call the filters' statistics become the connector's base; afterwards what the connector saw
+is added to each filter's ``running_stats`` and ``buffer``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from fastrollout.filters import (
+from fastrollout.evaluation.filters import (
     Filter,
     MeanStdFilter,
     NoFilter,

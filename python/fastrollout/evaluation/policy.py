@@ -32,7 +32,7 @@ from fastrollout.evaluation.recurrent import (
     state_paths,
     unflatten_state,
 )
-from fastrollout.learners.ppo import PPOConfig, _explained_variance, ppo_loss
+from fastrollout.learners.ppo import PPOConfig, explained_variance, ppo_loss
 from fastrollout.modules import RLModule
 
 __all__ = ["LOSS_COLUMNS", "LossFn", "TorchPolicy"]
@@ -338,7 +338,7 @@ class TorchPolicy:
         finally:
             self.model.eval()
         if Columns.VALUE_TARGETS in tensors and Columns.VF_PREDS in tensors:
-            stats["vf_explained_var"] = _explained_variance(
+            stats["vf_explained_var"] = explained_variance(
                 tensors[Columns.VALUE_TARGETS], tensors[Columns.VF_PREDS]
             )
         stats["total_loss"] = float(loss.detach())

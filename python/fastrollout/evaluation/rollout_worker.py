@@ -47,9 +47,10 @@ from fastrollout.checkpoints import (
 )
 from fastrollout.config import BATCH_MODES, OBSERVATION_FILTERS, RunnerConfig
 from fastrollout.core import DEFAULT_MODULE_ID
-from fastrollout.core.tree import tree_map
+from fastrollout.core.tree import as_list, tree_map
 from fastrollout.env import EnvContext
 from fastrollout.evaluation.env_wrappers import wrap_for_worker
+from fastrollout.evaluation.filters import Filter, clip_reward, get_filters, sync_filters
 from fastrollout.evaluation.observation_filters import (
     ObservationFilters,
     observation_shape,
@@ -57,9 +58,8 @@ from fastrollout.evaluation.observation_filters import (
 )
 from fastrollout.evaluation.policy import TorchPolicy
 from fastrollout.evaluation.recurrent import add_recurrent_columns
-from fastrollout.filters import Filter, clip_reward, get_filters, sync_filters
 from fastrollout.learners.ppo import PPOConfig
-from fastrollout.runners._keys import WEIGHTS_SEQ_NO
+from fastrollout.runners.keys import WEIGHTS_SEQ_NO
 
 __all__ = ["RolloutMetrics", "RolloutWorker"]
 
@@ -677,7 +677,7 @@ class RolloutWorker(Checkpointable):
             policies: Only these ids (None: all).
             inference_only: Only what acting needs.
         """
-        ids = list(self.policy_map) if policies is None else _as_list(policies)
+        ids = list(self.policy_map) if policies is None else as_list(policies)
         return {
             pid: self._check_policy(pid, "get_weights").model.get_state(
                 inference_only=inference_only
@@ -728,7 +728,7 @@ class RolloutWorker(Checkpointable):
             policy_ids: Only these policies (None: all).
         """
         self.global_vars.update(global_vars)
-        for pid in list(self.policy_map) if policy_ids is None else _as_list(policy_ids):
+        for pid in list(self.policy_map) if policy_ids is None else as_list(policy_ids):
             self._check_policy(pid, "set_global_vars").on_global_var_update(self.global_vars)
 
     def get_filters(self, flush_after: bool = False) -> dict[str, Filter]:
@@ -747,7 +747,7 @@ class RolloutWorker(Checkpointable):
     def sync_filters(self, new_filters: Mapping[str, Filter]) -> None:
         """Copies each policy's filter state from ``new_filters`` (RLlib's ``sync``).
 
-        ``fastrollout.filters.synchronize`` sends filters with empty buffers, so a
+        ``fastrollout.evaluation.filters.synchronize`` sends filters with empty buffers, so a
         worker's buffer then holds only what it sees afterwards.
 
         Raises:
@@ -868,7 +868,7 @@ class RolloutWorker(Checkpointable):
         Raises:
             KeyError: A state of a policy this worker does not have.
         """
-        from fastrollout.filters import filter_from_state
+        from fastrollout.evaluation.filters import filter_from_state
 
         policy_states = state.get("policy_states", {})
         for pid, policy_state in policy_states.items():
@@ -1070,10 +1070,6 @@ def _int_episode_id(episode_id: str) -> int:
 def _check_setting(value: Any, name: str, choices: Collection[str]) -> None:
     if value not in choices:
         raise ValueError(f"unknown {name} {value!r}; expected one of {', '.join(choices)}")
-
-
-def _as_list(ids: Any) -> list[str]:
-    return [ids] if isinstance(ids, str) else list(ids)
 
 
 def _fetch_refs(weights: Mapping[str, Any]) -> dict[str, Any]:

@@ -740,7 +740,7 @@ class PolicyClient:
         self._modules = {mid: built[mid] for mid in modules}
         self._module_descriptions = described
         if rebuilt or self._states is None:
-            from fastrollout.runners._recurrent import RecurrentStates
+            from fastrollout.runners.recurrent_states import RecurrentStates
 
             self._states = RecurrentStates(self._modules)
         self._weights_seq_no = int(reply["weights_seq_no"])

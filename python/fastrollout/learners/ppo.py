@@ -613,7 +613,7 @@ class PPOLearner:
             if mask is not None:
                 targets, predictions = targets[mask], predictions[mask]
             stats["num_module_steps_trained"] = float(targets.shape[0])
-            stats["vf_explained_var"] = _explained_variance(targets, predictions)
+            stats["vf_explained_var"] = explained_variance(targets, predictions)
             results[module_id] = stats
         return results
 
@@ -647,7 +647,7 @@ class PPOLearner:
         }
 
 
-def _explained_variance(targets: torch.Tensor, predictions: torch.Tensor) -> float:
+def explained_variance(targets: torch.Tensor, predictions: torch.Tensor) -> float:
     """``1 - Var(targets - predictions) / Var(targets)`` (nan if the targets are constant)."""
     var = float(targets.var()) if targets.numel() > 1 else 0.0
     if var == 0.0:

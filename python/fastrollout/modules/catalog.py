@@ -40,7 +40,7 @@ def default_module_class(
         TypeError: For an observation space no default module encodes (the message names
             ``rl_module_spec``, through which a module of one's own is given).
     """
-    from fastrollout.modules.default import DefaultMLPModule, _obs_preprocessor
+    from fastrollout.modules.default import DefaultMLPModule, obs_preprocessor
 
     own_module = (
         "give a module class of your own with config.rl_module(rl_module_spec="
@@ -61,7 +61,7 @@ def default_module_class(
 
         return DefaultCNNModule
     try:
-        _obs_preprocessor(observation_space)
+        obs_preprocessor(observation_space)
     except TypeError as err:
         raise TypeError(
             f"no default module for the observation space {observation_space} ({err}); "

@@ -286,7 +286,7 @@ def _concat_parts(
     return torch.cat([fn(x[k]) for k, fn in zip(names, parts, strict=True)], dim=-1)
 
 
-def _obs_preprocessor(space: gym.Space, path: str = "obs") -> tuple[int, Callable[[Any], Any]]:
+def obs_preprocessor(space: gym.Space, path: str = "obs") -> tuple[int, Callable[[Any], Any]]:
     """The flat size of ``space`` and a (picklable) function that flattens a batch of it.
 
     Args:
@@ -317,7 +317,7 @@ def _obs_preprocessor(space: gym.Space, path: str = "obs") -> tuple[int, Callabl
             else list(enumerate(space.spaces))
         )
         names = [k for k, _ in items]
-        encoded = [_obs_preprocessor(s, f"{path}[{k!r}]") for k, s in items]
+        encoded = [obs_preprocessor(s, f"{path}[{k!r}]") for k, s in items]
         dim = sum(d for d, _ in encoded)
         return dim, functools.partial(_concat_parts, names, [fn for _, fn in encoded])
     raise TypeError(
@@ -402,7 +402,7 @@ class DefaultMLPModule(RLModule):
             ``(make, latent_dim)``: ``make()`` builds one encoder.
         """
         assert self.observation_space is not None
-        in_dim, self._preprocess = _obs_preprocessor(self.observation_space)
+        in_dim, self._preprocess = obs_preprocessor(self.observation_space)
         hiddens = [int(h) for h in cfg["fcnet_hiddens"]]
         act = _activation(cfg["fcnet_activation"], "fcnet_activation")
         latent = hiddens[-1] if hiddens else in_dim

@@ -166,17 +166,27 @@ def to_device(tree: Any, device: str | torch.device | None) -> Any:
         ValueError: If the device setting is invalid.
     """
     target = None if device is None else resolve_device(device)
-    return _map(tree, target, ())
+    return map_to_device(tree, target, ())
 
 
-def _map(tree: Any, device: torch.device | None, path: tuple) -> Any:
+def map_to_device(tree: Any, device: torch.device | None, path: tuple) -> Any:
+    """:func:`to_device` for a device already resolved (the connectors' per-step path).
+
+    Args:
+        tree: The structure.
+        device: The target device, or ``None`` for CPU tensors.
+        path: Where ``tree`` sits, prefixed to a failing leaf's path in the error.
+
+    Returns:
+        The same structure with tensors as leaves.
+    """
     if type(tree) is not np.ndarray:  # (the common leaf skips the ABC checks below)
         if type(tree) is dict:  # the common case, without the ABC check of Mapping
-            return {k: _map(v, device, (*path, k)) for k, v in tree.items()}
+            return {k: map_to_device(v, device, (*path, k)) for k, v in tree.items()}
         if isinstance(tree, Mapping):
-            return {k: _map(v, device, (*path, k)) for k, v in tree.items()}
+            return {k: map_to_device(v, device, (*path, k)) for k, v in tree.items()}
         if isinstance(tree, tuple | list):
-            return type(tree)(_map(v, device, (*path, i)) for i, v in enumerate(tree))
+            return type(tree)(map_to_device(v, device, (*path, i)) for i, v in enumerate(tree))
         if tree is None:
             return None
     try:

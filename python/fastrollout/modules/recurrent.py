@@ -36,8 +36,8 @@ from fastrollout.modules.default import (
     _Encoder,
     _Head,
     _layers,
-    _obs_preprocessor,
     checked_model_config,
+    obs_preprocessor,
 )
 from fastrollout.modules.distributions import TorchDiagGaussian, get_action_dist_cls
 from fastrollout.modules.rl_module import RLModule
@@ -154,7 +154,7 @@ class DefaultLSTMModule(RLModule):
                 raise ValueError(f"model_config[{key!r}] must be an int >= 1, got {value!r}")
         self.model_config["max_seq_len"] = cfg["max_seq_len"]
         assert self.observation_space is not None and self.action_space is not None
-        in_dim, self._preprocess = _obs_preprocessor(self.observation_space)
+        in_dim, self._preprocess = obs_preprocessor(self.observation_space)
         self.action_dist_cls = get_action_dist_cls(self.action_space)
         hiddens = [int(h) for h in cfg["fcnet_hiddens"]]
         act = _activation(cfg["fcnet_activation"], "fcnet_activation")

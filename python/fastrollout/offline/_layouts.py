@@ -23,14 +23,13 @@ Only the codec lives here (no pyarrow import): the writer and the reader build t
 
 from __future__ import annotations
 
-import base64
-import io
-import zlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
+
+from fastrollout.core.spaces import is_space_dict, space_from_dict, space_to_dict
 
 #: Metadata key of a file fastrollout wrote: a JSON object with ``version``,
 #: ``layout`` (``"episodes"`` or ``"columns"``) and ``multi_agent``.
@@ -69,108 +68,11 @@ def require(module: str) -> Any:
 # ------------------------------------------------------------------------- spaces
 
 
-def _ndarray_text(array: np.ndarray) -> str:
-    # RLlib's form: np.save bytes, zlib, base64.
-    buf = io.BytesIO()
-    np.save(buf, array, allow_pickle=False)
-    return base64.b64encode(zlib.compress(buf.getvalue())).decode("ascii")
-
-
-def _text_ndarray(text: str) -> np.ndarray:
-    # allow_pickle=False: files are data, never code.
-    return np.load(io.BytesIO(zlib.decompress(base64.b64decode(text))), allow_pickle=False)
-
-
-def space_to_dict(space: gym.Space | None) -> dict[str, Any] | None:
-    """A space in RLlib's ``gym_space_to_dict`` form (without importing RLlib).
-
-    Raises:
-        TypeError: A space of a kind outside gymnasium's Box, Discrete, MultiBinary,
-            MultiDiscrete, Tuple, Dict and Text, where RLlib is not installed.
-    """
-    if space is None:
-        return None
-    if isinstance(space, gym.spaces.Box):
-        return {
-            "space": "box",
-            "low": _ndarray_text(space.low),
-            "high": _ndarray_text(space.high),
-            "shape": tuple(space.shape),
-            "dtype": np.dtype(space.dtype).str,
-        }
-    if isinstance(space, gym.spaces.Discrete):
-        return {"space": "discrete", "n": int(space.n), "start": int(space.start)}
-    if isinstance(space, gym.spaces.MultiBinary):
-        return {"space": "multi-binary", "n": space.n}
-    if isinstance(space, gym.spaces.MultiDiscrete):
-        return {
-            "space": "multi-discrete",
-            "nvec": _ndarray_text(space.nvec),
-            "dtype": np.dtype(space.dtype).str,
-        }
-    if isinstance(space, gym.spaces.Tuple):
-        return {"space": "tuple", "spaces": [space_to_dict(s) for s in space.spaces]}
-    if isinstance(space, gym.spaces.Dict):
-        return {"space": "dict", "spaces": {k: space_to_dict(s) for k, s in space.items()}}
-    if isinstance(space, gym.spaces.Text):
-        return {
-            "space": "text",
-            "min_length": space.min_length,
-            "max_length": space.max_length,
-            "charset": space.character_set,
-        }
-    try:
-        from ray.rllib.utils.serialization import gym_space_to_dict
-    except ImportError:
-        raise TypeError(f"cannot write a space of type {type(space).__name__}") from None
-    return gym_space_to_dict(space)  # type: ignore[no-any-return]
-
-
-def space_from_dict(d: Mapping[str, Any] | None) -> gym.Space | None:
-    """The space of :func:`space_to_dict`'s (or RLlib's) dict."""
-    if d is None:
-        return None
-    kind = d["space"]
-    if kind == "box":
-        return gym.spaces.Box(
-            low=_text_ndarray(d["low"]),
-            high=_text_ndarray(d["high"]),
-            shape=tuple(d["shape"]),
-            dtype=np.dtype(d["dtype"]),
-        )
-    if kind == "discrete":
-        return gym.spaces.Discrete(d["n"], start=d.get("start", 0))
-    if kind == "multi-binary":
-        n = d["n"]
-        return gym.spaces.MultiBinary(list(n) if isinstance(n, list | tuple) else n)
-    if kind == "multi-discrete":
-        return gym.spaces.MultiDiscrete(_text_ndarray(d["nvec"]), dtype=np.dtype(d["dtype"]))
-    if kind == "tuple":
-        return gym.spaces.Tuple([space_from_dict(s) for s in d["spaces"]])  # type: ignore[misc]
-    if kind == "dict":
-        return gym.spaces.Dict(
-            {k: space_from_dict(s) for k, s in d["spaces"].items()}  # type: ignore[misc]
-        )
-    if kind == "text":
-        return gym.spaces.Text(
-            min_length=d["min_length"], max_length=d["max_length"], charset=d["charset"]
-        )
-    try:
-        from ray.rllib.utils.serialization import gym_space_from_dict
-    except ImportError:
-        raise ValueError(f"unknown space kind {kind!r} (RLlib is not installed)") from None
-    return gym_space_from_dict(dict(d))  # type: ignore[no-any-return]
-
-
-def _is_space_dict(value: Any) -> bool:
-    return isinstance(value, Mapping) and isinstance(value.get("space"), str)
-
-
 def _decode_space(value: Any) -> Any:
     """A space, or a mapping of spaces (multi-agent), from the packed form."""
     if value is None or isinstance(value, gym.Space):
         return value
-    if _is_space_dict(value):
+    if is_space_dict(value):
         return space_from_dict(value)
     if isinstance(value, Mapping):
         return {k: _decode_space(v) for k, v in value.items()}

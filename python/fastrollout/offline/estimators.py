@@ -347,7 +347,7 @@ class FittedQEvaluation:
         import torch
         from torch import nn
 
-        from fastrollout.modules.default import _obs_preprocessor
+        from fastrollout.modules.default import obs_preprocessor
 
         self.gamma = float(gamma)
         self.num_actions = int(num_actions)
@@ -358,7 +358,7 @@ class FittedQEvaluation:
         self.min_loss_threshold = float(min_loss_threshold)
         self.seed = seed
         self.losses: list[float] = []
-        dim, self._preprocess = _obs_preprocessor(obs_space)
+        dim, self._preprocess = obs_preprocessor(obs_space)
 
         def mlp() -> nn.Sequential:
             layers: list[nn.Module] = []

@@ -9,7 +9,7 @@ import gymnasium as gym
 import torch
 
 from fastrollout.runners._config import cfg
-from fastrollout.runners._keys import (
+from fastrollout.runners.keys import (
     COMPONENT_ENV_TO_MODULE_CONNECTOR,
     COMPONENT_MODULE_TO_ENV_CONNECTOR,
 )

@@ -45,7 +45,7 @@ from fastrollout.modules.distributions import (
     native_draw_applies,
 )
 from fastrollout.modules.multi_rl_module import MultiRLModule
-from fastrollout.runners import _keys as keys
+from fastrollout.runners import keys
 
 __all__ = ["DefaultAct"]
 

@@ -24,14 +24,13 @@ from fastrollout.core import DEFAULT_MODULE_ID, Columns
 from fastrollout.errors import CheckpointError, RunnerStoppedError, SampleArgumentError
 from fastrollout.metrics import MetricsLogger
 from fastrollout.modules import MultiRLModule, resolve_device
-from fastrollout.modules._grad import grad_off, grad_restore
+from fastrollout.modules.grad import grad_off, grad_restore
 from fastrollout.modules.specs import is_rllib_spec, resolve_module_specs
-from fastrollout.runners import _keys as keys
-from fastrollout.runners import _rllib
+from fastrollout.runners import _rllib, keys
 from fastrollout.runners._config import cfg
 from fastrollout.runners._connectors import Connectors
 from fastrollout.runners._default_act import DefaultAct
-from fastrollout.runners._recurrent import RecurrentStates
+from fastrollout.runners.recurrent_states import RecurrentStates
 from fastrollout.runners.sub_envs import StepResults, SubEnvs, make_sub_envs
 from fastrollout.runners.sub_envs.creator import make_sub_env_creator
 

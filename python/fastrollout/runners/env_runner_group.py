@@ -34,9 +34,9 @@ from fastrollout.checkpoints import Checkpointable, check_component, subcomponen
 from fastrollout.core import DEFAULT_MODULE_ID
 from fastrollout.metrics import MetricsLogger
 from fastrollout.modules import MultiRLModule, RLModule
-from fastrollout.runners import _keys as keys
-from fastrollout.runners._ray_host import NeedsState, RunnerHost, require_ray
+from fastrollout.runners import keys
 from fastrollout.runners.env_runner import EnvRunner
+from fastrollout.runners.ray_host import NeedsState, RunnerHost, require_ray
 
 __all__ = ["EnvRunnerGroup", "split_count"]
 

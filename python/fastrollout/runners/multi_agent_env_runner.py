@@ -24,8 +24,7 @@ from fastrollout._core import ModuleBatcher, multi_agent_record_steps
 from fastrollout.core import DEFAULT_MODULE_ID, Columns
 from fastrollout.episodes import MultiAgentEpisode
 from fastrollout.errors import MultiAgentEnvError, SpaceMismatchError
-from fastrollout.runners import _keys as keys
-from fastrollout.runners import _rllib
+from fastrollout.runners import _rllib, keys
 from fastrollout.runners._config import OBSERVATION_BLOCK_ROWS, cfg, smoothing_window
 from fastrollout.runners.env_runner import EnvRunner
 from fastrollout.runners.sub_envs import StepResults

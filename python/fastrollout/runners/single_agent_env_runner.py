@@ -19,17 +19,15 @@ import numpy as np
 
 from fastrollout._core import single_agent_record_vector_step
 from fastrollout.core import DEFAULT_MODULE_ID, Columns
-from fastrollout.core.tree import leaves, take, tree_map
+from fastrollout.core.tree import leaves, set_rows, take, tree_map
 from fastrollout.env.check import space_mismatch
 from fastrollout.episodes import SingleAgentEpisode
 from fastrollout.errors import SpaceMismatchError
 from fastrollout.modules import MultiRLModule
-from fastrollout.runners import _keys as keys
-from fastrollout.runners import _rllib
+from fastrollout.runners import _rllib, keys
 from fastrollout.runners._config import OBSERVATION_BLOCK_ROWS, cfg, smoothing_window
 from fastrollout.runners.env_runner import EnvRunner
 from fastrollout.runners.sub_envs import StepResults
-from fastrollout.runners.sub_envs.vector import set_rows, take_rows
 
 __all__ = ["SingleAgentEnvRunner"]
 
@@ -74,7 +72,7 @@ def _rows_without(ids: Any, failed: Mapping[int, BaseException], n: int) -> np.n
 def _take_infos(infos: Any, rows: np.ndarray) -> Any:
     """Rows of a vector env's infos (gymnasium's dict of arrays, or a list of dicts)."""
     if isinstance(infos, dict):
-        return take_rows(infos, rows)
+        return take(infos, rows)
     return [infos[i] for i in rows]
 
 
@@ -233,7 +231,7 @@ class _PendingRows:
             k: buf[ids] if isinstance(buf := self._extras[k], np.ndarray) else take(buf, ids)
             for k in wanted
         }
-        return take_rows(self._actions, ids), extras
+        return take(self._actions, ids), extras
 
 
 class SingleAgentEnvRunner(EnvRunner[SingleAgentEpisode]):
@@ -394,7 +392,7 @@ class SingleAgentEnvRunner(EnvRunner[SingleAgentEpisode]):
         if rows is not None and ids is None:
             # A lockstep batch with failed rows (backends that name their rows return
             # only the good ones).
-            obs, infos = take_rows(obs, rows), _take_infos(infos, rows)
+            obs, infos = take(obs, rows), _take_infos(infos, rows)
         m = n if rows is None else len(rows)
         # A reset is recorded like a step of never-reset episodes (their reset rows).
         single_agent_record_vector_step(
@@ -533,10 +531,10 @@ class SingleAgentEnvRunner(EnvRunner[SingleAgentEpisode]):
             if rows is not None:
                 # Failed sub-envs' rows hold no step: leave them out of the record.
                 obs, rewards, terminateds, truncateds = (
-                    take_rows(x, rows) for x in (obs, rewards, terminateds, truncateds)
+                    take(x, rows) for x in (obs, rewards, terminateds, truncateds)
                 )
                 infos = _take_infos(infos, rows)
-                actions, extras = take_rows(actions, rows), _take_extras(extras, rows)
+                actions, extras = take(actions, rows), _take_extras(extras, rows)
         else:
             rows = ids
             if not len(ids):
@@ -611,12 +609,12 @@ class SingleAgentEnvRunner(EnvRunner[SingleAgentEpisode]):
         for j in np.flatnonzero(done).tolist():
             r = int(rows_of[j])
             self._held[int(ready[j])] = (
-                take_rows(self._obs, r),
+                take(self._obs, r),
                 None if batch is None else tree_map(lambda x, r=r: x[r : r + 1], batch),
             )
         keep = rows_of[np.flatnonzero(~done)]
         self._ready = ready[np.flatnonzero(~done)]
-        self._obs = take_rows(self._obs, keep)
+        self._obs = take(self._obs, keep)
         if batch is not None:
             # (numpy arrays and torch tensors alike take an int64 array of rows.)
             self._cached_to_module = tree_map(lambda x: x[keep], batch) if len(keep) else None

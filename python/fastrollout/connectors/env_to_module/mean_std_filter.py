@@ -18,14 +18,14 @@ import gymnasium as gym
 import numpy as np
 
 from fastrollout.connectors.connector_v2 import ConnectorV2
+from fastrollout.connectors.env_to_module.running_stat import SMALL_NUMBER, RunningStat
 from fastrollout.core import Columns
-from fastrollout.filters import SMALL_NUMBER, RunningStat
 
 __all__ = ["MeanStdFilter", "RunningStats"]
 
 
 class RunningStats(RunningStat):
-    """:class:`fastrollout.filters.RunningStat` under the connector's names.
+    """:class:`~fastrollout.connectors.env_to_module.running_stat.RunningStat`, connector names.
 
     ``count`` and ``m2`` read ``num_pushes`` and ``sum_sq_diff_array``, ``merge`` adds
     another stream's statistics, and the state is ``{"count", "mean", "m2"}`` (what

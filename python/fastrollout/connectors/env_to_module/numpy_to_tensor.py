@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from fastrollout.connectors.connector_v2 import ConnectorV2
-from fastrollout.modules.device import _map, resolve_device
+from fastrollout.modules.device import map_to_device, resolve_device
 
 __all__ = ["NumpyToTensor"]
 
@@ -78,7 +78,7 @@ class NumpyToTensor(ConnectorV2):
         """
         for module_id, module_batch in batch.items():
             device = self.device if self.device is not None else rl_module[module_id].device
-            batch[module_id] = _map(module_batch, device, (module_id,))
+            batch[module_id] = map_to_device(module_batch, device, (module_id,))
         return batch
 
     def convert_leaf(self, rl_module: Any, module_id: Any, column: str, value: Any) -> Any:
@@ -101,7 +101,7 @@ class NumpyToTensor(ConnectorV2):
             TypeError: If the value cannot become a tensor (module and column named).
         """
         device = self.device if self.device is not None else rl_module[module_id].device
-        return _map(value, device, (module_id, column))
+        return map_to_device(value, device, (module_id, column))
 
     def __repr__(self) -> str:
         return f"NumpyToTensor(device={self.device})"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -41,22 +41,45 @@ def unsquash_action(action: Any, space: gym.Space) -> Any:
     return action
 
 
-def clip_action(action: Any, space: gym.Space) -> Any:
+def clip_action(action: Any, space: Any) -> Any:
     """Clips Box components of an action (or batch) to the space's bounds.
 
     Args:
         action: The action (or batch of actions); dicts/tuples for nested spaces.
-        space: The action space.
+        space: The action space, or its components nested in dicts/tuples (RLlib's
+            ``get_base_struct_from_space``).
 
     Returns:
         The clipped action (other components unchanged).
+
+    Raises:
+        ValueError: The action is not nested like the space (the message names where).
     """
-    if isinstance(space, gym.spaces.Dict):
-        return {k: clip_action(action[k], s) for k, s in space.spaces.items()}
-    if isinstance(space, gym.spaces.Tuple):
-        return tuple(clip_action(a, s) for a, s in zip(action, space.spaces, strict=True))
+    return _clip(action, space, "")
+
+
+def _clip(action: Any, space: Any, path: str) -> Any:
     if isinstance(space, gym.spaces.Box):
         return np.clip(action, space.low, space.high)
+    if isinstance(space, gym.spaces.Dict | Mapping):
+        subspaces = space.spaces if isinstance(space, gym.spaces.Dict) else space
+        if not isinstance(action, Mapping) or action.keys() != subspaces.keys():
+            raise ValueError(
+                f"clip_action: {path or 'action'} should be a dict with keys "
+                f"{sorted(map(str, subspaces))}, got {action!r}"
+            )
+        return {k: _clip(action[k], s, f"{path}[{k!r}]") for k, s in subspaces.items()}
+    if isinstance(space, gym.spaces.Tuple | tuple | list):
+        components = space.spaces if isinstance(space, gym.spaces.Tuple) else space
+        if not isinstance(action, tuple | list) or len(action) != len(components):
+            raise ValueError(
+                f"clip_action: {path or 'action'} should be a tuple of "
+                f"{len(components)} components, got {action!r}"
+            )
+        return tuple(
+            _clip(a, s, f"{path}[{i}]")
+            for i, (a, s) in enumerate(zip(action, components, strict=True))
+        )
     return action
 
 

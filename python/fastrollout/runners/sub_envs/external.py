@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from fastrollout.env.external_env import ExternalEnv, _Episode, _Event
+from fastrollout.core.tree import take
+from fastrollout.env.external_env import ExternalEnv, ExternalEnvEpisode, ExternalEnvEvent
 from fastrollout.runners.sub_envs.base import StepResults, SubEnvs
-from fastrollout.runners.sub_envs.vector import take_rows
 
 __all__ = ["ExternalSubEnvs"]
 
@@ -50,10 +50,10 @@ class ExternalSubEnvs(SubEnvs):
         self.autoresets = not self.multi_agent
         self.num_envs = env.max_concurrent
         n = self.num_envs
-        self._slots: list[_Episode | None] = [None] * n
+        self._slots: list[ExternalEnvEpisode | None] = [None] * n
         self._free: list[int] = list(range(n - 1, -1, -1))
         # The event each slot's row came from, until the runner answers it.
-        self._current: list[_Event | None] = [None] * n
+        self._current: list[ExternalEnvEvent | None] = [None] * n
         if not self.multi_agent:
             from gymnasium.vector.utils import batch_space, create_empty_array
 
@@ -126,7 +126,7 @@ class ExternalSubEnvs(SubEnvs):
                     answers.append((event.on_action, j))
                 self._answered(episode)
         for fn, j in answers:
-            fn(actions[j] if self.multi_agent else take_rows(actions, j))
+            fn(actions[j] if self.multi_agent else take(actions, j))
 
     def logged_actions(self, env_ids: Sequence[int]) -> list[tuple[int, Any, Any]]:
         """The rows whose action the simulator took itself (``log_action``).
@@ -164,7 +164,7 @@ class ExternalSubEnvs(SubEnvs):
             RuntimeError: If the env was closed.
         """
         env = self._env
-        rows: list[tuple[int, _Event]] = []
+        rows: list[tuple[int, ExternalEnvEvent]] = []
         with env._cond:
             while not self._take(rows):
                 if self._check_alive():
@@ -226,7 +226,7 @@ class ExternalSubEnvs(SubEnvs):
 
     # -- internals (the env's lock held) ---------------------------------------------
 
-    def _take(self, rows: list[tuple[int, _Event]]) -> bool:
+    def _take(self, rows: list[tuple[int, ExternalEnvEvent]]) -> bool:
         """Moves the next event of each deliverable episode into ``rows``."""
         env = self._env
         waiting = env._deliverable
@@ -250,7 +250,7 @@ class ExternalSubEnvs(SubEnvs):
         waiting.extend(keep)
         return bool(rows)
 
-    def _answered(self, episode: _Episode) -> None:
+    def _answered(self, episode: ExternalEnvEpisode) -> None:
         episode.with_runner = False
         if episode.events:
             self._env._deliverable.append(episode)
@@ -277,7 +277,7 @@ class ExternalSubEnvs(SubEnvs):
         # run() returned: once nothing is queued, nothing more can come.
         return env._run_done or (env.ident is not None and not env.is_alive())
 
-    def _rows_to_results(self, rows: list[tuple[int, _Event]]) -> StepResults:
+    def _rows_to_results(self, rows: list[tuple[int, ExternalEnvEvent]]) -> StepResults:
         steps = []
         resets = []
         started: dict[int, str] = {}
@@ -302,7 +302,7 @@ class ExternalSubEnvs(SubEnvs):
 
     def _results(
         self,
-        steps: list[tuple[int, _Event]],
+        steps: list[tuple[int, ExternalEnvEvent]],
         resets: list[tuple[int, Any, Any]],
         started: Any,
     ) -> StepResults:

@@ -159,7 +159,7 @@ class RemoteSubEnvs(SubEnvs):
         multi_agent: bool,
         step_timeout_s: float | None = None,
     ) -> None:
-        from fastrollout.runners._ray_host import require_ray
+        from fastrollout.runners.ray_host import require_ray
 
         ray = require_ray("remote_worker_envs")
         self._ray = ray

@@ -37,9 +37,9 @@ from typing import Any
 
 import numpy as np
 
+from fastrollout.core.tree import set_rows, take
 from fastrollout.runners.sub_envs.base import StepResults, SubEnvs
 from fastrollout.runners.sub_envs.remote import SubEnvHost, _AgentSpaces
-from fastrollout.runners.sub_envs.vector import set_rows, take_rows
 
 __all__ = ["SharedMemorySubEnvs", "default_num_workers"]
 
@@ -144,7 +144,7 @@ class _Block:
         self.observations = _rebuild(self.template, arrays[:k])
         self.actions = _rebuild(self.action_template, arrays[k:-3])
         # One sub-env's observation arrays, to check each observation's shapes against.
-        self.row_template = take_rows(self.template, 0)
+        self.row_template = take(self.template, 0)
 
     def release(self, unlink: bool) -> None:
         shm, self.shm = self.shm, None
@@ -336,9 +336,9 @@ def _steps(
                 action = actions[j]
             elif actions is None:  # in the block
                 assert block is not None
-                action = take_rows(block.actions, i)
+                action = take(block.actions, i)
             else:
-                action = take_rows(actions, j)
+                action = take(actions, j)
             obs, rew, term, trunc, infos = host.step(action)
         except Exception as err:
             failed[i] = _portable_error(err)
@@ -652,7 +652,7 @@ class SharedMemorySubEnvs(SubEnvs):
         block = self._block
         if obs is not None or block is None:
             return obs
-        return _copy_tree(take_rows(block.observations, i))
+        return _copy_tree(take(block.observations, i))
 
     def _drain(self, worker: _Worker, failed: dict[int, BaseException]) -> None:
         """Waits for (and drops) a worker's answers in flight (before a reset of all)."""
@@ -812,7 +812,7 @@ class SharedMemorySubEnvs(SubEnvs):
             env_ids,
             # The ready rows, copied out of the block (the workers write it again once
             # they get their next actions).
-            take_rows(block.observations, env_ids),
+            take(block.observations, env_ids),
             block.rewards[env_ids],
             block.terminateds[env_ids],
             block.truncateds[env_ids],

@@ -75,41 +75,6 @@ class _Guarded(gym.Wrapper):  # type: ignore[type-arg]
         return self._last_obs
 
 
-def set_rows(batch: Any, rows: Any, values: Any) -> None:
-    """Writes ``values`` (batched) into rows ``rows`` of ``batch`` (nested dicts/tuples).
-
-    Args:
-        batch: A batched array, or a dict/tuple of them (gymnasium's vector layout).
-        rows: Row indices (or one index, with ``values`` one item).
-        values: The rows' values, laid out as ``batch``.
-    """
-    if isinstance(batch, dict):
-        for k, v in batch.items():
-            set_rows(v, rows, values[k])
-    elif isinstance(batch, tuple):
-        for b, v in zip(batch, values, strict=True):
-            set_rows(b, rows, v)
-    else:
-        batch[rows] = values
-
-
-def take_rows(batch: Any, rows: Any) -> Any:
-    """Rows ``rows`` of ``batch`` (nested dicts/tuples), as a new batch.
-
-    Args:
-        batch: A batched array, or a dict/tuple of them.
-        rows: Row indices.
-
-    Returns:
-        The rows, laid out as ``batch``.
-    """
-    if isinstance(batch, dict):
-        return {k: take_rows(v, rows) for k, v in batch.items()}
-    if isinstance(batch, tuple):
-        return tuple(take_rows(v, rows) for v in batch)
-    return batch[rows]
-
-
 def batch_space_of(space: Any, n: int) -> Any:
     """``gymnasium.vector.utils.batch_space(space, n)``, made once per space and size."""
     key = (id(space), n)

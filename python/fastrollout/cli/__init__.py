@@ -17,7 +17,7 @@ runners' metrics (RLlib's names, aggregated over the runners by an ``EnvRunnerGr
 or with ``--json`` only the summary as JSON. ``--output DIR`` also writes every
 ``sample`` call's metrics as JSON lines and a plot, and records the episodes (parquet,
 ``DIR/episodes/``, each runner's in files of up to 64 MiB), which ``evaluate DIR`` reads
-(see ``fastrollout._cli_evaluate``); a last line on stderr says what it wrote.
+(see ``fastrollout.cli.evaluate``); a last line on stderr says what it wrote.
 
 Exit status: 0 on success, 2 on a configuration error (bad arguments, an unknown env, a
 device this machine lacks), with a one-line message on stderr; 141 (as for SIGPIPE),
@@ -38,8 +38,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any, TextIO
 
-from fastrollout._cli_evaluate import EPISODES_DIR, add_evaluate_parser, run_evaluate
-from fastrollout._cli_report import (
+from fastrollout.cli.evaluate import EPISODES_DIR, add_evaluate_parser, run_evaluate
+from fastrollout.cli.report import (
     JSONL_NAME,
     PLOT_NAME,
     RunLog,
@@ -50,7 +50,7 @@ from fastrollout._cli_report import (
     to_json,
     write_plot,
 )
-from fastrollout._cli_threads import DEFAULT_NUM_THREADS, apply_num_threads
+from fastrollout.cli.threads import DEFAULT_NUM_THREADS, apply_num_threads
 
 __all__ = [
     "ConfigurationError",
@@ -380,7 +380,7 @@ def check_config(args: argparse.Namespace) -> None:
         if not args.num_env_runners:
             resolve_device(args.device)
         else:
-            from fastrollout.runners._ray_host import require_ray
+            from fastrollout.runners.ray_host import require_ray
 
             require_ray(f"--num-env-runners {args.num_env_runners}")
     except (ValueError, TypeError, ImportError) as err:
@@ -418,7 +418,7 @@ def _start_ray(num_env_runners: int, cpus_per_runner: float) -> bool:
     Raises:
         ImportError: If Ray is not installed (naming the extra).
     """
-    from fastrollout.runners._ray_host import require_ray
+    from fastrollout.runners.ray_host import require_ray
 
     ray = require_ray(f"--num-env-runners {num_env_runners}")
     if ray.is_initialized():
