@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from fastrollout._core import MultiAgentEpisodeCore, StepMap, multi_agent_add_env_reset
+from fastrollout.core import DEFAULT_MODULE_ID
 from fastrollout.episodes._ids import new_episode_id
 from fastrollout.episodes.single_agent_episode import SingleAgentEpisode
 from fastrollout.errors import (
@@ -35,7 +36,6 @@ from fastrollout.errors import (
     MultiAgentEnvError,
 )
 
-DEFAULT_MODULE_ID = "default_policy"
 SKIP = "S"  # An env step at which an agent did not step (RLlib's skip tag).
 
 
