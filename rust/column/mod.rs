@@ -972,17 +972,17 @@ mod tests {
         }
     }
 
-    #[test]
-    fn compressed_columns_hold_fewer_bytes_and_one_hot_reads_work() {
+    /// Plain and compressed (blocks of 32) columns of `n` 64x64 frames: a square moving
+    /// over a gradient (`row(i)`: the square's row in frame `i`).
+    fn moving_frames(n: usize, row: impl Fn(usize) -> usize) -> (Column, Column) {
         let image =
             Schema::new(vec![Leaf::new(DType { kind: crate::schema::Kind::UInt, size: 1 }, vec![64, 64])]);
         let (mut plain, mut packed) = (Column::new(image.clone()), Column::new(image));
         packed.set_compression(Some(32));
-        for i in 0..640usize {
-            // A square moving over a gradient.
+        for i in 0..n {
             let frame: Vec<u8> = (0..64 * 64)
                 .map(|k: usize| {
-                    if (k / 64).abs_diff(i % 50) < 6 && (k % 64).abs_diff(i % 40) < 6 {
+                    if (k / 64).abs_diff(row(i)) < 6 && (k % 64).abs_diff(i % 40) < 6 {
                         255
                     } else {
                         (k / 64) as u8
@@ -992,6 +992,12 @@ mod tests {
             plain.push(&[&frame]).unwrap();
             packed.push(&[&frame]).unwrap();
         }
+        (plain, packed)
+    }
+
+    #[test]
+    fn compressed_columns_hold_fewer_bytes_and_one_hot_reads_work() {
+        let (plain, packed) = moving_frames(640, |i| i % 50);
         assert!(
             packed.stored_bytes() * 4 < plain.stored_bytes(),
             "{} vs {}",
@@ -1123,24 +1129,8 @@ mod tests {
 
     #[test]
     fn a_sealed_column_of_moving_frames_holds_far_fewer_bytes() {
-        let image =
-            Schema::new(vec![Leaf::new(DType { kind: crate::schema::Kind::UInt, size: 1 }, vec![64, 64])]);
         // 51 items: one chunk of 50 steps; before `seal_all` none is sealed.
-        let (mut plain, mut packed) = (Column::new(image.clone()), Column::new(image));
-        packed.set_compression(Some(32));
-        for i in 0..51usize {
-            let frame: Vec<u8> = (0..64 * 64)
-                .map(|k: usize| {
-                    if (k / 64).abs_diff(i) < 6 && (k % 64).abs_diff(i % 40) < 6 {
-                        255
-                    } else {
-                        (k / 64) as u8
-                    }
-                })
-                .collect();
-            plain.push(&[&frame]).unwrap();
-            packed.push(&[&frame]).unwrap();
-        }
+        let (plain, mut packed) = moving_frames(51, |i| i);
         assert_eq!(packed.stored_bytes(), plain.stored_bytes());
         packed.seal_all();
         packed.shrink_to_fit();

@@ -404,15 +404,18 @@ mod tests {
         assert_eq!(b.agents["late"].t_started, Some(0));
     }
 
-    #[test]
-    fn done_agents_without_a_record_drop_their_hanging_data() {
+    /// a acted (its action hangs) and b stepped, after a reset of both.
+    fn a_waits_b_steps() -> Book {
         let mut b = Book::default();
         b.reset(&["a", "b"]);
-        b.step(
-            &[("a", Data { action: true, reward: Some(1.0), ..Data::default() }), ("b", obs_act(0.0))],
-            false,
-        )
-        .unwrap();
+        let acts = Data { action: true, reward: Some(1.0), ..Data::default() };
+        b.step(&[("a", acts), ("b", obs_act(0.0))], false).unwrap();
+        b
+    }
+
+    #[test]
+    fn done_agents_without_a_record_drop_their_hanging_data() {
+        let mut b = a_waits_b_steps();
         // `__all__` terminated (the binding then mentions every agent with an episode): a's
         // hanging action is recorded from its last observation; its map gets the skip of an
         // agent that does not observe and then its step (one entry more, as in RLlib).
@@ -430,13 +433,7 @@ mod tests {
             .unwrap();
         assert!(b.agents["c"].dropped && b.agents["c"].reward_begin == 0.0);
         // Truncated right after acting, with no observation to bootstrap from.
-        let mut b = Book::default();
-        b.reset(&["a", "b"]);
-        b.step(
-            &[("a", Data { action: true, reward: Some(1.0), ..Data::default() }), ("b", obs_act(0.0))],
-            false,
-        )
-        .unwrap();
+        let mut b = a_waits_b_steps();
         assert_eq!(
             b.step(&[("a", Data { truncated: true, ..Data::default() })], false),
             Err((0, AgentStepError::TruncatedWithoutObservation))
