@@ -4,7 +4,7 @@ pub mod field;
 pub mod multi;
 pub mod single;
 
-pub use field::{Field, Item, Leaves, Storage, TypedItem};
+pub use field::{Field, FieldSpec, Item, Leaves, Storage, TypedItem};
 pub use single::{EpisodeError, FieldName, SingleAgentCore, Step, ToObject};
 
 use std::sync::{Arc, Mutex, PoisonError};

@@ -21,132 +21,10 @@ use crate::episode::{
 };
 use crate::schema::DType;
 
-/// Specs of the typed fields, parallel to the core's fields.
-#[derive(Default, Clone)]
-struct SpecSet {
-    observations: Option<Arc<Spec>>,
-    actions: Option<Arc<Spec>>,
-    rewards: Option<Arc<Spec>>,
-    extra_model_outputs: Vec<(Arc<str>, Arc<Spec>)>,
-    /// The space RLlib gives its rewards buffer (a float32 scalar Box): fills of rewards
-    /// come out as float32 through it. RLlib's `slice()` builds the rewards buffer
-    /// without it, so slices do not have it either.
-    rewards_fill: Option<Arc<Spec>>,
-}
-
-impl SpecSet {
-    /// Same specs (interned, so compared by pointer) under the same keys.
-    fn same_as(&self, other: &SpecSet) -> bool {
-        let same = |a: &Option<Arc<Spec>>, b: &Option<Arc<Spec>>| match (a, b) {
-            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-            (None, None) => true,
-            _ => false,
-        };
-        same(&self.observations, &other.observations)
-            && same(&self.actions, &other.actions)
-            && same(&self.rewards, &other.rewards)
-            && same(&self.rewards_fill, &other.rewards_fill)
-            && self.extra_model_outputs.len() == other.extra_model_outputs.len()
-            && self
-                .extra_model_outputs
-                .iter()
-                .zip(&other.extra_model_outputs)
-                .all(|((k, a), (l, b))| k == l && Arc::ptr_eq(a, b))
-    }
-}
-
-/// Spec sets built so far (bounded, the oldest going first, as `spec::intern`'s table):
-/// the episodes of one runner all end up with the same set, so each holds one pointer
-/// instead of its own (about 300 bytes per episode with three extra model outputs).
-static INTERNED_SETS: std::sync::Mutex<Vec<Arc<SpecSet>>> = std::sync::Mutex::new(Vec::new());
-
-fn intern_set(set: SpecSet) -> Arc<SpecSet> {
-    spec::intern_in(&INTERNED_SETS, set, SpecSet::same_as)
-}
-
-/// An episode's [`SpecSet`], shared copy-on-write: reads go through `Deref`, changes
-/// (a spec inferred from a first item, a new space) make a new interned set.
-#[derive(Clone)]
-struct Specs(Arc<SpecSet>);
-
-impl std::ops::Deref for Specs {
-    type Target = SpecSet;
-
-    fn deref(&self) -> &SpecSet {
-        &self.0
-    }
-}
-
-impl Specs {
-    /// The specs of a new episode: only RLlib's float32 rewards fill.
-    fn new(py: Python<'_>) -> Specs {
-        Specs(intern_set(SpecSet { rewards_fill: Some(spec::f32_scalar(py)), ..SpecSet::default() }))
-    }
-
-    fn update(&mut self, change: impl FnOnce(&mut SpecSet)) {
-        let mut set = (*self.0).clone();
-        change(&mut set);
-        self.0 = intern_set(set);
-    }
-
-    fn get(&self, name: FieldName<'_>) -> Option<&Spec> {
-        self.get_shared(name).map(|s| &**s)
-    }
-
-    fn get_shared(&self, name: FieldName<'_>) -> Option<&Arc<Spec>> {
-        match name {
-            FieldName::Observations => self.observations.as_ref(),
-            FieldName::Actions => self.actions.as_ref(),
-            FieldName::Rewards => self.rewards.as_ref(),
-            FieldName::Infos => None,
-            FieldName::Extra(k) => self.extra_model_outputs.iter().find(|(n, _)| &**n == k).map(|(_, s)| s),
-        }
-    }
-
-    /// Sets (`Some`) or clears (`None`) the spec of `name`.
-    fn set_opt(&mut self, name: FieldName<'_>, spec: Option<Arc<Spec>>) {
-        self.set_all([(name, spec)]);
-    }
-
-    fn set(&mut self, name: FieldName<'_>, spec: Arc<Spec>) {
-        self.set_opt(name, Some(spec));
-    }
-
-    /// Sets several fields' specs with one new interned set (a first step infers a spec
-    /// for each of its extra outputs: one copy and one lookup, not one per spec).
-    fn set_all<'a>(&mut self, changes: impl IntoIterator<Item = (FieldName<'a>, Option<Arc<Spec>>)>) {
-        let changes: SmallVec<[(FieldName<'a>, Option<Arc<Spec>>); 6]> = changes
-            .into_iter()
-            // An extra output's spec that is already the one set changes nothing.
-            .filter(|(name, spec)| match (name, spec) {
-                (FieldName::Extra(_), Some(s)) => {
-                    !self.get_shared(*name).is_some_and(|old| Arc::ptr_eq(old, s))
-                }
-                _ => true,
-            })
-            .collect();
-        if changes.is_empty() {
-            return;
-        }
-        self.update(|set| {
-            for (name, spec) in changes {
-                match name {
-                    FieldName::Observations => set.observations = spec,
-                    FieldName::Actions => set.actions = spec,
-                    FieldName::Rewards => set.rewards = spec,
-                    FieldName::Extra(k) => {
-                        let key = crate::episode::intern_key(k);
-                        set.extra_model_outputs.retain(|(n, _)| *n != key);
-                        if let Some(s) = spec {
-                            set.extra_model_outputs.push((key, s));
-                        }
-                    }
-                    FieldName::Infos => {}
-                }
-            }
-        });
-    }
-}
+/// The core episode with Python objects and numpy specs.
+type Core = SingleAgentCore<PyObj, Spec>;
+/// A field of [`Core`].
+type PyField = Field<PyObj, Spec>;
 
 fn field_name<'a>(field: &str, key: Option<&'a str>) -> PyResult<FieldName<'a>> {
     Ok(match (field, key) {
@@ -160,28 +38,14 @@ fn field_name<'a>(field: &str, key: Option<&'a str>) -> PyResult<FieldName<'a>> 
 }
 
 fn label(name: FieldName<'_>) -> String {
-    match name {
-        FieldName::Observations => "observation".into(),
-        FieldName::Infos => "infos".into(),
-        FieldName::Actions => "action".into(),
-        FieldName::Rewards => "reward".into(),
-        FieldName::Extra(k) => format!("extra model output {k:?}"),
-    }
+    name.label()
 }
 
 /// The core's items as Python objects, for fields that turn into object storage: as they
 /// read before (items given as Python scalars stay Python scalars, as in RLlib's lists).
-fn to_object(
-    py: Python<'_>,
-    specs: &Specs,
-    other: Option<&Specs>,
-    name: FieldName<'_>,
-    from_other: bool,
-    item: TypedItem<'_>,
-) -> PyObj {
-    let specs = if from_other { other.unwrap_or(specs) } else { specs };
+fn to_object(py: Python<'_>, item: TypedItem<'_, Spec>) -> PyObj {
     let value =
-        specs.get(name).and_then(|s| spec::item(py, s, item.column, item.pos, item.host_scalar, false).ok());
+        item.spec.and_then(|s| spec::item(py, s, item.column, item.pos, item.host_scalar, false).ok());
     PyObj(value.map_or_else(|| py.None(), Bound::unbind))
 }
 
@@ -189,12 +53,8 @@ fn to_object(
 type Prepared<'py> = (Item<PyObj, LeafBytes<'py>>, Option<Arc<Spec>>);
 
 /// Converts one value for `field` (whose spec may be inferred now).
-fn prepare<'py>(
-    value: &Bound<'py, PyAny>,
-    field: &Field<PyObj>,
-    spec: Option<&Spec>,
-    name: FieldName<'_>,
-) -> PyResult<Prepared<'py>> {
+fn prepare<'py>(value: &Bound<'py, PyAny>, field: &PyField, name: FieldName<'_>) -> PyResult<Prepared<'py>> {
+    let spec = field.spec();
     let object = || (Item::Object(PyObj(value.clone().unbind())), None);
     match (&field.storage, spec) {
         (Storage::Objects { .. } | Storage::Sparse { .. }, _) | (Storage::Typed { .. }, None) => Ok(object()),
@@ -237,16 +97,11 @@ pub enum Input<'py> {
 }
 
 /// [`prepare`] for an [`Input`]: a row goes in as it is (the core checks its size).
-fn prepare_input<'py>(
-    value: Input<'py>,
-    field: &Field<PyObj>,
-    spec: Option<&Spec>,
-    name: FieldName<'_>,
-) -> PyResult<Prepared<'py>> {
+fn prepare_input<'py>(value: Input<'py>, field: &PyField, name: FieldName<'_>) -> PyResult<Prepared<'py>> {
     match value {
-        Input::Object(v) => prepare(&v, field, spec, name),
+        Input::Object(v) => prepare(&v, field, name),
         Input::Row(leaves) => Ok((Item::Bytes(leaves.into()), None)),
-        Input::FirstRow { leaves, spec: inferred, host_scalars } => match (&field.storage, spec) {
+        Input::FirstRow { leaves, spec: inferred, host_scalars } => match (&field.storage, field.spec()) {
             (Storage::Untyped { .. }, None) => Ok((
                 Item::FirstTyped { schema: inferred.schema(), leaves: leaves.into(), host_scalars },
                 Some(inferred),
@@ -360,8 +215,7 @@ fn empty_list(py: Python<'_>) -> Bound<'_, PyAny> {
 /// class adds identity, spaces, custom data and state handling.
 #[pyclass(name = "SingleAgentEpisodeCore", module = "fastrollout._core", subclass)]
 pub struct SingleAgentEpisodePy {
-    core: SingleAgentCore<PyObj>,
-    specs: Specs,
+    core: Core,
     /// `time.perf_counter()` values (CLOCK_MONOTONIC) of the first and the last step.
     start_time: Option<f64>,
     last_step_time: Option<f64>,
@@ -382,35 +236,17 @@ pub fn perf_counter() -> f64 {
 
 impl SingleAgentEpisodePy {
     /// An episode core holding nothing (what `__new__` makes).
-    fn blank(py: Python<'_>) -> Self {
-        SingleAgentEpisodePy {
-            core: SingleAgentCore::default(),
-            specs: Specs::new(py),
-            start_time: None,
-            last_step_time: None,
-        }
+    fn blank() -> Self {
+        SingleAgentEpisodePy { core: Core::default(), start_time: None, last_step_time: None }
     }
 
-    fn field(&self, name: FieldName<'_>) -> PyResult<&Field<PyObj>> {
-        Ok(match name {
-            FieldName::Observations => &self.core.observations,
-            FieldName::Infos => &self.core.infos,
-            FieldName::Actions => &self.core.actions,
-            FieldName::Rewards => &self.core.rewards,
-            FieldName::Extra(k) => self.core.extra(k).ok_or_else(|| PyKeyError::new_err(k.to_string()))?,
-        })
+    /// The field `name`; `KeyError` for an extra model output key the episode lacks.
+    fn field(&self, name: FieldName<'_>) -> PyResult<&PyField> {
+        self.core.field(name).ok_or_else(|| missing_key(name))
     }
 
-    fn field_mut(&mut self, name: FieldName<'_>) -> PyResult<&mut Field<PyObj>> {
-        Ok(match name {
-            FieldName::Observations => &mut self.core.observations,
-            FieldName::Infos => &mut self.core.infos,
-            FieldName::Actions => &mut self.core.actions,
-            FieldName::Rewards => &mut self.core.rewards,
-            FieldName::Extra(k) => {
-                self.core.extra_mut(k).ok_or_else(|| PyKeyError::new_err(k.to_string()))?
-            }
-        })
+    fn field_mut(&mut self, name: FieldName<'_>) -> PyResult<&mut PyField> {
+        self.core.field_mut(name).ok_or_else(|| missing_key(name))
     }
 
     /// Stores the observations compressed in blocks of `rows` items (`None`: uncompressed),
@@ -421,16 +257,10 @@ impl SingleAgentEpisodePy {
         self.core.observations.set_compression(rows);
     }
 
-    /// Moves `core` (with this episode's specs) into `target`, a fresh episode object.
-    fn fill_target(
-        &self,
-        target: &Bound<'_, SingleAgentEpisodePy>,
-        core: SingleAgentCore<PyObj>,
-    ) -> PyResult<()> {
-        let specs = self.specs.clone();
+    /// Moves `core` into `target`, a fresh episode object.
+    fn fill_target(target: &Bound<'_, SingleAgentEpisodePy>, core: Core) -> PyResult<()> {
         let mut t = target.try_borrow_mut()?;
         t.core = core;
-        t.specs = specs;
         t.start_time = None;
         t.last_step_time = None;
         Ok(())
@@ -443,12 +273,8 @@ impl SingleAgentEpisodePy {
     /// accepted and ignored here so that subclasses can take any).
     #[new]
     #[pyo3(signature = (*_args, **_kwargs))]
-    fn new(
-        py: Python<'_>,
-        _args: &Bound<'_, pyo3::types::PyTuple>,
-        _kwargs: Option<&Bound<'_, PyDict>>,
-    ) -> Self {
-        Self::blank(py)
+    fn new(_args: &Bound<'_, pyo3::types::PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>) -> Self {
+        Self::blank()
     }
 
     /// Sets the space of `field` ("observations" or "actions"). Takes effect for the
@@ -463,34 +289,26 @@ impl SingleAgentEpisodePy {
         let compression = f.compression();
         match (&f.storage, &new) {
             (Storage::Untyped { .. }, Some(s)) => {
-                *f = Field {
-                    storage: Field::<PyObj>::typed(s.schema(), false).storage,
-                    finalized: f.finalized,
-                };
+                f.storage = PyField::typed(s.schema(), false).storage;
                 f.set_compression(compression);
             }
             (Storage::Typed { column, .. }, Some(s))
                 if column.total() == 0 || *column.schema() == *s.schema =>
             {
                 if column.total() == 0 {
-                    *f = Field {
-                        storage: Field::<PyObj>::typed(s.schema(), false).storage,
-                        finalized: f.finalized,
-                    };
+                    f.storage = PyField::typed(s.schema(), false).storage;
                     f.set_compression(compression);
                 }
             }
             (Storage::Typed { column, .. }, None) if column.total() == 0 => {
-                *f = Field { storage: Storage::Untyped { compression }, finalized: f.finalized }
+                f.storage = Storage::Untyped { compression };
             }
             _ => return Ok(()),
         }
         match new {
-            Some(s) => self.specs.set(name, s),
-            None => match name {
-                FieldName::Observations | FieldName::Actions => self.specs.set_opt(name, None),
-                _ => {}
-            },
+            Some(s) => f.spec = Some(s),
+            None if matches!(name, FieldName::Observations | FieldName::Actions) => f.spec = None,
+            None => {}
         }
         Ok(())
     }
@@ -547,9 +365,7 @@ impl SingleAgentEpisodePy {
     ) -> PyResult<()> {
         let name = field_name(field, key)?;
         if let FieldName::Extra(k) = name {
-            if self.core.extra(k).is_none() {
-                self.core.extra_model_outputs.push((crate::episode::intern_key(k), Field::untyped()));
-            }
+            self.core.extra_or_insert(k);
         }
         // A Python list holds items; anything else (an array, or a dict/tuple of arrays for
         // a nested space) is a batch with the items on its first axis, as RLlib's buffers
@@ -562,26 +378,17 @@ impl SingleAgentEpisodePy {
             let (it, s) = if name == FieldName::Infos {
                 (Item::Object(PyObj(item.clone().unbind())), None)
             } else {
-                prepare(item, f, self.specs.get(name), name)?
+                prepare(item, f, name)?
             };
-            let specs = &self.specs;
-            let f = match name {
-                FieldName::Observations => &mut self.core.observations,
-                FieldName::Infos => &mut self.core.infos,
-                FieldName::Actions => &mut self.core.actions,
-                FieldName::Rewards => &mut self.core.rewards,
-                FieldName::Extra(k) => {
-                    self.core.extra_mut(k).ok_or_else(|| PyKeyError::new_err(k.to_string()))?
-                }
-            };
-            if !f.push(it, |t| to_object(py, specs, None, name, false, t)) {
+            let f = self.field_mut(name)?;
+            if !f.push(it, |t| to_object(py, t)) {
                 return Err(super::errors::SpaceMismatchError::new_err(format!(
                     "{} does not fit its column",
                     label(name)
                 )));
             }
-            if let Some(s) = s {
-                self.specs.set(name, s);
+            if s.is_some() {
+                f.spec = s;
             }
         }
         if !is_list && name != FieldName::Infos {
@@ -709,10 +516,9 @@ impl SingleAgentEpisodePy {
         lookback: usize,
     ) -> PyResult<()> {
         // Built in a scratch episode, with the same conversions as `_extend`'s.
-        let mut scratch = SingleAgentEpisodePy::blank(py);
+        let mut scratch = SingleAgentEpisodePy::blank();
         scratch.extend(py, "extra_model_outputs", data, Some(key))?;
-        let name = FieldName::Extra(key);
-        let mut field = core_field_mut(&mut scratch.core, name)?.clone();
+        let mut field = scratch.field(FieldName::Extra(key))?.clone();
         field.set_lookback(lookback);
         let steps = self.core.observations.len().saturating_sub(1);
         if field.len() != steps {
@@ -723,12 +529,7 @@ impl SingleAgentEpisodePy {
                 field.lookback()
             )));
         }
-        let spec = scratch.specs.get_shared(name).cloned();
-        match self.core.extra_mut(key) {
-            Some(mine) => *mine = field,
-            None => self.core.extra_model_outputs.push((crate::episode::intern_key(key), field)),
-        }
-        self.specs.set_opt(name, spec);
+        *self.core.extra_or_insert(key) = field;
         Ok(())
     }
 
@@ -742,7 +543,6 @@ impl SingleAgentEpisodePy {
             return Err(PyKeyError::new_err(key.to_string()));
         };
         self.core.extra_model_outputs.remove(i);
-        self.specs.set_opt(FieldName::Extra(key), None);
         Ok(())
     }
 
@@ -750,7 +550,7 @@ impl SingleAgentEpisodePy {
     /// every episode's but a slice's, as in RLlib.
     #[pyo3(name = "_rewards_have_space")]
     fn rewards_have_space(&self) -> bool {
-        self.specs.rewards_fill.is_some()
+        self.core.rewards_fill_f32
     }
 
     #[getter]
@@ -836,7 +636,7 @@ impl SingleAgentEpisodePy {
                 "_blank_into: the episode holds data; only a blank episode is copied this way",
             ));
         }
-        self.fill_target(target, self.core.clone())
+        Self::fill_target(target, self.core.clone())
     }
 
     /// Writes the successor chunk of `cut(len_lookback_buffer)` into `target`, a fresh
@@ -868,7 +668,7 @@ impl SingleAgentEpisodePy {
             core.is_terminated = self.core.is_terminated;
             core.is_truncated = self.core.is_truncated;
         }
-        self.fill_target(target, core)
+        Self::fill_target(target, core)
     }
 
     /// Writes the steps `start:stop:step` (with look-back) into `target`, a fresh episode
@@ -892,9 +692,7 @@ impl SingleAgentEpisodePy {
             self.core.infos.materialize(&shared, || empty_info(py));
         }
         let core = self.core.slice(start, stop, step, len_lookback_buffer).map_err(|e| episode_error(&e))?;
-        self.fill_target(target, core)?;
-        target.try_borrow_mut()?.specs.update(|set| set.rewards_fill = None);
-        Ok(())
+        Self::fill_target(target, core)
     }
 
     /// Appends `other`'s chunk (see `SingleAgentEpisode.concat_episode`).
@@ -906,22 +704,7 @@ impl SingleAgentEpisodePy {
         let g = other.core.infos.geometry();
         let chunk: Vec<usize> = (g.lookback..g.total).collect();
         other.core.infos.materialize(&chunk, || empty_info(py));
-        let other = &*other;
-        let specs = &self.specs;
-        self.core
-            .concat(&other.core, |n, o, t| to_object(py, specs, Some(&other.specs), n, o, t))
-            .map_err(|e| episode_error(&e))?;
-        // The other episode's specs for the fields this one has none for, in one update.
-        let fields = [FieldName::Observations, FieldName::Actions, FieldName::Rewards];
-        let extras = other.specs.extra_model_outputs.iter().map(|(k, _)| FieldName::Extra(k));
-        let missing: Vec<_> = fields
-            .into_iter()
-            .chain(extras)
-            .filter(|&name| self.specs.get(name).is_none())
-            .filter_map(|name| other.specs.get_shared(name).map(|s| (name, Some(Arc::clone(s)))))
-            .collect();
-        self.specs.set_all(missing);
-        Ok(())
+        self.core.concat(&other.core, |t| to_object(py, t)).map_err(|e| episode_error(&e))
     }
 
     /// Reads observations with RLlib's index semantics (see `SingleAgentEpisode`).
@@ -1157,16 +940,7 @@ impl SingleAgentEpisodePy {
             _ => self.field(name)?,
         };
         if add_last.is_none() && !ignore_last {
-            return self.read(
-                py,
-                name,
-                stored,
-                self.specs.get(name),
-                indices,
-                neg_index_as_lookback,
-                fill,
-                one_hot_discrete,
-            );
+            return self.read(py, name, stored, indices, neg_index_as_lookback, fill, one_hot_discrete);
         }
         let mut view = stored.clone();
         if ignore_last {
@@ -1175,21 +949,19 @@ impl SingleAgentEpisodePy {
                 view.remove(total - 1);
             }
         }
-        let mut spec = self.specs.get_shared(name).cloned();
         if let Some(value) = add_last {
-            let (item, inferred) = prepare(value, &view, spec.as_deref(), name)?;
-            let specs = &self.specs;
-            if !view.push(item, |t| to_object(py, specs, None, name, false, t)) {
+            let (item, inferred) = prepare(value, &view, name)?;
+            if !view.push(item, |t| to_object(py, t)) {
                 return Err(super::errors::SpaceMismatchError::new_err(format!(
                     "{} does not fit its column",
                     label(name)
                 )));
             }
             if inferred.is_some() {
-                spec = inferred;
+                view.spec = inferred;
             }
         }
-        self.read(py, name, &view, spec.as_deref(), indices, neg_index_as_lookback, fill, one_hot_discrete)
+        self.read(py, name, &view, indices, neg_index_as_lookback, fill, one_hot_discrete)
     }
 
     /// Overwrites items of a field with RLlib's index semantics (`None` = the whole chunk).
@@ -1244,7 +1016,7 @@ impl SingleAgentEpisodePy {
         } else {
             None
         };
-        let spec = self.specs.get_shared(name).cloned();
+        let spec = self.field(name)?.spec.clone();
         let mut values = values;
         if let (Storage::Typed { .. }, Some(spec)) = (&self.field(name)?.storage, spec) {
             match typed_set_leaves(&spec, values.as_deref(), new_data, positions.len(), name) {
@@ -1275,9 +1047,7 @@ impl SingleAgentEpisodePy {
                         }));
                     }
                     let py = new_data.py();
-                    let specs = &self.specs;
-                    core_field_mut(&mut self.core, name)?
-                        .make_objects(|t| to_object(py, specs, None, name, false, t));
+                    self.field_mut(name)?.make_objects(|t| to_object(py, t));
                     values = Some(vals);
                 }
             }
@@ -1310,18 +1080,12 @@ impl SingleAgentEpisodePy {
     }
 }
 
-/// The field `name` of `core` (apart from the episode, so that its specs stay borrowable).
-fn core_field_mut<'c>(
-    core: &'c mut SingleAgentCore<PyObj>,
-    name: FieldName<'_>,
-) -> PyResult<&'c mut Field<PyObj>> {
-    Ok(match name {
-        FieldName::Observations => &mut core.observations,
-        FieldName::Infos => &mut core.infos,
-        FieldName::Actions => &mut core.actions,
-        FieldName::Rewards => &mut core.rewards,
-        FieldName::Extra(k) => core.extra_mut(k).ok_or_else(|| PyKeyError::new_err(k.to_string()))?,
-    })
+/// The `KeyError` for a field the episode lacks (only extra model outputs can be missing).
+fn missing_key(name: FieldName<'_>) -> PyErr {
+    match name {
+        FieldName::Extra(k) => PyKeyError::new_err(k.to_string()),
+        _ => PyKeyError::new_err(label(name)),
+    }
 }
 
 /// The bytes a set writes into a typed field laid out by `spec`: one buffer per leaf with
@@ -1469,7 +1233,7 @@ impl SingleAgentEpisodePy {
     ) -> PyResult<Bound<'py, PyAny>> {
         let name = field_name(field, key)?;
         let f = self.field(name)?;
-        self.read(py, name, f, self.specs.get(name), indices, neg_index_as_lookback, fill, one_hot_discrete)
+        self.read(py, name, f, indices, neg_index_as_lookback, fill, one_hot_discrete)
     }
 
     /// Makes the empty dicts of the absent infos that a read of `indices` (against
@@ -1507,8 +1271,7 @@ impl SingleAgentEpisodePy {
         &self,
         py: Python<'py>,
         name: FieldName<'_>,
-        f: &Field<PyObj>,
-        spec: Option<&Spec>,
+        f: &PyField,
         indices: Option<&Bound<'py, PyAny>>,
         neg_index_as_lookback: bool,
         fill: Option<&Bound<'py, PyAny>>,
@@ -1516,6 +1279,7 @@ impl SingleAgentEpisodePy {
     ) -> PyResult<Bound<'py, PyAny>> {
         let index = to_index(indices)?;
         let fill = fill.filter(|f| !f.is_none());
+        let spec = f.spec();
         let spaced = spec.filter(|s| s.from_space);
         if let (true, None, Index::List(list)) = (one_hot_discrete, spaced, &index) {
             // RLlib reads a list item by item, one-hot encoding each: the first item
@@ -1547,8 +1311,9 @@ impl SingleAgentEpisodePy {
         let one_hot = one_hot_discrete && spaced.is_some();
         // The fill item in list form: np.full per leaf with a space, the raw value without.
         // The space fills come from: the field's own, or RLlib's float32 rewards space.
-        let fill_spec =
-            spaced.or(if name == FieldName::Rewards { self.specs.rewards_fill.as_deref() } else { None });
+        let rewards_fill =
+            (name == FieldName::Rewards && self.core.rewards_fill_f32).then(|| spec::f32_scalar(py));
+        let fill_spec = spaced.or(rewards_fill.as_deref());
         let fill_item = |fill: &Bound<'py, PyAny>| -> PyResult<Bound<'py, PyAny>> {
             match fill_spec {
                 Some(s) => spec::fill_item(py, s, fill, one_hot),
@@ -1768,12 +1533,7 @@ impl SingleAgentEpisodePy {
         if self.core.is_reset() || self.core.t != self.core.t_started {
             return Err(episode_error(&EpisodeError::AlreadyReset));
         }
-        let (observation, spec) = prepare(
-            observation,
-            &self.core.observations,
-            self.specs.observations.as_deref(),
-            FieldName::Observations,
-        )?;
+        let (observation, spec) = prepare(observation, &self.core.observations, FieldName::Observations)?;
         Ok(PreparedReset { observation, spec })
     }
 
@@ -1784,14 +1544,11 @@ impl SingleAgentEpisodePy {
         prepared: PreparedReset<'_>,
         infos: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let specs = &self.specs;
         self.core
-            .add_reset(prepared.observation, info_or_absent(infos), |n, o, t| {
-                to_object(py, specs, None, n, o, t)
-            })
+            .add_reset(prepared.observation, info_or_absent(infos), |t| to_object(py, t))
             .map_err(|e| episode_error(&e))?;
-        if let Some(s) = prepared.spec {
-            self.specs.set(FieldName::Observations, s);
+        if prepared.spec.is_some() {
+            self.core.observations.spec = prepared.spec;
         }
         self.start_time = Some(perf_counter());
         Ok(())
@@ -1917,11 +1674,8 @@ impl SingleAgentEpisodePy {
     /// The spec of `name` if the field stores typed items laid out by it, so that a row
     /// of a batch converted with this spec can be stored as it is ([`Input::Row`]).
     pub fn row_spec(&self, name: FieldName<'_>) -> Option<&Spec> {
-        let field = match name {
-            FieldName::Extra(k) => self.core.extra(k)?,
-            _ => self.field(name).ok()?,
-        };
-        match (&field.storage, self.specs.get(name)) {
+        let field = self.core.field(name)?;
+        match (&field.storage, field.spec()) {
             // The same schema object first: a column made from this spec shares it.
             (Storage::Typed { column, .. }, Some(spec))
                 if std::ptr::eq(column.schema(), Arc::as_ptr(&spec.schema))
@@ -1936,13 +1690,7 @@ impl SingleAgentEpisodePy {
     /// Whether the field `name` infers its spec from the next item stored (no items and
     /// no spec yet: [`prepare`]'s inference), which [`Input::FirstRow`] stands in for.
     pub fn infers_spec(&self, name: FieldName<'_>) -> bool {
-        let untyped = match name {
-            FieldName::Extra(k) => {
-                self.core.extra(k).is_none_or(|f| matches!(f.storage, Storage::Untyped { .. }))
-            }
-            _ => self.field(name).is_ok_and(|f| matches!(f.storage, Storage::Untyped { .. })),
-        };
-        untyped && self.specs.get(name).is_none()
+        self.core.field(name).is_none_or(|f| matches!(f.storage, Storage::Untyped { .. }) && f.spec.is_none())
     }
 
     /// [`Self::prepare_step`] for values that may be rows of batches (a vector env's step).
@@ -1975,18 +1723,11 @@ impl SingleAgentEpisodePy {
                 specs.push((slot, s));
             }
         };
-        let (observation, s) = prepare_input(
-            observation,
-            &self.core.observations,
-            self.specs.observations.as_deref(),
-            FieldName::Observations,
-        )?;
+        let (observation, s) = prepare_input(observation, &self.core.observations, FieldName::Observations)?;
         keep(SpecSlot::Observations, s);
-        let (action, s) =
-            prepare_input(action, &self.core.actions, self.specs.actions.as_deref(), FieldName::Actions)?;
+        let (action, s) = prepare_input(action, &self.core.actions, FieldName::Actions)?;
         keep(SpecSlot::Actions, s);
-        let (reward, s) =
-            prepare_input(reward, &self.core.rewards, self.specs.rewards.as_deref(), FieldName::Rewards)?;
+        let (reward, s) = prepare_input(reward, &self.core.rewards, FieldName::Rewards)?;
         keep(SpecSlot::Rewards, s);
         let mut extra_keys = Vec::with_capacity(extra_model_outputs.len());
         let mut extra_items = Vec::with_capacity(extra_model_outputs.len());
@@ -1995,7 +1736,7 @@ impl SingleAgentEpisodePy {
             let key = k.to_str()?;
             let name = FieldName::Extra(key);
             let field = self.core.extra(key).unwrap_or(&untyped);
-            let (item, s) = prepare_input(v, field, self.specs.get(name), name)?;
+            let (item, s) = prepare_input(v, field, name)?;
             if s.is_some() {
                 keep(SpecSlot::Extra(key.to_string()), s);
             }
@@ -2028,19 +1769,18 @@ impl SingleAgentEpisodePy {
             extra_model_outputs.push((k.to_str()?, item));
         }
         let step = Step { observation, action, reward, info, extra_model_outputs, terminated, truncated };
-        let specs = &self.specs;
-        self.core
-            .add_step(step, |n, o, t| to_object(py, specs, None, n, o, t))
-            .map_err(|e| episode_error(&e))?;
-        self.specs.set_all(new_specs.iter().map(|(slot, s)| {
-            let field = match slot {
+        self.core.add_step(step, |t| to_object(py, t)).map_err(|e| episode_error(&e))?;
+        for (slot, s) in new_specs {
+            let name = match &slot {
                 SpecSlot::Observations => FieldName::Observations,
                 SpecSlot::Actions => FieldName::Actions,
                 SpecSlot::Rewards => FieldName::Rewards,
                 SpecSlot::Extra(key) => FieldName::Extra(key),
             };
-            (field, Some(Arc::clone(s)))
-        }));
+            if let Some(field) = self.core.field_mut(name) {
+                field.spec = Some(s);
+            }
+        }
         self.stamp_step(perf_counter());
         Ok(())
     }
