@@ -2,6 +2,7 @@
 
 pub mod field;
 pub mod multi;
+pub mod read;
 pub mod single;
 
 pub use field::{Field, FieldSpec, Item, Leaves, Storage, TypedItem};

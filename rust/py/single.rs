@@ -15,7 +15,10 @@ use super::index::to_index;
 use super::object::PyObj;
 use super::outputs::AgentOutputsPy;
 use super::spec::{self, LeafBytes, Spec};
-use crate::column::{Column, Index, Pos, Resolved};
+use crate::column::{Column, Pos, Resolved};
+use crate::episode::read::{
+    self, BatchFill, FillSpec, Form, LeafDtype, ReadArgs, ReadError, ReadPlan, WriteValues,
+};
 use crate::episode::{
     EpisodeError, Field, FieldName, Item, Leaves, SingleAgentCore, Step, Storage, TypedItem,
 };
@@ -156,17 +159,9 @@ fn ragged(row: usize) -> PyErr {
     ))
 }
 
-fn no_space_for_one_hot(name: FieldName<'_>) -> PyErr {
-    PyValueError::new_err(format!(
-        "cannot one-hot encode the {} without a space: give the episode an {} space",
-        label(name),
-        if name == FieldName::Actions { "action" } else { "observation" }
-    ))
-}
-
 /// The infos to record: RLlib records `infos or {}`, a fresh empty dict where none (or
 /// a falsy value) was given. That dict is left absent (`None`) here and made when first
-/// read (see `SingleAgentEpisodePy::materialize_infos`): most envs give no infos, and a
+/// read (see `_get`): most envs give no infos, and a
 /// dict per step would cost more than the step's data.
 pub fn info_or_absent(infos: Option<&Bound<'_, PyAny>>) -> Option<PyObj> {
     match infos {
@@ -199,12 +194,6 @@ fn is_number(value: &Bound<'_, PyAny>) -> PyResult<bool> {
             && matches!(numpy::PyArrayDescrMethods::kind(&a.dtype()), b'b' | b'i' | b'u' | b'f'));
     }
     Ok(false)
-}
-
-/// The fill to use for a read: nothing, raw per-leaf bytes, or (no space, finalized)
-/// numpy's promotion of the stored dtype with the fill's.
-fn empty_list(py: Python<'_>) -> Bound<'_, PyAny> {
-    PyList::empty(py).into_any()
 }
 
 /// Native buffers of one single-agent episode (observations, actions, rewards, infos,
@@ -897,11 +886,14 @@ impl SingleAgentEpisodePy {
         fill: Option<&Bound<'py, PyAny>>,
         one_hot_discrete: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
-        if field == "infos" {
-            let g = self.core.infos.geometry();
-            self.materialize_infos(py, g, indices, neg_index_as_lookback, fill)?;
+        let name = field_name(field, key)?;
+        let fill = fill.filter(|f| !f.is_none());
+        let args = read_args(indices, neg_index_as_lookback, fill, one_hot_discrete)?;
+        let plan = self.plan_read(name, self.field(name)?, &args)?;
+        if name == FieldName::Infos {
+            self.core.infos.materialize(&plan.stored_positions(), || empty_info(py));
         }
-        self.get(py, field, key, indices, neg_index_as_lookback, fill, one_hot_discrete)
+        Self::execute(py, self.field(name)?, &plan, fill)
     }
 
     /// `_get` on a view of the field with the last stored item left out
@@ -926,42 +918,30 @@ impl SingleAgentEpisodePy {
     ) -> PyResult<Bound<'py, PyAny>> {
         let name = field_name(field, key)?;
         let add_last = add_last.filter(|v| !v.is_none());
-        if name == FieldName::Infos {
-            // The indices address the view (one item more with `add_last`, one less
-            // with `ignore_last`): resolve them against its geometry.
-            let mut g = self.core.infos.geometry();
-            g.total = (g.total + usize::from(add_last.is_some())).saturating_sub(usize::from(ignore_last));
-            g.lookback = g.lookback.min(g.total);
-            self.materialize_infos(py, g, indices, neg_index_as_lookback, fill)?;
-        }
-        let untyped = Field::untyped();
-        let stored = match name {
-            FieldName::Extra(k) => self.core.extra(k).unwrap_or(&untyped),
-            _ => self.field(name)?,
-        };
+        let fill = fill.filter(|f| !f.is_none());
+        let args = read_args(indices, neg_index_as_lookback, fill, one_hot_discrete)?;
         if add_last.is_none() && !ignore_last {
-            return self.read(py, name, stored, indices, neg_index_as_lookback, fill, one_hot_discrete);
-        }
-        let mut view = stored.clone();
-        if ignore_last {
-            let total = view.geometry().total;
-            if total > 0 {
-                view.remove(total - 1);
+            let untyped = Field::untyped();
+            let stored = match name {
+                FieldName::Extra(k) => self.core.extra(k).unwrap_or(&untyped),
+                _ => self.field(name)?,
+            };
+            let plan = self.plan_read(name, stored, &args)?;
+            if name == FieldName::Infos {
+                self.core.infos.materialize(&plan.stored_positions(), || empty_info(py));
+                return Self::execute(py, &self.core.infos, &plan, fill);
             }
+            return Self::execute(py, stored, &plan, fill);
         }
-        if let Some(value) = add_last {
-            let (item, inferred) = prepare(value, &view, name)?;
-            if !view.push(item, |t| to_object(py, t)) {
-                return Err(super::errors::SpaceMismatchError::new_err(format!(
-                    "{} does not fit its column",
-                    label(name)
-                )));
-            }
-            if inferred.is_some() {
-                view.spec = inferred;
-            }
+        let mut view = self.view(py, name, add_last, ignore_last)?;
+        let plan = self.plan_read(name, &view, &args)?;
+        if name == FieldName::Infos {
+            // The view's absent infos that the read returns are made in this episode
+            // (positions past its items are skipped), then seen through a new view.
+            self.core.infos.materialize(&plan.stored_positions(), || empty_info(py));
+            view = self.view(py, name, add_last, ignore_last)?;
         }
-        self.read(py, name, &view, indices, neg_index_as_lookback, fill, one_hot_discrete)
+        Self::execute(py, &view, &plan, fill)
     }
 
     /// Overwrites items of a field with RLlib's index semantics (`None` = the whole chunk).
@@ -977,44 +957,36 @@ impl SingleAgentEpisodePy {
         neg_index_as_lookback: bool,
     ) -> PyResult<()> {
         let name = field_name(field, key)?;
-        let index = to_index(at_indices)?;
-        let f = self.field(name)?;
-        let g = f.geometry();
-        // Without fill every resolved position is stored data.
-        let single = matches!(index, Index::Int(_));
-        let positions: Vec<usize> =
-            match g.resolve(&index, neg_index_as_lookback, false).map_err(|e| index_error(&e))? {
-                Resolved::One(p) => vec![p],
-                Resolved::Many(v) => v,
-            }
-            .into_iter()
-            .filter_map(|p| if let Pos::At(p) = p { Some(p) } else { None })
-            .collect();
+        let is_list = new_data.cast::<PyList>().is_ok();
+        let plan =
+            read::plan_write(self.field(name)?, &to_index(at_indices)?, neg_index_as_lookback, is_list)
+                .map_err(|e| index_error(&e))?;
+        let positions = plan.positions;
         // The new items, one Python value each (or one batch).
-        let values: Option<Vec<Bound<'_, PyAny>>> = if single {
-            Some(vec![new_data.clone()])
-        } else if new_data.cast::<PyList>().is_ok() || matches!(index, Index::List(_)) {
-            let vals: Vec<Bound<'_, PyAny>> = (0..positions.len())
-                .map(|i| new_data.get_item(i))
-                .collect::<PyResult<_>>()
-                .map_err(|_| {
-                    pyo3::exceptions::PyIndexError::new_err(format!(
-                        "cannot set {} items from {}",
-                        positions.len(),
-                        new_data.repr().map(|r| r.to_string()).unwrap_or_default()
-                    ))
-                })?;
-            if let Ok(n) = new_data.len() {
-                if n != positions.len() {
-                    return Err(column_error(&crate::column::ColumnError::SetLength {
-                        selected: positions.len(),
-                        given: n,
-                    }));
+        let values: Option<Vec<Bound<'_, PyAny>>> = match plan.values {
+            WriteValues::One => Some(vec![new_data.clone()]),
+            WriteValues::PerItem => {
+                let vals: Vec<Bound<'_, PyAny>> = (0..positions.len())
+                    .map(|i| new_data.get_item(i))
+                    .collect::<PyResult<_>>()
+                    .map_err(|_| {
+                        pyo3::exceptions::PyIndexError::new_err(format!(
+                            "cannot set {} items from {}",
+                            positions.len(),
+                            new_data.repr().map(|r| r.to_string()).unwrap_or_default()
+                        ))
+                    })?;
+                if let Ok(n) = new_data.len() {
+                    if n != positions.len() {
+                        return Err(column_error(&crate::column::ColumnError::SetLength {
+                            selected: positions.len(),
+                            given: n,
+                        }));
+                    }
                 }
+                Some(vals)
             }
-            Some(vals)
-        } else {
-            None
+            WriteValues::Batch => None,
         };
         let spec = self.field(name)?.spec.clone();
         let mut values = values;
@@ -1035,9 +1007,7 @@ impl SingleAgentEpisodePy {
                     // are counted first: a wrong number of them changes nothing.
                     let vals = match values {
                         Some(v) => v,
-                        None if new_data.cast::<PyList>().is_ok() => {
-                            new_data.try_iter()?.collect::<PyResult<Vec<_>>>()?
-                        }
+                        None if is_list => new_data.try_iter()?.collect::<PyResult<Vec<_>>>()?,
                         None => split_rows(new_data)?,
                     };
                     if vals.len() != positions.len() {
@@ -1137,89 +1107,65 @@ fn object_values<'py>(
     Ok(vals)
 }
 
-/// How a batched read treats its fill positions (RLlib's rules).
-struct FillRule<'a, 'py> {
-    fill: &'a Bound<'py, PyAny>,
-    /// The field has a space of its own: fills are cast to its dtypes.
-    spaced: bool,
-    /// The space that shapes fills: the field's own, or RLlib's float32 rewards space.
-    fill_spec: Option<&'a Spec>,
-    /// A list of ints (stacked like RLlib's `batch`) rather than a slice (concatenated).
-    list_index: bool,
-    /// RLlib reads a data part, whose dtype then joins the result's.
-    reads_data: bool,
+/// A read's arguments from Python (`fill`: `None` taken out already).
+fn read_args(
+    indices: Option<&Bound<'_, PyAny>>,
+    neg_index_as_lookback: bool,
+    fill: Option<&Bound<'_, PyAny>>,
+    one_hot: bool,
+) -> PyResult<ReadArgs> {
+    Ok(ReadArgs { index: to_index(indices)?, neg_index_as_lookback, fill: fill.is_some(), one_hot })
 }
 
-impl SingleAgentEpisodePy {
-    /// A batched read with RLlib's fill rules: with a space the fill is cast to the leaf's
-    /// dtype; without one, numpy promotes the stored dtype with the fill's (RLlib
-    /// concatenates `np.array([fill] * n)` with the data).
-    fn batch_with_fill<'py>(
-        py: Python<'py>,
-        spec: &Spec,
-        column: &Column,
-        positions: &[Pos],
-        one_hot: bool,
-        rule: Option<FillRule<'_, 'py>>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        let needs_fill = positions.iter().any(|p| matches!(p, Pos::Fill));
-        let Some(rule) = rule.filter(|_| needs_fill) else {
-            return spec::batch(py, spec, column, positions, None, one_hot);
-        };
-        let FillRule { fill, spaced, fill_spec, list_index, reads_data } = rule;
-        if spaced {
-            let bytes = spec::fill_leaves(py, spec, fill, one_hot)?;
-            return spec::batch(py, spec, column, positions, Some(&bytes), one_hot);
-        }
-        // No space of its own: gather with zero fills, promote the dtype like numpy's
-        // concatenate of the data with the fill batch would (whose dtype is the fill space's,
-        // or the fill value's own), then put the fill value into the fill rows.
-        let np = spec::numpy(py)?;
-        let any_data = reads_data;
-        if !any_data && fill_spec.is_none() {
-            // Only fill and no space to shape it: RLlib's `np.array([fill] * n)`.
-            let fills = PyList::new(py, std::iter::repeat_n(fill, positions.len()))?;
-            return np.getattr("array")?.call1((fills,));
-        }
-        let fill_rows: Vec<usize> =
-            positions.iter().enumerate().filter(|(_, p)| matches!(p, Pos::Fill)).map(|(i, _)| i).collect();
-        let mut leaves = Vec::with_capacity(spec.schema.leaves.len());
-        for (i, leaf) in spec.schema.leaves.iter().enumerate() {
-            let mut shape = vec![positions.len()];
-            shape.extend_from_slice(&leaf.shape);
-            let descr = spec.descrs[i].bind(py);
-            let mut array = spec::new_array_with(py, descr, &shape, |buf| {
-                column.gather_into(i, positions, None, false, buf)
-            })?;
-            let fill_dtype = match fill_spec.and_then(|s| s.descrs.get(i)) {
-                Some(d) => d.bind(py).clone().into_any(),
-                None => np.getattr("asarray")?.call1((fill,))?.getattr("dtype")?,
-            };
-            // A slice concatenates data and fill batches (numpy promotes both dtypes); a
-            // list of ints stacks items the way RLlib's `batch` does: into the first
-            // item's dtype when that is an array (a fill, or a row of a non-scalar leaf),
-            // else with numpy's promotion of the scalars.
-            let first_is_fill = matches!(positions.first(), Some(Pos::Fill));
-            let out = if !any_data || (list_index && first_is_fill && fill_spec.is_some()) {
-                fill_dtype
-            } else if list_index && !first_is_fill && !leaf.shape.is_empty() {
-                descr.clone().into_any()
-            } else {
-                np.getattr("result_type")?.call1((descr, fill_dtype))?
-            };
-            if !out.eq(descr)? {
-                array = array.call_method1("astype", (out,))?;
-            }
-            array.set_item(PyList::new(py, &fill_rows)?, fill)?;
-            leaves.push(Some(array));
-        }
-        spec::nest(py, &spec.tree, &mut leaves)
+fn read_error(e: &ReadError) -> PyErr {
+    match e {
+        ReadError::Index(i) => index_error(i),
+        _ => PyValueError::new_err(e.to_string()),
     }
 }
 
 impl SingleAgentEpisodePy {
+    /// RLlib's plan for a read of `f` (a field of this episode, or a view of one).
+    fn plan_read(&self, name: FieldName<'_>, f: &PyField, args: &ReadArgs) -> PyResult<ReadPlan> {
+        read::plan(f, name, self.core.rewards_fill_f32, args).map_err(|e| read_error(&e))
+    }
+
+    /// Field `name` seen with its last stored item left out (`ignore_last`) and/or with
+    /// `add_last` appended (a missing extra model output key: an empty field).
+    fn view(
+        &self,
+        py: Python<'_>,
+        name: FieldName<'_>,
+        add_last: Option<&Bound<'_, PyAny>>,
+        ignore_last: bool,
+    ) -> PyResult<PyField> {
+        let mut view = match name {
+            FieldName::Extra(k) => self.core.extra(k).cloned().unwrap_or_default(),
+            _ => self.field(name)?.clone(),
+        };
+        if ignore_last {
+            let total = view.geometry().total;
+            if total > 0 {
+                view.remove(total - 1);
+            }
+        }
+        if let Some(value) = add_last {
+            let (item, inferred) = prepare(value, &view, name)?;
+            if !view.push(item, |t| to_object(py, t)) {
+                return Err(super::errors::SpaceMismatchError::new_err(format!(
+                    "{} does not fit its column",
+                    label(name)
+                )));
+            }
+            if inferred.is_some() {
+                view.spec = inferred;
+            }
+        }
+        Ok(view)
+    }
+
     /// Reads a field of this episode with RLlib's index semantics (absent infos must have
-    /// been made first: see [`Self::materialize_infos`]).
+    /// been made first: see `_get`).
     #[allow(clippy::too_many_arguments)]
     fn get<'py>(
         &self,
@@ -1232,174 +1178,131 @@ impl SingleAgentEpisodePy {
         one_hot_discrete: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let name = field_name(field, key)?;
-        let f = self.field(name)?;
-        self.read(py, name, f, indices, neg_index_as_lookback, fill, one_hot_discrete)
-    }
-
-    /// Makes the empty dicts of the absent infos that a read of `indices` (against
-    /// geometry `g`) returns, and stores them, so that this read and every later one
-    /// hand out the same dict objects (RLlib returns its stored dicts: a caller that
-    /// mutates one sees the change on the next read). Index errors are left to the read.
-    fn materialize_infos(
-        &mut self,
-        py: Python<'_>,
-        g: crate::column::Geometry,
-        indices: Option<&Bound<'_, PyAny>>,
-        neg_index_as_lookback: bool,
-        fill: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<()> {
-        let fill = fill.is_some_and(|f| !f.is_none());
-        let Ok(resolved) = g.resolve(&to_index(indices)?, neg_index_as_lookback, fill) else {
-            return Ok(());
-        };
-        let positions: Vec<usize> = match resolved {
-            Resolved::One(Pos::At(p)) => vec![p],
-            Resolved::One(Pos::Fill) => Vec::new(),
-            Resolved::Many(v) => {
-                v.into_iter().filter_map(|p| if let Pos::At(p) = p { Some(p) } else { None }).collect()
-            }
-        };
-        self.core.infos.materialize(&positions, || empty_info(py));
-        Ok(())
-    }
-
-    /// Reads `f` (a field of this episode, or a view of one) with RLlib's index semantics.
-    // One match over storage kind x index form x finalized; splitting it would scatter
-    // the RLlib rules it mirrors.
-    #[allow(clippy::too_many_lines, clippy::too_many_arguments)]
-    fn read<'py>(
-        &self,
-        py: Python<'py>,
-        name: FieldName<'_>,
-        f: &PyField,
-        indices: Option<&Bound<'py, PyAny>>,
-        neg_index_as_lookback: bool,
-        fill: Option<&Bound<'py, PyAny>>,
-        one_hot_discrete: bool,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        let index = to_index(indices)?;
         let fill = fill.filter(|f| !f.is_none());
-        let spec = f.spec();
-        let spaced = spec.filter(|s| s.from_space);
-        if let (true, None, Index::List(list)) = (one_hot_discrete, spaced, &index) {
-            // RLlib reads a list item by item, one-hot encoding each: the first item
-            // decides whether an index error or the missing space is reported.
-            for &i in list {
-                match f.resolve(&Index::Int(i), neg_index_as_lookback, fill.is_some()) {
-                    Err(e) => return Err(index_error(&e)),
-                    Ok(Resolved::One(Pos::At(_))) => return Err(no_space_for_one_hot(name)),
-                    Ok(_) => {}
-                }
-            }
-        }
-        let resolved =
-            f.resolve(&index, neg_index_as_lookback, fill.is_some()).map_err(|e| index_error(&e))?;
-        if one_hot_discrete && spaced.is_none() {
-            // RLlib one-hot encodes whatever data part it read, even an empty one.
-            let touches_data = match (&resolved, &index) {
-                (Resolved::One(p), _) => matches!(p, Pos::At(_)),
-                (_, Index::Slice { start, stop, step }) => {
-                    f.geometry().slice_reads_data(*start, *stop, *step, neg_index_as_lookback)
-                }
-                (_, Index::All) => true,
-                (Resolved::Many(v), _) => v.iter().any(|p| matches!(p, Pos::At(_))),
-            };
-            if touches_data {
-                return Err(no_space_for_one_hot(name));
-            }
-        }
-        let one_hot = one_hot_discrete && spaced.is_some();
-        // The fill item in list form: np.full per leaf with a space, the raw value without.
-        // The space fills come from: the field's own, or RLlib's float32 rewards space.
-        let rewards_fill =
-            (name == FieldName::Rewards && self.core.rewards_fill_f32).then(|| spec::f32_scalar(py));
-        let fill_spec = spaced.or(rewards_fill.as_deref());
-        let fill_item = |fill: &Bound<'py, PyAny>| -> PyResult<Bound<'py, PyAny>> {
+        let f = self.field(name)?;
+        let plan =
+            self.plan_read(name, f, &read_args(indices, neg_index_as_lookback, fill, one_hot_discrete)?)?;
+        Self::execute(py, f, &plan, fill)
+    }
+
+    /// Carries out `plan` on `f`: its items (and `fill`) as Python values.
+    fn execute<'py>(
+        py: Python<'py>,
+        f: &PyField,
+        plan: &ReadPlan,
+        fill: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let rewards_f32 = (plan.fill_spec == FillSpec::RewardsF32).then(|| spec::f32_scalar(py));
+        let fill_spec = match plan.fill_spec {
+            FillSpec::Own => f.spec(),
+            FillSpec::RewardsF32 => rewards_f32.as_deref(),
+            FillSpec::Raw => None,
+        };
+        let fill_value = || fill.ok_or_else(|| PyValueError::new_err("internal error: fill"));
+        let fill_item = || -> PyResult<Bound<'py, PyAny>> {
             match fill_spec {
-                Some(s) => spec::fill_item(py, s, fill, one_hot),
-                None => Ok(fill.clone()),
+                Some(s) => spec::fill_item(py, s, fill_value()?, plan.one_hot),
+                None => Ok(fill_value()?.clone()),
             }
         };
-        match (&f.storage, &resolved) {
-            (Storage::Typed { column, host_scalars }, _) => {
-                let spec =
-                    spec.ok_or_else(|| PyValueError::new_err("internal error: typed field without spec"))?;
-                let host = *host_scalars && !f.finalized;
-                match &resolved {
-                    Resolved::One(Pos::At(p)) => spec::item(py, spec, column, *p, host, one_hot),
-                    Resolved::One(Pos::Fill) => {
-                        fill_item(fill.ok_or_else(|| PyValueError::new_err("internal error: fill"))?)
-                    }
-                    Resolved::Many(positions) if f.finalized => {
-                        if matches!(index, Index::List(ref l) if l.is_empty()) {
-                            return Err(PyValueError::new_err("cannot batch an empty list of indices"));
-                        }
-                        let list_index = matches!(index, Index::List(_));
-                        // Whether the data part takes part in the result's dtype (see
-                        // `slice_reads_data`); for lists, whether any item is data.
-                        let reads_data = match index {
-                            Index::Slice { start, stop, step } => {
-                                f.geometry().slice_reads_data(start, stop, step, neg_index_as_lookback)
-                            }
-                            Index::List(_) => positions.iter().any(|p| matches!(p, Pos::At(_))),
-                            _ => true,
-                        };
-                        // RLlib one-hot encodes a slice's data part only when it reads one:
-                        // otherwise an empty slice comes back as stored (dtype, item shape).
-                        let one_hot = one_hot && (reads_data || !positions.is_empty());
-                        let rule = fill.map(|fill| FillRule {
-                            fill,
-                            spaced: spaced.is_some(),
-                            fill_spec,
-                            list_index,
-                            reads_data,
-                        });
-                        Self::batch_with_fill(py, spec, column, positions, one_hot, rule)
-                    }
-                    Resolved::Many(positions) => {
-                        let items = positions
-                            .iter()
-                            .map(|p| match p {
-                                Pos::At(p) => spec::item(py, spec, column, *p, host, one_hot),
-                                Pos::Fill => fill_item(
-                                    fill.ok_or_else(|| PyValueError::new_err("internal error: fill"))?,
-                                ),
-                            })
-                            .collect::<PyResult<Vec<_>>>()?;
-                        Ok(PyList::new(py, items)?.into_any())
-                    }
+        if let Storage::Typed { column, .. } = &f.storage {
+            let spec =
+                f.spec().ok_or_else(|| PyValueError::new_err("internal error: typed field without spec"))?;
+            let item = |p: &Pos| match p {
+                Pos::At(p) => spec::item(py, spec, column, *p, plan.host_scalars, plan.one_hot),
+                Pos::Fill => fill_item(),
+            };
+            return match (&plan.positions, &plan.form) {
+                (Resolved::One(p), _) => item(p),
+                (Resolved::Many(positions), Form::Batch(rule)) => {
+                    batch(py, spec, column, positions, plan.one_hot, rule, fill, fill_spec)
                 }
+                (Resolved::Many(positions), _) => {
+                    Ok(PyList::new(py, positions.iter().map(item).collect::<PyResult<Vec<_>>>()?)?.into_any())
+                }
+            };
+        }
+        let object_at = |p: &Pos| -> PyResult<Bound<'py, PyAny>> {
+            match (p, &f.storage) {
+                (Pos::At(p), Storage::Objects { items, .. }) => Ok(items[*p].0.bind(py).clone()),
+                (Pos::At(p), Storage::Sparse { .. }) => match f.object(*p) {
+                    Some(o) => Ok(o.0.bind(py).clone()),
+                    // Reads of this episode's infos made them first; a view's absent
+                    // item is a fresh empty dict, as RLlib's would be.
+                    None => Ok(empty_info(py).0.into_bound(py)),
+                },
+                (Pos::Fill, _) => fill_item(),
+                _ => Err(PyValueError::new_err("internal error: position in an empty field")),
             }
-            (storage, _) => {
-                let object_at = |p: &Pos| -> PyResult<Bound<'py, PyAny>> {
-                    match (p, storage) {
-                        (Pos::At(p), Storage::Objects { items, .. }) => Ok(items[*p].0.bind(py).clone()),
-                        (Pos::At(p), Storage::Sparse { .. }) => match f.object(*p) {
-                            Some(o) => Ok(o.0.bind(py).clone()),
-                            // Reads of this episode's infos made them first; a view's
-                            // absent item is a fresh empty dict, as RLlib's would be.
-                            None => Ok(empty_info(py).0.into_bound(py)),
-                        },
-                        (Pos::Fill, _) => {
-                            fill_item(fill.ok_or_else(|| PyValueError::new_err("internal error: fill"))?)
-                        }
-                        _ => Err(PyValueError::new_err("internal error: position in an empty field")),
-                    }
+        };
+        let positions = match &plan.positions {
+            Resolved::One(p) => return object_at(p),
+            Resolved::Many(positions) => positions,
+        };
+        match plan.form {
+            Form::EmptyList => Ok(PyList::empty(py).into_any()),
+            Form::ObjectArray => {
+                let items = positions.iter().map(object_at).collect::<PyResult<Vec<_>>>()?;
+                spec::numpy(py)?.getattr("array")?.call1((items,))
+            }
+            _ => {
+                Ok(PyList::new(py, positions.iter().map(object_at).collect::<PyResult<Vec<_>>>()?)?
+                    .into_any())
+            }
+        }
+    }
+}
+
+/// A batch of typed items with fill rows as `rule` says (see [`read::BatchFill`]).
+#[allow(clippy::too_many_arguments)]
+fn batch<'py>(
+    py: Python<'py>,
+    spec: &Spec,
+    column: &Column,
+    positions: &[Pos],
+    one_hot: bool,
+    rule: &BatchFill,
+    fill: Option<&Bound<'py, PyAny>>,
+    fill_spec: Option<&Spec>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let fill = || fill.ok_or_else(|| PyValueError::new_err("internal error: fill"));
+    match rule {
+        BatchFill::None => spec::batch(py, spec, column, positions, None, one_hot),
+        BatchFill::Cast => {
+            let bytes = spec::fill_leaves(py, spec, fill()?, one_hot)?;
+            spec::batch(py, spec, column, positions, Some(&bytes), one_hot)
+        }
+        BatchFill::FillOnly => {
+            let fills = PyList::new(py, std::iter::repeat_n(fill()?, positions.len()))?;
+            spec::numpy(py)?.getattr("array")?.call1((fills,))
+        }
+        BatchFill::Promote { dtypes, rows } => {
+            let np = spec::numpy(py)?;
+            let fill = fill()?;
+            let mut leaves = Vec::with_capacity(spec.schema.leaves.len());
+            for (i, leaf) in spec.schema.leaves.iter().enumerate() {
+                let mut shape = vec![positions.len()];
+                shape.extend_from_slice(&leaf.shape);
+                let descr = spec.descrs[i].bind(py);
+                let mut array = spec::new_array_with(py, descr, &shape, |buf| {
+                    column.gather_into(i, positions, None, false, buf)
+                })?;
+                let fill_dtype = match fill_spec.and_then(|s| s.descrs.get(i)) {
+                    Some(d) => d.bind(py).clone().into_any(),
+                    None => np.getattr("asarray")?.call1((fill,))?.getattr("dtype")?,
                 };
-                match &resolved {
-                    Resolved::One(p) => object_at(p),
-                    Resolved::Many(positions) => {
-                        let items = positions.iter().map(object_at).collect::<PyResult<Vec<_>>>()?;
-                        if f.finalized && name != FieldName::Infos {
-                            if items.is_empty() && matches!(storage, Storage::Untyped { .. }) {
-                                return Ok(empty_list(py));
-                            }
-                            return spec::numpy(py)?.getattr("array")?.call1((items,));
-                        }
-                        Ok(PyList::new(py, items)?.into_any())
-                    }
+                let out = match dtypes.get(i) {
+                    Some(LeafDtype::Fill) => fill_dtype,
+                    Some(LeafDtype::Stored) | None => descr.clone().into_any(),
+                    Some(LeafDtype::Promoted) => np.getattr("result_type")?.call1((descr, fill_dtype))?,
+                };
+                if !out.eq(descr)? {
+                    array = array.call_method1("astype", (out,))?;
                 }
+                array.set_item(PyList::new(py, rows)?, fill)?;
+                leaves.push(Some(array));
             }
+            spec::nest(py, &spec.tree, &mut leaves)
         }
     }
 }
