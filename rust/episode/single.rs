@@ -1161,6 +1161,55 @@ mod tests {
     }
 
     #[test]
+    fn specs_travel_with_their_fields_through_cut_slice_and_concat() {
+        // A spec per field (a name here), shared by pointer.
+        let spec = |name: &'static str| Some(Arc::new(name));
+        let scalar = || Schema::new(vec![Leaf::new(DType::F32, vec![])]);
+        let typed = |name| Field { spec: spec(name), ..Field::typed(scalar(), false) };
+        let mut e: SingleAgentCore<String, &'static str> = SingleAgentCore {
+            observations: typed("obs"),
+            actions: typed("act"),
+            rewards: typed("rew"),
+            extra_model_outputs: vec![("logp".into(), typed("logp"))],
+            ..SingleAgentCore::default()
+        };
+        let no_object = |_: TypedItem<'_, &'static str>| String::new();
+        e.add_reset(f32_item(0.0), None, no_object).unwrap();
+        for t in 1..=3 {
+            let s = Step {
+                observation: f32_item(t as f32),
+                action: f32_item(1.0),
+                reward: f32_item(1.0),
+                info: None,
+                extra_model_outputs: vec![("logp", f32_item(-1.0))],
+                terminated: false,
+                truncated: false,
+            };
+            e.add_step(s, no_object).unwrap();
+        }
+        let specs = |c: &SingleAgentCore<String, &'static str>| {
+            let mut v: Vec<_> = [&c.observations, &c.actions, &c.rewards].map(|f| f.spec().copied()).to_vec();
+            v.push(c.extra("logp").and_then(|f| f.spec().copied()));
+            v
+        };
+        let all = vec![Some("obs"), Some("act"), Some("rew"), Some("logp")];
+        let cut = e.cut(1).unwrap();
+        assert_eq!(specs(&cut), all);
+        assert!(Arc::ptr_eq(cut.observations.spec.as_ref().unwrap(), e.observations.spec.as_ref().unwrap()));
+        assert!(cut.rewards_fill_f32, "a cut keeps RLlib's float32 rewards space");
+        let sliced = e.slice(Some(1), None, None, None).unwrap();
+        assert_eq!(specs(&sliced), all);
+        assert!(!sliced.rewards_fill_f32, "RLlib 2.60's slice() builds rewards without it");
+        // A chunk without specs takes the continuation's; its own stay.
+        let mut bare: SingleAgentCore<String, &'static str> = e.clone();
+        bare.actions.spec = None;
+        bare.observations.spec = spec("mine");
+        bare.concat(&cut, no_object).unwrap();
+        assert_eq!(bare.actions.spec(), Some(&"act"));
+        assert_eq!(bare.observations.spec(), Some(&"mine"));
+    }
+
+    #[test]
     fn slice_matches_rllib_rules() {
         let mut e = new_episode();
         for t in 1..=6 {
