@@ -6,7 +6,7 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use fastrollout::column::{Column, Index, Pos, Resolved};
-use fastrollout::episode::{Field, FieldName, Item, Leaves, SingleAgentCore, Step, TypedItem};
+use fastrollout::episode::{Field, Item, Leaves, SingleAgentCore, Step, TypedItem};
 use fastrollout::schema::{DType, Leaf, Schema};
 
 const CARTPOLE_OBS: usize = 4;
@@ -19,7 +19,7 @@ fn scalar(dtype: DType) -> Schema {
     Schema::new(vec![Leaf::new(dtype, vec![])])
 }
 
-fn no_object(_: FieldName<'_>, _: bool, _: TypedItem<'_>) {}
+fn no_object(_: TypedItem<'_>) {}
 
 fn episode(obs_numel: usize, obs_dtype: DType) -> SingleAgentCore<()> {
     let mut e = SingleAgentCore::<()> {

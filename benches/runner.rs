@@ -6,7 +6,7 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use fastrollout::episode::{Field, FieldName, Item, Leaves, SingleAgentCore, Step, TypedItem};
+use fastrollout::episode::{Field, Item, Leaves, SingleAgentCore, Step, TypedItem};
 use fastrollout::runner::{scatter_plan, EnvIndices, ModuleBatch, Rows};
 use fastrollout::schema::{DType, Leaf, Schema};
 
@@ -20,7 +20,7 @@ fn scalar(dtype: DType) -> Schema {
     Schema::new(vec![Leaf::new(dtype, vec![])])
 }
 
-fn no_object(_: FieldName<'_>, _: bool, _: TypedItem<'_>) {}
+fn no_object(_: TypedItem<'_>) {}
 
 fn episode() -> SingleAgentCore<()> {
     let mut e = SingleAgentCore::<()> {

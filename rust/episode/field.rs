@@ -1,7 +1,8 @@
 //! A field of an episode: one kind of data (observations, actions, rewards, infos, one
 //! extra model output) stored either as a typed [`Column`] or, for data that fits no
 //! schema, as host objects (`O`: Python objects in the binding layer, anything `Clone` in
-//! Rust tests).
+//! Rust tests), with the host's spec of its items (`S`: how the binding turns bytes into
+//! numpy values; `()` in Rust tests).
 
 use std::sync::Arc;
 
@@ -32,14 +33,37 @@ pub enum Storage<O> {
 
 /// One stored item of a typed column, handed to the caller that turns it into a host
 /// object (see [`Field::make_objects`]).
-#[derive(Clone, Copy, Debug)]
-pub struct TypedItem<'a> {
+#[derive(Debug)]
+pub struct TypedItem<'a, S = ()> {
     pub column: &'a Column,
+    /// The spec of the field the item belongs to.
+    pub spec: Option<&'a S>,
     /// Absolute position (look-back included).
     pub pos: usize,
     /// The item was given as a host scalar and reads back as one (the field's
     /// `host_scalars`, before `to_numpy`): as an object it stays one.
     pub host_scalar: bool,
+}
+
+impl<S> Clone for TypedItem<'_, S> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<S> Copy for TypedItem<'_, S> {}
+
+/// What the core asks of a field's spec.
+pub trait FieldSpec {
+    /// The spec comes from a space the user gave (not inferred from the first item): values
+    /// that do not fit it are errors, and fills and one-hot encodings follow it.
+    fn is_from_space(&self) -> bool;
+}
+
+impl FieldSpec for () {
+    fn is_from_space(&self) -> bool {
+        false
+    }
 }
 
 /// The per-leaf buffers of one item. Most spaces (Box, Discrete, scalars) have one
@@ -97,41 +121,88 @@ pub enum Item<O, B = Vec<u8>> {
     Object(O),
 }
 
-/// One field of an episode: storage plus RLlib's "finalized" flag, which only changes how
-/// reads are returned (lists of items before `to_numpy`, batched arrays after).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Field<O> {
+/// One field of an episode: storage, the spec of its items, and RLlib's "finalized" flag,
+/// which only changes how reads are returned (lists of items before `to_numpy`, batched
+/// arrays after).
+///
+/// The spec is shared (`Arc`): the binding interns its specs, so the fields of one
+/// runner's episodes point at the same few (a pointer per field, nothing per episode).
+/// Cuts, slices and copies carry it along with the items.
+#[derive(Debug)]
+pub struct Field<O, S = ()> {
     pub storage: Storage<O>,
+    pub spec: Option<Arc<S>>,
     pub finalized: bool,
 }
 
-impl<O: Clone> Default for Field<O> {
+impl<O: Clone, S> Clone for Field<O, S> {
+    fn clone(&self) -> Self {
+        Field { storage: self.storage.clone(), spec: self.spec.clone(), finalized: self.finalized }
+    }
+}
+
+/// Specs compare by address: the binding's are interned, so equal ones are shared.
+impl<O: PartialEq, S> PartialEq for Field<O, S> {
+    fn eq(&self, other: &Self) -> bool {
+        let same_spec = match (&self.spec, &other.spec) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        };
+        same_spec && self.finalized == other.finalized && self.storage == other.storage
+    }
+}
+
+impl<O: Clone, S> Default for Field<O, S> {
     fn default() -> Self {
         Field::untyped()
     }
 }
 
-impl<O: Clone> Field<O> {
+impl<O: Clone, S> Field<O, S> {
     #[must_use]
-    pub fn untyped() -> Field<O> {
-        Field { storage: Storage::Untyped { compression: None }, finalized: false }
+    pub fn untyped() -> Field<O, S> {
+        Field { storage: Storage::Untyped { compression: None }, spec: None, finalized: false }
     }
 
     #[must_use]
-    pub fn typed(schema: impl Into<Arc<Schema>>, host_scalars: bool) -> Field<O> {
-        Field { storage: Storage::Typed { column: Column::new(schema), host_scalars }, finalized: false }
+    pub fn typed(schema: impl Into<Arc<Schema>>, host_scalars: bool) -> Field<O, S> {
+        Field {
+            storage: Storage::Typed { column: Column::new(schema), host_scalars },
+            spec: None,
+            finalized: false,
+        }
     }
 
     #[must_use]
-    pub fn objects(items: Vec<O>, lookback: usize) -> Field<O> {
+    pub fn objects(items: Vec<O>, lookback: usize) -> Field<O, S> {
         let lookback = lookback.min(items.len());
-        Field { storage: Storage::Objects { items, lookback }, finalized: false }
+        Field { storage: Storage::Objects { items, lookback }, spec: None, finalized: false }
     }
 
     /// An empty field of sparse host objects (see [`Storage::Sparse`]).
     #[must_use]
-    pub fn sparse() -> Field<O> {
-        Field { storage: Storage::Sparse { total: 0, lookback: 0, items: Vec::new() }, finalized: false }
+    pub fn sparse() -> Field<O, S> {
+        Field {
+            storage: Storage::Sparse { total: 0, lookback: 0, items: Vec::new() },
+            spec: None,
+            finalized: false,
+        }
+    }
+
+    /// The spec of the items (see [`Field::spec`]).
+    #[must_use]
+    pub fn spec(&self) -> Option<&S> {
+        self.spec.as_deref()
+    }
+
+    /// Whether the spec comes from a space the user gave (see [`FieldSpec::is_from_space`]).
+    #[must_use]
+    pub fn spaced(&self) -> bool
+    where
+        S: FieldSpec,
+    {
+        self.spec().is_some_and(FieldSpec::is_from_space)
     }
 
     #[must_use]
@@ -274,9 +345,9 @@ impl<O: Clone> Field<O> {
     }
 
     /// A new field with the items at absolute `positions`, the first `lookback` of them
-    /// look-back; same storage kind and finalized flag.
+    /// look-back; same storage kind, spec and finalized flag.
     #[must_use]
-    pub fn select(&self, positions: &[usize], lookback: usize) -> Field<O> {
+    pub fn select(&self, positions: &[usize], lookback: usize) -> Field<O, S> {
         let storage = match &self.storage {
             Storage::Untyped { compression } => Storage::Untyped { compression: *compression },
             Storage::Typed { column, host_scalars } => {
@@ -296,7 +367,7 @@ impl<O: Clone> Field<O> {
                 Storage::Sparse { total: positions.len(), lookback: lookback.min(positions.len()), items }
             }
         };
-        Field { storage, finalized: self.finalized }
+        Field { storage, spec: self.spec.clone(), finalized: self.finalized }
     }
 
     /// Removes the item at absolute position `pos`.
@@ -329,11 +400,13 @@ impl<O: Clone> Field<O> {
 
     /// Turns typed storage into host objects with `to_object` (one call per item), e.g.
     /// when an item arrives that does not fit the schema inferred from the first one.
-    pub fn make_objects(&mut self, mut to_object: impl FnMut(TypedItem<'_>) -> O) {
+    pub fn make_objects(&mut self, mut to_object: impl FnMut(TypedItem<'_, S>) -> O) {
         if let Storage::Typed { column, host_scalars } = &self.storage {
             let host_scalar = *host_scalars && !self.finalized;
-            let items =
-                (0..column.total()).map(|pos| to_object(TypedItem { column, pos, host_scalar })).collect();
+            let spec = self.spec.as_deref();
+            let items = (0..column.total())
+                .map(|pos| to_object(TypedItem { column, spec, pos, host_scalar }))
+                .collect();
             self.storage = Storage::Objects { items, lookback: column.lookback() };
         } else if let Storage::Untyped { .. } = self.storage {
             self.storage = Storage::Objects { items: Vec::new(), lookback: 0 };
@@ -363,7 +436,7 @@ impl<O: Clone> Field<O> {
     pub fn push<B: AsRef<[u8]>>(
         &mut self,
         item: Item<O, B>,
-        to_object: impl FnMut(TypedItem<'_>) -> O,
+        to_object: impl FnMut(TypedItem<'_, S>) -> O,
     ) -> bool {
         if !self.accepts(&item) {
             return false;
@@ -377,7 +450,7 @@ impl<O: Clone> Field<O> {
     pub fn push_accepted<B: AsRef<[u8]>>(
         &mut self,
         item: Item<O, B>,
-        to_object: impl FnMut(TypedItem<'_>) -> O,
+        to_object: impl FnMut(TypedItem<'_, S>) -> O,
     ) -> bool {
         match item {
             Item::Bytes(leaves) => {
@@ -410,6 +483,14 @@ impl<O: Clone> Field<O> {
         }
     }
 
+    /// Takes `other`'s spec where this field has none (the chunk it continues, or an item
+    /// that typed it).
+    pub fn adopt_spec(&mut self, other: Option<&Arc<S>>) {
+        if self.spec.is_none() {
+            self.spec = other.cloned();
+        }
+    }
+
     /// Compresses the field's typed column (see [`Column::set_compression`]): `Some(rows)`
     /// seals blocks of `rows` items, `None` unpacks. An untyped field keeps the setting for
     /// the column its first item makes; objects are not compressed (nothing changes).
@@ -436,7 +517,8 @@ impl<O: Clone> Field<O> {
     ///
     /// Returns `false` (and changes nothing) when the two storages cannot hold each
     /// other's items (different schemas, or typed vs objects): the caller converts first.
-    pub fn extend_chunk(&mut self, other: &Field<O>) -> bool {
+    /// The spec stays this field's (see [`Field::adopt_spec`]).
+    pub fn extend_chunk(&mut self, other: &Field<O, S>) -> bool {
         let g = other.geometry();
         let positions: Vec<usize> = (g.lookback..g.total).collect();
         if positions.is_empty() {

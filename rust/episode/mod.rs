@@ -2,9 +2,10 @@
 
 pub mod field;
 pub mod multi;
+pub mod read;
 pub mod single;
 
-pub use field::{Field, Item, Leaves, Storage, TypedItem};
+pub use field::{Field, FieldSpec, Item, Leaves, Storage, TypedItem};
 pub use single::{EpisodeError, FieldName, SingleAgentCore, Step, ToObject};
 
 use std::sync::{Arc, Mutex, PoisonError};

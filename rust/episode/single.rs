@@ -60,8 +60,7 @@ impl From<IndexError> for EpisodeError {
     }
 }
 
-/// Names a field of a single-agent episode (for callbacks that need to know which field's
-/// items they convert).
+/// Names a field of a single-agent episode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FieldName<'a> {
     Observations,
@@ -71,10 +70,23 @@ pub enum FieldName<'a> {
     Extra(&'a str),
 }
 
-/// Turns an item of a typed column into a host object: `(field, from_other, item)`, where
-/// `from_other` says the column belongs to the episode being concatenated.
-pub trait ToObject<O>: FnMut(FieldName<'_>, bool, TypedItem<'_>) -> O {}
-impl<O, F: FnMut(FieldName<'_>, bool, TypedItem<'_>) -> O> ToObject<O> for F {}
+impl FieldName<'_> {
+    /// How messages name one item of the field ("observation", "extra model output \"k\"").
+    #[must_use]
+    pub fn label(self) -> String {
+        match self {
+            FieldName::Observations => "observation".into(),
+            FieldName::Infos => "infos".into(),
+            FieldName::Actions => "action".into(),
+            FieldName::Rewards => "reward".into(),
+            FieldName::Extra(k) => format!("extra model output {k:?}"),
+        }
+    }
+}
+
+/// Turns an item of a typed column (with its field's spec) into a host object.
+pub trait ToObject<O, S>: FnMut(TypedItem<'_, S>) -> O {}
+impl<O, S, F: FnMut(TypedItem<'_, S>) -> O> ToObject<O, S> for F {}
 
 /// The data of one environment step, converted by the caller.
 pub struct Step<'a, O, B = Vec<u8>> {
@@ -89,22 +101,44 @@ pub struct Step<'a, O, B = Vec<u8>> {
     pub truncated: bool,
 }
 
-/// The fields and counters of a single-agent episode.
-#[derive(Clone, Debug, PartialEq)]
-pub struct SingleAgentCore<O> {
-    pub observations: Field<O>,
-    pub infos: Field<O>,
-    pub actions: Field<O>,
-    pub rewards: Field<O>,
+/// The fields and counters of a single-agent episode (`S`: the host's spec of a field's
+/// items, see [`Field`]).
+#[derive(Debug, PartialEq)]
+pub struct SingleAgentCore<O, S = ()> {
+    pub observations: Field<O, S>,
+    pub infos: Field<O, S>,
+    pub actions: Field<O, S>,
+    pub rewards: Field<O, S>,
     /// Extra model outputs by key, in the order the keys first appeared.
-    pub extra_model_outputs: Vec<(Arc<str>, Field<O>)>,
+    pub extra_model_outputs: Vec<(Arc<str>, Field<O, S>)>,
+    /// RLlib gives its rewards buffer a float32 scalar space, which shapes the rewards'
+    /// fills (float32) where no space of their own does; its `slice()` builds the buffer
+    /// without one (RLlib 2.60), so a slice's fills are not cast.
+    pub rewards_fill_f32: bool,
     pub t_started: i64,
     pub t: i64,
     pub is_terminated: bool,
     pub is_truncated: bool,
 }
 
-impl<O: Clone> Default for SingleAgentCore<O> {
+impl<O: Clone, S> Clone for SingleAgentCore<O, S> {
+    fn clone(&self) -> Self {
+        SingleAgentCore {
+            observations: self.observations.clone(),
+            infos: self.infos.clone(),
+            actions: self.actions.clone(),
+            rewards: self.rewards.clone(),
+            extra_model_outputs: self.extra_model_outputs.clone(),
+            rewards_fill_f32: self.rewards_fill_f32,
+            t_started: self.t_started,
+            t: self.t,
+            is_terminated: self.is_terminated,
+            is_truncated: self.is_truncated,
+        }
+    }
+}
+
+impl<O: Clone, S> Default for SingleAgentCore<O, S> {
     fn default() -> Self {
         SingleAgentCore {
             observations: Field::untyped(),
@@ -112,6 +146,7 @@ impl<O: Clone> Default for SingleAgentCore<O> {
             actions: Field::untyped(),
             rewards: Field::untyped(),
             extra_model_outputs: Vec::new(),
+            rewards_fill_f32: true,
             t_started: 0,
             t: 0,
             is_terminated: false,
@@ -120,7 +155,7 @@ impl<O: Clone> Default for SingleAgentCore<O> {
     }
 }
 
-impl<O: Clone> SingleAgentCore<O> {
+impl<O: Clone, S> SingleAgentCore<O, S> {
     #[must_use]
     pub fn is_done(&self) -> bool {
         self.is_terminated || self.is_truncated
@@ -145,12 +180,45 @@ impl<O: Clone> SingleAgentCore<O> {
 
     /// The extra-model-output field under `key`.
     #[must_use]
-    pub fn extra(&self, key: &str) -> Option<&Field<O>> {
+    pub fn extra(&self, key: &str) -> Option<&Field<O, S>> {
         self.extra_model_outputs.iter().find(|(k, _)| same_str(k, key)).map(|(_, f)| f)
     }
 
-    pub fn extra_mut(&mut self, key: &str) -> Option<&mut Field<O>> {
+    pub fn extra_mut(&mut self, key: &str) -> Option<&mut Field<O, S>> {
         self.extra_model_outputs.iter_mut().find(|(k, _)| same_str(k, key)).map(|(_, f)| f)
+    }
+
+    /// The field `name`; `None` for an extra model output key the episode lacks.
+    #[must_use]
+    pub fn field(&self, name: FieldName<'_>) -> Option<&Field<O, S>> {
+        match name {
+            FieldName::Observations => Some(&self.observations),
+            FieldName::Infos => Some(&self.infos),
+            FieldName::Actions => Some(&self.actions),
+            FieldName::Rewards => Some(&self.rewards),
+            FieldName::Extra(k) => self.extra(k),
+        }
+    }
+
+    /// [`Self::field`], mutable.
+    pub fn field_mut(&mut self, name: FieldName<'_>) -> Option<&mut Field<O, S>> {
+        match name {
+            FieldName::Observations => Some(&mut self.observations),
+            FieldName::Infos => Some(&mut self.infos),
+            FieldName::Actions => Some(&mut self.actions),
+            FieldName::Rewards => Some(&mut self.rewards),
+            FieldName::Extra(k) => self.extra_mut(k),
+        }
+    }
+
+    /// The extra model output `key`, made (empty, untyped, last) if the episode lacks it.
+    pub fn extra_or_insert(&mut self, key: &str) -> &mut Field<O, S> {
+        let found = self.extra_model_outputs.iter().position(|(k, _)| same_str(k, key));
+        let i = found.unwrap_or_else(|| {
+            self.extra_model_outputs.push((super::intern_key(key), Field::untyped()));
+            self.extra_model_outputs.len() - 1
+        });
+        &mut self.extra_model_outputs[i].1
     }
 
     /// RLlib's `to_numpy`: from now on reads return batched arrays. Observations always
@@ -273,7 +341,7 @@ impl<O: Clone> SingleAgentCore<O> {
         &mut self,
         observation: Item<O, B>,
         info: Option<O>,
-        mut to_object: impl ToObject<O>,
+        mut to_object: impl ToObject<O, S>,
     ) -> Result<(), EpisodeError> {
         if self.is_reset() || self.t != self.t_started {
             return Err(EpisodeError::AlreadyReset);
@@ -284,7 +352,7 @@ impl<O: Clone> SingleAgentCore<O> {
         if !self.observations.accepts(&observation) {
             return Err(EpisodeError::Item { field: "observation".into() });
         }
-        self.observations.push(observation, |t| to_object(FieldName::Observations, false, t));
+        self.observations.push(observation, &mut to_object);
         self.infos.push_sparse(info);
         Ok(())
     }
@@ -293,7 +361,7 @@ impl<O: Clone> SingleAgentCore<O> {
     pub fn add_step<B: AsRef<[u8]>>(
         &mut self,
         step: Step<'_, O, B>,
-        mut to_object: impl ToObject<O>,
+        mut to_object: impl ToObject<O, S>,
     ) -> Result<(), EpisodeError> {
         if self.is_done() {
             return Err(EpisodeError::Done { what: "add_env_step" });
@@ -312,22 +380,22 @@ impl<O: Clone> SingleAgentCore<O> {
             return item_error("reward");
         }
         for (key, item) in &step.extra_model_outputs {
-            if !self.extra(key).map_or_else(|| Field::<O>::untyped().accepts(item), |f| f.accepts(item)) {
+            if !self.extra(key).map_or_else(|| Field::<O, S>::untyped().accepts(item), |f| f.accepts(item)) {
                 return item_error(&format!("extra model output {key:?}"));
             }
         }
-        self.observations.push_accepted(step.observation, |t| to_object(FieldName::Observations, false, t));
-        self.actions.push_accepted(step.action, |t| to_object(FieldName::Actions, false, t));
-        self.rewards.push_accepted(step.reward, |t| to_object(FieldName::Rewards, false, t));
+        self.observations.push_accepted(step.observation, &mut to_object);
+        self.actions.push_accepted(step.action, &mut to_object);
+        self.rewards.push_accepted(step.reward, &mut to_object);
         self.infos.push_sparse(step.info);
         for (key, item) in step.extra_model_outputs {
             if let Some(field) = self.extra_mut(key) {
-                field.push_accepted(item, |t| to_object(FieldName::Extra(key), false, t));
+                field.push_accepted(item, &mut to_object);
             } else {
                 // A key first seen mid-episode starts its own column without look-back,
                 // as in RLlib.
                 let mut field = Field::untyped();
-                field.push_accepted(item, |t| to_object(FieldName::Extra(key), false, t));
+                field.push_accepted(item, &mut to_object);
                 self.extra_model_outputs.push((super::intern_key(key), field));
             }
         }
@@ -353,7 +421,7 @@ impl<O: Clone> SingleAgentCore<O> {
 
     /// The field of slot `slot` of a row step: 0 observations, 1 actions, 2 rewards,
     /// `3 + j` extra `extra_keys[j]`.
-    fn row_field_mut(&mut self, slot: usize, extra_keys: &[&str]) -> Option<&mut Field<O>> {
+    fn row_field_mut(&mut self, slot: usize, extra_keys: &[&str]) -> Option<&mut Field<O, S>> {
         Some(match slot {
             0 => &mut self.observations,
             1 => &mut self.actions,
@@ -463,7 +531,7 @@ impl<O: Clone> SingleAgentCore<O> {
 
     /// The successor chunk: continues this episode at `t`, with the last
     /// `len_lookback_buffer` steps as its look-back. This episode is left as it was.
-    pub fn cut(&self, len_lookback_buffer: usize) -> Result<SingleAgentCore<O>, EpisodeError> {
+    pub fn cut(&self, len_lookback_buffer: usize) -> Result<SingleAgentCore<O, S>, EpisodeError> {
         if self.is_done() {
             return Err(EpisodeError::Done { what: "cut" });
         }
@@ -473,9 +541,9 @@ impl<O: Clone> SingleAgentCore<O> {
     /// [`Self::cut`] without the check that the episode is not done: the successor of a
     /// done episode as if it were not (its flags are cleared). A multi-agent episode's cut
     /// keeps an agent that finished at its last env step that way.
-    pub fn cut_as_live(&self, len_lookback_buffer: usize) -> Result<SingleAgentCore<O>, EpisodeError> {
+    pub fn cut_as_live(&self, len_lookback_buffer: usize) -> Result<SingleAgentCore<O, S>, EpisodeError> {
         let k = len_lookback_buffer as i64;
-        let tail = |field: &Field<O>, n: i64| -> Result<Vec<usize>, EpisodeError> {
+        let tail = |field: &Field<O, S>, n: i64| -> Result<Vec<usize>, EpisodeError> {
             let index = if n > 0 {
                 Index::Slice { start: Some(-n), stop: None, step: None }
             } else {
@@ -499,6 +567,7 @@ impl<O: Clone> SingleAgentCore<O> {
             actions: self.actions.select(&actions_pos, lookback),
             rewards: self.rewards.select(&rewards_pos, lookback),
             extra_model_outputs,
+            rewards_fill_f32: self.rewards_fill_f32,
             t_started: self.t,
             t: self.t,
             is_terminated: false,
@@ -515,10 +584,10 @@ impl<O: Clone> SingleAgentCore<O> {
         stop: Option<i64>,
         step: Option<i64>,
         len_lookback_buffer: Option<usize>,
-    ) -> Result<SingleAgentCore<O>, EpisodeError> {
+    ) -> Result<SingleAgentCore<O, S>, EpisodeError> {
         let (start, stop) = self.slice_bounds(start, stop);
         let keep_done = stop == self.len() as i64;
-        let cut = |field: &Field<O>, extra_item: i64| -> Result<Field<O>, EpisodeError> {
+        let cut = |field: &Field<O, S>, extra_item: i64| -> Result<Field<O, S>, EpisodeError> {
             let (pos, lb) = slice_positions(field, start, stop, step, len_lookback_buffer, extra_item)?;
             Ok(field.select(&pos, lb))
         };
@@ -535,6 +604,8 @@ impl<O: Clone> SingleAgentCore<O> {
             t: t_started + rewards.len() as i64,
             rewards,
             extra_model_outputs,
+            // RLlib 2.60's `slice()` builds the rewards buffer without its float32 space.
+            rewards_fill_f32: false,
             t_started,
             is_terminated: keep_done && self.is_terminated,
             is_truncated: keep_done && self.is_truncated,
@@ -587,8 +658,8 @@ impl<O: Clone> SingleAgentCore<O> {
     /// observation equals this one's last; here the time steps and fields must line up.
     pub fn concat(
         &mut self,
-        other: &SingleAgentCore<O>,
-        mut to_object: impl ToObject<O>,
+        other: &SingleAgentCore<O, S>,
+        mut to_object: impl ToObject<O, S>,
     ) -> Result<(), EpisodeError> {
         if self.is_done() {
             return Err(EpisodeError::Done { what: "concat_episode" });
@@ -623,13 +694,13 @@ impl<O: Clone> SingleAgentCore<O> {
         let last = self.observations.geometry().total.saturating_sub(1);
         self.observations.remove(last);
         self.infos.remove(last.min(self.infos.geometry().total.saturating_sub(1)));
-        extend(FieldName::Observations, &mut self.observations, &other.observations, &mut to_object);
-        extend(FieldName::Actions, &mut self.actions, &other.actions, &mut to_object);
-        extend(FieldName::Rewards, &mut self.rewards, &other.rewards, &mut to_object);
-        extend(FieldName::Infos, &mut self.infos, &other.infos, &mut to_object);
+        extend(&mut self.observations, &other.observations, &mut to_object);
+        extend(&mut self.actions, &other.actions, &mut to_object);
+        extend(&mut self.rewards, &other.rewards, &mut to_object);
+        extend(&mut self.infos, &other.infos, &mut to_object);
         for (key, field) in &other.extra_model_outputs {
             if let Some(mine) = self.extra_mut(key) {
-                extend(FieldName::Extra(key), mine, field, &mut to_object);
+                extend(mine, field, &mut to_object);
             }
         }
         self.t = other.t;
@@ -667,8 +738,8 @@ fn scalar_as_f64(dtype: crate::schema::DType, b: &[u8]) -> Option<f64> {
 
 /// The positions of `field` that `slice(start..stop by step)` keeps (`extra_item`: 1 for
 /// the fields with one item more per chunk), and the slice's look-back among them.
-fn slice_positions<O: Clone>(
-    field: &Field<O>,
+fn slice_positions<O: Clone, S>(
+    field: &Field<O, S>,
     start: i64,
     stop: i64,
     step: Option<i64>,
@@ -686,8 +757,8 @@ fn slice_positions<O: Clone>(
 }
 
 /// Absolute positions of `index` (no fill) in `field`.
-fn positions<O: Clone>(
-    field: &Field<O>,
+fn positions<O: Clone, S>(
+    field: &Field<O, S>,
     index: &Index,
     neg_as_lookback: bool,
 ) -> Result<Vec<usize>, EpisodeError> {
@@ -704,20 +775,17 @@ fn positions<O: Clone>(
 }
 
 /// Appends `other`'s chunk to `mine`; if their storages differ (two inferred schemas that
-/// disagree), both sides' items become objects first so that nothing is lost.
-fn extend<O: Clone>(
-    name: FieldName<'_>,
-    mine: &mut Field<O>,
-    other: &Field<O>,
-    to_object: &mut impl ToObject<O>,
-) {
+/// disagree), both sides' items become objects first (each by its own spec) so that
+/// nothing is lost. `mine` takes `other`'s spec if it has none.
+fn extend<O: Clone, S>(mine: &mut Field<O, S>, other: &Field<O, S>, to_object: &mut impl ToObject<O, S>) {
     if !mine.extend_chunk(other) {
         let mut theirs = other.clone();
-        theirs.make_objects(|t| to_object(name, true, t));
-        mine.make_objects(|t| to_object(name, false, t));
+        theirs.make_objects(&mut *to_object);
+        mine.make_objects(&mut *to_object);
         let merged = mine.extend_chunk(&theirs);
         debug_assert!(merged, "two object fields always merge");
     }
+    mine.adopt_spec(other.spec.as_ref());
 }
 
 /// `a == b` for the short keys of the hot path, without a `memcmp` call: interned keys
@@ -729,10 +797,10 @@ fn same_str(a: &str, b: &str) -> bool {
 
 fn row_field_label(slot: usize, extra_keys: &[&str]) -> String {
     match slot {
-        0 => "observation".into(),
-        1 => "action".into(),
-        2 => "reward".into(),
-        k => format!("extra model output {:?}", extra_keys.get(k - 3).unwrap_or(&"?")),
+        0 => FieldName::Observations.label(),
+        1 => FieldName::Actions.label(),
+        2 => FieldName::Rewards.label(),
+        k => FieldName::Extra(extra_keys.get(k - 3).unwrap_or(&"?")).label(),
     }
 }
 
@@ -758,7 +826,7 @@ mod tests {
             extra_model_outputs: vec![("logp".into(), Field::typed(scalar(), false))],
             ..Core::default()
         };
-        core.add_reset(f32_item(0.0), Some("i0".into()), |_, _, _: TypedItem<'_>| String::new()).unwrap();
+        core.add_reset(f32_item(0.0), Some("i0".into()), |_: TypedItem<'_>| String::new()).unwrap();
         core
     }
 
@@ -772,7 +840,7 @@ mod tests {
             terminated: false,
             truncated: false,
         };
-        core.add_step(s, |_, _, _: TypedItem<'_>| String::new()).unwrap();
+        core.add_step(s, |_: TypedItem<'_>| String::new()).unwrap();
     }
 
     /// The layouts of `e`'s observation, action, reward and `logp` columns.
@@ -956,7 +1024,7 @@ mod tests {
     fn reset_step_validate() {
         let mut e = new_episode();
         assert_eq!(
-            e.add_reset(f32_item(0.0), None, |_, _, _: TypedItem<'_>| String::new()),
+            e.add_reset(f32_item(0.0), None, |_: TypedItem<'_>| String::new()),
             Err(EpisodeError::AlreadyReset)
         );
         for t in 1..=3 {
@@ -982,10 +1050,7 @@ mod tests {
             terminated: false,
             truncated: false,
         };
-        assert!(matches!(
-            e.add_step(bad, |_, _, _: TypedItem<'_>| String::new()),
-            Err(EpisodeError::Item { .. })
-        ));
+        assert!(matches!(e.add_step(bad, |_: TypedItem<'_>| String::new()), Err(EpisodeError::Item { .. })));
         assert_eq!(e, before);
     }
 
@@ -1006,7 +1071,7 @@ mod tests {
                     terminated: false,
                     truncated: false,
                 },
-                |_, _, _: TypedItem<'_>| String::new()
+                |_: TypedItem<'_>| String::new()
             ),
             Err(EpisodeError::NotReset)
         );
@@ -1029,7 +1094,7 @@ mod tests {
             step(&mut succ, 6.0);
             step(&mut succ, 7.0);
             let mut joined = e.clone();
-            joined.concat(&succ, |_, _, _: TypedItem<'_>| String::new()).unwrap();
+            joined.concat(&succ, |_: TypedItem<'_>| String::new()).unwrap();
             assert_eq!(read(&joined.observations), vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]);
             assert_eq!(read(&joined.rewards), vec![100.0, 200.0, 300.0, 400.0, 500.0, 600.0, 700.0]);
             assert_eq!(read(joined.extra("logp").unwrap()).len(), 7);
@@ -1078,7 +1143,7 @@ mod tests {
         let mut succ = succ;
         step(&mut succ, 6.0);
         let mut joined = e.clone();
-        joined.concat(&succ, |_, _, _: TypedItem<'_>| String::new()).unwrap();
+        joined.concat(&succ, |_: TypedItem<'_>| String::new()).unwrap();
         assert_eq!(infos(&joined), vec![some("i0"), None, some("i2"), None, some("i4"), None, some("i6")]);
     }
 
@@ -1091,7 +1156,7 @@ mod tests {
         second.extra_model_outputs.push(("logp".into(), Field::typed(scalar.clone(), false)));
         step(&mut second, 1.0);
         let mut joined = first.clone();
-        joined.concat(&second, |_, _, _: TypedItem<'_>| String::new()).unwrap();
+        joined.concat(&second, |_: TypedItem<'_>| String::new()).unwrap();
         assert_eq!(read(joined.extra("logp").unwrap()), vec![-1.0]);
         assert_eq!((joined.t, joined.extra("logp").unwrap().lookback()), (1, 0));
 
@@ -1105,12 +1170,12 @@ mod tests {
             terminated: false,
             truncated: false,
         };
-        first.add_step(no_extras, |_, _, _: TypedItem<'_>| String::new()).unwrap();
+        first.add_step(no_extras, |_: TypedItem<'_>| String::new()).unwrap();
         let mut later = first.cut(0).unwrap();
         later.extra_model_outputs.push(("logp".into(), Field::typed(scalar, false)));
         step(&mut later, 2.0);
         let before = first.clone();
-        let err = first.concat(&later, |_, _, _: TypedItem<'_>| String::new()).unwrap_err();
+        let err = first.concat(&later, |_: TypedItem<'_>| String::new()).unwrap_err();
         assert!(err.to_string().contains("\"logp\" is not in this episode, which has 1 steps"), "{err}");
         assert_eq!(first, before, "nothing changes");
     }
@@ -1124,7 +1189,7 @@ mod tests {
         step(&mut next, 1.0);
         next.to_numpy().unwrap();
         let mut joined = first.clone();
-        joined.concat(&next, |_, _, _: TypedItem<'_>| String::new()).unwrap();
+        joined.concat(&next, |_: TypedItem<'_>| String::new()).unwrap();
         let mut whole = new_episode();
         step(&mut whole, 1.0);
         whole.to_numpy().unwrap();
@@ -1135,12 +1200,12 @@ mod tests {
         // A chunk that was not numpy'd stays as it is, and so does one followed by a
         // chunk that was not.
         let mut plain = new_episode();
-        plain.concat(&next, |_, _, _: TypedItem<'_>| String::new()).unwrap();
+        plain.concat(&next, |_: TypedItem<'_>| String::new()).unwrap();
         assert!(!plain.rewards.finalized && !plain.observations.finalized);
         let mut lists = new_episode().cut(0).unwrap();
         step(&mut lists, 1.0);
         let mut mixed = first.clone();
-        mixed.concat(&lists, |_, _, _: TypedItem<'_>| String::new()).unwrap();
+        mixed.concat(&lists, |_: TypedItem<'_>| String::new()).unwrap();
         assert!(mixed.observations.finalized && !mixed.rewards.finalized);
     }
 
@@ -1153,7 +1218,7 @@ mod tests {
             next.is_terminated = terminated;
             next.is_truncated = truncated;
             let mut joined = e.clone();
-            joined.concat(&next, |_, _, _: TypedItem<'_>| String::new()).unwrap();
+            joined.concat(&next, |_: TypedItem<'_>| String::new()).unwrap();
             assert_eq!((joined.is_terminated, joined.is_truncated), (terminated, truncated));
         }
     }
@@ -1165,9 +1230,58 @@ mod tests {
         let mut other = e.cut(0).unwrap();
         other.t_started = 9;
         assert!(matches!(
-            e.concat(&other, |_, _, _: TypedItem<'_>| String::new()),
+            e.concat(&other, |_: TypedItem<'_>| String::new()),
             Err(EpisodeError::NotContinuation(_))
         ));
+    }
+
+    #[test]
+    fn specs_travel_with_their_fields_through_cut_slice_and_concat() {
+        // A spec per field (a name here), shared by pointer.
+        let spec = |name: &'static str| Some(Arc::new(name));
+        let scalar = || Schema::new(vec![Leaf::new(DType::F32, vec![])]);
+        let typed = |name| Field { spec: spec(name), ..Field::typed(scalar(), false) };
+        let mut e: SingleAgentCore<String, &'static str> = SingleAgentCore {
+            observations: typed("obs"),
+            actions: typed("act"),
+            rewards: typed("rew"),
+            extra_model_outputs: vec![("logp".into(), typed("logp"))],
+            ..SingleAgentCore::default()
+        };
+        let no_object = |_: TypedItem<'_, &'static str>| String::new();
+        e.add_reset(f32_item(0.0), None, no_object).unwrap();
+        for t in 1..=3 {
+            let s = Step {
+                observation: f32_item(t as f32),
+                action: f32_item(1.0),
+                reward: f32_item(1.0),
+                info: None,
+                extra_model_outputs: vec![("logp", f32_item(-1.0))],
+                terminated: false,
+                truncated: false,
+            };
+            e.add_step(s, no_object).unwrap();
+        }
+        let specs = |c: &SingleAgentCore<String, &'static str>| {
+            let mut v: Vec<_> = [&c.observations, &c.actions, &c.rewards].map(|f| f.spec().copied()).to_vec();
+            v.push(c.extra("logp").and_then(|f| f.spec().copied()));
+            v
+        };
+        let all = vec![Some("obs"), Some("act"), Some("rew"), Some("logp")];
+        let cut = e.cut(1).unwrap();
+        assert_eq!(specs(&cut), all);
+        assert!(Arc::ptr_eq(cut.observations.spec.as_ref().unwrap(), e.observations.spec.as_ref().unwrap()));
+        assert!(cut.rewards_fill_f32, "a cut keeps RLlib's float32 rewards space");
+        let sliced = e.slice(Some(1), None, None, None).unwrap();
+        assert_eq!(specs(&sliced), all);
+        assert!(!sliced.rewards_fill_f32, "RLlib 2.60's slice() builds rewards without it");
+        // A chunk without specs takes the continuation's; its own stay.
+        let mut bare: SingleAgentCore<String, &'static str> = e.clone();
+        bare.actions.spec = None;
+        bare.observations.spec = spec("mine");
+        bare.concat(&cut, no_object).unwrap();
+        assert_eq!(bare.actions.spec(), Some(&"act"));
+        assert_eq!(bare.observations.spec(), Some(&"mine"));
     }
 
     #[test]
@@ -1201,7 +1315,7 @@ mod tests {
                 host_scalars: true,
             },
             None,
-            |_, _, _: TypedItem<'_>| String::new(),
+            |_: TypedItem<'_>| String::new(),
         )
         .unwrap();
         let s = Step {
@@ -1222,7 +1336,7 @@ mod tests {
             },
             ..s
         };
-        e.add_step(s, |_, _, t: TypedItem<'_>| format!("{:?}", t.column.item(0, t.pos))).unwrap();
+        e.add_step(s, |t: TypedItem<'_>| format!("{:?}", t.column.item(0, t.pos))).unwrap();
         match &e.observations.storage {
             Storage::Objects { items, .. } => assert_eq!(items.len(), 2),
             _ => panic!("observations should have become objects"),

@@ -71,6 +71,12 @@ impl Spec {
     }
 }
 
+impl crate::episode::FieldSpec for Spec {
+    fn is_from_space(&self) -> bool {
+        self.from_space
+    }
+}
+
 /// Specs built so far, so that equal ones are shared; bounded (the oldest goes first).
 static INTERNED: Mutex<Vec<Arc<Spec>>> = Mutex::new(Vec::new());
 /// How many entries an intern table keeps.

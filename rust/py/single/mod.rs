@@ -1,0 +1,777 @@
+//! `SingleAgentEpisodePy`: the native storage behind `fastrollout.SingleAgentEpisode`.
+//!
+//! The Python class keeps identity and metadata (ids, spaces, custom data, timing); this
+//! object holds the fields and does every per-step and per-read operation in one call.
+//! The rules are the core's (`crate::episode`: the episode's bookkeeping, its fields and
+//! their specs, the read plan); here Python values are converted in and out: this file
+//! holds the class and its simple methods, `reads` the reads, `writes` the conversions of
+//! values into fields, `rows` the runners' row-step path.
+
+mod reads;
+mod rows;
+mod writes;
+
+pub use rows::{ExtraOutputs, LengthGuess, RowSteps};
+pub use writes::{Input, PreparedReset, PreparedStep};
+
+use pyo3::exceptions::{PyKeyError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use super::object::PyObj;
+use super::spec::{self, Spec};
+use crate::episode::{Field, FieldName, SingleAgentCore, Storage, TypedItem};
+use crate::py::errors::episode_error;
+
+/// The core episode with Python objects and numpy specs.
+type Core = SingleAgentCore<PyObj, Spec>;
+/// A field of [`Core`].
+type PyField = Field<PyObj, Spec>;
+
+fn field_name<'a>(field: &str, key: Option<&'a str>) -> PyResult<FieldName<'a>> {
+    Ok(match (field, key) {
+        ("observations", _) => FieldName::Observations,
+        ("infos", _) => FieldName::Infos,
+        ("actions", _) => FieldName::Actions,
+        ("rewards", _) => FieldName::Rewards,
+        ("extra_model_outputs", Some(k)) => FieldName::Extra(k),
+        _ => return Err(PyValueError::new_err(format!("unknown episode field {field:?} (key {key:?})"))),
+    })
+}
+
+fn label(name: FieldName<'_>) -> String {
+    name.label()
+}
+
+/// The core's items as Python objects, for fields that turn into object storage: as they
+/// read before (items given as Python scalars stay Python scalars, as in RLlib's lists).
+fn to_object(py: Python<'_>, item: TypedItem<'_, Spec>) -> PyObj {
+    let value =
+        item.spec.and_then(|s| spec::item(py, s, item.column, item.pos, item.host_scalar, false).ok());
+    PyObj(value.map_or_else(|| py.None(), Bound::unbind))
+}
+
+/// The infos to record: RLlib records `infos or {}`, a fresh empty dict where none (or
+/// a falsy value) was given. That dict is left absent (`None`) here and made when first
+/// read (see `_get`): most envs give no infos, and a
+/// dict per step would cost more than the step's data.
+pub fn info_or_absent(infos: Option<&Bound<'_, PyAny>>) -> Option<PyObj> {
+    match infos {
+        Some(i) if i.is_truthy().unwrap_or(true) => Some(PyObj(i.clone().unbind())),
+        _ => None,
+    }
+}
+
+/// A fresh empty dict: the infos RLlib records for a step without any.
+fn empty_info(py: Python<'_>) -> PyObj {
+    PyObj(PyDict::new(py).into_any().unbind())
+}
+
+/// Native buffers of one single-agent episode (observations, actions, rewards, infos,
+/// extra model outputs) with RLlib's look-back semantics.
+///
+/// `fastrollout.SingleAgentEpisode` subclasses it: the per-step and per-read methods with
+/// RLlib's names are native, so a call goes straight from Python into Rust; the Python
+/// class adds identity, spaces, custom data and state handling.
+#[pyclass(name = "SingleAgentEpisodeCore", module = "fastrollout._core", subclass)]
+pub struct SingleAgentEpisodePy {
+    core: Core,
+    /// `time.perf_counter()` values (CLOCK_MONOTONIC) of the first and the last step.
+    start_time: Option<f64>,
+    last_step_time: Option<f64>,
+}
+
+/// Seconds on the clock `time.perf_counter()` reads (CLOCK_MONOTONIC on Linux), so the
+/// values stored in states compare with Python's.
+pub fn perf_counter() -> f64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec into the valid, exclusively borrowed `ts`.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
+    if rc == 0 {
+        ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+    } else {
+        0.0
+    }
+}
+
+impl SingleAgentEpisodePy {
+    /// An episode core holding nothing (what `__new__` makes).
+    fn blank() -> Self {
+        SingleAgentEpisodePy { core: Core::default(), start_time: None, last_step_time: None }
+    }
+
+    /// The field `name`; `KeyError` for an extra model output key the episode lacks.
+    fn field(&self, name: FieldName<'_>) -> PyResult<&PyField> {
+        self.core.field(name).ok_or_else(|| missing_key(name))
+    }
+
+    fn field_mut(&mut self, name: FieldName<'_>) -> PyResult<&mut PyField> {
+        self.core.field_mut(name).ok_or_else(|| missing_key(name))
+    }
+
+    /// Stores the observations compressed in blocks of `rows` items (`None`: uncompressed),
+    /// as a multi-agent episode's setting asks of each agent. Observations without a
+    /// typed column yet (no space and no data) get the setting with their first
+    /// observation; Python objects are left as they are.
+    pub fn set_observation_compression(&mut self, rows: Option<usize>) {
+        self.core.observations.set_compression(rows);
+    }
+
+    /// Moves `core` into `target`, a fresh episode object.
+    fn fill_target(target: &Bound<'_, SingleAgentEpisodePy>, core: Core) -> PyResult<()> {
+        let mut t = target.try_borrow_mut()?;
+        t.core = core;
+        t.start_time = None;
+        t.last_step_time = None;
+        Ok(())
+    }
+
+    /// Steps in the chunk.
+    pub fn chunk_len(&self) -> usize {
+        self.core.len()
+    }
+
+    pub fn done(&self) -> bool {
+        self.core.is_done()
+    }
+}
+
+#[pymethods]
+impl SingleAgentEpisodePy {
+    /// An empty episode core; the Python subclass's `__init__` fills it (arguments are
+    /// accepted and ignored here so that subclasses can take any).
+    #[new]
+    #[pyo3(signature = (*_args, **_kwargs))]
+    fn new(_args: &Bound<'_, pyo3::types::PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>) -> Self {
+        Self::blank()
+    }
+
+    /// Sets the space of `field` ("observations" or "actions"). Takes effect for the
+    /// layout only while the field holds no data or the space's layout matches it;
+    /// otherwise it is used for fills and one-hot encoding where it fits.
+    #[pyo3(name = "_set_space")]
+    fn set_space(&mut self, field: &str, space: &Bound<'_, PyAny>) -> PyResult<()> {
+        let name = field_name(field, None)?;
+        let new = if space.is_none() { None } else { spec::from_space(space)? };
+        let f = self.field_mut(name)?;
+        // The new storage keeps the field's compression setting.
+        let compression = f.compression();
+        match (&f.storage, &new) {
+            (Storage::Untyped { .. }, Some(s)) => {
+                f.storage = PyField::typed(s.schema(), false).storage;
+                f.set_compression(compression);
+            }
+            (Storage::Typed { column, .. }, Some(s))
+                if column.total() == 0 || *column.schema() == *s.schema =>
+            {
+                if column.total() == 0 {
+                    f.storage = PyField::typed(s.schema(), false).storage;
+                    f.set_compression(compression);
+                }
+            }
+            (Storage::Typed { column, .. }, None) if column.total() == 0 => {
+                f.storage = Storage::Untyped { compression };
+            }
+            _ => return Ok(()),
+        }
+        match new {
+            Some(s) => f.spec = Some(s),
+            None if matches!(name, FieldName::Observations | FieldName::Actions) => f.spec = None,
+            None => {}
+        }
+        Ok(())
+    }
+
+    /// Records the reset observation (and its infos).
+    ///
+    /// Raises `EpisodeStateError` if the episode already holds observations, is done or
+    /// does not start at t=0, and `SpaceMismatchError` if the observation does not fit.
+    #[pyo3(signature = (observation, infos=None))]
+    fn add_env_reset(
+        &mut self,
+        py: Python<'_>,
+        observation: &Bound<'_, PyAny>,
+        infos: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let prepared = self.prepare_reset(observation)?;
+        self.apply_reset(py, prepared, infos)
+    }
+
+    /// Records one environment step, every field in one native call. Nothing is stored
+    /// unless every value fits.
+    ///
+    /// Raises `EpisodeStateError` if the episode is done or was never reset,
+    /// `SpaceMismatchError` if the observation or action does not fit its space, and
+    /// `TypeError` if the reward is not a real number.
+    #[pyo3(signature = (observation, action, reward, infos=None, *, terminated=false, truncated=false, extra_model_outputs=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn add_env_step(
+        &mut self,
+        py: Python<'_>,
+        observation: &Bound<'_, PyAny>,
+        action: &Bound<'_, PyAny>,
+        reward: &Bound<'_, PyAny>,
+        infos: Option<&Bound<'_, PyAny>>,
+        terminated: bool,
+        truncated: bool,
+        extra_model_outputs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<()> {
+        let prepared = self.prepare_step(observation, action, reward, infos, extra_model_outputs)?;
+        self.apply_step(py, prepared, terminated, truncated)
+    }
+
+    /// Appends `n` infos that were not given: RLlib's fresh empty dicts, made when first
+    /// read (see `info_or_absent`).
+    #[pyo3(name = "_extend_empty_infos")]
+    fn extend_empty_infos(&mut self, n: usize) {
+        for _ in 0..n {
+            self.core.infos.push_sparse(None);
+        }
+    }
+
+    /// Sets how many of a field's stored items are look-back (capped at what is stored).
+    #[pyo3(signature = (field, lookback, key=None))]
+    #[pyo3(name = "_set_lookback")]
+    fn set_lookback(&mut self, field: &str, lookback: usize, key: Option<&str>) -> PyResult<()> {
+        self.field_mut(field_name(field, key)?)?.set_lookback(lookback);
+        Ok(())
+    }
+
+    #[pyo3(signature = (field, key=None))]
+    #[pyo3(name = "_lookback")]
+    fn lookback(&self, field: &str, key: Option<&str>) -> PyResult<usize> {
+        Ok(self.field(field_name(field, key)?)?.lookback())
+    }
+
+    /// Items in a field's chunk (look-back not counted).
+    #[pyo3(signature = (field, key=None))]
+    #[pyo3(name = "_field_len")]
+    fn field_len(&self, field: &str, key: Option<&str>) -> PyResult<usize> {
+        Ok(self.field(field_name(field, key)?)?.len())
+    }
+
+    #[pyo3(signature = (field, key=None))]
+    #[pyo3(name = "_is_finalized")]
+    fn is_finalized(&self, field: &str, key: Option<&str>) -> PyResult<bool> {
+        Ok(self.field(field_name(field, key)?)?.finalized)
+    }
+
+    /// Stores a field's typed column compressed (`rows`: items per LZ4 block, at least 1)
+    /// or, with `None`, uncompressed. Reads are unchanged either way.
+    ///
+    /// Raises:
+    ///     ValueError: If the field holds no typed column (no space and no data yet, or
+    ///         Python objects).
+    ///     KeyError: For an unknown extra model output key.
+    #[pyo3(signature = (field, rows, key=None))]
+    #[pyo3(name = "_set_compression")]
+    fn set_compression(&mut self, field: &str, rows: Option<usize>, key: Option<&str>) -> PyResult<()> {
+        if let Storage::Typed { column, .. } = &mut self.field_mut(field_name(field, key)?)?.storage {
+            column.set_compression(rows);
+            return Ok(());
+        }
+        Err(PyValueError::new_err(format!(
+            "_set_compression: the {field} field holds no typed column (give its space, or add data that fits one, first)"
+        )))
+    }
+
+    /// Items per compressed block of a field, `None` if it is stored uncompressed.
+    #[pyo3(signature = (field, key=None))]
+    #[pyo3(name = "_compression")]
+    fn compression(&self, field: &str, key: Option<&str>) -> PyResult<Option<usize>> {
+        Ok(self.field(field_name(field, key)?)?.compression())
+    }
+
+    /// Bytes of a field's stored typed items (compressed blocks plus uncompressed items;
+    /// 0 for fields of Python objects).
+    #[pyo3(signature = (field, key=None))]
+    #[pyo3(name = "_stored_bytes")]
+    fn stored_bytes(&self, field: &str, key: Option<&str>) -> PyResult<usize> {
+        Ok(match &self.field(field_name(field, key)?)?.storage {
+            Storage::Typed { column, .. } => column.stored_bytes(),
+            _ => 0,
+        })
+    }
+
+    /// The keys of the extra model outputs, in the order they first appeared.
+    #[pyo3(name = "_extra_keys")]
+    fn extra_keys(&self) -> Vec<String> {
+        self.core.extra_model_outputs.iter().map(|(k, _)| k.to_string()).collect()
+    }
+
+    /// Removes the item at `index` of a field (RLlib's `InfiniteLookbackBuffer.pop`): an
+    /// index into all stored items, look-back included (negative: from the end). The
+    /// look-back shrinks when the item was part of it.
+    ///
+    /// Raises:
+    ///     IndexError: If there is no such item (nothing changes).
+    ///     KeyError: For an unknown extra model output key.
+    #[pyo3(name = "_pop", signature = (field, index=-1, key=None))]
+    fn pop(&mut self, field: &str, index: i64, key: Option<&str>) -> PyResult<()> {
+        let f = self.field_mut(field_name(field, key)?)?;
+        let total = f.geometry().total;
+        let pos = if index < 0 { i64::try_from(total).unwrap_or(i64::MAX) + index } else { index };
+        match usize::try_from(pos) {
+            Ok(pos) if pos < total => {
+                f.remove(pos);
+                Ok(())
+            }
+            _ => Err(pyo3::exceptions::PyIndexError::new_err(format!(
+                "pop index {index} out of range for {total} stored items of the {field}"
+            ))),
+        }
+    }
+
+    /// Removes the extra model output `key`.
+    ///
+    /// Raises:
+    ///     KeyError: If there is none.
+    #[pyo3(name = "_del_extra")]
+    fn del_extra(&mut self, key: &str) -> PyResult<()> {
+        let Some(i) = self.core.extra_model_outputs.iter().position(|(k, _)| &**k == key) else {
+            return Err(PyKeyError::new_err(key.to_string()));
+        };
+        self.core.extra_model_outputs.remove(i);
+        Ok(())
+    }
+
+    /// Whether the rewards have RLlib's float32 reward space (its fills are float32):
+    /// every episode's but a slice's, as in RLlib.
+    #[pyo3(name = "_rewards_have_space")]
+    fn rewards_have_space(&self) -> bool {
+        self.core.rewards_fill_f32
+    }
+
+    #[getter]
+    fn t(&self) -> i64 {
+        self.core.t
+    }
+    #[setter]
+    fn set_t(&mut self, t: i64) {
+        self.core.t = t;
+    }
+    #[getter]
+    fn t_started(&self) -> i64 {
+        self.core.t_started
+    }
+    #[setter]
+    fn set_t_started(&mut self, t: i64) {
+        self.core.t_started = t;
+    }
+    #[getter]
+    fn is_terminated(&self) -> bool {
+        self.core.is_terminated
+    }
+    #[setter]
+    fn set_is_terminated(&mut self, v: bool) {
+        self.core.is_terminated = v;
+    }
+    #[getter]
+    fn is_truncated(&self) -> bool {
+        self.core.is_truncated
+    }
+    #[setter]
+    fn set_is_truncated(&mut self, v: bool) {
+        self.core.is_truncated = v;
+    }
+
+    /// RLlib's length checks; raises `EpisodeStateError` naming the mismatch.
+    fn validate(&self) -> PyResult<()> {
+        self.core.validate().map_err(|e| episode_error(&e))
+    }
+
+    /// Switches reads to batched numpy arrays (RLlib's `to_numpy`): observations always;
+    /// actions, rewards and extra model outputs once the chunk has a step; infos never.
+    /// Returns the episode.
+    ///
+    /// Raises `EpisodeStateError` if the lengths do not fit, `ValueError` if the episode
+    /// holds no observation at all.
+    #[allow(clippy::wrong_self_convention)] // RLlib's method name
+    fn to_numpy(mut slf: PyRefMut<'_, Self>) -> PyResult<PyRefMut<'_, Self>> {
+        if slf.core.observations.geometry().total == 0 {
+            return Err(PyValueError::new_err(
+                "to_numpy: the episode holds no observations (call add_env_reset first)",
+            ));
+        }
+        slf.core.to_numpy().map_err(|e| episode_error(&e))?;
+        Ok(slf)
+    }
+
+    /// The seed-era name of `to_numpy`.
+    fn finalize(slf: PyRefMut<'_, Self>) -> PyResult<PyRefMut<'_, Self>> {
+        Self::to_numpy(slf)
+    }
+
+    /// The sum of the chunk's rewards (look-back not counted).
+    fn get_return(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        if let Some(r) = self.core.typed_return() {
+            return Ok(r.into_pyobject(py)?.into_any().unbind());
+        }
+        let rewards = self.get(py, "rewards", None, None, false, None, false)?;
+        Ok(py.import("builtins")?.getattr("sum")?.call1((rewards,))?.unbind())
+    }
+
+    /// Makes `target`, a fresh episode object, a copy of this episode while nothing is
+    /// recorded in it yet: the same layouts and specs (those of its spaces), without
+    /// inferring them from the spaces again (the runners' new episodes, about a
+    /// microsecond less each).
+    ///
+    /// Raises:
+    ///     EpisodeStateError: If this episode was already reset.
+    #[pyo3(name = "_blank_into")]
+    fn blank_into(&self, target: &Bound<'_, SingleAgentEpisodePy>) -> PyResult<()> {
+        if self.core.is_reset() {
+            return Err(crate::py::errors::EpisodeStateError::new_err(
+                "_blank_into: the episode holds data; only a blank episode is copied this way",
+            ));
+        }
+        Self::fill_target(target, self.core.clone())
+    }
+
+    /// Writes the successor chunk of `cut(len_lookback_buffer)` into `target`, a fresh
+    /// episode object. With `keep_done`, a done episode is cut as if it were not, and
+    /// the successor gets its flags (a multi-agent cut's agent that finished at the last
+    /// env step).
+    #[pyo3(name = "_cut_into", signature = (target, len_lookback_buffer, keep_done=false))]
+    fn cut_into(
+        &mut self,
+        py: Python<'_>,
+        target: &Bound<'_, SingleAgentEpisodePy>,
+        len_lookback_buffer: usize,
+        keep_done: bool,
+    ) -> PyResult<()> {
+        let as_live = keep_done || !self.core.is_done();
+        // RLlib's successor holds the very info dicts of its look-back: make the absent
+        // ones here first, so both episodes share them (a handful per cut).
+        if as_live {
+            let shared = self.core.cut_info_positions(len_lookback_buffer).map_err(|e| episode_error(&e))?;
+            self.core.infos.materialize(&shared, || empty_info(py));
+        }
+        let mut core = if keep_done {
+            self.core.cut_as_live(len_lookback_buffer)
+        } else {
+            self.core.cut(len_lookback_buffer)
+        }
+        .map_err(|e| episode_error(&e))?;
+        if keep_done {
+            core.is_terminated = self.core.is_terminated;
+            core.is_truncated = self.core.is_truncated;
+        }
+        Self::fill_target(target, core)
+    }
+
+    /// Writes the steps `start:stop:step` (with look-back) into `target`, a fresh episode
+    /// object.
+    #[pyo3(name = "_slice_into", signature = (target, start, stop, step, len_lookback_buffer=None))]
+    fn slice_into(
+        &mut self,
+        py: Python<'_>,
+        target: &Bound<'_, SingleAgentEpisodePy>,
+        start: Option<i64>,
+        stop: Option<i64>,
+        step: Option<i64>,
+        len_lookback_buffer: Option<usize>,
+    ) -> PyResult<()> {
+        if step == Some(0) {
+            return Err(PyValueError::new_err("slice step cannot be zero"));
+        }
+        // The slice holds the very info dicts of this episode, as in RLlib: make the
+        // absent ones first so both share them. An error is left to `slice` to report.
+        if let Ok(shared) = self.core.slice_info_positions(start, stop, step, len_lookback_buffer) {
+            self.core.infos.materialize(&shared, || empty_info(py));
+        }
+        let core = self.core.slice(start, stop, step, len_lookback_buffer).map_err(|e| episode_error(&e))?;
+        Self::fill_target(target, core)
+    }
+
+    /// Appends `other`'s chunk (see `SingleAgentEpisode.concat_episode`).
+    #[pyo3(name = "_concat")]
+    fn concat(&mut self, py: Python<'_>, other: &Bound<'_, SingleAgentEpisodePy>) -> PyResult<()> {
+        let mut other = other.try_borrow_mut()?;
+        // This episode goes on with the other chunk's info dicts themselves, as in RLlib:
+        // make its absent ones first so both share them.
+        let g = other.core.infos.geometry();
+        let chunk: Vec<usize> = (g.lookback..g.total).collect();
+        other.core.infos.materialize(&chunk, || empty_info(py));
+        self.core.concat(&other.core, |t| to_object(py, t)).map_err(|e| episode_error(&e))
+    }
+
+    /// Reads observations with RLlib's index semantics (see `SingleAgentEpisode`).
+    #[pyo3(signature = (indices=None, *, neg_index_as_lookback=false, fill=None, one_hot_discrete=false))]
+    fn get_observations<'py>(
+        &self,
+        py: Python<'py>,
+        indices: Option<&Bound<'py, PyAny>>,
+        neg_index_as_lookback: bool,
+        fill: Option<&Bound<'py, PyAny>>,
+        one_hot_discrete: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        self.get(py, "observations", None, indices, neg_index_as_lookback, fill, one_hot_discrete)
+    }
+
+    /// Reads infos with RLlib's index semantics.
+    #[pyo3(signature = (indices=None, *, neg_index_as_lookback=false, fill=None))]
+    fn get_infos<'py>(
+        &mut self,
+        py: Python<'py>,
+        indices: Option<&Bound<'py, PyAny>>,
+        neg_index_as_lookback: bool,
+        fill: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        self.get_py(py, "infos", None, indices, neg_index_as_lookback, fill, false)
+    }
+
+    /// Reads actions with RLlib's index semantics.
+    #[pyo3(signature = (indices=None, *, neg_index_as_lookback=false, fill=None, one_hot_discrete=false))]
+    fn get_actions<'py>(
+        &self,
+        py: Python<'py>,
+        indices: Option<&Bound<'py, PyAny>>,
+        neg_index_as_lookback: bool,
+        fill: Option<&Bound<'py, PyAny>>,
+        one_hot_discrete: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        self.get(py, "actions", None, indices, neg_index_as_lookback, fill, one_hot_discrete)
+    }
+
+    /// Reads rewards with RLlib's index semantics.
+    #[pyo3(signature = (indices=None, *, neg_index_as_lookback=false, fill=None))]
+    fn get_rewards<'py>(
+        &self,
+        py: Python<'py>,
+        indices: Option<&Bound<'py, PyAny>>,
+        neg_index_as_lookback: bool,
+        fill: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        self.get(py, "rewards", None, indices, neg_index_as_lookback, fill, false)
+    }
+
+    /// Reads one extra model output with RLlib's index semantics; `KeyError` for an
+    /// unknown key.
+    #[pyo3(signature = (key, indices=None, *, neg_index_as_lookback=false, fill=None))]
+    fn get_extra_model_outputs<'py>(
+        &self,
+        py: Python<'py>,
+        key: &str,
+        indices: Option<&Bound<'py, PyAny>>,
+        neg_index_as_lookback: bool,
+        fill: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        self.get(py, "extra_model_outputs", Some(key), indices, neg_index_as_lookback, fill, false)
+    }
+
+    /// Overwrites observations in place (RLlib's `set_observations`).
+    #[pyo3(signature = (*, new_data, at_indices=None, neg_index_as_lookback=false))]
+    fn set_observations(
+        &mut self,
+        new_data: &Bound<'_, PyAny>,
+        at_indices: Option<&Bound<'_, PyAny>>,
+        neg_index_as_lookback: bool,
+    ) -> PyResult<()> {
+        self.set("observations", new_data, None, at_indices, neg_index_as_lookback)
+    }
+
+    /// Overwrites actions in place.
+    #[pyo3(signature = (*, new_data, at_indices=None, neg_index_as_lookback=false))]
+    fn set_actions(
+        &mut self,
+        new_data: &Bound<'_, PyAny>,
+        at_indices: Option<&Bound<'_, PyAny>>,
+        neg_index_as_lookback: bool,
+    ) -> PyResult<()> {
+        self.set("actions", new_data, None, at_indices, neg_index_as_lookback)
+    }
+
+    /// Overwrites rewards in place.
+    #[pyo3(signature = (*, new_data, at_indices=None, neg_index_as_lookback=false))]
+    fn set_rewards(
+        &mut self,
+        new_data: &Bound<'_, PyAny>,
+        at_indices: Option<&Bound<'_, PyAny>>,
+        neg_index_as_lookback: bool,
+    ) -> PyResult<()> {
+        self.set("rewards", new_data, None, at_indices, neg_index_as_lookback)
+    }
+
+    /// Overwrites one extra model output in place; `EpisodeStateError` (an
+    /// `AssertionError`, as in RLlib) for an unknown key.
+    #[pyo3(signature = (*, key, new_data, at_indices=None, neg_index_as_lookback=false))]
+    fn set_extra_model_outputs(
+        &mut self,
+        key: &str,
+        new_data: &Bound<'_, PyAny>,
+        at_indices: Option<&Bound<'_, PyAny>>,
+        neg_index_as_lookback: bool,
+    ) -> PyResult<()> {
+        if self.core.extra(key).is_none() {
+            // RLlib asserts the key exists before setting (reads raise KeyError instead).
+            return Err(crate::py::errors::EpisodeStateError::new_err(format!(
+                "set_extra_model_outputs: there is no extra model output {key:?} to set"
+            )));
+        }
+        self.set("extra_model_outputs", new_data, Some(key), at_indices, neg_index_as_lookback)
+    }
+
+    /// Whether the episode is terminated or truncated.
+    #[getter]
+    fn is_done(&self) -> bool {
+        self.core.is_done()
+    }
+
+    /// Whether the chunk holds at least one observation.
+    #[getter]
+    pub fn is_reset(&self) -> bool {
+        self.core.is_reset()
+    }
+
+    /// Whether reads return batched numpy arrays (after `to_numpy`).
+    #[getter]
+    fn is_numpy(&self) -> bool {
+        self.core.rewards.finalized
+    }
+
+    /// Env steps in the chunk.
+    fn env_steps(&self) -> usize {
+        self.core.len()
+    }
+
+    /// Agent steps in the chunk (equal to env steps for one agent).
+    fn agent_steps(&self) -> usize {
+        self.core.len()
+    }
+
+    fn __len__(&self) -> usize {
+        self.core.len()
+    }
+
+    /// Seconds between the reset (or first step) and the last step; 0.0 before a step.
+    fn get_duration_s(&self) -> f64 {
+        match (self.start_time, self.last_step_time) {
+            (Some(start), Some(last)) => last - start,
+            _ => 0.0,
+        }
+    }
+
+    #[getter(_start_time)]
+    fn start_time(&self) -> Option<f64> {
+        self.start_time
+    }
+    #[setter(_start_time)]
+    fn set_start_time(&mut self, v: Option<f64>) {
+        self.start_time = v;
+    }
+    #[getter(_last_step_time)]
+    fn last_step_time(&self) -> Option<f64> {
+        self.last_step_time
+    }
+    #[setter(_last_step_time)]
+    fn set_last_step_time(&mut self, v: Option<f64>) {
+        self.last_step_time = v;
+    }
+
+    /// Appends `data` (a list of items, or a batch: an ndarray / dict of ndarrays with the
+    /// items on the first axis) to a field; a batch also marks the field finalized, as
+    /// RLlib's buffers do when built from arrays.
+    #[pyo3(signature = (field, data, key=None))]
+    #[pyo3(name = "_extend")]
+    fn extend(
+        &mut self,
+        py: Python<'_>,
+        field: &str,
+        data: &Bound<'_, PyAny>,
+        key: Option<&str>,
+    ) -> PyResult<()> {
+        self.extend_items(py, field, data, key)
+    }
+
+    /// Makes `data` (a list of items, or a batch: an array or a dict/tuple of arrays with
+    /// the items on the first axis) the extra model output `key`, its first `lookback`
+    /// items look-back: a new key goes last, an existing one is replaced in place. The
+    /// layout is inferred from the data, as for a new episode's.
+    ///
+    /// Raises:
+    ///     EpisodeStateError: If the items after the look-back are not one per step of
+    ///         the episode. Nothing changes then, nor on any other error.
+    #[pyo3(name = "_put_extra")]
+    fn put_extra(
+        &mut self,
+        py: Python<'_>,
+        key: &str,
+        data: &Bound<'_, PyAny>,
+        lookback: usize,
+    ) -> PyResult<()> {
+        self.put_extra_field(py, key, data, lookback)
+    }
+
+    /// Reads a field with RLlib's index semantics.
+    #[pyo3(signature = (field, key=None, indices=None, neg_index_as_lookback=false, fill=None, one_hot_discrete=false))]
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(name = "_get")]
+    fn get_py<'py>(
+        &mut self,
+        py: Python<'py>,
+        field: &str,
+        key: Option<&str>,
+        indices: Option<&Bound<'py, PyAny>>,
+        neg_index_as_lookback: bool,
+        fill: Option<&Bound<'py, PyAny>>,
+        one_hot_discrete: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        self.read_field(py, field, key, indices, neg_index_as_lookback, fill, one_hot_discrete)
+    }
+
+    /// `_get` on a view of the field with the last stored item left out
+    /// (`ignore_last`), and/or with `add_last` appended as one more item: what RLlib's
+    /// `_ignore_last_ts` / `_add_last_ts_value` do for the multi-agent episode, whose
+    /// hanging actions and rewards belong after an agent's stored data. A missing extra
+    /// model output key reads as an empty field.
+    #[pyo3(signature = (field, key=None, indices=None, neg_index_as_lookback=false, fill=None, one_hot_discrete=false, add_last=None, ignore_last=false))]
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(name = "_get_ext")]
+    fn get_ext<'py>(
+        &mut self,
+        py: Python<'py>,
+        field: &str,
+        key: Option<&str>,
+        indices: Option<&Bound<'py, PyAny>>,
+        neg_index_as_lookback: bool,
+        fill: Option<&Bound<'py, PyAny>>,
+        one_hot_discrete: bool,
+        add_last: Option<&Bound<'py, PyAny>>,
+        ignore_last: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        self.read_view(
+            py,
+            field,
+            key,
+            indices,
+            neg_index_as_lookback,
+            fill,
+            one_hot_discrete,
+            add_last,
+            ignore_last,
+        )
+    }
+
+    /// Overwrites items of a field with RLlib's index semantics (`None` = the whole chunk).
+    #[pyo3(signature = (field, new_data, key=None, at_indices=None, neg_index_as_lookback=false))]
+    #[pyo3(name = "_set")]
+    fn set(
+        &mut self,
+        field: &str,
+        new_data: &Bound<'_, PyAny>,
+        key: Option<&str>,
+        at_indices: Option<&Bound<'_, PyAny>>,
+        neg_index_as_lookback: bool,
+    ) -> PyResult<()> {
+        self.write_field(field, new_data, key, at_indices, neg_index_as_lookback)
+    }
+}
+
+/// The `KeyError` for a field the episode lacks (only extra model outputs can be missing).
+fn missing_key(name: FieldName<'_>) -> PyErr {
+    match name {
+        FieldName::Extra(k) => PyKeyError::new_err(k.to_string()),
+        _ => PyKeyError::new_err(label(name)),
+    }
+}

@@ -1,0 +1,250 @@
+//! The row-step path: a step whose fields arrive as rows laid out like the episode's typed
+//! columns (a vector env's batches, a module's outputs), stored without per-item conversion.
+
+use std::sync::Arc;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyString};
+use smallvec::SmallVec;
+
+use super::{label, FieldName, SingleAgentEpisodePy};
+use crate::episode::{Leaves, Storage};
+use crate::py::errors::episode_error;
+use crate::py::object::PyObj;
+use crate::py::outputs::AgentOutputsPy;
+use crate::py::spec::{self, LeafBytes, Spec};
+use crate::schema::DType;
+
+/// A runner's guess of how long its chunks get (see
+/// [`SingleAgentEpisodePy::reserve_after_first_step`]).
+#[derive(Clone, Copy, Debug)]
+pub struct LengthGuess {
+    /// The length of the episodes the runner saw end.
+    pub expected_len: i64,
+    /// The most steps a chunk can take before the runner cuts it (`usize::MAX`: no bound).
+    pub steps_left: usize,
+}
+
+/// A step's extra model outputs for [`SingleAgentEpisodePy::prepare_row_step`]: a dict of
+/// values, or the agent's row of its module's output arrays (the runner's scatter).
+pub enum ExtraOutputs<'a, 'py> {
+    Dict(&'a Bound<'py, PyDict>),
+    Rows(&'a AgentOutputsPy),
+}
+
+/// Steps of several episodes (one env step's agents) as raw rows laid out like each
+/// episode's typed columns (observation, action, reward, then its extras), for
+/// [`SingleAgentEpisodePy::add_row_step`]: what [`SingleAgentEpisodePy::prepare_row_step`]
+/// adds to.
+///
+/// All steps share the same lists of leaves and keys (the multi-agent record prepares
+/// every agent's step before it stores any): lists per step cost a heap block each, and
+/// moving a step with inline buffers through the record's plans cost as much, each about a
+/// tenth of the record. The lists are inline up to eight agents' usual steps.
+#[derive(Default)]
+pub struct RowSteps<'py> {
+    leaves: RowLeaves<'py>,
+    keys: SmallVec<[Bound<'py, PyString>; 24]>,
+    /// Per step, where its leaves and its extras' keys end.
+    ends: SmallVec<[(usize, usize); 8]>,
+}
+
+/// [`RowSteps`]' leaves: room for eight steps of an observation, an action, a reward and
+/// three one-leaf extras.
+pub(super) type RowLeaves<'py> = SmallVec<[LeafBytes<'py>; 48]>;
+
+/// The most leaves and extra keys of one row step kept on the stack while it is stored.
+pub(super) const ROW_LEAVES: usize = 8;
+
+impl RowSteps<'_> {
+    /// Where the next step's leaves and keys start (for [`Self::finish`]).
+    pub(super) fn mark(&self) -> (usize, usize) {
+        (self.leaves.len(), self.keys.len())
+    }
+
+    /// Ends the step begun at `mark`: kept (its index) where `added` is `Ok(true)`;
+    /// otherwise what it added is taken back, so that the next step starts clean.
+    pub(super) fn finish(&mut self, mark: (usize, usize), added: PyResult<bool>) -> PyResult<Option<usize>> {
+        if !matches!(added, Ok(true)) {
+            self.leaves.truncate(mark.0);
+            self.keys.truncate(mark.1);
+            return added.map(|_| None);
+        }
+        self.ends.push(self.mark());
+        Ok(Some(self.ends.len() - 1))
+    }
+
+    /// Where step `step`'s leaves and keys start.
+    pub(super) fn starts(&self, step: usize) -> (usize, usize) {
+        step.checked_sub(1).map_or((0, 0), |p| self.ends[p])
+    }
+
+    /// Stores step `step` into `episode` (nothing is stored on error); `info` as
+    /// [`info_or_absent`] gives it.
+    pub fn apply(
+        &self,
+        step: usize,
+        episode: &mut SingleAgentEpisodePy,
+        info: Option<PyObj>,
+        terminated: bool,
+        truncated: bool,
+        now: f64,
+    ) -> PyResult<()> {
+        let (l0, k0) = self.starts(step);
+        let (l1, k1) = self.ends[step];
+        let leaves: SmallVec<[&[u8]; ROW_LEAVES]> = self.leaves[l0..l1].iter().map(AsRef::as_ref).collect();
+        let keys = self.keys[k0..k1]
+            .iter()
+            .map(|k| k.to_str())
+            .collect::<PyResult<SmallVec<[&str; ROW_LEAVES]>>>()?;
+        episode.add_row_step(&leaves, &keys, info, terminated, truncated, now)
+    }
+}
+
+impl SingleAgentEpisodePy {
+    /// [`Self::prepare_step`] for the common step of an episode whose fields are all
+    /// typed (every step after an agent's first): each value converted straight to the
+    /// bytes of its column's layout, added to `steps` for [`RowSteps::apply`], without the
+    /// per-field items of the general path. Returns the step's index in `steps`, or
+    /// `None` (and `steps` as it was) wherever the general path does something else (a
+    /// field or extra key without a typed column, a value that does not convert, a reward
+    /// column that is not one f32/f64 scalar): the caller then takes that path, which also
+    /// raises its errors.
+    pub fn prepare_row_step<'py>(
+        &self,
+        steps: &mut RowSteps<'py>,
+        observation: &Bound<'py, PyAny>,
+        action: &Bound<'py, PyAny>,
+        reward: f64,
+        extra_model_outputs: Option<ExtraOutputs<'_, 'py>>,
+    ) -> PyResult<Option<usize>> {
+        let py = observation.py();
+        let mark = steps.mark();
+        // Ok(false): a value does not go in as a row; `finish` takes back what was added.
+        let added = (|| -> PyResult<bool> {
+            if self.core.is_done() || !self.core.is_reset() {
+                return Ok(false);
+            }
+            let leaves = &mut steps.leaves;
+            if !self.push_row_bytes(leaves, FieldName::Observations, observation)
+                || !self.push_row_bytes(leaves, FieldName::Actions, action)
+            {
+                return Ok(false);
+            }
+            let Some(spec) = self.row_spec(FieldName::Rewards) else { return Ok(false) };
+            match spec.schema.leaves.as_slice() {
+                [leaf] if leaf.shape.is_empty() && leaf.dtype == DType::F64 => {
+                    leaves.push(LeafBytes::scalar(&reward.to_ne_bytes()));
+                }
+                [leaf] if leaf.shape.is_empty() && leaf.dtype == DType::F32 => {
+                    leaves.push(LeafBytes::scalar(&(reward as f32).to_ne_bytes()));
+                }
+                _ => return Ok(false),
+            }
+            let push_dict = |steps: &mut RowSteps<'py>, d: &Bound<'py, PyDict>| -> PyResult<bool> {
+                for (k, v) in d.iter() {
+                    let Ok(k) = k.cast_into::<PyString>() else { return Ok(false) };
+                    if !self.push_row_bytes(&mut steps.leaves, FieldName::Extra(k.to_str()?), &v) {
+                        return Ok(false);
+                    }
+                    steps.keys.push(k);
+                }
+                Ok(true)
+            };
+            match extra_model_outputs {
+                None => Ok(true),
+                Some(ExtraOutputs::Dict(d)) => push_dict(steps, d),
+                Some(ExtraOutputs::Rows(r)) => {
+                    for column in r.columns() {
+                        let k = column.name.bind(py);
+                        let Some(spec) = self.row_spec(FieldName::Extra(k.to_str()?)) else {
+                            return Ok(false);
+                        };
+                        let Some(bytes) = r.row_bytes(py, column, spec) else { return Ok(false) };
+                        steps.leaves.push(bytes);
+                        steps.keys.push(k.clone());
+                    }
+                    r.constants(py).map_or(Ok(true), |c| push_dict(steps, c))
+                }
+            }
+        })();
+        steps.finish(mark, added)
+    }
+
+    /// Appends `value`'s bytes in the layout of `name`'s typed column; false (nothing
+    /// appended) where the field has no such column or the value does not convert.
+    pub(super) fn push_row_bytes<'py>(
+        &self,
+        leaves: &mut RowLeaves<'py>,
+        name: FieldName<'_>,
+        value: &Bound<'py, PyAny>,
+    ) -> bool {
+        let Some(spec) = self.row_spec(name) else { return false };
+        let Ok(views) = spec::to_leaf_views(spec, value, None, &|| label(name)) else { return false };
+        match views {
+            Leaves::One(view) => leaves.push(view),
+            Leaves::Many(views) => leaves.extend(views),
+        }
+        true
+    }
+
+    /// The spec of `name` if the field stores typed items laid out by it, so that a row
+    /// of a batch converted with this spec can be stored as it is ([`Input::Row`]).
+    pub fn row_spec(&self, name: FieldName<'_>) -> Option<&Spec> {
+        let field = self.core.field(name)?;
+        match (&field.storage, field.spec()) {
+            // The same schema object first: a column made from this spec shares it.
+            (Storage::Typed { column, .. }, Some(spec))
+                if std::ptr::eq(column.schema(), Arc::as_ptr(&spec.schema))
+                    || column.schema().leaves == spec.schema.leaves =>
+            {
+                Some(spec)
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether the field `name` infers its spec from the next item stored (no items and
+    /// no spec yet: [`prepare`]'s inference), which [`Input::FirstRow`] stands in for.
+    pub fn infers_spec(&self, name: FieldName<'_>) -> bool {
+        self.core.field(name).is_none_or(|f| matches!(f.storage, Storage::Untyped { .. }) && f.spec.is_none())
+    }
+
+    /// Right after a chunk's first step (when every field has its column), reserves room
+    /// in its typed columns for the steps left until the episode is `guess.expected_len`
+    /// long, and no more than `guess.steps_left` (see
+    /// [`crate::episode::SingleAgentCore::reserve_until`]); nothing otherwise.
+    pub fn reserve_after_first_step(&mut self, guess: Option<LengthGuess>) {
+        if let Some(g) = guess {
+            if self.core.len() == 1 {
+                self.core.reserve_until(g.expected_len, g.steps_left);
+            }
+        }
+    }
+
+    /// Whether [`Self::add_row_step`] takes a step with these field layouts (observation,
+    /// action, reward, then the extras `extra_keys`).
+    pub fn fits_rows(&self, layouts: &[&crate::schema::Schema], extra_keys: &[&str]) -> bool {
+        self.core.fits_rows(layouts, extra_keys)
+    }
+
+    /// Records one step from raw bytes, one slice per leaf of each field in
+    /// [`Self::fits_rows`] order; `info` is [`info_or_absent`]'s (decided by the caller
+    /// before any bytes are borrowed, since reading a value's truth may run Python code).
+    /// Nothing is stored on error.
+    pub fn add_row_step(
+        &mut self,
+        leaves: &[&[u8]],
+        extra_keys: &[&str],
+        info: Option<PyObj>,
+        terminated: bool,
+        truncated: bool,
+        now: f64,
+    ) -> PyResult<()> {
+        self.core
+            .add_row_step(leaves, extra_keys, info, terminated, truncated)
+            .map_err(|e| episode_error(&e))?;
+        self.stamp_step(now);
+        Ok(())
+    }
+}
