@@ -898,7 +898,7 @@ mod tests {
         let mut done = succ.clone();
         done.add_row_step(&row, &["logp"], None, false, true).unwrap();
         assert_eq!(obs_sealed(&done).0, obs_sealed(&done).1);
-        out.concat(&done, |_, _, _: TypedItem<'_>| String::new()).unwrap();
+        out.concat(&done, |_: TypedItem<'_>| String::new()).unwrap();
         assert_eq!(obs_sealed(&out), (14, 14), "a concat that ends done is sealed");
         assert_eq!(read(&out.observations), (0..14u8).map(f32::from).collect::<Vec<_>>());
         let sliced = out.slice(Some(5), None, None, Some(1)).unwrap();
@@ -907,7 +907,7 @@ mod tests {
         // Not done: a concat keeps the newest items raw.
         let mut open = e.clone();
         open.seal();
-        open.concat(&succ, |_, _, _: TypedItem<'_>| String::new()).unwrap();
+        open.concat(&succ, |_: TypedItem<'_>| String::new()).unwrap();
         assert!(obs_sealed(&open).0 < obs_sealed(&open).1);
         assert_eq!(read(&open.observations), (0..13u8).map(f32::from).collect::<Vec<_>>());
     }

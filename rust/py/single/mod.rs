@@ -293,6 +293,14 @@ impl SingleAgentEpisodePy {
         })
     }
 
+    /// Compresses every item of the compressed fields, none kept raw for appends: for a
+    /// chunk that receives no more steps (runners call it on the chunks they hand out; a
+    /// done episode does it itself). Reads are unchanged; a later step still works.
+    #[pyo3(name = "_seal")]
+    fn seal(&mut self) {
+        self.core.seal();
+    }
+
     /// The keys of the extra model outputs, in the order they first appeared.
     #[pyo3(name = "_extra_keys")]
     fn extra_keys(&self) -> Vec<String> {
