@@ -1,13 +1,16 @@
 //! fastrollout's native core.
 //!
 //! The crate has two layers:
-//! - the pure core (`schema`, `column`, `episode`, `metrics`, `runner`): typed columns with
-//!   look-back, the episode bookkeeping built on them, the metric statistics, and the
-//!   runner's batched containers, and the batch post-processing (GAE). It knows nothing of Python, so `cargo test` and the
-//!   criterion benches run on it alone;
+//! - the pure core (`schema`, `column`, `episode`, `metrics`, `runner`, `dist`,
+//!   `postprocess`): typed columns with look-back, the episode bookkeeping built on them
+//!   and RLlib's episode rules (reads, fills, the multi-agent env step as a plan), the
+//!   metric statistics, the runner's batched containers, and the batch post-processing
+//!   (GAE). It knows nothing of Python, so `cargo test` and the criterion benches run on it
+//!   alone;
 //! - the binding layer (`py`, behind the `python` feature that maturin turns on): converts
-//!   Python/numpy values to and from the core's types and maps core errors to Python
-//!   exceptions. It holds no logic of its own beyond that.
+//!   Python/numpy values to and from the core's types, maps core errors to Python
+//!   exceptions and applies the core's plans (`py/mod.rs` lists the rules still decided
+//!   there, on Python values).
 
 pub mod column;
 pub mod dist;
