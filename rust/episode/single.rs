@@ -652,15 +652,10 @@ impl<O: Clone, S> SingleAgentCore<O, S> {
         Ok(slice_positions(&self.infos, start, stop, step, len_lookback_buffer, 1)?.0)
     }
 
-    /// Appends `other`, the chunk that continues this episode (RLlib's `concat_episode`).
-    ///
-    /// The caller checks that both are the same episode and that `other`'s first
-    /// observation equals this one's last; here the time steps and fields must line up.
-    pub fn concat(
-        &mut self,
-        other: &SingleAgentCore<O, S>,
-        mut to_object: impl ToObject<O, S>,
-    ) -> Result<(), EpisodeError> {
+    /// Whether `other` can be appended ([`Self::concat`]): this episode is not done, the
+    /// other starts at this one's `t`, both pass [`Self::validate`], and an extra model
+    /// output new to this episode starts where it has no step yet.
+    pub fn check_concat(&self, other: &SingleAgentCore<O, S>) -> Result<(), EpisodeError> {
         if self.is_done() {
             return Err(EpisodeError::Done { what: "concat_episode" });
         }
@@ -672,22 +667,36 @@ impl<O: Clone, S> SingleAgentCore<O, S> {
         }
         self.validate()?;
         other.validate()?;
-        let missing: Vec<Arc<str>> = other
-            .extra_model_outputs
-            .iter()
-            .filter(|(k, _)| self.extra(k).is_none())
-            .map(|(k, _)| Arc::clone(k))
-            .collect();
         // A key this episode lacks can start with the other chunk only where this one has
         // no step yet (an agent that first acts after a cut): elsewhere its column would be
         // shorter than the steps.
-        if let Some(key) = missing.first().filter(|_| !self.actions.is_empty()) {
+        let missing = other.extra_model_outputs.iter().find(|(k, _)| self.extra(k).is_none());
+        if let Some((key, _)) = missing.filter(|_| !self.actions.is_empty()) {
             return Err(EpisodeError::NotContinuation(format!(
                 "concat_episode: extra model output {key:?} is not in this episode, which has \
                  {} steps without it",
                 self.actions.len()
             )));
         }
+        Ok(())
+    }
+
+    /// Appends `other`, the chunk that continues this episode (RLlib's `concat_episode`).
+    ///
+    /// The caller checks that both are the same episode and that `other`'s first
+    /// observation equals this one's last; here the time steps and fields must line up.
+    pub fn concat(
+        &mut self,
+        other: &SingleAgentCore<O, S>,
+        mut to_object: impl ToObject<O, S>,
+    ) -> Result<(), EpisodeError> {
+        self.check_concat(other)?;
+        let missing: Vec<Arc<str>> = other
+            .extra_model_outputs
+            .iter()
+            .filter(|(k, _)| self.extra(k).is_none())
+            .map(|(k, _)| Arc::clone(k))
+            .collect();
         for key in missing {
             self.extra_model_outputs.push((key, Field::untyped()));
         }

@@ -249,15 +249,8 @@ class SingleAgentEpisode(SingleAgentEpisodeCore):
             raise EpisodeStateError(
                 f"concat_episode: ids differ ({other.id_!r} continues no episode {self.id_!r})"
             )
-        if self.is_done:
-            raise EpisodeStateError("concat_episode: this episode is done")
-        if self.t != other.t_started:
-            raise EpisodeStateError(
-                f"concat_episode: this episode ends at t={self.t} but the other starts at "
-                f"t_started={other.t_started}"
-            )
-        self.validate()
-        other.validate()
+        # The core's checks (done, t, lengths) before the observations are read.
+        self._check_concat(other)
         if not _same_item(other.get_observations(0), self.get_observations(-1)):
             raise EpisodeStateError(
                 "concat_episode: the other chunk's first observation is not this one's last"

@@ -492,6 +492,13 @@ impl SingleAgentEpisodePy {
         Self::fill_target(target, core)
     }
 
+    /// Raises `EpisodeStateError` if `other` cannot be appended (the core's checks of
+    /// `concat_episode`: not done, `t` continues, both valid, extra outputs line up).
+    #[pyo3(name = "_check_concat")]
+    fn check_concat(&self, other: &Bound<'_, SingleAgentEpisodePy>) -> PyResult<()> {
+        self.core.check_concat(&other.try_borrow()?.core).map_err(|e| episode_error(&e))
+    }
+
     /// Appends `other`'s chunk (see `SingleAgentEpisode.concat_episode`).
     #[pyo3(name = "_concat")]
     fn concat(&mut self, py: Python<'_>, other: &Bound<'_, SingleAgentEpisodePy>) -> PyResult<()> {
