@@ -675,18 +675,17 @@ impl MultiAgentEpisodeCore {
         let mut steps: AgentVec<AgentStep> = AgentVec::new();
         let mut rewards: AgentVec<f64> = AgentVec::new();
         let mut maps: AgentVec<Option<Bound<'py, StepMapPy>>> = AgentVec::new();
+        let mut held: AgentVec<Option<PyRef<'py, SingleAgentEpisodePy>>> = AgentVec::new();
         let mut hanging: AgentVec<Option<Bound<'py, PyAny>>> = AgentVec::new();
         let mut observed_with_map = 0usize;
         for k in 0..n {
             let row = &rows[at(k)];
             let aid = &row.aid;
-            let (has_episode, episode_done, agent_len) = match &existing[at(k)] {
-                Some(e) => {
-                    let e = e.try_borrow()?;
-                    (true, e.done(), e.chunk_len())
-                }
-                None => (false, false, 0),
-            };
+            // One shared borrow of an agent's episode serves its plan input and its step's
+            // conversion (each borrow and release is an atomic read-modify-write).
+            let held_episode = existing[at(k)].as_ref().map(Bound::try_borrow).transpose()?;
+            let (has_episode, episode_done, agent_len) =
+                held_episode.as_ref().map_or((false, false, 0), |e| (true, e.done(), e.chunk_len()));
             let step_map = step_maps.get_item(aid)?.map(Bound::cast_into::<StepMapPy>).transpose()?;
             if row.observation.is_some() && step_map.is_some() {
                 observed_with_map += 1;
@@ -727,6 +726,7 @@ impl MultiAgentEpisodeCore {
                 None => 0.0,
             });
             maps.push(step_map);
+            held.push(held_episode);
             hanging.push(hanging_action);
         }
         let plan = plan_env_step(
@@ -752,6 +752,7 @@ impl MultiAgentEpisodeCore {
             let existing = &existing[at(k)];
             let reward = rewards[k];
             let hanging_action = &hanging[k];
+            let mut held_episode = held[k].take();
             let mut agent_episode = || -> PyResult<Bound<'py, SingleAgentEpisodePy>> {
                 if let Some(e) = existing {
                     return Ok(e.clone());
@@ -768,6 +769,7 @@ impl MultiAgentEpisodeCore {
                 AgentPlan::Step { observation, action: action_src, extra_model_outputs, .. } => {
                     let eps = agent_episode()?;
                     let (obs_value, info_value) = if observation == Source::Last {
+                        held_episode = None;
                         let (o, i) = eps.borrow_mut().last_observation_and_infos(py)?;
                         (o, Some(i))
                     } else {
@@ -802,7 +804,14 @@ impl MultiAgentEpisodeCore {
                             (None, Some(d)) => Some(ExtraOutputs::Dict(d)),
                             (None, None) => None,
                         };
-                        eps.try_borrow()?.prepare_row_step(
+                        let fresh;
+                        let e = if let Some(e) = &held_episode {
+                            e
+                        } else {
+                            fresh = eps.try_borrow()?;
+                            &fresh
+                        };
+                        e.prepare_row_step(
                             &mut row_steps,
                             &obs_value,
                             &action_value,
@@ -851,6 +860,9 @@ impl MultiAgentEpisodeCore {
             };
             prepared_parts.push(prepared);
         }
+
+        // Every shared borrow is released before the episodes are written.
+        drop(held);
 
         // Store: the plan applied.
         // The step's time, for `get_duration_s` (the clock of Python's `time.perf_counter`),
