@@ -25,8 +25,8 @@ use super::single::{
     info_or_absent, perf_counter, ExtraOutputs, PreparedReset, PreparedStep, RowSteps, SingleAgentEpisodePy,
 };
 use crate::episode::multi::{
-    episode_ends, plan_env_step, AgentPlan, AgentStep, AgentStepError, AgentStepInput, EnvStep, Hanging,
-    MapRead, MapWrite, Source, StepMap,
+    episode_ends, plan_env_step, AgentOutcome, AgentPlan, AgentStep, AgentStepError, AgentStepInput, Books,
+    EnvStep, MapRead, Slot, Source, StepMap,
 };
 
 /// RLlib's skip tag in env-step maps.
@@ -279,8 +279,8 @@ where
     Ok(())
 }
 
-/// The episode's dicts and counters as one env step reads them (the dicts are shared).
-struct EpisodeState<'py> {
+/// The episode's containers (shared with Python: RLlib's dicts under its names).
+struct Dicts<'py> {
     agent_episodes: Bound<'py, PyDict>,
     step_maps: Bound<'py, PyDict>,
     t_started: Bound<'py, PyDict>,
@@ -289,6 +289,11 @@ struct EpisodeState<'py> {
     rewards_end: Bound<'py, PyDict>,
     rewards_begin: Bound<'py, PyDict>,
     dropped: Bound<'py, PySet>,
+}
+
+/// The episode's containers and counters as one env step reads them.
+struct EpisodeState<'py> {
+    dicts: Dicts<'py>,
     env_t: i64,
     env_t_started: i64,
     lookback: usize,
@@ -299,14 +304,16 @@ struct EpisodeState<'py> {
 impl MultiAgentEpisodeCore {
     fn state<'py>(&self, py: Python<'py>) -> EpisodeState<'py> {
         EpisodeState {
-            agent_episodes: self.agent_episodes.bind(py).clone(),
-            step_maps: self.env_t_to_agent_t.bind(py).clone(),
-            t_started: self.agent_t_started.bind(py).clone(),
-            hanging_actions: self.hanging_actions_end.bind(py).clone(),
-            hanging_extras: self.hanging_extra_model_outputs_end.bind(py).clone(),
-            rewards_end: self.hanging_rewards_end.bind(py).clone(),
-            rewards_begin: self.hanging_rewards_begin.bind(py).clone(),
-            dropped: self.dropped_agents.bind(py).clone(),
+            dicts: Dicts {
+                agent_episodes: self.agent_episodes.bind(py).clone(),
+                step_maps: self.env_t_to_agent_t.bind(py).clone(),
+                t_started: self.agent_t_started.bind(py).clone(),
+                hanging_actions: self.hanging_actions_end.bind(py).clone(),
+                hanging_extras: self.hanging_extra_model_outputs_end.bind(py).clone(),
+                rewards_end: self.hanging_rewards_end.bind(py).clone(),
+                rewards_begin: self.hanging_rewards_begin.bind(py).clone(),
+                dropped: self.dropped_agents.bind(py).clone(),
+            },
             env_t: self.env_t,
             env_t_started: self.env_t_started,
             lookback: self.len_lookback_buffers,
@@ -505,21 +512,11 @@ impl MultiAgentEpisodeCore {
         let all = intern!(py, "__all__").clone().into_any();
         // Shared borrow released at once: agents that join call back into Python code, which
         // may read the episode's attributes.
-        let EpisodeState {
-            agent_episodes,
-            step_maps,
-            t_started,
-            hanging_actions,
-            hanging_extras,
-            rewards_end,
-            rewards_begin,
-            dropped,
-            env_t,
-            env_t_started,
-            lookback,
-            is_done,
-            compression,
-        } = episode.try_borrow()?.state(py);
+        let EpisodeState { dicts, env_t, env_t_started, lookback, is_done, compression } =
+            episode.try_borrow()?.state(py);
+        let Dicts {
+            agent_episodes, step_maps, t_started, hanging_actions, hanging_extras, rewards_end, ..
+        } = &dicts;
 
         if is_done {
             return Err(multi_agent_env_error(
@@ -642,7 +639,7 @@ impl MultiAgentEpisodeCore {
                 rewards,
                 terminateds.as_ref().unwrap_or(&empty),
                 truncateds.as_ref().unwrap_or(&empty),
-                if all_terminated || all_truncated { &agent_episodes } else { &empty },
+                if all_terminated || all_truncated { agent_episodes } else { &empty },
             ];
             let key_set = |d: &Bound<'py, PyDict>| PySet::new(py, d.keys());
             let mut set = key_set(sources[0])?.into_any();
@@ -841,7 +838,7 @@ impl MultiAgentEpisodeCore {
                             .map_err(|e| for_agent(py, aid, e))?;
                         StepData::Items(Box::new(step))
                     };
-                    Prepared::Step { episode: eps, step }
+                    Prepared::Step { episode: eps, step, is_new: existing.is_none() }
                 }
                 AgentPlan::Join => {
                     let eps = agent_episode()?;
@@ -864,94 +861,20 @@ impl MultiAgentEpisodeCore {
         // Every shared borrow is released before the episodes are written.
         drop(held);
 
-        // Store: the plan applied.
         // The step's time, for `get_duration_s` (the clock of Python's `time.perf_counter`),
         // of the episode and of the agents that step.
         let now = perf_counter();
-        // Agents with a map but no observation now get a skip. When every map belongs to an
-        // agent that observed, there are none (and no lookups are needed to know).
-        if observed_with_map != step_maps.len() {
-            for (aid, map) in step_maps.iter() {
-                if !observations.contains(&aid)? {
-                    map.cast::<StepMapPy>()?.borrow_mut().map.push(None);
-                }
-            }
-        }
-        let add_to = |d: &Bound<'py, PyDict>, aid: &Bound<'py, PyAny>, r: f64| -> PyResult<()> {
-            let old = d.get_item(aid)?.map(|v| v.extract::<f64>()).transpose()?.unwrap_or(0.0);
-            d.set_item(aid, old + r)
+        let mut books = DictBooks {
+            dicts: &dicts,
+            observations,
+            aids: (0..n).map(|k| &rows[at(k)].aid).collect(),
+            maps,
+            prepared: prepared_parts.into_iter().map(Some).collect(),
+            row_steps,
+            observed_with_map,
+            now,
         };
-        let remove = |dicts: &[&Bound<'py, PyDict>], aid: &Bound<'py, PyAny>| -> PyResult<()> {
-            for d in dicts {
-                if !d.is_empty() && d.contains(aid)? {
-                    d.del_item(aid)?;
-                }
-            }
-            Ok(())
-        };
-        for (k, (outcome, prepared)) in plan.agents.iter().zip(prepared_parts).enumerate() {
-            let aid = &rows[at(k)].aid;
-            match prepared {
-                Prepared::Step { episode: eps, step } => {
-                    let mut e = eps.borrow_mut();
-                    match step {
-                        StepData::Rows { row, info } => {
-                            row_steps.apply(row, &mut e, info, outcome.terminated, outcome.truncated, now)?;
-                        }
-                        StepData::Items(step) => {
-                            e.apply_step(py, *step, outcome.terminated, outcome.truncated)?;
-                        }
-                    }
-                    drop(e);
-                    if existing[at(k)].is_none() && agent_episodes.get_item(aid)?.is_none() {
-                        agent_episodes.set_item(aid, &eps)?;
-                    }
-                }
-                Prepared::Join { episode: eps, reset, infos } => {
-                    eps.borrow_mut().apply_reset(py, reset, infos.as_ref())?;
-                    agent_episodes.set_item(aid, &eps)?;
-                }
-                Prepared::Hang { action, extras } => {
-                    hanging_actions.set_item(aid, action)?;
-                    hanging_extras.set_item(aid, extras)?;
-                }
-                Prepared::Nothing => {}
-            }
-            if outcome.set_t_started {
-                // `agent_t_started` is a defaultdict(int): reading it records the agent.
-                t_started.set_item(aid, 0)?;
-            }
-            match outcome.map {
-                MapWrite::Nothing => {}
-                MapWrite::Step(t) => {
-                    let map = match &maps[k] {
-                        Some(m) => m.clone(),
-                        None => step_map_of(py, &step_maps, aid)?,
-                    };
-                    map.borrow_mut().map.push(Some(t));
-                }
-                MapWrite::Join { skips, lookback } => {
-                    let map = step_map_of(py, &step_maps, aid)?;
-                    let mut map = map.borrow_mut();
-                    map.map.extend(std::iter::repeat_n(None, skips));
-                    map.map.push(Some(0));
-                    map.map.set_lookback(lookback);
-                }
-            }
-            match outcome.hanging {
-                Hanging::Keep => {}
-                Hanging::TakeEnd => remove(&[&hanging_actions, &hanging_extras, &rewards_end], aid)?,
-                Hanging::Clear => {
-                    remove(&[&rewards_begin, &hanging_actions, &hanging_extras, &rewards_end], aid)?;
-                }
-                Hanging::SetEnd(r) => rewards_end.set_item(aid, r)?,
-                Hanging::AddEnd(r) => add_to(&rewards_end, aid, r)?,
-                Hanging::AddBegin(r) => add_to(&rewards_begin, aid, r)?,
-            }
-            if outcome.dropped {
-                dropped.add(aid)?;
-            }
-        }
+        plan.apply(&mut books)?;
         let env_t = plan.env_t;
         let mut e = episode.try_borrow_mut()?;
         e.env_t = env_t;
@@ -1002,6 +925,8 @@ enum Prepared<'py> {
     Step {
         episode: Bound<'py, SingleAgentEpisodePy>,
         step: StepData<'py>,
+        /// The episode was made for this step (the agent had none).
+        is_new: bool,
     },
     Join {
         episode: Bound<'py, SingleAgentEpisodePy>,
@@ -1014,6 +939,131 @@ enum Prepared<'py> {
     },
     /// Rewards and drops store no values of their own.
     Nothing,
+}
+
+/// RLlib's dicts on the Python episode as one env step's plan writes them (the core's
+/// [`Books`]): agent `i` is `aids[i]`, with its map if it had one and the values
+/// converted for its record.
+struct DictBooks<'a, 'py> {
+    dicts: &'a Dicts<'py>,
+    observations: &'a Bound<'py, PyDict>,
+    aids: AgentVec<&'a Bound<'py, PyAny>>,
+    maps: AgentVec<Option<Bound<'py, StepMapPy>>>,
+    prepared: AgentVec<Option<Prepared<'py>>>,
+    row_steps: RowSteps<'py>,
+    /// Agents that observe now and have a map: when that is every map, no map needs a skip.
+    observed_with_map: usize,
+    now: f64,
+}
+
+impl<'py> DictBooks<'_, 'py> {
+    fn slot(&self, slot: Slot) -> &Bound<'py, PyDict> {
+        match slot {
+            Slot::Action => &self.dicts.hanging_actions,
+            Slot::ExtraOutputs => &self.dicts.hanging_extras,
+            Slot::RewardEnd => &self.dicts.rewards_end,
+            Slot::RewardBegin => &self.dicts.rewards_begin,
+        }
+    }
+
+    fn map(&mut self, i: usize) -> PyResult<Bound<'py, StepMapPy>> {
+        if let Some(m) = &self.maps[i] {
+            return Ok(m.clone());
+        }
+        let m = step_map_of(self.aids[i].py(), &self.dicts.step_maps, self.aids[i])?;
+        self.maps[i] = Some(m.clone());
+        Ok(m)
+    }
+}
+
+impl Books for DictBooks<'_, '_> {
+    type Error = PyErr;
+
+    fn skip_unobserved(&mut self) -> PyResult<()> {
+        if self.observed_with_map != self.dicts.step_maps.len() {
+            for (aid, map) in self.dicts.step_maps.iter() {
+                if !self.observations.contains(&aid)? {
+                    map.cast::<StepMapPy>()?.borrow_mut().map.push(None);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn record(&mut self, i: usize, outcome: &AgentOutcome) -> PyResult<()> {
+        let aid = self.aids[i];
+        let py = aid.py();
+        match self.prepared[i].take() {
+            Some(Prepared::Step { episode: eps, step, is_new }) => {
+                let mut e = eps.borrow_mut();
+                match step {
+                    StepData::Rows { row, info } => {
+                        self.row_steps.apply(
+                            row,
+                            &mut e,
+                            info,
+                            outcome.terminated,
+                            outcome.truncated,
+                            self.now,
+                        )?;
+                    }
+                    StepData::Items(step) => {
+                        e.apply_step(py, *step, outcome.terminated, outcome.truncated)?
+                    }
+                }
+                drop(e);
+                if is_new && self.dicts.agent_episodes.get_item(aid)?.is_none() {
+                    self.dicts.agent_episodes.set_item(aid, &eps)?;
+                }
+            }
+            Some(Prepared::Join { episode: eps, reset, infos }) => {
+                eps.borrow_mut().apply_reset(py, reset, infos.as_ref())?;
+                self.dicts.agent_episodes.set_item(aid, &eps)?;
+            }
+            Some(Prepared::Hang { action, extras }) => {
+                self.dicts.hanging_actions.set_item(aid, action)?;
+                self.dicts.hanging_extras.set_item(aid, extras)?;
+            }
+            Some(Prepared::Nothing) | None => {}
+        }
+        Ok(())
+    }
+
+    fn push_map(&mut self, i: usize, step: Option<i64>, count: usize) -> PyResult<()> {
+        self.map(i)?.borrow_mut().map.extend(std::iter::repeat_n(step, count));
+        Ok(())
+    }
+
+    fn set_map_lookback(&mut self, i: usize, lookback: usize) -> PyResult<()> {
+        self.map(i)?.borrow_mut().map.set_lookback(lookback);
+        Ok(())
+    }
+
+    fn set_t_started(&mut self, i: usize, t: i64) -> PyResult<()> {
+        self.dicts.t_started.set_item(self.aids[i], t)
+    }
+
+    fn remove(&mut self, i: usize, slot: Slot) -> PyResult<()> {
+        let d = self.slot(slot);
+        if !d.is_empty() && d.contains(self.aids[i])? {
+            d.del_item(self.aids[i])?;
+        }
+        Ok(())
+    }
+
+    fn set_reward(&mut self, i: usize, slot: Slot, reward: f64) -> PyResult<()> {
+        self.slot(slot).set_item(self.aids[i], reward)
+    }
+
+    fn add_reward(&mut self, i: usize, slot: Slot, reward: f64) -> PyResult<()> {
+        let d = self.slot(slot);
+        let old = d.get_item(self.aids[i])?.map(|v| v.extract::<f64>()).transpose()?.unwrap_or(0.0);
+        d.set_item(self.aids[i], old + reward)
+    }
+
+    fn mark_dropped(&mut self, i: usize) -> PyResult<()> {
+        self.dicts.dropped.add(self.aids[i])
+    }
 }
 
 fn get_opt<'py>(
@@ -1183,7 +1233,8 @@ pub fn multi_agent_add_env_reset<'py>(
     infos: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<()> {
     let infos = as_dict(infos)?;
-    let EpisodeState { agent_episodes, step_maps, compression, .. } = episode.try_borrow()?.state(py);
+    let EpisodeState { dicts: Dicts { agent_episodes, step_maps, .. }, compression, .. } =
+        episode.try_borrow()?.state(py);
     let new_agent_episode = episode.getattr(intern!(py, "_new_agent_episode"))?;
     let mut prepared = Vec::with_capacity(observations.len());
     for (aid, obs) in observations.iter() {

@@ -170,6 +170,90 @@ pub fn plan_env_step(step: &EnvStep<'_>, rewards: &[f64]) -> Result<EnvStepPlan,
     Ok(EnvStepPlan { env_t, terminated: step.terminated, truncated: step.truncated, agents })
 }
 
+/// One piece of an agent's hanging data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Slot {
+    /// The action it was asked for and has not been rewarded for yet.
+    Action,
+    /// That action's extra model outputs.
+    ExtraOutputs,
+    /// Rewards collected since that action.
+    RewardEnd,
+    /// Rewards collected before its first observation.
+    RewardBegin,
+}
+
+/// What a taken hanging action leaves behind: nothing of it.
+const TAKEN: [Slot; 3] = [Slot::Action, Slot::ExtraOutputs, Slot::RewardEnd];
+/// What a done agent leaves behind: none of its hanging data.
+const CLEARED: [Slot; 4] = [Slot::RewardBegin, Slot::Action, Slot::ExtraOutputs, Slot::RewardEnd];
+
+/// The episode's per-agent books as an [`EnvStepPlan`] writes them, wherever they are held
+/// (the binding: RLlib's dicts on the Python episode; the tests: a model). `agent` is an
+/// index into the plan's agents.
+pub trait Books {
+    type Error;
+    /// Appends a skip to the map of every agent that has a map and does not observe at
+    /// this step (called first).
+    fn skip_unobserved(&mut self) -> Result<(), Self::Error>;
+    /// Records the agent's own part of the plan ([`AgentOutcome::plan`]) from the values
+    /// converted for it: its step, its first observation, or its action left hanging.
+    fn record(&mut self, agent: usize, outcome: &AgentOutcome) -> Result<(), Self::Error>;
+    /// Appends `count` entries `step` to the agent's map (made empty if it has none).
+    fn push_map(&mut self, agent: usize, step: Option<i64>, count: usize) -> Result<(), Self::Error>;
+    fn set_map_lookback(&mut self, agent: usize, lookback: usize) -> Result<(), Self::Error>;
+    fn set_t_started(&mut self, agent: usize, t: i64) -> Result<(), Self::Error>;
+    /// Removes one piece of the agent's hanging data (nothing if it has none).
+    fn remove(&mut self, agent: usize, slot: Slot) -> Result<(), Self::Error>;
+    /// Sets a hanging reward ([`Slot::RewardEnd`] or [`Slot::RewardBegin`]), replacing it.
+    fn set_reward(&mut self, agent: usize, slot: Slot, reward: f64) -> Result<(), Self::Error>;
+    /// Adds to a hanging reward (0 if it has none).
+    fn add_reward(&mut self, agent: usize, slot: Slot, reward: f64) -> Result<(), Self::Error>;
+    /// Marks the agent dropped in this chunk (see [`AgentOutcome::dropped`]).
+    fn mark_dropped(&mut self, agent: usize) -> Result<(), Self::Error>;
+}
+
+impl EnvStepPlan {
+    /// Applies the plan to `books`: the skips of agents that do not observe, then per
+    /// agent in the plan's order its record, `agent_t_started`, its map entries, its
+    /// hanging data and its dropped mark.
+    ///
+    /// Errors: the first error of `books` (the binding's only come from Python code that
+    /// replaced RLlib's dicts with objects that refuse the writes).
+    pub fn apply<B: Books>(&self, books: &mut B) -> Result<(), B::Error> {
+        books.skip_unobserved()?;
+        for (i, o) in self.agents.iter().enumerate() {
+            books.record(i, o)?;
+            if o.set_t_started {
+                books.set_t_started(i, 0)?;
+            }
+            match o.map {
+                MapWrite::Nothing => {}
+                MapWrite::Step(t) => books.push_map(i, Some(t), 1)?,
+                MapWrite::Join { skips, lookback } => {
+                    books.push_map(i, None, skips)?;
+                    books.push_map(i, Some(0), 1)?;
+                    books.set_map_lookback(i, lookback)?;
+                }
+            }
+            let remove_all =
+                |books: &mut B, slots: &[Slot]| slots.iter().try_for_each(|s| books.remove(i, *s));
+            match o.hanging {
+                Hanging::Keep => {}
+                Hanging::TakeEnd => remove_all(books, &TAKEN)?,
+                Hanging::Clear => remove_all(books, &CLEARED)?,
+                Hanging::SetEnd(r) => books.set_reward(i, Slot::RewardEnd, r)?,
+                Hanging::AddEnd(r) => books.add_reward(i, Slot::RewardEnd, r)?,
+                Hanging::AddBegin(r) => books.add_reward(i, Slot::RewardBegin, r)?,
+            }
+            if o.dropped {
+                books.mark_dropped(i)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::struct_excessive_bools, clippy::float_cmp)] // flag-per-dict test data; exact binary rewards
 mod tests {
@@ -178,7 +262,8 @@ mod tests {
     use proptest::prelude::*;
     use std::collections::BTreeMap;
 
-    /// A test model of the episode's bookkeeping that applies plans as the binding does:
+    /// A test model of the episode's bookkeeping, to which plans are applied by
+    /// [`EnvStepPlan::apply`] as the binding's are:
     /// per agent its map, chunk length, `agent_t_started`, done flag and hanging data.
     #[derive(Clone, Debug, Default, PartialEq)]
     struct Book {
@@ -265,57 +350,11 @@ mod tests {
                 },
                 &rewards,
             )?;
-            // Maps of agents that do not observe now get a skip first.
-            for (a, agent) in &mut self.agents {
-                if !data.iter().any(|(b, d)| b == a && d.obs) {
-                    if let Some(m) = &mut agent.map {
-                        m.push(None);
-                    }
-                }
-            }
-            for (((a, _), o), reward) in data.iter().zip(&plan.agents).zip(&rewards) {
-                let agent = self.agents.entry(a).or_default();
-                if let AgentPlan::Step { .. } = o.plan {
-                    let hanging = if o.add_hanging_reward { agent.reward_end } else { 0.0 };
-                    agent.rewards.push(hanging + reward);
-                    agent.done = o.terminated || o.truncated;
-                }
-                if o.set_t_started {
-                    agent.t_started = Some(0);
-                }
-                match o.map {
-                    MapWrite::Nothing => {}
-                    MapWrite::Step(t) => agent.map.get_or_insert_with(StepMap::default).push(Some(t)),
-                    MapWrite::Join { skips, lookback } => {
-                        let mut steps = vec![None; skips];
-                        steps.push(Some(0));
-                        agent.map = Some(StepMap::new(steps, lookback));
-                        agent.has_episode = true;
-                    }
-                }
-                let used = if o.add_hanging_reward { agent.reward_end } else { 0.0 };
-                match o.hanging {
-                    Hanging::Keep => {}
-                    Hanging::TakeEnd => {
-                        self.discarded += agent.reward_end - used;
-                        (agent.hanging_action, agent.reward_end) = (false, 0.0);
-                    }
-                    Hanging::Clear => {
-                        self.discarded += agent.reward_end - used + agent.reward_begin;
-                        (agent.hanging_action, agent.reward_end, agent.reward_begin) = (false, 0.0, 0.0);
-                    }
-                    Hanging::SetEnd(r) => {
-                        self.discarded += agent.reward_end;
-                        (agent.hanging_action, agent.reward_end) = (true, r);
-                    }
-                    Hanging::AddEnd(r) => agent.reward_end += r,
-                    Hanging::AddBegin(r) => agent.reward_begin += r,
-                }
-                if o.dropped {
-                    // A dropped agent's reward at this step is not kept either.
-                    self.discarded += reward;
-                    agent.dropped = true;
-                }
+            let mut applying =
+                Applying { book: self, data, rewards: &rewards, used_end: vec![false; data.len()] };
+            match plan.apply(&mut applying) {
+                Ok(()) => {}
+                Err(never) => match never {},
             }
             (self.env_t, self.terminated, self.truncated) = (plan.env_t, plan.terminated, plan.truncated);
             Ok(())
@@ -323,6 +362,118 @@ mod tests {
 
         fn map(&self, a: &str) -> Vec<Option<i64>> {
             self.agents[a].map.as_ref().map(|m| m.steps().to_vec()).unwrap_or_default()
+        }
+    }
+
+    /// The model's books while one step's plan is applied: the step's agents and rewards,
+    /// and whether a recorded step used the agent's hanging reward.
+    struct Applying<'a> {
+        book: &'a mut Book,
+        data: &'a [(&'static str, Data)],
+        rewards: &'a [f64],
+        used_end: Vec<bool>,
+    }
+
+    impl Applying<'_> {
+        fn agent(&mut self, i: usize) -> &mut Agent {
+            self.book.agents.entry(self.data[i].0).or_default()
+        }
+    }
+
+    impl Books for Applying<'_> {
+        type Error = std::convert::Infallible;
+
+        fn skip_unobserved(&mut self) -> Result<(), Self::Error> {
+            for (a, agent) in &mut self.book.agents {
+                if !self.data.iter().any(|(b, d)| b == a && d.obs) {
+                    if let Some(m) = &mut agent.map {
+                        m.push(None);
+                    }
+                }
+            }
+            Ok(())
+        }
+
+        fn record(&mut self, i: usize, o: &AgentOutcome) -> Result<(), Self::Error> {
+            let reward = self.rewards[i];
+            self.used_end[i] = o.add_hanging_reward;
+            let agent = self.agent(i);
+            match o.plan {
+                AgentPlan::Step { .. } => {
+                    let hanging = if o.add_hanging_reward { agent.reward_end } else { 0.0 };
+                    agent.rewards.push(hanging + reward);
+                    agent.done = o.terminated || o.truncated;
+                }
+                AgentPlan::Join => agent.has_episode = true,
+                AgentPlan::Hang => agent.hanging_action = true,
+                AgentPlan::AddReward { .. } | AgentPlan::Drop => {}
+            }
+            Ok(())
+        }
+
+        fn push_map(&mut self, i: usize, step: Option<i64>, count: usize) -> Result<(), Self::Error> {
+            self.agent(i).map.get_or_insert_with(StepMap::default).extend(std::iter::repeat_n(step, count));
+            Ok(())
+        }
+
+        fn set_map_lookback(&mut self, i: usize, lookback: usize) -> Result<(), Self::Error> {
+            if let Some(m) = &mut self.agent(i).map {
+                m.set_lookback(lookback);
+            }
+            Ok(())
+        }
+
+        fn set_t_started(&mut self, i: usize, t: i64) -> Result<(), Self::Error> {
+            self.agent(i).t_started = Some(t);
+            Ok(())
+        }
+
+        fn remove(&mut self, i: usize, slot: Slot) -> Result<(), Self::Error> {
+            let used = self.used_end[i];
+            let agent = self.book.agents.entry(self.data[i].0).or_default();
+            let discarded = match slot {
+                Slot::Action => {
+                    agent.hanging_action = false;
+                    0.0
+                }
+                Slot::ExtraOutputs => 0.0,
+                // A hanging reward that the step recorded is not lost.
+                Slot::RewardEnd if used => {
+                    agent.reward_end = 0.0;
+                    0.0
+                }
+                Slot::RewardEnd => std::mem::take(&mut agent.reward_end),
+                Slot::RewardBegin => std::mem::take(&mut agent.reward_begin),
+            };
+            self.book.discarded += discarded;
+            Ok(())
+        }
+
+        fn set_reward(&mut self, i: usize, slot: Slot, reward: f64) -> Result<(), Self::Error> {
+            let agent = self.book.agents.entry(self.data[i].0).or_default();
+            let old = match slot {
+                Slot::RewardBegin => std::mem::replace(&mut agent.reward_begin, reward),
+                _ => std::mem::replace(&mut agent.reward_end, reward),
+            };
+            // An overwritten hanging reward was never recorded.
+            self.book.discarded += old;
+            Ok(())
+        }
+
+        fn add_reward(&mut self, i: usize, slot: Slot, reward: f64) -> Result<(), Self::Error> {
+            let agent = self.agent(i);
+            *match slot {
+                Slot::RewardBegin => &mut agent.reward_begin,
+                _ => &mut agent.reward_end,
+            } += reward;
+            Ok(())
+        }
+
+        fn mark_dropped(&mut self, i: usize) -> Result<(), Self::Error> {
+            // A dropped agent's reward at this step is not kept either.
+            self.book.discarded += self.rewards[i];
+            self.agent(i).dropped = true;
+            Ok(())
         }
     }
 

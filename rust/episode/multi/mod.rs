@@ -15,6 +15,7 @@ mod step_map;
 
 pub use agent::{plan_agent_step, AgentPlan, AgentStepError, AgentStepInput, Source};
 pub use env_step::{
-    episode_ends, plan_env_step, AgentOutcome, AgentStep, EnvStep, EnvStepPlan, Hanging, MapWrite,
+    episode_ends, plan_env_step, AgentOutcome, AgentStep, Books, EnvStep, EnvStepPlan, Hanging, MapWrite,
+    Slot,
 };
 pub use step_map::{MapRead, StepMap};
