@@ -26,7 +26,7 @@ use super::single::{
 };
 use crate::episode::multi::{
     episode_ends, plan_env_step, AgentOutcome, AgentPlan, AgentStep, AgentStepError, AgentStepInput, Books,
-    EnvStep, MapRead, Slot, Source, StepMap,
+    CutPart, EnvStep, MapRead, Slot, Source, StepMap,
 };
 
 /// RLlib's skip tag in env-step maps.
@@ -96,12 +96,6 @@ impl StepMapPy {
         self.map.len()
     }
 
-    /// Whether the agent stepped at each of the last `n` env steps (look-back included).
-    #[pyo3(name = "_stepped_at_last")]
-    fn stepped_at_last(&self, n: usize) -> bool {
-        self.map.stepped_at_last(n)
-    }
-
     fn append(&mut self, value: &Bound<'_, PyAny>) -> PyResult<()> {
         self.map.push(step_from_py(value)?);
         Ok(())
@@ -111,13 +105,6 @@ impl StepMapPy {
         let steps = values.try_iter()?.map(|v| step_from_py(&v?)).collect::<PyResult<Vec<_>>>()?;
         self.map.extend(steps);
         Ok(())
-    }
-
-    /// How many entries back (1 = the last) the agent last stepped within `start..=stop`
-    /// entries back; None if it did not.
-    #[pyo3(name = "_last_stepped")]
-    fn last_stepped(&self, start: usize, stop: usize) -> Option<usize> {
-        self.map.last_stepped(start, stop)
     }
 
     /// Appends the `new_steps` env steps of the chunk that continues this one: `theirs`
@@ -148,6 +135,19 @@ impl StepMapPy {
     #[pyo3(name = "_cut_lookback")]
     fn cut_lookback(requested: usize, hanging: Vec<PyRef<'_, StepMapPy>>) -> usize {
         StepMap::cut_lookback(requested, hanging.iter().map(|m| &m.map))
+    }
+
+    /// The agent's part in a cut that keeps `lookback` env steps on the simultaneous
+    /// path: `"keep"`, `"finished"` (kept, done), `"dropped"` or `"gone"`; None where the
+    /// cut is rebuilt from the per-env-step reads (see the core's `simultaneous_cut`).
+    #[pyo3(name = "_simultaneous_cut")]
+    fn simultaneous_cut(&self, done: bool, lookback: usize, has_extra_keys: bool) -> Option<&'static str> {
+        self.map.simultaneous_cut(done, lookback, has_extra_keys).map(|part| match part {
+            CutPart::Keep { finished_now: false } => "keep",
+            CutPart::Keep { finished_now: true } => "finished",
+            CutPart::Dropped => "dropped",
+            CutPart::Gone => "gone",
+        })
     }
 
     /// Entries at `indices` (RLlib's index semantics; `fill`: out-of-range reads as "S";
@@ -1008,7 +1008,7 @@ impl Books for DictBooks<'_, '_> {
                         )?;
                     }
                     StepData::Items(step) => {
-                        e.apply_step(py, *step, outcome.terminated, outcome.truncated)?
+                        e.apply_step(py, *step, outcome.terminated, outcome.truncated)?;
                     }
                 }
                 drop(e);

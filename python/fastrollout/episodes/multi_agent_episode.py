@@ -555,25 +555,17 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
                 or not eps.module_id
             ):
                 return None
-            done = eps.is_done
-            if done:
-                # How many env steps back it last stepped (None: before the kept ones).
-                last = step_map._last_stepped(1, lookback + 1)
-                if last is None:
-                    gone.add(aid)
-                    continue
-                if last == lookback + 1 and last > 1:
-                    dropped.add(aid)
-                    continue
-                if last != 1:
-                    return None
-            if (
-                not step_map._stepped_at_last(lookback + 1)
-                # Without look-back the general path gives agents no extra-output keys.
-                or (lookback == 0 and eps._extra_keys())
-            ):
+            # (Extra-output keys matter only without look-back: read them only then.)
+            has_extras = lookback == 0 and bool(eps._extra_keys())
+            part = step_map._simultaneous_cut(eps.is_done, lookback, has_extras)
+            if part is None:
                 return None
-            kept.append((aid, eps, done))
+            if part == "gone":
+                gone.add(aid)
+            elif part == "dropped":
+                dropped.add(aid)
+            else:
+                kept.append((aid, eps, part == "finished"))
         if not kept:
             return None
         successor = type(self).__new__(type(self))

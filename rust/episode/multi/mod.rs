@@ -18,4 +18,4 @@ pub use env_step::{
     episode_ends, plan_env_step, AgentOutcome, AgentStep, Books, EnvStep, EnvStepPlan, Hanging, MapWrite,
     Slot,
 };
-pub use step_map::{MapRead, StepMap};
+pub use step_map::{CutPart, MapRead, StepMap};

@@ -143,6 +143,45 @@ impl StepMap {
     }
 }
 
+impl StepMap {
+    /// An agent's part in a cut that keeps `lookback` env steps, when the cut takes the
+    /// simultaneous path (each kept agent's successor is its own episode's cut, its map a
+    /// plain run of agent steps); `None` where that path does not apply and the cut is
+    /// rebuilt from the per-env-step reads. `done`: the agent's episode is done;
+    /// `has_extra_keys`: it recorded extra model outputs.
+    ///
+    /// A live agent takes that path when it stepped at each kept env step (and, without
+    /// look-back, has no extra outputs: the rebuilt cut gives such agents no keys). A done
+    /// agent: kept, done, if it finished at the last env step having stepped at each kept
+    /// one; dropped if its last step is the first kept env step; left out if it finished
+    /// before the kept env steps; anything else is rebuilt.
+    #[must_use]
+    pub fn simultaneous_cut(&self, done: bool, lookback: usize, has_extra_keys: bool) -> Option<CutPart> {
+        let kept = lookback + 1;
+        if done {
+            match self.last_stepped(1, kept) {
+                None => return Some(CutPart::Gone),
+                Some(last) if last == kept && last > 1 => return Some(CutPart::Dropped),
+                Some(1) => {}
+                Some(_) => return None,
+            }
+        }
+        let steps_together = self.stepped_at_last(kept) && !(lookback == 0 && has_extra_keys);
+        steps_together.then_some(CutPart::Keep { finished_now: done })
+    }
+}
+
+/// An agent's part in a simultaneous cut ([`StepMap::simultaneous_cut`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CutPart {
+    /// In the successor, cut from its episode (done if it finished at the last env step).
+    Keep { finished_now: bool },
+    /// Done at the first kept env step: not in the successor, nor in its module map.
+    Dropped,
+    /// Finished before the kept env steps: not in the successor.
+    Gone,
+}
+
 /// What [`StepMap::get`] read: one entry or several (`None` = skip).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum MapRead {
@@ -153,6 +192,37 @@ pub enum MapRead {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn simultaneous_cut_parts() {
+        let map = |steps: &[Option<i64>]| StepMap::new(steps.to_vec(), 0);
+        let run = map(&[Some(0), Some(1), Some(2)]);
+        assert_eq!(run.simultaneous_cut(false, 1, true), Some(CutPart::Keep { finished_now: false }));
+        // Without look-back, extra outputs send the cut down the rebuilt path.
+        assert_eq!(run.simultaneous_cut(false, 0, true), None);
+        assert_eq!(run.simultaneous_cut(false, 0, false), Some(CutPart::Keep { finished_now: false }));
+        // Done at the last env step, having stepped at each kept one.
+        assert_eq!(run.simultaneous_cut(true, 1, false), Some(CutPart::Keep { finished_now: true }));
+        // A live agent that skipped a kept env step.
+        let gap = map(&[Some(0), None, Some(1)]);
+        assert_eq!(gap.simultaneous_cut(false, 1, false), None);
+        // Done with its last step the first kept env step (look-back 1): dropped.
+        let first_kept = map(&[Some(0), Some(1), None]);
+        assert_eq!(first_kept.simultaneous_cut(true, 1, false), Some(CutPart::Dropped));
+        // ... and without look-back that step is the last one: kept.
+        assert_eq!(
+            map(&[Some(0), Some(1)]).simultaneous_cut(true, 0, false),
+            Some(CutPart::Keep { finished_now: true })
+        );
+        // Finished before the kept env steps: gone.
+        assert_eq!(map(&[Some(0), None, None]).simultaneous_cut(true, 1, false), Some(CutPart::Gone));
+        // Done between the first kept and the last env step: rebuilt.
+        assert_eq!(map(&[Some(0), None, Some(1), None]).simultaneous_cut(true, 2, false), None);
+        assert_eq!(
+            map(&[Some(0), Some(1), None, None]).simultaneous_cut(true, 2, false),
+            Some(CutPart::Dropped)
+        );
+    }
 
     #[test]
     fn step_map_reads_with_skips_fill_and_ignore_last() {
