@@ -26,7 +26,7 @@ pub use config::{
 pub use deferred::Deferred;
 pub use snapshot::{Arith, Snapshot, StateField};
 pub use stat::{Payload, Peeked, Stat, StatState, Throughput, Value};
-pub use store::{check_key, KeyPart, Node, Store, Throughputs};
+pub use store::{check_key, KeyPart, Node, Store, Tree};
 
 /// An error from the metrics core. The variant says which Python exception it becomes.
 #[derive(Debug, Clone, PartialEq)]

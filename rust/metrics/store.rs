@@ -46,14 +46,37 @@ pub fn check_key(path: &[KeyPart]) -> Result<(), MetricsError> {
     Ok(())
 }
 
-/// What a key holds in throughputs (see [`Store::throughputs`]).
+/// A value per stat under a key, nested as the keys are (in insertion order): one value for
+/// a stat, a branch for a group.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Throughputs {
-    /// The key is a stat tracking a throughput.
-    One(Throughput),
-    /// The key is a group: the throughput of each stat under it that tracks one, under its
-    /// path below the key with `_throughput` added to its last part.
-    Many(Vec<(Vec<KeyPart>, Throughput)>),
+pub enum Tree<R> {
+    Leaf(R),
+    Branch(Vec<(KeyPart, Tree<R>)>),
+}
+
+/// Drops the stats without a throughput and the groups left empty, and names each
+/// throughput after its stat with `_throughput` added (RLlib's throughput keys).
+fn named_throughputs(branch: Vec<(KeyPart, Tree<Option<Throughput>>)>) -> Vec<(KeyPart, Tree<Throughput>)> {
+    let mut out = Vec::new();
+    for (k, t) in branch {
+        match t {
+            Tree::Leaf(None) => {}
+            Tree::Leaf(Some(tp)) => out.push((
+                KeyPart::Str(match k {
+                    KeyPart::Str(s) => format!("{s}_throughput"),
+                    KeyPart::Int(i) => format!("{i}_throughput"),
+                }),
+                Tree::Leaf(tp),
+            )),
+            Tree::Branch(b) => {
+                let b = named_throughputs(b);
+                if !b.is_empty() {
+                    out.push((k, Tree::Branch(b)));
+                }
+            }
+        }
+    }
+    out
 }
 
 /// A node of the key tree: a stat (its slab slot) or a branch of children.
@@ -251,6 +274,45 @@ impl<T> Store<T> {
         std::mem::take(&mut self.slots).into_iter().flatten().collect()
     }
 
+    /// `f` of the stat at `path`, or of every stat under it as a tree (the whole store for
+    /// an empty path; groups emptied by deletes stay as empty branches); `None` if there
+    /// is nothing at `path`.
+    pub fn map<R, E>(
+        &mut self,
+        path: &[KeyPart],
+        mut f: impl FnMut(&mut Stat<T>) -> Result<R, E>,
+    ) -> Result<Option<Tree<R>>, E> {
+        let node = match self.find(path) {
+            Found::Missing => return Ok(None),
+            Found::Leaf(id) => Node::Leaf(id),
+            // The keys are cloned so the stats can be borrowed mutably.
+            Found::Branch(b) => Node::Branch(b.to_vec()),
+        };
+        self.map_node(&node, &mut f)
+    }
+
+    fn map_node<R, E>(
+        &mut self,
+        node: &Node,
+        f: &mut impl FnMut(&mut Stat<T>) -> Result<R, E>,
+    ) -> Result<Option<Tree<R>>, E> {
+        Ok(match node {
+            Node::Leaf(id) => match self.get_mut(*id) {
+                Some(s) => Some(Tree::Leaf(f(s)?)),
+                None => None,
+            },
+            Node::Branch(children) => {
+                let mut out = Vec::with_capacity(children.len());
+                for (k, n) in children {
+                    if let Some(t) = self.map_node(n, f)? {
+                        out.push((k.clone(), t));
+                    }
+                }
+                Some(Tree::Branch(out))
+            }
+        })
+    }
+
     /// Every (path, slot) under `node`, depth first in insertion order.
     pub fn leaves(
         branch: &[(KeyPart, Node)],
@@ -281,39 +343,27 @@ impl<T: Clone> Store<T> {
         Ok(())
     }
 
-    /// The throughput(s) at `path` (the whole tree for an empty path); `None` when there is
-    /// nothing there or no stat under a group tracks one. A stat that tracks none is an error.
-    pub fn throughputs(&mut self, path: &[KeyPart], now: f64) -> Result<Option<Throughputs>, MetricsError> {
-        let leaves = match self.find(path) {
-            Found::Missing => return Ok(None),
-            Found::Leaf(id) => {
-                let Some(stat) = self.get_mut(id) else { return Ok(None) };
-                return match stat.throughput(now) {
-                    Some(tp) => Ok(Some(Throughputs::One(tp))),
-                    None => Err(MetricsError::Value(format!(
-                        "key {} does not track a throughput (log it with with_throughput=True)",
-                        key_repr(path)
-                    ))),
-                };
+    /// The throughput(s) at `path` (the whole tree for an empty path): a stat's, or those of
+    /// the stats under a group that track one, named by [`named_throughputs`]. `None` when
+    /// there is nothing there or no stat under the group tracks one; a stat that tracks
+    /// none is an error.
+    pub fn throughputs(
+        &mut self,
+        path: &[KeyPart],
+        now: f64,
+    ) -> Result<Option<Tree<Throughput>>, MetricsError> {
+        match self.map(path, |s| Ok::<_, MetricsError>(s.throughput(now)))? {
+            None => Ok(None),
+            Some(Tree::Leaf(Some(tp))) => Ok(Some(Tree::Leaf(tp))),
+            Some(Tree::Leaf(None)) => Err(MetricsError::Value(format!(
+                "key {} does not track a throughput (log it with with_throughput=True)",
+                key_repr(path)
+            ))),
+            Some(Tree::Branch(b)) => {
+                let named = named_throughputs(b);
+                Ok((!named.is_empty()).then_some(Tree::Branch(named)))
             }
-            Found::Branch(b) => {
-                let mut leaves = Vec::new();
-                Self::leaves(b, &mut Vec::new(), &mut leaves);
-                leaves
-            }
-        };
-        let mut out = Vec::new();
-        for (mut p, id) in leaves {
-            let Some(tp) = self.get_mut(id).and_then(|s| s.throughput(now)) else { continue };
-            if let Some(last) = p.last_mut() {
-                *last = KeyPart::Str(match last {
-                    KeyPart::Str(s) => format!("{s}_throughput"),
-                    KeyPart::Int(i) => format!("{i}_throughput"),
-                });
-            }
-            out.push((p, tp));
         }
-        Ok((!out.is_empty()).then_some(Throughputs::Many(out)))
     }
 
     /// Every stat's path and checkpoint state, depth first in insertion order.
@@ -471,17 +521,46 @@ mod tests {
         let a = st.insert(&k(&["g", "a"]), sum_with_throughput(0.0)).unwrap();
         st.insert(&[KeyPart::Str("g".into()), KeyPart::Int(1)], sum_with_throughput(0.0)).unwrap();
         st.insert(&k(&["g", "plain"]), s()).unwrap();
+        st.insert(&k(&["other", "plain"]), s()).unwrap();
         st.get_mut(a).unwrap().push(8.0).unwrap();
-        assert_eq!(st.throughputs(&k(&["g", "a"]), 2.0), Ok(Some(Throughputs::One(Throughput::Sum(4.0)))));
-        let Ok(Some(Throughputs::Many(all))) = st.throughputs(&[], 2.0) else { panic!() };
-        let paths: Vec<Vec<KeyPart>> = all.into_iter().map(|(p, _)| p).collect();
-        assert_eq!(paths, vec![k(&["g", "a_throughput"]), k(&["g", "1_throughput"])]);
+        assert_eq!(st.throughputs(&k(&["g", "a"]), 2.0), Ok(Some(Tree::Leaf(Throughput::Sum(4.0)))));
+        let nan = |t: &Tree<Throughput>| matches!(t, Tree::Leaf(Throughput::Sum(v)) if v.is_nan());
+        let Ok(Some(Tree::Branch(top))) = st.throughputs(&[], 2.0) else { panic!() };
+        assert_eq!(top.len(), 1, "groups without throughputs are left out");
+        let (g, Tree::Branch(inner)) = &top[0] else { panic!() };
+        assert_eq!(g, &KeyPart::Str("g".into()));
+        assert_eq!(inner[0], (KeyPart::Str("a_throughput".into()), Tree::Leaf(Throughput::Sum(4.0))));
+        assert!(inner[1].0 == KeyPart::Str("1_throughput".into()) && nan(&inner[1].1));
+        assert_eq!(inner.len(), 2);
         let e = st.throughputs(&k(&["g", "plain"]), 2.0).unwrap_err();
         assert!(e.to_string().starts_with("key ('g', 'plain') does not track a throughput"));
         assert_eq!(st.throughputs(&k(&["nope"]), 2.0), Ok(None));
-        let mut plain = Store::default();
-        plain.insert(&k(&["x"]), s()).unwrap();
-        assert_eq!(plain.throughputs(&[], 1.0), Ok(None));
+        assert_eq!(st.throughputs(&k(&["other"]), 2.0), Ok(None));
+    }
+
+    #[test]
+    fn map_mirrors_the_key_tree() {
+        let mut st = Store::default();
+        st.insert(&k(&["a"]), s()).unwrap();
+        st.insert(&k(&["g", "b"]), s()).unwrap();
+        st.insert(&k(&["g", "c"]), s()).unwrap();
+        st.insert(&k(&["e", "x"]), s()).unwrap();
+        st.remove(&k(&["e", "x"])).unwrap();
+        let kind = |s: &mut Stat<i32>| Ok::<_, MetricsError>(s.reduce_kind());
+        let leaf = || Tree::Leaf(Reduce::Sum);
+        assert_eq!(st.map(&k(&["a"]), kind), Ok(Some(leaf())));
+        assert_eq!(st.map(&k(&["zz"]), kind), Ok(None));
+        let str_key = |s: &str| KeyPart::Str(s.into());
+        let g = Tree::Branch(vec![(str_key("b"), leaf()), (str_key("c"), leaf())]);
+        assert_eq!(st.map(&k(&["g"]), kind), Ok(Some(g.clone())));
+        let all = Tree::Branch(vec![
+            (str_key("a"), leaf()),
+            (str_key("g"), g),
+            (str_key("e"), Tree::Branch(vec![])),
+        ]);
+        assert_eq!(st.map(&[], kind), Ok(Some(all)));
+        let failing = st.map(&[], |_| Err::<(), _>(MetricsError::Key("stop".into())));
+        assert_eq!(failing, Err(MetricsError::Key("stop".into())));
     }
 
     #[test]

@@ -25,9 +25,8 @@ use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use super::object::PyObj;
 use crate::metrics::store::{key_repr, Found};
 use crate::metrics::{
-    check_key, Arith, Config, Deferred, DeprecatedOptions, KeyPart, MetricsError, Node, Options, Peeked,
-    PercentilesArg, Reduce, Snapshot, Stat, StatState, StateField, Store, Throughput, Throughputs, Value,
-    WindowArg,
+    check_key, Arith, Config, Deferred, DeprecatedOptions, KeyPart, MetricsError, Options, Peeked,
+    PercentilesArg, Reduce, Snapshot, Stat, StatState, StateField, Store, Throughput, Tree, Value, WindowArg,
 };
 
 type PyStat = Stat<PyObj>;
@@ -92,28 +91,22 @@ fn key_tuple<'py>(py: Python<'py>, path: &[KeyPart]) -> PyResult<Bound<'py, PyTu
     PyTuple::new(py, parts)
 }
 
-/// A nested dict holding each value under its key path.
-fn nested<'py>(
+/// A tree of values as nested dicts, with `leaf` converting each value.
+fn tree_py<'py, R>(
     py: Python<'py>,
-    pairs: Vec<(Vec<KeyPart>, Bound<'py, PyAny>)>,
-) -> PyResult<Bound<'py, PyDict>> {
-    let out = PyDict::new(py);
-    for (path, v) in pairs {
-        let Some((last, inner)) = path.split_last() else { continue };
-        let mut d = out.clone();
-        for k in inner {
-            let kp = key_part_py(py, k)?;
-            d = if let Some(sub) = d.get_item(&kp)? {
-                sub.cast_into::<PyDict>()?
-            } else {
-                let sub = PyDict::new(py);
-                d.set_item(&kp, &sub)?;
-                sub
-            };
+    tree: Tree<R>,
+    leaf: &mut impl FnMut(R) -> PyResult<Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    match tree {
+        Tree::Leaf(r) => leaf(r),
+        Tree::Branch(children) => {
+            let d = PyDict::new(py);
+            for (k, t) in children {
+                d.set_item(key_part_py(py, &k)?, tree_py(py, t, leaf)?)?;
+            }
+            Ok(d.into_any())
         }
-        d.set_item(key_part_py(py, last)?, v)?;
     }
-    Ok(out)
 }
 
 /// `log_value`'s options as Python objects; converted only when a stat is created.
@@ -601,50 +594,19 @@ impl MetricsStorePy {
         Ok(slot)
     }
 
-    fn node_py<'py>(
-        py: Python<'py>,
-        g: &mut Inner,
-        branch: &[(KeyPart, Node)],
-        f: &mut dyn FnMut(&mut PyStat) -> PyResult<Bound<'py, PyAny>>,
-    ) -> PyResult<Bound<'py, PyDict>> {
-        let d = PyDict::new(py);
-        for (k, n) in branch {
-            let v = match n {
-                Node::Leaf(id) => match g.store.get_mut(*id) {
-                    Some(s) => f(s)?,
-                    None => continue,
-                },
-                Node::Branch(b) => Self::node_py(py, g, b, f)?.into_any(),
-            };
-            d.set_item(key_part_py(py, k)?, v)?;
-        }
-        Ok(d)
-    }
-
     /// Applies `f` to the stat at `key` (or every stat under it, as a nested dict; all
     /// stats for `key=None`). `Ok(None)`: nothing there.
     fn map_key<'py>(
         &self,
         py: Python<'py>,
         key: Option<&Bound<'py, PyAny>>,
-        mut f: impl FnMut(&mut PyStat) -> PyResult<Bound<'py, PyAny>>,
+        f: impl FnMut(&mut PyStat) -> PyResult<Bound<'py, PyAny>>,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         let mut g = self.lock(py);
         g.flush(py, None)?;
-        let path = opt_key_path(key)?;
-        match g.store.find(&path) {
-            Found::Missing => Ok(None),
-            Found::Leaf(id) => match g.store.get_mut(id) {
-                Some(s) => f(s).map(Some),
-                None => Ok(None),
-            },
-            Found::Branch(_) => {
-                // The tree is cloned (keys only) so stats can be borrowed mutably.
-                let Found::Branch(b) = g.store.find(&path) else { return Ok(None) };
-                let b = b.to_vec();
-                Ok(Some(Self::node_py(py, &mut g, &b, &mut f)?.into_any()))
-            }
-        }
+        let tree = g.store.map(&opt_key_path(key)?, f)?;
+        drop(g);
+        tree.map(|t| tree_py(py, t, &mut Ok)).transpose()
     }
 }
 
@@ -864,14 +826,8 @@ impl MetricsStorePy {
         let t = now();
         let mut g = self.lock(py);
         g.flush(py, None)?;
-        Ok(match g.store.throughputs(&opt_key_path(key)?, t)? {
-            None => None,
-            Some(Throughputs::One(tp)) => Some(throughput_py(py, tp)?),
-            Some(Throughputs::Many(all)) => {
-                let pairs = all.into_iter().map(|(p, tp)| Ok((p, throughput_py(py, tp)?)));
-                Some(nested(py, pairs.collect::<PyResult<_>>()?)?.into_any())
-            }
-        })
+        let tree = g.store.throughputs(&opt_key_path(key)?, t)?;
+        tree.map(|t| tree_py(py, t, &mut |tp| throughput_py(py, tp))).transpose()
     }
 
     /// Deletes `key` (a stat or a group); `KeyError` if missing and `key_error`.
@@ -884,13 +840,10 @@ impl MetricsStorePy {
             g.forget_keys(py);
             g.store.remove(&path)
         };
+        // The removed stats are dropped here, after unlocking: destructors may run Python.
         match removed {
-            Ok(stats) => {
-                drop(stats);
-                Ok(())
-            }
             Err(e) if key_error => Err(e.into()),
-            Err(_) => Ok(()),
+            _ => Ok(()),
         }
     }
 
