@@ -330,6 +330,9 @@ impl<T> Store<T> {
     }
 }
 
+/// The incoming reductions for one key of `Store::aggregate`, with the first one's configuration.
+type Group<'a, T> = (Vec<KeyPart>, &'a Config, Vec<&'a Payload<T>>);
+
 /// The operations that read or merge stats (item values are cloned).
 impl<T: Clone> Store<T> {
     /// Pushes numbers into the stat in `slot` (deferred values reaching it; a freed slot
@@ -401,7 +404,7 @@ impl<T: Clone> Store<T> {
     ) -> Result<(), MetricsError> {
         // Grouped by key, in first-seen order.
         let mut index: HashMap<Vec<KeyPart>, usize> = HashMap::new();
-        let mut groups: Vec<(Vec<KeyPart>, &Config, Vec<&Payload<T>>)> = Vec::new();
+        let mut groups: Vec<Group<'_, T>> = Vec::new();
         for (path, snap) in snapshots {
             if let Some(&i) = index.get(&path) {
                 groups[i].2.push(&snap.payload);
@@ -422,12 +425,11 @@ impl<T: Clone> Store<T> {
             checked.map_err(|e| with_key(path, e))?;
         }
         for (path, config, incoming) in groups {
-            let slot = match self.find(&path) {
-                Found::Leaf(id) => id,
-                _ => {
-                    let stat = Stat::aggregator(config.clone(), is_root, created);
-                    self.insert(&path, stat).map_err(|e| with_key(&path, e))?
-                }
+            let slot = if let Found::Leaf(id) = self.find(&path) {
+                id
+            } else {
+                let stat = Stat::aggregator(config.clone(), is_root, created);
+                self.insert(&path, stat).map_err(|e| with_key(&path, e))?
             };
             if let Some(stat) = self.get_mut(slot) {
                 stat.merge(&incoming).map_err(|e| with_key(&path, e))?;

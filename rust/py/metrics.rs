@@ -298,7 +298,7 @@ fn state_from(
             StateField::Merged => st.merged = v.extract()?,
             StateField::Item => st.item = (!v.is_none()).then(|| PyObj(v.unbind())),
             StateField::Items => {
-                st.items = v.try_iter()?.map(|o| Ok(PyObj(o?.unbind()))).collect::<PyResult<_>>()?
+                st.items = v.try_iter()?.map(|o| Ok(PyObj(o?.unbind()))).collect::<PyResult<_>>()?;
             }
         }
     }
