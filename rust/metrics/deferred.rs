@@ -35,7 +35,7 @@ impl<T> Deferred<T> {
 
     /// Removes and returns the deferred values of every slot (`None`) or of one.
     pub fn take(&mut self, slot: Option<usize>) -> Vec<(usize, Vec<T>)> {
-        if slot.is_none() {
+        if slot.is_none() || self.pending.is_empty() {
             return std::mem::take(&mut self.pending);
         }
         let (due, keep) = std::mem::take(&mut self.pending).into_iter().partition(|(s, _)| slot == Some(*s));
