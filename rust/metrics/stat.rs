@@ -466,9 +466,7 @@ impl<T: Clone> Stat<T> {
             Data::Percentiles(sv) => {
                 let sorted = sv.sorted();
                 if compile {
-                    Peeked::Percentiles(
-                        self.config.percentiles.iter().map(|p| (*p, percentile(sorted, *p))).collect(),
-                    )
+                    Peeked::Percentiles(percentiles_of(&self.config.percentiles, sorted))
                 } else {
                     Peeked::Floats(sorted.to_vec())
                 }
