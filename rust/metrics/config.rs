@@ -208,6 +208,56 @@ impl Config {
         }
         Ok(cfg)
     }
+
+    /// The configuration of a checkpointed stat or snapshot, checked: a state may come from
+    /// anywhere, and an unknown reduction or an empty window would make a broken stat.
+    pub fn from_state(
+        reduce: &str,
+        window: Option<usize>,
+        ema_coeff: f64,
+        percentiles: Vec<f64>,
+        with_throughput: bool,
+    ) -> Result<Config, MetricsError> {
+        let Some(reduce) = Reduce::parse(reduce) else {
+            return value_err(format!("unknown reduce '{reduce}' in state"));
+        };
+        if window == Some(0) {
+            return value_err("window must be a positive int");
+        }
+        Ok(Config { reduce, window, ema_coeff, percentiles, with_throughput })
+    }
+}
+
+/// Which of `log_value`'s deprecated options (RLlib 2.60's old names) were given.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeprecatedOptions {
+    pub clear_on_reduce: bool,
+    pub throughput_ema_coeff: bool,
+    pub reduce_per_index_on_aggregate: bool,
+}
+
+impl DeprecatedOptions {
+    /// The deprecation warnings these options get, in order, or the error for one that no
+    /// longer works (`throughput_ema_coeff`: throughputs are measured once per reduce).
+    pub fn warnings(self) -> Result<Vec<&'static str>, MetricsError> {
+        if self.throughput_ema_coeff {
+            return value_err(
+                "throughput_ema_coeff is no longer supported: throughputs are measured once per \
+                 reduce() (as in RLlib 2.60)",
+            );
+        }
+        let mut out = Vec::new();
+        if self.clear_on_reduce {
+            out.push(
+                "clear_on_reduce is deprecated (RLlib 2.60): every reduction but lifetime_sum and \
+                 ema starts over after reduce(); use reduce='lifetime_sum' for sums that must not",
+            );
+        }
+        if self.reduce_per_index_on_aggregate {
+            out.push("reduce_per_index_on_aggregate is deprecated (RLlib 2.60) and has no effect");
+        }
+        Ok(out)
+    }
 }
 
 #[cfg(test)]
@@ -268,5 +318,30 @@ mod tests {
         assert_eq!(Config::resolve(&o).unwrap().percentiles, vec![10.0, 99.9]);
         let o = Options { window: Some(WindowArg::Float(f64::INFINITY)), ..opts(Some("max")) };
         assert_eq!(Config::resolve(&o).unwrap().window, None);
+    }
+
+    #[test]
+    fn deprecated_options_warn_or_fail() {
+        assert_eq!(DeprecatedOptions::default().warnings().unwrap(), Vec::<&str>::new());
+        let both = DeprecatedOptions {
+            clear_on_reduce: true,
+            reduce_per_index_on_aggregate: true,
+            ..DeprecatedOptions::default()
+        };
+        let w = both.warnings().unwrap();
+        assert_eq!(w.len(), 2);
+        assert!(w[0].starts_with("clear_on_reduce is deprecated") && w[1].contains("no effect"));
+        let gone = DeprecatedOptions { throughput_ema_coeff: true, ..both };
+        assert!(matches!(gone.warnings(), Err(MetricsError::Value(m)) if m.contains("no longer supported")));
+    }
+
+    #[test]
+    fn state_config_is_checked() {
+        let c = Config::from_state("percentiles", Some(3), 0.5, vec![50.0], false).unwrap();
+        assert_eq!((c.reduce, c.window, c.percentiles), (Reduce::Percentiles, Some(3), vec![50.0]));
+        let e = Config::from_state("median", None, 0.01, vec![], false).unwrap_err();
+        assert_eq!(e, MetricsError::Value("unknown reduce 'median' in state".into()));
+        let e = Config::from_state("mean", Some(0), 0.01, vec![], false).unwrap_err();
+        assert_eq!(e, MetricsError::Value("window must be a positive int".into()));
     }
 }

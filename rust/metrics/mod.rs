@@ -5,19 +5,28 @@
 //!   percentiles;
 //! - [`stat`]: one statistic: push, peek, reduce (what a logger sends up), merge (what an
 //!   aggregating logger does with the reductions of n loggers), throughput and state;
-//! - [`store`]: nested keys (tuples of strings/ints) mapped to stats.
+//! - [`snapshot`]: what a stat's `reduce()` returns, as a number and as checkpoint state;
+//! - [`store`]: nested keys (tuples of strings/ints) mapped to stats; aggregation, throughputs
+//!   and checkpoints over keys;
+//! - [`deferred`]: logged values converted to numbers in a batch at the next read.
 //!
 //! Item values (`reduce="item"` / `"item_series"`) are a type parameter, so the core stays
 //! free of Python: the binding instantiates it with Python objects, tests with integers.
 
 pub mod config;
+pub mod deferred;
+pub mod snapshot;
 pub mod stat;
 pub mod store;
 pub mod window;
 
-pub use config::{Config, Options, PercentilesArg, Reduce, WindowArg, DEFAULT_PERCENTILES};
-pub use stat::{Payload, Peeked, Stat, StatState, Throughput};
-pub use store::{KeyPart, Node, Store};
+pub use config::{
+    Config, DeprecatedOptions, Options, PercentilesArg, Reduce, WindowArg, DEFAULT_PERCENTILES,
+};
+pub use deferred::Deferred;
+pub use snapshot::{Arith, Snapshot, StateField};
+pub use stat::{Payload, Peeked, Stat, StatState, Throughput, Value};
+pub use store::{check_key, KeyPart, Node, Store, Tree};
 
 /// An error from the metrics core. The variant says which Python exception it becomes.
 #[derive(Debug, Clone, PartialEq)]

@@ -95,6 +95,15 @@ impl<T> Payload<T> {
         }
     }
 
+    /// The number of values behind a mean (its weight when merged); `None` for the others.
+    #[must_use]
+    pub fn count(&self) -> Option<f64> {
+        match self {
+            Payload::Mean { count, .. } => Some(*count),
+            _ => None,
+        }
+    }
+
     /// What `len()` of RLlib's reduced Stats object gives: the number of values it holds
     /// (one reduced value, one EMA, one sum or one item; every percentile value and item).
     #[must_use]
@@ -118,6 +127,13 @@ pub enum Peeked<'a, T> {
     /// `[item]` (peek with `compile=False`).
     ItemList(Option<&'a T>),
     Items(Vec<&'a T>),
+}
+
+/// A value to log: a number, or an item for `reduce="item"` / `"item_series"`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value<T> {
+    Number(f64),
+    Item(T),
 }
 
 /// Throughput of a stat tracking one (see `Stat::throughput`).
@@ -167,6 +183,60 @@ pub struct StatState<T> {
     pub merged: Option<(f64, f64, f64)>,
     pub item: Option<T>,
     pub items: Vec<T>,
+}
+
+impl<T> StatState<T> {
+    /// The state of an empty stat: no values, a NaN running value, no items.
+    #[must_use]
+    pub fn new(config: Config, is_root: bool, is_leaf: bool) -> StatState<T> {
+        StatState {
+            config,
+            is_root,
+            is_leaf,
+            values: Vec::new(),
+            value: f64::NAN,
+            count: 0.0,
+            merged: None,
+            item: None,
+            items: Vec::new(),
+        }
+    }
+}
+
+/// `(percentile, value)` pairs of ascending `sorted` for the configured `percentiles`.
+fn percentiles_of(percentiles: &[f64], sorted: &[f64]) -> Vec<(f64, Option<f64>)> {
+    percentiles.iter().map(|p| (*p, percentile(sorted, *p))).collect()
+}
+
+/// The peek of a reduced payload of a stat tracking `percentiles` (RLlib: `peek` on the
+/// Stats clone that reduce returned).
+pub fn peek_payload<'a, T>(percentiles: &[f64], payload: &'a Payload<T>, compile: bool) -> Peeked<'a, T> {
+    let one = |v: f64| if compile { Peeked::Float(v) } else { Peeked::Floats(vec![v]) };
+    match payload {
+        Payload::Series(v) | Payload::Ema(v) | Payload::LifetimeSum(v) => one(*v),
+        Payload::Mean { mean, .. } => one(*mean),
+        Payload::Sorted(vs) => {
+            if compile {
+                Peeked::Percentiles(percentiles_of(percentiles, vs))
+            } else {
+                Peeked::Floats(vs.clone())
+            }
+        }
+        Payload::Item(item) => {
+            if compile {
+                Peeked::Item(item.as_ref())
+            } else {
+                Peeked::ItemList(item.as_ref())
+            }
+        }
+        Payload::Items(items) => {
+            if compile && items.is_empty() {
+                Peeked::Float(f64::NAN)
+            } else {
+                Peeked::Items(items.iter().collect())
+            }
+        }
+    }
 }
 
 /// One statistic.
@@ -294,10 +364,52 @@ impl<T: Clone> Stat<T> {
         }
     }
 
-    /// Replaces what the stat holds by one value (the older `set_value`).
-    pub fn set_number(&mut self, v: f64) -> Result<(), MetricsError> {
-        self.data = Self::empty_data(&self.config, self.is_leaf);
-        self.push(v)
+    /// Values are logged to leaves only: an aggregator holds what `aggregate()` merged.
+    pub fn check_leaf(&self) -> Result<(), MetricsError> {
+        if self.is_leaf {
+            Ok(())
+        } else {
+            value_err("the key is filled by aggregate() (log to the loggers that are aggregated instead)")
+        }
+    }
+
+    /// Logs a value (`log_value`); returns the item it dropped (replaced, or out of the window).
+    pub fn push_value(&mut self, v: Value<T>) -> Result<Option<T>, MetricsError> {
+        self.check_leaf()?;
+        match v {
+            Value::Number(x) => self.push(x).map(|()| None),
+            Value::Item(item) => self.push_item(item),
+        }
+    }
+
+    /// Replaces what a leaf holds by one value (`set_value`); `value` is asked for it (given
+    /// the reduction it must fit) only once the stat is known to take one. Returns the
+    /// items it dropped.
+    pub fn set_with<E: From<MetricsError>>(
+        &mut self,
+        value: impl FnOnce(Reduce) -> Result<Value<T>, E>,
+    ) -> Result<Vec<T>, E> {
+        if !self.is_leaf {
+            return Err(
+                MetricsError::Value("cannot set a value on a key filled by aggregate()".into()).into()
+            );
+        }
+        let v = value(self.config.reduce)?;
+        let mut dropped = match std::mem::replace(&mut self.data, Self::empty_data(&self.config, true)) {
+            Data::Item(item) => item.into_iter().collect(),
+            Data::Items { items, .. } => items.into(),
+            _ => Vec::new(),
+        };
+        dropped.extend(self.push_value(v)?);
+        Ok(dropped)
+    }
+
+    /// Whether numbers logged to this stat may be pushed later, in one batch per read: leaf
+    /// mean/min/max/sum only read their values when the stat is read. (RLlib's EMA, lifetime
+    /// sum and percentiles check each value for NaN as it is logged, so those take it at once.)
+    #[must_use]
+    pub fn defers_numbers(&self) -> bool {
+        self.is_leaf && matches!(self.config.reduce, Reduce::Mean | Reduce::Min | Reduce::Max | Reduce::Sum)
     }
 
     fn series_acc(&self) -> Acc {
@@ -317,10 +429,6 @@ impl<T: Clone> Stat<T> {
             Data::Ema { value, .. } => *value,
             _ => f64::NAN,
         }
-    }
-
-    fn percentiles_of(&self, sorted: &[f64]) -> Vec<(f64, Option<f64>)> {
-        self.config.percentiles.iter().map(|p| (*p, percentile(sorted, *p))).collect()
     }
 
     /// The current reduced value (RLlib's `peek`); does not change the stat except for
@@ -358,9 +466,7 @@ impl<T: Clone> Stat<T> {
             Data::Percentiles(sv) => {
                 let sorted = sv.sorted();
                 if compile {
-                    Peeked::Percentiles(
-                        self.config.percentiles.iter().map(|p| (*p, percentile(sorted, *p))).collect(),
-                    )
+                    Peeked::Percentiles(percentiles_of(&self.config.percentiles, sorted))
                 } else {
                     Peeked::Floats(sorted.to_vec())
                 }
@@ -390,7 +496,9 @@ impl<T: Clone> Stat<T> {
             Reduce::LifetimeSum if compile => Peeked::Float(0.0),
             Reduce::LifetimeSum => Peeked::Floats(vec![0.0]),
             Reduce::Ema if !compile => Peeked::Floats(vec![f64::NAN]),
-            Reduce::Percentiles if compile => Peeked::Percentiles(self.percentiles_of(&[])),
+            Reduce::Percentiles if compile => {
+                Peeked::Percentiles(percentiles_of(&self.config.percentiles, &[]))
+            }
             _ if compile => Peeked::Float(f64::NAN),
             _ => Peeked::Floats(Vec::new()),
         }
@@ -398,32 +506,7 @@ impl<T: Clone> Stat<T> {
 
     /// The peek of a reduced payload (RLlib: `peek` on the Stats clone that reduce returned).
     pub fn peek_payload<'a>(&self, payload: &'a Payload<T>, compile: bool) -> Peeked<'a, T> {
-        let one = |v: f64| if compile { Peeked::Float(v) } else { Peeked::Floats(vec![v]) };
-        match payload {
-            Payload::Series(v) | Payload::Ema(v) | Payload::LifetimeSum(v) => one(*v),
-            Payload::Mean { mean, .. } => one(*mean),
-            Payload::Sorted(vs) => {
-                if compile {
-                    Peeked::Percentiles(self.percentiles_of(vs))
-                } else {
-                    Peeked::Floats(vs.clone())
-                }
-            }
-            Payload::Item(item) => {
-                if compile {
-                    Peeked::Item(item.as_ref())
-                } else {
-                    Peeked::ItemList(item.as_ref())
-                }
-            }
-            Payload::Items(items) => {
-                if compile && items.is_empty() {
-                    Peeked::Float(f64::NAN)
-                } else {
-                    Peeked::Items(items.iter().collect())
-                }
-            }
-        }
+        peek_payload(&self.config.percentiles, payload, compile)
     }
 
     /// Reduces: returns what to send up and starts a new reduce cycle (RLlib's `reduce`).
@@ -630,17 +713,7 @@ impl<T: Clone> Stat<T> {
     /// The stat's content for a checkpoint.
     #[must_use]
     pub fn to_state(&self) -> StatState<T> {
-        let mut st = StatState {
-            config: self.config.clone(),
-            is_root: self.is_root,
-            is_leaf: self.is_leaf,
-            values: Vec::new(),
-            value: f64::NAN,
-            count: 0.0,
-            merged: None,
-            item: None,
-            items: Vec::new(),
-        };
+        let mut st = StatState::new(self.config.clone(), self.is_root, self.is_leaf);
         match &self.data {
             Data::Acc(acc) => (st.value, st.count) = (acc.value, acc.count),
             Data::Window(ring) => st.values = ring.iter().copied().collect(),
@@ -907,5 +980,48 @@ mod tests {
         assert_eq!(peek_f(&mut r), 3.0);
         r.push(8.0).unwrap();
         assert_eq!(peek_f(&mut r), 5.0);
+    }
+
+    #[test]
+    fn values_go_to_leaves_only() {
+        let mut agg = Stat::<i32>::aggregator(Config::new(Reduce::Sum), true, 0.0);
+        let e = agg.push_value(Value::Number(1.0)).unwrap_err();
+        assert!(e.to_string().starts_with("the key is filled by aggregate()"));
+        let asked = agg.set_with(|_| -> Result<Value<i32>, MetricsError> { panic!("asked for a value") });
+        assert_eq!(
+            asked,
+            Err(MetricsError::Value("cannot set a value on a key filled by aggregate()".into()))
+        );
+        assert!(!agg.defers_numbers());
+        let mut s = leaf(Reduce::Max, Some(3));
+        assert!(s.defers_numbers() && s.check_leaf().is_ok());
+        assert_eq!(s.push_value(Value::Number(4.0)), Ok(None));
+        assert!(s.push_value(Value::Item(1)).is_err());
+        assert!(
+            !leaf(Reduce::Ema, None).defers_numbers() && !leaf(Reduce::Percentiles, None).defers_numbers()
+        );
+    }
+
+    #[test]
+    fn set_with_replaces_what_a_leaf_holds() {
+        let mut s = leaf(Reduce::Mean, Some(5));
+        for v in [1.0, 2.0, 3.0] {
+            s.push(v).unwrap();
+        }
+        let seen =
+            s.set_with(|r| Ok::<_, MetricsError>((r == Reduce::Mean).then_some(Value::Number(7.0)).unwrap()));
+        assert_eq!(seen, Ok(vec![]));
+        assert_eq!(peek_f(&mut s), 7.0);
+        let mut items = leaf(Reduce::ItemSeries, None);
+        for i in 0..3 {
+            items.push_item(i).unwrap();
+        }
+        assert_eq!(items.set_with(|_| Ok::<_, MetricsError>(Value::Item(9))), Ok(vec![0, 1, 2]));
+        assert_eq!(items.peek(true, false).unwrap(), Peeked::Items(vec![&9]));
+        let mut one = leaf(Reduce::Item, None);
+        one.push_item(1).unwrap();
+        assert_eq!(one.set_with(|_| Ok::<_, MetricsError>(Value::Item(2))), Ok(vec![1]));
+        let mut p = leaf(Reduce::Percentiles, None);
+        assert!(p.set_with(|_| Ok::<_, MetricsError>(Value::Number(f64::NAN))).is_err());
     }
 }

@@ -1,5 +1,7 @@
 //! `MetricsStorePy`: the native part of `fastrollout.MetricsLogger`, and `StatsSnapshotPy`,
-//! what its `reduce()` returns and `aggregate()` takes.
+//! what its `reduce()` returns and `aggregate()` takes. The rules (option resolution,
+//! reductions, aggregation, throughputs, state layout, which values wait to be converted)
+//! are the core's (`crate::metrics`); this module converts Python values and maps errors.
 //!
 //! `log_value` is the hot call: a key seen before is found through a dict keyed by the
 //! Python key object itself (one hash of an already-hashed str), so logging a float is one
@@ -10,7 +12,6 @@
 //! that holds the lock and calls into Python (a tensor's `__float__`, a key's `__hash__`)
 //! cannot deadlock with one waiting for it.
 
-use std::collections::HashMap;
 use std::ffi::CString;
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
@@ -24,16 +25,18 @@ use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use super::object::PyObj;
 use crate::metrics::store::{key_repr, Found};
 use crate::metrics::{
-    Config, KeyPart, MetricsError, Node, Options, Payload, Peeked, PercentilesArg, Reduce, Stat, StatState,
-    Store, Throughput, WindowArg,
+    check_key, Arith, Config, Deferred, DeprecatedOptions, KeyPart, MetricsError, Options, Peeked,
+    PercentilesArg, Reduce, Snapshot, Stat, StatState, StateField, Store, Throughput, Tree, Value, WindowArg,
 };
 
 type PyStat = Stat<PyObj>;
 
-fn metrics_error(e: MetricsError) -> PyErr {
-    match e {
-        MetricsError::Value(m) => PyValueError::new_err(m),
-        MetricsError::Key(m) => PyKeyError::new_err(m),
+impl From<MetricsError> for PyErr {
+    fn from(e: MetricsError) -> PyErr {
+        match e {
+            MetricsError::Value(m) => PyValueError::new_err(m),
+            MetricsError::Key(m) => PyKeyError::new_err(m),
+        }
     }
 }
 
@@ -50,13 +53,9 @@ fn key_path(key: &Bound<'_, PyAny>) -> PyResult<Vec<KeyPart>> {
             out.push(KeyPart::Str(s.to_str()?.to_owned()));
         } else if k.is_instance_of::<PyInt>() {
             out.push(KeyPart::Int(k.extract::<i64>()?));
-        } else if let Ok(t) = k.cast::<PyTuple>() {
-            for p in t.iter() {
-                walk(&p, out)?;
-            }
-        } else if let Ok(l) = k.cast::<PyList>() {
-            for p in l.iter() {
-                walk(&p, out)?;
+        } else if k.is_instance_of::<PyTuple>() || k.is_instance_of::<PyList>() {
+            for p in k.try_iter()? {
+                walk(&p?, out)?;
             }
         } else {
             return Err(PyTypeError::new_err(format!(
@@ -68,10 +67,16 @@ fn key_path(key: &Bound<'_, PyAny>) -> PyResult<Vec<KeyPart>> {
     }
     let mut out = Vec::new();
     walk(key, &mut out)?;
-    if out.is_empty() {
-        return Err(PyValueError::new_err("a metric key must not be empty"));
-    }
+    check_key(&out)?;
     Ok(out)
+}
+
+/// The key path of an optional key (`None`: the whole tree).
+fn opt_key_path(key: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<KeyPart>> {
+    match key {
+        Some(k) if !k.is_none() => key_path(k),
+        _ => Ok(Vec::new()),
+    }
 }
 
 fn key_part_py<'py>(py: Python<'py>, k: &KeyPart) -> PyResult<Bound<'py, PyAny>> {
@@ -84,6 +89,24 @@ fn key_part_py<'py>(py: Python<'py>, k: &KeyPart) -> PyResult<Bound<'py, PyAny>>
 fn key_tuple<'py>(py: Python<'py>, path: &[KeyPart]) -> PyResult<Bound<'py, PyTuple>> {
     let parts: Vec<Bound<'py, PyAny>> = path.iter().map(|k| key_part_py(py, k)).collect::<PyResult<_>>()?;
     PyTuple::new(py, parts)
+}
+
+/// A tree of values as nested dicts, with `leaf` converting each value.
+fn tree_py<'py, R>(
+    py: Python<'py>,
+    tree: Tree<R>,
+    leaf: &mut impl FnMut(R) -> PyResult<Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    match tree {
+        Tree::Leaf(r) => leaf(r),
+        Tree::Branch(children) => {
+            let d = PyDict::new(py);
+            for (k, t) in children {
+                d.set_item(key_part_py(py, &k)?, tree_py(py, t, leaf)?)?;
+            }
+            Ok(d.into_any())
+        }
+    }
 }
 
 /// `log_value`'s options as Python objects; converted only when a stat is created.
@@ -128,15 +151,14 @@ impl RawOptions<'_, '_> {
             })?)),
         };
         let flag = |o: Option<&Bound<'_, PyAny>>| given(o).map(PyAnyMethods::is_truthy).transpose();
-        Config::resolve(&Options {
+        Ok(Config::resolve(&Options {
             reduce,
             window,
             ema_coeff,
             percentiles,
             with_throughput: flag(self.with_throughput)?,
             clear_on_reduce: flag(self.clear_on_reduce)?,
-        })
-        .map_err(metrics_error)
+        })?)
     }
 }
 
@@ -171,27 +193,17 @@ fn item(v: &Bound<'_, PyAny>, reduce: Reduce) -> PyResult<PyObj> {
     Ok(PyObj(v.clone().unbind()))
 }
 
-fn push(
-    stat: &mut PyStat,
-    key: &Bound<'_, PyAny>,
-    value: &Bound<'_, PyAny>,
-    garbage: &mut Vec<PyObj>,
-) -> PyResult<()> {
-    if !stat.is_leaf() {
-        return Err(PyValueError::new_err(format!(
-            "cannot log values to {}: the key is filled by aggregate() (log to the loggers \
-             that are aggregated instead)",
-            key.repr()?
-        )));
-    }
-    let reduce = stat.reduce_kind();
-    if reduce.is_numeric() {
-        stat.push(number(key, value)?).map_err(metrics_error)
+/// `value` as what a stat of `reduce` logs: a number, or an item.
+fn loggable(reduce: Reduce, key: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>) -> PyResult<Value<PyObj>> {
+    Ok(if reduce.is_numeric() {
+        Value::Number(number(key, value)?)
     } else {
-        let old = stat.push_item(item(value, reduce)?).map_err(metrics_error)?;
-        garbage.extend(old);
-        Ok(())
-    }
+        Value::Item(item(value, reduce)?)
+    })
+}
+
+fn vanished() -> PyErr {
+    PyKeyError::new_err("metric key vanished while logging")
 }
 
 fn peeked_py<'py>(py: Python<'py>, p: Peeked<'_, PyObj>) -> PyResult<Bound<'py, PyAny>> {
@@ -207,8 +219,15 @@ fn peeked_py<'py>(py: Python<'py>, p: Peeked<'_, PyObj>) -> PyResult<Bound<'py, 
         }
         Peeked::Item(i) => obj_or_none(py, i),
         Peeked::ItemList(i) => PyList::new(py, [obj_or_none(py, i)])?.into_any(),
-        Peeked::Items(items) => PyList::new(py, items.into_iter().map(|o| o.0.bind(py)))?.into_any(),
+        Peeked::Items(items) => objs_list(py, items)?.into_any(),
     })
+}
+
+fn objs_list<'py, 'a>(
+    py: Python<'py>,
+    objs: impl IntoIterator<Item = &'a PyObj>,
+) -> PyResult<Bound<'py, PyList>> {
+    PyList::new(py, objs.into_iter().map(|o| o.0.bind(py)))
 }
 
 fn obj_or_none<'py>(py: Python<'py>, o: Option<&PyObj>) -> Bound<'py, PyAny> {
@@ -224,69 +243,70 @@ fn percentile_key(py: Python<'_>, p: f64) -> PyResult<Bound<'_, PyAny>> {
     }
 }
 
-fn config_dict<'py>(py: Python<'py>, c: &Config) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("reduce", c.reduce.name())?;
-    d.set_item("window", c.window)?;
-    d.set_item("ema_coeff", c.ema_coeff)?;
-    d.set_item("percentiles", c.percentiles.clone())?;
-    d.set_item("with_throughput", c.with_throughput)?;
-    Ok(d)
-}
-
 fn req<'py>(d: &Bound<'py, PyDict>, k: &str) -> PyResult<Bound<'py, PyAny>> {
     d.get_item(k)?.ok_or_else(|| PyKeyError::new_err(format!("state is missing {k:?}")))
 }
 
-fn config_from(d: &Bound<'_, PyDict>) -> PyResult<Config> {
-    let name: String = req(d, "reduce")?.extract()?;
-    let reduce = Reduce::parse(&name)
-        .ok_or_else(|| PyValueError::new_err(format!("unknown reduce '{name}' in state")))?;
-    let window: Option<usize> = req(d, "window")?.extract()?;
-    if window == Some(0) {
-        return Err(PyValueError::new_err("window must be a positive int"));
-    }
-    Ok(Config {
-        reduce,
-        window,
-        ema_coeff: req(d, "ema_coeff")?.extract()?,
-        percentiles: req(d, "percentiles")?.extract()?,
-        with_throughput: req(d, "with_throughput")?.extract()?,
-    })
-}
-
-fn objs(l: &Bound<'_, PyAny>) -> PyResult<Vec<PyObj>> {
-    l.try_iter()?.map(|o| Ok(PyObj(o?.unbind()))).collect()
-}
-
-fn stat_state_dict<'py>(py: Python<'py>, s: &PyStat) -> PyResult<Bound<'py, PyDict>> {
-    let st = s.to_state();
-    let d = config_dict(py, &st.config)?;
+/// A state as a dict: the configuration, `is_root`, `is_leaf`, then `fields`.
+fn state_dict<'py>(
+    py: Python<'py>,
+    st: &StatState<PyObj>,
+    fields: &[StateField],
+) -> PyResult<Bound<'py, PyDict>> {
+    let (d, c) = (PyDict::new(py), &st.config);
+    d.set_item("reduce", c.reduce.name())?;
+    d.set_item("window", c.window)?;
+    d.set_item("ema_coeff", c.ema_coeff)?;
+    d.set_item("percentiles", c.percentiles.as_slice())?;
+    d.set_item("with_throughput", c.with_throughput)?;
     d.set_item("is_root", st.is_root)?;
     d.set_item("is_leaf", st.is_leaf)?;
-    d.set_item("values", st.values)?;
-    d.set_item("value", st.value)?;
-    d.set_item("count", st.count)?;
-    d.set_item("merged", st.merged)?;
-    d.set_item("item", obj_or_none(py, st.item.as_ref()))?;
-    d.set_item("items", PyList::new(py, st.items.iter().map(|o| o.0.bind(py)))?)?;
+    for &f in fields {
+        match f {
+            StateField::Values => d.set_item(f.name(), st.values.as_slice()),
+            StateField::Value => d.set_item(f.name(), st.value),
+            StateField::Count => d.set_item(f.name(), st.count),
+            StateField::Merged => d.set_item(f.name(), st.merged),
+            StateField::Item => d.set_item(f.name(), obj_or_none(py, st.item.as_ref())),
+            StateField::Items => d.set_item(f.name(), objs_list(py, &st.items)?),
+        }?;
+    }
     Ok(d)
 }
 
-fn stat_from_state(d: &Bound<'_, PyDict>, t: f64) -> PyResult<PyStat> {
-    let item = req(d, "item")?;
-    let st = StatState {
-        config: config_from(d)?,
-        is_root: req(d, "is_root")?.extract()?,
-        is_leaf: req(d, "is_leaf")?.extract()?,
-        values: req(d, "values")?.extract()?,
-        value: req(d, "value")?.extract()?,
-        count: req(d, "count")?.extract()?,
-        merged: req(d, "merged")?.extract()?,
-        item: (!item.is_none()).then(|| PyObj(item.unbind())),
-        items: objs(&req(d, "items")?)?,
-    };
-    Stat::from_state(st, t).map_err(metrics_error)
+/// A state from its dict (see `state_dict`), with the fields its reduction has.
+fn state_from(
+    d: &Bound<'_, PyDict>,
+    fields: fn(Reduce) -> &'static [StateField],
+) -> PyResult<StatState<PyObj>> {
+    let name: String = req(d, "reduce")?.extract()?;
+    let config = Config::from_state(
+        &name,
+        req(d, "window")?.extract()?,
+        req(d, "ema_coeff")?.extract()?,
+        req(d, "percentiles")?.extract()?,
+        req(d, "with_throughput")?.extract()?,
+    )?;
+    let fields = fields(config.reduce);
+    let mut st = StatState::new(config, req(d, "is_root")?.extract()?, req(d, "is_leaf")?.extract()?);
+    for &f in fields {
+        let v = req(d, f.name())?;
+        match f {
+            StateField::Values => st.values = v.extract()?,
+            StateField::Value => st.value = v.extract()?,
+            StateField::Count => st.count = v.extract()?,
+            StateField::Merged => st.merged = v.extract()?,
+            StateField::Item => st.item = (!v.is_none()).then(|| PyObj(v.unbind())),
+            StateField::Items => {
+                st.items = v.try_iter()?.map(|o| Ok(PyObj(o?.unbind()))).collect::<PyResult<_>>()?;
+            }
+        }
+    }
+    Ok(st)
+}
+
+fn all_fields(_: Reduce) -> &'static [StateField] {
+    &StateField::ALL
 }
 
 /// What one stat's `reduce()` returned: its configuration and reduced content.
@@ -294,35 +314,24 @@ fn stat_from_state(d: &Bound<'_, PyDict>, t: f64) -> PyResult<PyStat> {
 /// `MetricsLogger.reduce()` returns a nested dict of these; `aggregate()` merges lists of
 /// such dicts. They pickle, so they can cross process (Ray actor) boundaries.
 #[pyclass(name = "StatsSnapshot", module = "fastrollout._core", frozen)]
-pub struct StatsSnapshotPy {
-    /// A stat that holds only the configuration (to peek payloads the way it would).
-    shape: PyStat,
-    payload: Payload<PyObj>,
-}
+pub struct StatsSnapshotPy(Snapshot<PyObj>);
 
 impl StatsSnapshotPy {
-    fn new(shape_of: &PyStat, payload: Payload<PyObj>) -> StatsSnapshotPy {
-        let shape = Stat::new(shape_of.config().clone(), shape_of.is_root(), shape_of.is_leaf(), 0.0);
-        StatsSnapshotPy { shape, payload }
-    }
-
     /// The snapshot as one number, if it is one (an item: if it converts to a float).
     fn number(&self, py: Python<'_>) -> Option<f64> {
-        match &self.payload {
-            Payload::Item(Some(item)) => item.0.bind(py).extract::<f64>().ok(),
-            p => p.number(),
-        }
+        self.0.number(|item| item.0.bind(py).extract::<f64>().ok())
     }
 
     fn not_a_number(&self) -> PyErr {
         PyValueError::new_err(format!("a reduce='{}' result is not a single number", self.reduce_method()))
     }
 
-    /// `f(self, other)` as a float, or `NotImplemented` unless both are numbers.
-    fn arithmetic(&self, other: &Bound<'_, PyAny>, f: impl Fn(f64, f64) -> f64) -> Py<PyAny> {
+    /// `op` of the two numbers as a float (`reflected`: `other op self`), or
+    /// `NotImplemented` unless both are numbers.
+    fn arithmetic(&self, other: &Bound<'_, PyAny>, op: Arith, reflected: bool) -> Py<PyAny> {
         let py = other.py();
         match (self.number(py), other_number(other)) {
-            (Some(a), Some(b)) => PyFloat::new(py, f(a, b)).into_any().unbind(),
+            (Some(a), Some(b)) => PyFloat::new(py, op.apply(a, b, reflected)).into_any().unbind(),
             _ => py.NotImplemented(),
         }
     }
@@ -340,36 +349,24 @@ fn other_number(other: &Bound<'_, PyAny>) -> Option<f64> {
     other.extract::<f64>().ok()
 }
 
-/// `reduce(compile=True)` of a stat whose reduction is `payload`: the compiled peek,
-/// except that an item series is its list even when empty.
-fn compiled<'py>(py: Python<'py>, shape: &PyStat, payload: &Payload<PyObj>) -> PyResult<Bound<'py, PyAny>> {
-    if let Payload::Items(items) = payload {
-        return Ok(PyList::new(py, items.iter().map(|o| o.0.bind(py)))?.into_any());
-    }
-    peeked_py(py, shape.peek_payload(payload, true))
-}
-
 #[pymethods]
 impl StatsSnapshotPy {
     /// The reduced value, as the stat's `peek` gave it at reduce time.
     #[pyo3(signature = (compile=true))]
     fn peek<'py>(&self, py: Python<'py>, compile: bool) -> PyResult<Bound<'py, PyAny>> {
-        peeked_py(py, self.shape.peek_payload(&self.payload, compile))
+        peeked_py(py, self.0.peek(compile))
     }
 
     /// The reduction method (`"mean"`, `"ema"`, ...).
     #[getter]
     fn reduce_method(&self) -> &'static str {
-        self.shape.reduce_kind().name()
+        self.0.config.reduce.name()
     }
 
     /// The number of logged values behind a mean (its weight when merged), else `None`.
     #[getter]
     fn count(&self) -> Option<f64> {
-        match self.payload {
-            Payload::Mean { count, .. } => Some(count),
-            _ => None,
-        }
+        self.0.payload.count()
     }
 
     /// The reduced value (`compile=True`), as `MetricsLogger.reduce(compile=True)` gives
@@ -379,8 +376,7 @@ impl StatsSnapshotPy {
         if !compile {
             return Ok(slf.clone().into_any());
         }
-        let this = slf.get();
-        compiled(slf.py(), &this.shape, &this.payload)
+        peeked_py(slf.py(), slf.get().0.compiled())
     }
 
     fn __float__(&self, py: Python<'_>) -> PyResult<f64> {
@@ -415,27 +411,27 @@ impl StatsSnapshotPy {
     }
 
     fn __add__(&self, other: &Bound<'_, PyAny>) -> Py<PyAny> {
-        self.arithmetic(other, |a, b| a + b)
+        self.arithmetic(other, Arith::Add, false)
     }
 
     fn __radd__(&self, other: &Bound<'_, PyAny>) -> Py<PyAny> {
-        self.arithmetic(other, |a, b| b + a)
+        self.arithmetic(other, Arith::Add, true)
     }
 
     fn __sub__(&self, other: &Bound<'_, PyAny>) -> Py<PyAny> {
-        self.arithmetic(other, |a, b| a - b)
+        self.arithmetic(other, Arith::Sub, false)
     }
 
     fn __rsub__(&self, other: &Bound<'_, PyAny>) -> Py<PyAny> {
-        self.arithmetic(other, |a, b| b - a)
+        self.arithmetic(other, Arith::Sub, true)
     }
 
     fn __mul__(&self, other: &Bound<'_, PyAny>) -> Py<PyAny> {
-        self.arithmetic(other, |a, b| a * b)
+        self.arithmetic(other, Arith::Mul, false)
     }
 
     fn __rmul__(&self, other: &Bound<'_, PyAny>) -> Py<PyAny> {
-        self.arithmetic(other, |a, b| b * a)
+        self.arithmetic(other, Arith::Mul, true)
     }
 
     /// Formats the number as a float (as RLlib's Stats do), anything else as its value.
@@ -449,7 +445,7 @@ impl StatsSnapshotPy {
 
     /// The number of values held, as `len()` of RLlib's reduced Stats gives it.
     fn __len__(&self) -> usize {
-        self.payload.rllib_len()
+        self.0.payload.rllib_len()
     }
 
     /// The peeked value as a numpy array (so `numpy.testing` and RLlib's `check` read it).
@@ -478,48 +474,13 @@ impl StatsSnapshotPy {
 
     /// The snapshot as a dict of plain Python values.
     fn get_state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let d = config_dict(py, self.shape.config())?;
-        d.set_item("is_root", self.shape.is_root())?;
-        d.set_item("is_leaf", self.shape.is_leaf())?;
-        match &self.payload {
-            Payload::Series(v) | Payload::Ema(v) | Payload::LifetimeSum(v) => d.set_item("value", v)?,
-            Payload::Mean { mean, count } => {
-                d.set_item("value", mean)?;
-                d.set_item("count", count)?;
-            }
-            Payload::Sorted(vs) => d.set_item("values", vs.clone())?,
-            Payload::Item(i) => d.set_item("item", obj_or_none(py, i.as_ref()))?,
-            Payload::Items(items) => {
-                d.set_item("items", PyList::new(py, items.iter().map(|o| o.0.bind(py)))?)?;
-            }
-        }
-        Ok(d)
+        state_dict(py, &self.0.to_state(), StateField::of_snapshot(self.0.config.reduce))
     }
 
     /// A snapshot from `get_state()`'s dict.
     #[staticmethod]
     fn from_state(state: &Bound<'_, PyDict>) -> PyResult<StatsSnapshotPy> {
-        let config = config_from(state)?;
-        let shape =
-            Stat::new(config, req(state, "is_root")?.extract()?, req(state, "is_leaf")?.extract()?, 0.0);
-        let f = |k: &str| -> PyResult<f64> { req(state, k)?.extract() };
-        let payload = match shape.reduce_kind() {
-            Reduce::Min | Reduce::Max | Reduce::Sum => Payload::Series(f("value")?),
-            Reduce::Mean => Payload::Mean { mean: f("value")?, count: f("count")? },
-            Reduce::Ema => Payload::Ema(f("value")?),
-            Reduce::LifetimeSum => Payload::LifetimeSum(f("value")?),
-            Reduce::Percentiles => {
-                let mut vs: Vec<f64> = req(state, "values")?.extract()?;
-                vs.sort_by(f64::total_cmp);
-                Payload::Sorted(vs)
-            }
-            Reduce::Item => {
-                let i = req(state, "item")?;
-                Payload::Item((!i.is_none()).then(|| PyObj(i.unbind())))
-            }
-            Reduce::ItemSeries => Payload::Items(objs(&req(state, "items")?)?),
-        };
-        Ok(StatsSnapshotPy { shape, payload })
+        Ok(StatsSnapshotPy(Snapshot::from_state(state_from(state, StateField::of_snapshot)?)))
     }
 
     fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (Bound<'py, PyDict>,))> {
@@ -533,12 +494,10 @@ struct Inner {
     store: Store<PyObj>,
     /// Python key object -> slab slot of a stat, for keys seen before.
     cache: Py<PyDict>,
-    /// Torch tensors logged to mean/min/max/sum stats and not read yet, per slot, in order.
-    /// They stay where they are (a GPU tensor on its GPU, as RLlib keeps them) and reach
-    /// the host in one `stack(...).cpu()` per stat at the next read, instead of one device
-    /// sync per logged value. (RLlib's EMA, lifetime sum and percentiles check each value
-    /// for NaN when it is logged, a sync each; those convert at once here too.)
-    pending: Vec<(usize, Vec<PyObj>)>,
+    /// Torch tensors logged to stats that defer numbers, not read yet. They stay where they
+    /// are (a GPU tensor on its GPU, as RLlib keeps them) and reach the host in one
+    /// `stack(...).cpu()` per stat at the next read, instead of one device sync per value.
+    pending: Deferred<PyObj>,
 }
 
 /// The values of one-element tensors, moved to the host in one transfer when they allow
@@ -566,19 +525,8 @@ impl Inner {
 
     /// Pushes the pending tensors of every stat (`slot: None`) or of one.
     fn flush(&mut self, py: Python<'_>, slot: Option<usize>) -> PyResult<()> {
-        if self.pending.is_empty() {
-            return Ok(());
-        }
-        let (now_due, keep): (Vec<_>, Vec<_>) =
-            std::mem::take(&mut self.pending).into_iter().partition(|(s, _)| slot.is_none_or(|x| x == *s));
-        self.pending = keep;
-        for (s, tensors) in now_due {
-            let values = host_values(py, &tensors)?;
-            if let Some(stat) = self.store.get_mut(s) {
-                for v in values {
-                    stat.push(v).map_err(metrics_error)?;
-                }
-            }
+        for (s, tensors) in self.pending.take(slot) {
+            self.store.push_numbers(s, &host_values(py, &tensors)?)?;
         }
         Ok(())
     }
@@ -592,28 +540,22 @@ impl Inner {
         value: &Bound<'_, PyAny>,
         garbage: &mut Vec<PyObj>,
     ) -> PyResult<()> {
-        let Some(stat) = self.store.get(slot) else {
-            return Err(PyKeyError::new_err("metric key vanished while logging"));
-        };
-        let deferrable = stat.is_leaf()
-            && matches!(stat.reduce_kind(), Reduce::Mean | Reduce::Min | Reduce::Max | Reduce::Sum);
-        if deferrable && !value.is_exact_instance_of::<PyFloat>() && is_torch_tensor(value) {
+        let stat = self.store.get(slot).ok_or_else(vanished)?;
+        if stat.defers_numbers() && !value.is_exact_instance_of::<PyFloat>() && is_torch_tensor(value) {
             if value.call_method0("numel")?.extract::<usize>()? != 1 {
                 // Raises the error that names the key and the value.
                 number(key, value)?;
             }
-            let t = PyObj(value.call_method0("detach")?.unbind());
-            match self.pending.iter_mut().find(|(s, _)| *s == slot) {
-                Some((_, ts)) => ts.push(t),
-                None => self.pending.push((slot, vec![t])),
-            }
+            self.pending.push(slot, PyObj(value.call_method0("detach")?.unbind()));
             return Ok(());
         }
         self.flush(py, Some(slot))?;
-        match self.store.get_mut(slot) {
-            Some(stat) => push(stat, key, value, garbage),
-            None => Err(PyKeyError::new_err("metric key vanished while logging")),
+        let stat = self.store.get_mut(slot).ok_or_else(vanished)?;
+        if let Err(e) = stat.check_leaf() {
+            return Err(PyValueError::new_err(format!("cannot log values to {}: {e}", key.repr()?)));
         }
+        garbage.extend(stat.push_value(loggable(stat.reduce_kind(), key, value)?)?);
+        Ok(())
     }
 }
 
@@ -645,42 +587,11 @@ impl MetricsStorePy {
             return slot.extract();
         }
         let path = key_path(key)?;
-        let slot = match g.store.find(&path) {
-            Found::Leaf(id) => id,
-            Found::Branch(b) if !b.is_empty() => {
-                return Err(PyValueError::new_err(format!(
-                    "cannot log to key {}: it holds nested metrics",
-                    key_repr(&path)
-                )))
-            }
-            _ => {
-                let stat = Stat::new(opts.resolve()?, self.root, true, now());
-                g.store.insert(&path, stat).map_err(metrics_error)?
-            }
-        };
+        let make = || Ok::<_, PyErr>(Stat::new(opts.resolve()?, self.root, true, now()));
+        let slot = g.store.slot_or_insert(&path, make)?;
         // Unhashable keys (lists) are resolved each time.
         let _ = cache.set_item(key, slot);
         Ok(slot)
-    }
-
-    fn node_py<'py>(
-        py: Python<'py>,
-        g: &mut Inner,
-        branch: &[(KeyPart, Node)],
-        f: &mut dyn FnMut(&mut PyStat) -> PyResult<Bound<'py, PyAny>>,
-    ) -> PyResult<Bound<'py, PyDict>> {
-        let d = PyDict::new(py);
-        for (k, n) in branch {
-            let v = match n {
-                Node::Leaf(id) => match g.store.get_mut(*id) {
-                    Some(s) => f(s)?,
-                    None => continue,
-                },
-                Node::Branch(b) => Self::node_py(py, g, b, f)?.into_any(),
-            };
-            d.set_item(key_part_py(py, k)?, v)?;
-        }
-        Ok(d)
     }
 
     /// Applies `f` to the stat at `key` (or every stat under it, as a nested dict; all
@@ -689,27 +600,13 @@ impl MetricsStorePy {
         &self,
         py: Python<'py>,
         key: Option<&Bound<'py, PyAny>>,
-        mut f: impl FnMut(&mut PyStat) -> PyResult<Bound<'py, PyAny>>,
+        f: impl FnMut(&mut PyStat) -> PyResult<Bound<'py, PyAny>>,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         let mut g = self.lock(py);
         g.flush(py, None)?;
-        let path = match key {
-            Some(k) if !k.is_none() => key_path(k)?,
-            _ => Vec::new(),
-        };
-        match g.store.find(&path) {
-            Found::Missing => Ok(None),
-            Found::Leaf(id) => match g.store.get_mut(id) {
-                Some(s) => f(s).map(Some),
-                None => Ok(None),
-            },
-            Found::Branch(_) => {
-                // The tree is cloned (keys only) so stats can be borrowed mutably.
-                let Found::Branch(b) = g.store.find(&path) else { return Ok(None) };
-                let b = b.to_vec();
-                Ok(Some(Self::node_py(py, &mut g, &b, &mut f)?.into_any()))
-            }
-        }
+        let tree = g.store.map(&opt_key_path(key)?, f)?;
+        drop(g);
+        tree.map(|t| tree_py(py, t, &mut Ok)).transpose()
     }
 }
 
@@ -748,7 +645,7 @@ impl MetricsStorePy {
             inner: Mutex::new(Inner {
                 store: Store::default(),
                 cache: PyDict::new(py).unbind(),
-                pending: Vec::new(),
+                pending: Deferred::default(),
             }),
             root,
             created: now(),
@@ -785,11 +682,13 @@ impl MetricsStorePy {
         reduce_per_index_on_aggregate: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let py = slf.py();
-        if clear_on_reduce.is_some()
-            || throughput_ema_coeff.is_some()
-            || reduce_per_index_on_aggregate.is_some()
-        {
-            deprecated_options(py, clear_on_reduce, throughput_ema_coeff, reduce_per_index_on_aggregate)?;
+        let deprecated = DeprecatedOptions {
+            clear_on_reduce: clear_on_reduce.is_some(),
+            throughput_ema_coeff: throughput_ema_coeff.is_some(),
+            reduce_per_index_on_aggregate: reduce_per_index_on_aggregate.is_some(),
+        };
+        for msg in deprecated.warnings()? {
+            PyErr::warn(py, &py.get_type::<PyDeprecationWarning>(), &CString::new(msg)?, 2)?;
         }
         let this = slf.get();
         let opts = RawOptions { reduce, window, ema_coeff, percentiles, clear_on_reduce, with_throughput };
@@ -840,28 +739,15 @@ impl MetricsStorePy {
     ) -> PyResult<()> {
         let opts =
             RawOptions { reduce, window, ema_coeff, percentiles, clear_on_reduce: None, with_throughput };
-        let mut garbage = Vec::new();
-        {
+        let dropped = {
             let mut g = self.lock(py);
             g.flush(py, None)?;
             let slot = self.slot(py, &mut g, key, &opts)?;
-            let Some(stat) = g.store.get_mut(slot) else {
-                return Err(PyKeyError::new_err("metric key vanished while logging"));
-            };
-            if !stat.is_leaf() {
-                return Err(PyValueError::new_err("cannot set a value on a key filled by aggregate()"));
-            }
-            let reduce = stat.reduce_kind();
-            if reduce.is_numeric() {
-                stat.set_number(number(key, value)?).map_err(metrics_error)?;
-            } else {
-                let fresh = Stat::new(stat.config().clone(), stat.is_root(), true, now());
-                let old = std::mem::replace(stat, fresh);
-                garbage.push(old);
-                push(stat, key, value, &mut Vec::new())?;
-            }
-        }
-        drop(garbage);
+            let stat = g.store.get_mut(slot).ok_or_else(vanished)?;
+            stat.set_with(|reduce| loggable(reduce, key, value))?
+        };
+        // Replaced items are released after unlocking: their destructors may run Python.
+        drop(dropped);
         Ok(())
     }
 
@@ -880,9 +766,7 @@ impl MetricsStorePy {
         compile: bool,
         latest_merged_only: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let out = self.map_key(py, key, |s| {
-            peeked_py(py, s.peek(compile, latest_merged_only).map_err(metrics_error)?)
-        })?;
+        let out = self.map_key(py, key, |s| peeked_py(py, s.peek(compile, latest_merged_only)?))?;
         out.ok_or_else(|| match key {
             Some(k) => PyKeyError::new_err(k.clone().unbind()),
             None => PyKeyError::new_err("no metrics"),
@@ -894,11 +778,11 @@ impl MetricsStorePy {
     fn _reduce<'py>(&self, py: Python<'py>, compile: bool) -> PyResult<Bound<'py, PyAny>> {
         let t = now();
         let out = self.map_key(py, None, |s| {
-            let payload = s.reduce(t);
+            let snapshot = Snapshot::take(s, t);
             if compile {
-                compiled(py, s, &payload)
+                peeked_py(py, snapshot.compiled())
             } else {
-                Ok(Bound::new(py, StatsSnapshotPy::new(s, payload))?.into_any())
+                Ok(Bound::new(py, StatsSnapshotPy(snapshot))?.into_any())
             }
         })?;
         Ok(out.unwrap_or_else(|| PyDict::new(py).into_any()))
@@ -913,10 +797,7 @@ impl MetricsStorePy {
         stats_dicts: &Bound<'_, PyAny>,
         key: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let mut prefix = match key {
-            Some(k) if !k.is_none() => key_path(k)?,
-            _ => Vec::new(),
-        };
+        let mut prefix = opt_key_path(key)?;
         let mut flat = Vec::new();
         for d in stats_dicts.try_iter()? {
             let d = d?;
@@ -929,48 +810,9 @@ impl MetricsStorePy {
             }
             collect_snapshots(&d, &mut prefix, &mut flat)?;
         }
-        // Group by key, in first-seen order.
-        let mut index: HashMap<Vec<KeyPart>, usize> = HashMap::new();
-        let mut groups: Vec<(Vec<KeyPart>, Vec<Bound<'_, StatsSnapshotPy>>)> = Vec::new();
-        for (path, snap) in flat {
-            if let Some(&i) = index.get(&path) {
-                groups[i].1.push(snap);
-            } else {
-                index.insert(path.clone(), groups.len());
-                groups.push((path, vec![snap]));
-            }
-        }
-        let mut g = self.lock(py);
-        let with_key = |path: &[KeyPart], e: MetricsError| match e {
-            MetricsError::Value(m) => PyValueError::new_err(format!("key {}: {m}", key_repr(path))),
-            other @ MetricsError::Key(_) => metrics_error(other),
-        };
-        // Everything is checked before anything is merged, so a failing aggregate leaves
-        // the logger as it was.
-        let payloads: Vec<Vec<&Payload<PyObj>>> =
-            groups.iter().map(|(_, snaps)| snaps.iter().map(|s| &s.get().payload).collect()).collect();
-        for ((path, snaps), incoming) in groups.iter().zip(&payloads) {
-            let checked = match g.store.find(path) {
-                Found::Leaf(id) => g.store.get(id).map_or(Ok(()), |s| s.check_merge(incoming)),
-                _ => g
-                    .store
-                    .check_insert(path)
-                    .and_then(|()| Stat::check_payloads(snaps[0].get().shape.reduce_kind(), incoming)),
-            };
-            checked.map_err(|e| with_key(path, e))?;
-        }
-        for ((path, snaps), incoming) in groups.iter().zip(&payloads) {
-            let slot = if let Found::Leaf(id) = g.store.find(path) {
-                id
-            } else {
-                let first = snaps[0].get();
-                let stat = Stat::aggregator(first.shape.config().clone(), self.root, self.created);
-                g.store.insert(path, stat).map_err(|e| with_key(path, e))?
-            };
-            let Some(stat) = g.store.get_mut(slot) else { continue };
-            stat.merge(incoming).map_err(|e| with_key(path, e))?;
-        }
-        Ok(())
+        let (paths, snapshots): (Vec<_>, Vec<_>) = flat.into_iter().unzip();
+        let incoming = paths.into_iter().zip(snapshots.iter().map(|s| &s.get().0)).collect();
+        Ok(self.lock(py).store.aggregate(incoming, self.root, self.created)?)
     }
 
     /// Throughput(s) under `key` (`None`: all stats tracking one, with `_throughput` added
@@ -982,65 +824,10 @@ impl MetricsStorePy {
         key: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         let t = now();
-        let to_py = |tp: Throughput| -> PyResult<Bound<'py, PyAny>> {
-            Ok(match tp {
-                Throughput::Sum(v) => PyFloat::new(py, v).into_any(),
-                Throughput::Lifetime { since_last_reduce, since_last_restore } => {
-                    let d = PyDict::new(py);
-                    d.set_item("throughput_since_last_reduce", since_last_reduce)?;
-                    if let Some(r) = since_last_restore {
-                        d.set_item("throughput_since_last_restore", r)?;
-                    }
-                    d.into_any()
-                }
-            })
-        };
         let mut g = self.lock(py);
         g.flush(py, None)?;
-        let path = match key {
-            Some(k) if !k.is_none() => key_path(k)?,
-            _ => Vec::new(),
-        };
-        match g.store.find(&path) {
-            Found::Missing => Ok(None),
-            Found::Leaf(id) => {
-                let Some(s) = g.store.get_mut(id) else { return Ok(None) };
-                match s.throughput(t) {
-                    Some(tp) => Ok(Some(to_py(tp)?)),
-                    None => Err(PyValueError::new_err(format!(
-                        "key {} does not track a throughput (log it with with_throughput=True)",
-                        key_repr(&path)
-                    ))),
-                }
-            }
-            Found::Branch(b) => {
-                let mut leaves = Vec::new();
-                Store::<PyObj>::leaves(b, &mut Vec::new(), &mut leaves);
-                let out = PyDict::new(py);
-                for (p, id) in leaves {
-                    let Some(tp) = g.store.get_mut(id).and_then(|s| s.throughput(t)) else { continue };
-                    let mut d = out.clone();
-                    let Some((last, inner)) = p.split_last() else { continue };
-                    for k in inner {
-                        let kp = key_part_py(py, k)?;
-                        let sub = if let Some(s) = d.get_item(&kp)? {
-                            s.cast_into::<PyDict>()?
-                        } else {
-                            let s = PyDict::new(py);
-                            d.set_item(&kp, &s)?;
-                            s
-                        };
-                        d = sub;
-                    }
-                    let name = match last {
-                        KeyPart::Str(s) => format!("{s}_throughput"),
-                        KeyPart::Int(i) => format!("{i}_throughput"),
-                    };
-                    d.set_item(name, to_py(tp)?)?;
-                }
-                Ok((!out.is_empty()).then(|| out.into_any()))
-            }
-        }
+        let tree = g.store.throughputs(&opt_key_path(key)?, t)?;
+        tree.map(|t| tree_py(py, t, &mut |tp| throughput_py(py, tp))).transpose()
     }
 
     /// Deletes `key` (a stat or a group); `KeyError` if missing and `key_error`.
@@ -1053,13 +840,10 @@ impl MetricsStorePy {
             g.forget_keys(py);
             g.store.remove(&path)
         };
+        // The removed stats are dropped here, after unlocking: destructors may run Python.
         match removed {
-            Ok(stats) => {
-                drop(stats);
-                Ok(())
-            }
-            Err(e) if key_error => Err(metrics_error(e)),
-            Err(_) => Ok(()),
+            Err(e) if key_error => Err(e.into()),
+            _ => Ok(()),
         }
     }
 
@@ -1076,15 +860,14 @@ impl MetricsStorePy {
 
     /// The state: `{"stats": [(key_tuple, stat_state_dict), ...]}`.
     fn _get_state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let mut g = self.lock(py);
-        g.flush(py, None)?;
-        let mut leaves = Vec::new();
-        Store::<PyObj>::leaves(&g.store.root, &mut Vec::new(), &mut leaves);
+        let states = {
+            let mut g = self.lock(py);
+            g.flush(py, None)?;
+            g.store.states()
+        };
         let list = PyList::empty(py);
-        for (path, id) in leaves {
-            if let Some(s) = g.store.get(id) {
-                list.append((key_tuple(py, &path)?, stat_state_dict(py, s)?))?;
-            }
+        for (path, st) in &states {
+            list.append((key_tuple(py, path)?, state_dict(py, st, &StateField::ALL)?))?;
         }
         let d = PyDict::new(py);
         d.set_item("stats", list)?;
@@ -1094,17 +877,12 @@ impl MetricsStorePy {
     /// Replaces all stats by those in `state` (from `_get_state`).
     fn _set_state(&self, py: Python<'_>, state: &Bound<'_, PyAny>) -> PyResult<()> {
         let t = now();
-        let entries = state.get_item("stats")?;
-        let mut restored = Vec::new();
-        for e in entries.try_iter()? {
-            let e = e?;
-            let (k, d): (Bound<'_, PyAny>, Bound<'_, PyDict>) = e.extract()?;
-            restored.push((key_path(&k)?, stat_from_state(&d, t)?));
+        let mut states = Vec::new();
+        for e in state.get_item("stats")?.try_iter()? {
+            let (k, d): (Bound<'_, PyAny>, Bound<'_, PyDict>) = e?.extract()?;
+            states.push((key_path(&k)?, state_from(&d, all_fields)?));
         }
-        let mut store = Store::default();
-        for (path, stat) in restored {
-            store.insert(&path, stat).map_err(metrics_error)?;
-        }
+        let store = Store::from_states(states, t)?;
         let old = {
             let mut g = self.lock(py);
             g.forget_keys(py);
@@ -1115,30 +893,18 @@ impl MetricsStorePy {
     }
 }
 
-fn deprecated_options(
-    py: Python<'_>,
-    clear_on_reduce: Option<&Bound<'_, PyAny>>,
-    throughput_ema_coeff: Option<&Bound<'_, PyAny>>,
-    reduce_per_index_on_aggregate: Option<&Bound<'_, PyAny>>,
-) -> PyResult<()> {
-    if throughput_ema_coeff.is_some() {
-        return Err(PyValueError::new_err(
-            "throughput_ema_coeff is no longer supported: throughputs are measured once per \
-             reduce() (as in RLlib 2.60)",
-        ));
-    }
-    let warn = |msg: &str| -> PyResult<()> {
-        let msg = CString::new(msg).unwrap_or_default();
-        PyErr::warn(py, &py.get_type::<PyDeprecationWarning>(), &msg, 2)
-    };
-    if clear_on_reduce.is_some() {
-        warn(
-            "clear_on_reduce is deprecated (RLlib 2.60): every reduction but lifetime_sum and \
-             ema starts over after reduce(); use reduce='lifetime_sum' for sums that must not",
-        )?;
-    }
-    if reduce_per_index_on_aggregate.is_some() {
-        warn("reduce_per_index_on_aggregate is deprecated (RLlib 2.60) and has no effect")?;
-    }
-    Ok(())
+/// A throughput as `peek(throughput=True)` gives it: a float for a sum, a dict for a
+/// lifetime sum.
+fn throughput_py(py: Python<'_>, tp: Throughput) -> PyResult<Bound<'_, PyAny>> {
+    Ok(match tp {
+        Throughput::Sum(v) => PyFloat::new(py, v).into_any(),
+        Throughput::Lifetime { since_last_reduce, since_last_restore } => {
+            let d = PyDict::new(py);
+            d.set_item("throughput_since_last_reduce", since_last_reduce)?;
+            if let Some(r) = since_last_restore {
+                d.set_item("throughput_since_last_restore", r)?;
+            }
+            d.into_any()
+        }
+    })
 }
