@@ -79,10 +79,10 @@ def one_episode_per_agent(n: int) -> Callable[[], object]:
             SingleAgentEpisode(observation_space=obs_space[a], action_space=act_space[a])
             for a in agents
         ]
-        for a, ep in zip(agents, episodes):
+        for a, ep in zip(agents, episodes, strict=True):
             ep.add_env_reset(obs[a])
         for _ in range(STEPS):
-            for a, ep in zip(agents, episodes):
+            for a, ep in zip(agents, episodes, strict=True):
                 ep.add_env_step(obs[a], actions[a], rewards[a], extra_model_outputs=extras[a])
         successors = [ep.cut(len_lookback_buffer=1) for ep in episodes]
         for ep in episodes:
@@ -101,9 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     Returns:
         The exit status (0).
     """
-    from _report import load_average
     from ray.rllib.env.multi_agent_episode import MultiAgentEpisode as RLlibEpisode
 
+    from _report import load_average
     from fastrollout import MultiAgentEpisode
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
