@@ -27,9 +27,11 @@ use super::outputs::{AgentOutputsPy, ModuleOutputs, OutputColumn};
 use super::single::{Input, LengthGuess, SingleAgentEpisodePy};
 use super::spec::{self, LeafBytes, Spec};
 use crate::runner::batcher::{Batcher, OutputRole};
-use crate::runner::step::{same_layout, step_results, vector_info_keys, FieldRows, StepField, StepLeaves};
+use crate::runner::step::{
+    same_layout, step_results, vector_info_keys, FieldBytes, FieldRows, StepField, StepLeaves,
+};
 use crate::runner::tally::Tally;
-use crate::runner::{BatchError, EnvIndices, Rows};
+use crate::runner::{BatchError, EnvIndices};
 use crate::schema::Schema;
 
 /// A batch bookkeeping error as Python's `ValueError`.
@@ -43,21 +45,14 @@ fn repr(value: &Bound<'_, PyAny>) -> String {
     value.repr().map(|r| r.to_string()).unwrap_or_default()
 }
 
-/// A batched array viewed as rows through the spec of the episodes' field that stores it.
-struct BatchRows<'py> {
-    /// The schema of the spec the batch was converted with (episodes whose field has
-    /// another layout get the row as a Python object instead).
-    schema: Arc<Schema>,
-    views: Vec<LeafBytes<'py>>,
-    /// Bytes of one row per leaf (the views' sizes were checked against `n` rows).
-    widths: Vec<usize>,
-}
+/// A field's batch (or constant) viewed through the layout of the episodes' field that
+/// stores it (see [`FieldBytes`]).
+type Bytes<'py> = FieldBytes<LeafBytes<'py>>;
 
-impl BatchRows<'_> {
-    fn row(&self, i: usize) -> PyResult<Vec<LeafBytes<'static>>> {
-        let no_row = || value_error(BatchError::NoRow { row: i });
-        self.views.iter().zip(&self.widths).map(|(v, &w)| v.row(i, w).ok_or_else(no_row)).collect()
-    }
+/// Row `i` of `rows`, copied (inline for up to 8 bytes: the column then copies it once
+/// more into its buffer, a few bytes for vector items).
+fn row_leaves(rows: &Bytes<'_>, i: usize) -> PyResult<Vec<LeafBytes<'static>>> {
+    Ok(rows.row(i).map_err(value_error)?.into_iter().map(LeafBytes::copied).collect())
 }
 
 /// One batched field of a vector step: converted to rows lazily, with the spec of the
@@ -65,32 +60,24 @@ impl BatchRows<'_> {
 struct BatchField<'py> {
     value: Bound<'py, PyAny>,
     field: StepField,
-    rows: Option<Option<BatchRows<'py>>>,
+    rows: Option<Option<Bytes<'py>>>,
     /// For episodes that infer the field's spec from their first item: the spec inferred
     /// from the batch's row 0 and the batch laid out by it (made on first use).
     first: Option<Option<FirstRows<'py>>>,
     n: usize,
 }
 
-/// A batch laid out by the spec its rows infer (see [`BatchField::first_rows`]).
+/// A batch (or constant) laid out by the spec its rows infer (see
+/// [`BatchField::first_rows`]).
 struct FirstRows<'py> {
     spec: Arc<Spec>,
     host_scalars: bool,
-    rows: FirstData<'py>,
-}
-
-/// The rows of [`FirstRows`]: a batch's, or a constant's one item for every sub-env.
-enum FirstData<'py> {
-    Batch(BatchRows<'py>),
-    Const(Vec<Vec<u8>>),
+    rows: Bytes<'py>,
 }
 
 impl FirstRows<'_> {
     fn input(&self, i: usize) -> PyResult<Input<'static>> {
-        let leaves = match &self.rows {
-            FirstData::Batch(rows) => rows.row(i)?,
-            FirstData::Const(bytes) => bytes.iter().map(|b| LeafBytes::copied(b)).collect(),
-        };
+        let leaves = row_leaves(&self.rows, i)?;
         Ok(Input::FirstRow { leaves, spec: self.spec.clone(), host_scalars: self.host_scalars })
     }
 }
@@ -128,8 +115,8 @@ impl<'py> BatchField<'py> {
             });
         }
         if let (Some(Some(rows)), Some(s)) = (&self.rows, spec) {
-            if same_layout(&rows.schema, &s.schema) {
-                return Ok(Input::Row(rows.row(i).map_err(FieldError::Row)?));
+            if same_layout(rows.schema(), &s.schema) {
+                return Ok(Input::Row(row_leaves(rows, i).map_err(FieldError::Row)?));
             }
         }
         Ok(Input::Object(row_object(&self.value, i).map_err(FieldError::Row)?))
@@ -153,8 +140,8 @@ impl<'py> BatchField<'py> {
             }
             // As `prepare` infers and converts a first item (an object where either fails).
             let Some((spec, host_scalars)) = spec::infer(&self.value)? else { return Ok(None) };
-            let Some(bytes) = self.const_bytes(&spec) else { return Ok(None) };
-            return Ok(Some(FirstRows { spec, host_scalars, rows: FirstData::Const(bytes) }));
+            let Some(rows) = self.const_bytes(&spec) else { return Ok(None) };
+            return Ok(Some(FirstRows { spec, host_scalars, rows }));
         };
         let dtype = array.dtype();
         if array.ndim() == 0
@@ -165,30 +152,23 @@ impl<'py> BatchField<'py> {
             return Ok(None);
         }
         let Some((spec, host_scalars)) = spec::infer(&self.value.get_item(0)?)? else { return Ok(None) };
-        Ok(self.convert(&spec).ok().map(|rows| FirstRows {
-            spec,
-            host_scalars,
-            rows: FirstData::Batch(rows),
-        }))
+        Ok(self.convert(&spec).ok().map(|rows| FirstRows { spec, host_scalars, rows }))
     }
 
     /// A constant's (non-batch) leaves laid out by `spec`, owned; `None` if it does not
     /// convert.
-    fn const_bytes(&self, spec: &Spec) -> Option<Vec<Vec<u8>>> {
+    fn const_bytes(&self, spec: &Spec) -> Option<Bytes<'py>> {
         let views = spec::to_leaf_views(spec, &self.value, None, &|| self.field.label()).ok()?;
-        Some(views.into_vec().into_iter().map(LeafBytes::into_owned).collect())
+        let owned = views.into_vec().into_iter().map(|v| LeafBytes::Owned(v.into_owned()));
+        Some(FieldBytes::constant(spec.schema(), owned.collect()))
     }
 
-    fn convert(&self, s: &Spec) -> PyResult<BatchRows<'py>> {
+    fn convert(&self, s: &Spec) -> PyResult<Bytes<'py>> {
         // The label is formatted only for an error message (formatting it eagerly took
         // about 2% of the image runner's record).
         let views = spec::to_leaf_views(s, &self.value, Some(Some(self.n)), &|| self.field.label())?;
-        let schema = s.schema();
-        let slices: Vec<&[u8]> = views.iter().map(AsRef::as_ref).collect();
-        Rows::new(&schema, &slices, self.n)
-            .map_err(|e| PyValueError::new_err(format!("{}: {e}", self.field.label())))?;
-        let widths = schema.leaves.iter().map(crate::schema::Leaf::item_bytes).collect();
-        Ok(BatchRows { schema, views: views.into_vec(), widths })
+        FieldBytes::batch(s.schema(), views.into_vec(), self.n)
+            .map_err(|e| PyValueError::new_err(format!("{}: {e}", self.field.label())))
     }
 }
 
@@ -211,43 +191,13 @@ impl FieldError {
     }
 }
 
-/// The rows of one field on the fast path, laid out by `schema`.
-enum FastRows<'py> {
-    Batch(BatchRows<'py>),
-    /// A constant for every sub-env (the weights' sequence number), converted once.
-    Const {
-        schema: Arc<Schema>,
-        bytes: Vec<Vec<u8>>,
-    },
-}
-
-impl FastRows<'_> {
-    fn schema(&self) -> &Schema {
-        match self {
-            FastRows::Batch(rows) => &rows.schema,
-            FastRows::Const { schema, .. } => schema,
-        }
-    }
-
-    /// Each leaf's bytes for all rows with the bytes per row, or a constant's single item
-    /// (`None`: every row reads the same bytes).
-    fn leaf_slices(&self) -> Vec<(&[u8], Option<usize>)> {
-        match self {
-            FastRows::Batch(rows) => {
-                rows.views.iter().map(AsRef::as_ref).zip(rows.widths.iter().copied().map(Some)).collect()
-            }
-            FastRows::Const { bytes, .. } => bytes.iter().map(|b| (b.as_slice(), None)).collect(),
-        }
-    }
-}
-
 /// The common vector step, stored without converting anything per sub-env: every field
 /// (observation, action, reward, each extra) is a batch (or constant) whose layout equals
 /// the columns of the episodes that take this path. Episodes that differ (first steps,
 /// fields stored as objects, other dtypes) go through the per-episode conversion instead.
 struct FastStep<'py> {
     /// Observation, action, reward, then the extras in `keys` order.
-    fields: Vec<FastRows<'py>>,
+    fields: Vec<Bytes<'py>>,
     keys: Vec<String>,
 }
 
@@ -266,8 +216,8 @@ impl<'py> FastStep<'py> {
         for f in fields {
             let spec = model.row_spec(f.field.name())?;
             out.fields.push(match f.kind() {
-                FieldRows::Batch => FastRows::Batch(f.convert(spec).ok()?),
-                FieldRows::Constant => FastRows::Const { schema: spec.schema(), bytes: f.const_bytes(spec)? },
+                FieldRows::Batch => f.convert(spec).ok()?,
+                FieldRows::Constant => f.const_bytes(spec)?,
                 FieldRows::PerEpisode => return None,
             });
             if let StepField::Extra(key) = &f.field {
@@ -279,7 +229,7 @@ impl<'py> FastStep<'py> {
 
     /// The rows' layouts in field order, for [`SingleAgentEpisodePy::fits_rows`].
     fn layouts(&self) -> Vec<&Schema> {
-        self.fields.iter().map(FastRows::schema).collect()
+        self.fields.iter().map(|f| &**f.schema()).collect()
     }
 
     fn keys(&self) -> Vec<&str> {
@@ -299,7 +249,7 @@ fn record_rows(
     guess: Option<LengthGuess>,
     envs: &EnvIndices,
 ) -> PyResult<()> {
-    let leaves = StepLeaves::new(fast.fields.iter().flat_map(FastRows::leaf_slices).collect());
+    let leaves = StepLeaves::new(fast.fields.iter().flat_map(FieldBytes::leaves).collect());
     // The batches' sizes were checked when they were converted, but Python code ran since
     // (the other sub-envs' conversions): check again, before any episode is stepped.
     leaves.check_rows(steps.iter().map(|(i, ..)| i + 1).max().unwrap_or(0)).map_err(value_error)?;

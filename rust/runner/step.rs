@@ -5,9 +5,9 @@
 
 use std::sync::Arc;
 
-use super::{BatchError, EnvIndices};
+use super::{BatchError, EnvIndices, Rows};
 use crate::episode::FieldName;
-use crate::schema::Schema;
+use crate::schema::{Leaf, Schema};
 
 /// One field of a vector step: the observations, actions, rewards, or one extra model
 /// output by its key.
@@ -75,6 +75,54 @@ pub fn same_layout(a: &Arc<Schema>, b: &Arc<Schema>) -> bool {
     Arc::ptr_eq(a, b) || a.leaves == b.leaves
 }
 
+/// One field's bytes for a vector step, laid out by `schema`: a batch (per leaf, the
+/// bytes of all rows) or a constant (per leaf, one item that every row reads). Generic
+/// over the host's buffers, read anew each time: a host array may change size in between,
+/// and a row past its live end is then refused, never read.
+pub struct FieldBytes<B> {
+    schema: Arc<Schema>,
+    /// Per leaf: its buffer and the bytes per row (`None`: a constant's one item).
+    leaves: Vec<(B, Option<usize>)>,
+}
+
+impl<B: AsRef<[u8]>> FieldBytes<B> {
+    /// A batch of `n` rows: leaf `l` must hold `n` items of `schema`'s leaf `l`.
+    pub fn batch(schema: Arc<Schema>, leaves: Vec<B>, n: usize) -> Result<FieldBytes<B>, BatchError> {
+        Rows::new(&schema, &leaves.iter().map(AsRef::as_ref).collect::<Vec<_>>(), n)?;
+        let widths = schema.leaves.iter().map(|l| Some(Leaf::item_bytes(l)));
+        let leaves = leaves.into_iter().zip(widths).collect();
+        Ok(FieldBytes { schema, leaves })
+    }
+
+    /// A constant: one item (a buffer per leaf, laid out by `schema`) for every row.
+    pub fn constant(schema: Arc<Schema>, leaves: Vec<B>) -> FieldBytes<B> {
+        FieldBytes { schema, leaves: leaves.into_iter().map(|b| (b, None)).collect() }
+    }
+
+    #[must_use]
+    pub fn schema(&self) -> &Arc<Schema> {
+        &self.schema
+    }
+
+    /// Each leaf's bytes with its bytes per row (`None`: a constant), for [`StepLeaves`].
+    pub fn leaves(&self) -> impl Iterator<Item = (&[u8], Option<usize>)> {
+        self.leaves.iter().map(|(b, w)| (b.as_ref(), *w))
+    }
+
+    /// Row `i`, one slice per leaf.
+    pub fn row(&self, i: usize) -> Result<Vec<&[u8]>, BatchError> {
+        self.leaves().map(|(bytes, width)| leaf_row(bytes, width, i)).collect()
+    }
+}
+
+/// Row `i` of a leaf whose rows are `width` bytes (`None`: a constant, every row).
+fn leaf_row(bytes: &[u8], width: Option<usize>, i: usize) -> Result<&[u8], BatchError> {
+    match width {
+        Some(w) => bytes.get(i * w..(i + 1) * w).ok_or(BatchError::NoRow { row: i }),
+        None => Ok(bytes),
+    }
+}
+
 /// Every leaf of a step's fields on the fast path: the bytes of all rows with the bytes
 /// per row, or a constant's one item (`None`), which every row reads.
 pub struct StepLeaves<'a> {
@@ -100,16 +148,11 @@ impl<'a> StepLeaves<'a> {
     pub fn row_into(&self, i: usize, out: &mut Vec<&'a [u8]>) -> Result<(), BatchError> {
         out.clear();
         for &(bytes, width) in &self.leaves {
-            let b = match width {
-                Some(w) => bytes.get(i * w..(i + 1) * w),
-                None => Some(bytes),
-            };
-            out.push(b.ok_or(BatchError::NoRow { row: i })?);
+            out.push(leaf_row(bytes, width, i)?);
         }
         Ok(())
     }
 }
-
 /// How gymnasium's vector infos (a dict of per-sub-env arrays) unbatch: for each key that
 /// is not another key's mask, its position and its mask's (`_key`, which says which
 /// sub-envs have the key; none: every sub-env has it).
@@ -146,7 +189,7 @@ pub fn step_results(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::schema::{DType, Leaf};
+    use crate::schema::DType;
 
     #[test]
     fn step_fields_name_their_episode_field_and_batch() {
@@ -191,6 +234,25 @@ mod tests {
         assert!(leaves.check_rows(3).is_ok());
         assert_eq!(leaves.check_rows(4), Err(BatchError::Shrank));
         assert_eq!(BatchError::NoRow { row: 3 }.to_string(), "no row 3 in the batch (was it resized?)");
+    }
+
+    #[test]
+    fn field_bytes_check_a_batch_and_read_rows_or_a_constant() {
+        let schema =
+            Arc::new(Schema::new(vec![Leaf::new(DType::F32, vec![]), Leaf::new(DType::BOOL, vec![2])]));
+        let f32s: Vec<u8> = [1.0f32, 2.0].iter().flat_map(|x| x.to_ne_bytes()).collect();
+        let batch = FieldBytes::batch(schema.clone(), vec![f32s.clone(), vec![1, 0, 0, 1]], 2).unwrap();
+        assert_eq!(batch.row(1).unwrap(), vec![&2.0f32.to_ne_bytes()[..], &[0u8, 1][..]]);
+        assert_eq!(batch.row(2), Err(BatchError::NoRow { row: 2 }));
+        assert_eq!(batch.leaves().map(|(_, w)| w).collect::<Vec<_>>(), vec![Some(4), Some(2)]);
+        let short = FieldBytes::batch(schema.clone(), vec![f32s, vec![1, 0]], 2).err();
+        assert_eq!(
+            short,
+            Some(BatchError::RowCount { leaf: 1, expected_rows: 2, item_bytes: 2, got_bytes: 2 })
+        );
+        let constant = FieldBytes::constant(schema.clone(), vec![vec![0u8; 4], vec![1, 1]]);
+        assert_eq!(constant.row(7).unwrap(), vec![&[0u8; 4][..], &[1u8, 1][..]]);
+        assert!(Arc::ptr_eq(constant.schema(), &schema));
     }
 
     #[test]
