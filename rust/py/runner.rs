@@ -341,8 +341,7 @@ fn unbatch_infos<'py>(
     infos: Option<&Bound<'py, PyAny>>,
     envs: &EnvIndices,
 ) -> PyResult<Vec<Option<Bound<'py, PyAny>>>> {
-    let mut out: Vec<Option<Bound<'py, PyAny>>> = vec![None; envs.len()];
-    let Some(infos) = infos.filter(|i| !i.is_none()) else { return Ok(out) };
+    let Some(infos) = infos.filter(|i| !i.is_none()) else { return Ok(vec![None; envs.len()]) };
     if let Ok(d) = infos.cast::<PyDict>() {
         // gymnasium's keys (and so its masks) are str; any other key is not unbatched.
         let items: Vec<_> =
@@ -357,17 +356,11 @@ fn unbatch_infos<'py>(
                 }
             }
         }
-        for (o, d) in out.iter_mut().zip(dicts) {
-            *o = d.map(Bound::into_any);
-        }
-        return Ok(out);
+        return Ok(dicts.into_iter().map(|d| d.map(Bound::into_any)).collect());
     }
     let list: Vec<Bound<'py, PyAny>> = infos.try_iter()?.collect::<PyResult<_>>()?;
     envs.check_count("infos", "info dicts", list.len()).map_err(value_error)?;
-    for (o, v) in out.iter_mut().zip(list) {
-        *o = Some(v);
-    }
-    Ok(out)
+    Ok(list.into_iter().map(Some).collect())
 }
 /// The sub-envs a call's rows belong to: every one of `num_envs` (`env_indices` None), or
 /// the subset `env_indices` names (a sequence of ints or a 1-D integer numpy array).
@@ -1078,24 +1071,31 @@ impl ModuleBatcherPy {
                     "module {mid:?}'s outputs have no {actions_key:?} column"
                 )));
             };
-            let plan = self.core.plan(m);
             let rows = if extras_as_rows {
                 module_outputs(&cols, actions_key, actions_for_env_key, extra_constants)?
             } else {
                 None
             };
+            // The columns each agent takes a row of, every one checked first.
+            let mut columns = Vec::with_capacity(cols.len());
             for (col, value) in cols.iter() {
                 let name = col.cast::<PyString>()?.to_str()?;
                 self.core.check_output(m, name, batch_len(&value)?).map_err(value_error)?;
                 let same = value.is(&action_values);
-                let Some(role) = OutputRole::of(name, actions_key, actions_for_env_key, same, rows.is_some())
-                else {
-                    continue;
-                };
-                for (env, agents) in plan.iter().enumerate() {
-                    for &(row, aid) in agents {
-                        let aid = aid.bind(py);
-                        let v = row_object(&value, row)?;
+                if let Some(role) =
+                    OutputRole::of(name, actions_key, actions_for_env_key, same, rows.is_some())
+                {
+                    columns.push((role, col, value));
+                }
+            }
+            // What each agent gets besides its dict's column values: its row of the
+            // outputs, or the constants merged into that dict.
+            let rows = rows.filter(|o| !o.columns.is_empty() || o.constants.is_some());
+            for (env, agents) in self.core.plan(m).into_iter().enumerate() {
+                for (row, aid) in agents {
+                    let aid = aid.bind(py);
+                    for (role, col, value) in &columns {
+                        let v = row_object(value, row)?;
                         match role {
                             OutputRole::Actions => {
                                 actions[env].set_item(aid, &v)?;
@@ -1104,20 +1104,9 @@ impl ModuleBatcherPy {
                                 }
                             }
                             OutputRole::ActionsForEnv => env_actions[env].set_item(aid, &v)?,
-                            OutputRole::Extra => agent_dict(&extras[env], aid)?.set_item(&col, v)?,
+                            OutputRole::Extra => agent_dict(&extras[env], aid)?.set_item(col, v)?,
                         }
                     }
-                }
-            }
-            // What each agent gets besides its dict's column values: its row of the
-            // outputs, or the constants merged into that dict.
-            let rows = rows.filter(|o| !o.columns.is_empty() || o.constants.is_some());
-            if rows.is_none() && extra_constants.is_none() {
-                continue;
-            }
-            for (env, agents) in plan.iter().enumerate() {
-                for &(row, aid) in agents {
-                    let aid = aid.bind(py);
                     match (&rows, extra_constants) {
                         (Some(o), _) => extras[env].set_item(aid, AgentOutputsPy::new(Arc::clone(o), row))?,
                         (None, Some(c)) => agent_dict(&extras[env], aid)?.update(c.as_mapping())?,
