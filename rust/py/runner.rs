@@ -28,11 +28,10 @@ use super::single::{Input, LengthGuess, SingleAgentEpisodePy};
 use super::spec::{self, LeafBytes, Spec};
 use crate::runner::batcher::{Batcher, OutputRole};
 use crate::runner::step::{
-    same_layout, step_results, vector_info_keys, FieldBytes, FieldRows, StepField, StepLeaves,
+    same_layout, step_results, vector_info_keys, FastStep, FieldBytes, FieldRows, StepField,
 };
 use crate::runner::tally::Tally;
 use crate::runner::{BatchError, EnvIndices};
-use crate::schema::Schema;
 
 /// A batch bookkeeping error as Python's `ValueError`.
 #[allow(clippy::needless_pass_by_value)] // the shape `map_err` takes
@@ -191,57 +190,33 @@ impl FieldError {
     }
 }
 
-/// The common vector step, stored without converting anything per sub-env: every field
-/// (observation, action, reward, each extra) is a batch (or constant) whose layout equals
-/// the columns of the episodes that take this path. Episodes that differ (first steps,
-/// fields stored as objects, other dtypes) go through the per-episode conversion instead.
-struct FastStep<'py> {
-    /// Observation, action, reward, then the extras in `keys` order.
-    fields: Vec<Bytes<'py>>,
-    keys: Vec<String>,
-}
-
-impl<'py> FastStep<'py> {
-    /// Lays the batches (observation, action, reward, then the extras) out by the columns
-    /// of `model` (a reset episode with a step); `None` if some field of it is not stored
-    /// typed, or a batch does not convert, or a field is read per episode.
-    fn new<'a>(
-        model: &SingleAgentEpisodePy,
-        fields: impl Iterator<Item = &'a BatchField<'py>>,
-    ) -> Option<Self>
-    where
-        'py: 'a,
-    {
-        let mut out = FastStep { fields: Vec::new(), keys: Vec::new() };
-        for f in fields {
-            let spec = model.row_spec(f.field.name())?;
-            out.fields.push(match f.kind() {
-                FieldRows::Batch => f.convert(spec).ok()?,
-                FieldRows::Constant => f.const_bytes(spec)?,
-                FieldRows::PerEpisode => return None,
-            });
-            if let StepField::Extra(key) = &f.field {
-                out.keys.push(key.clone());
-            }
-        }
-        Some(out)
+/// The common vector step laid out by the columns of `model` (a reset episode with a
+/// step), the fields in order (observation, action, reward, then the extras); `None` if
+/// some field of it is not stored typed, a batch does not convert, or a field is read per
+/// episode. Episodes whose columns differ (first steps, fields stored as objects, other
+/// dtypes) go through the per-episode conversion instead.
+fn fast_step<'a, 'py: 'a>(
+    model: &SingleAgentEpisodePy,
+    fields: impl Iterator<Item = &'a BatchField<'py>>,
+) -> Option<FastStep<LeafBytes<'py>>> {
+    let mut out = FastStep::default();
+    for f in fields {
+        let spec = model.row_spec(f.field.name())?;
+        let bytes = match f.kind() {
+            FieldRows::Batch => f.convert(spec).ok()?,
+            FieldRows::Constant => f.const_bytes(spec)?,
+            FieldRows::PerEpisode => return None,
+        };
+        out.push(&f.field, bytes);
     }
-
-    /// The rows' layouts in field order, for [`SingleAgentEpisodePy::fits_rows`].
-    fn layouts(&self) -> Vec<&Schema> {
-        self.fields.iter().map(|f| &**f.schema()).collect()
-    }
-
-    fn keys(&self) -> Vec<&str> {
-        self.keys.iter().map(String::as_str).collect()
-    }
+    Some(out)
 }
 
 /// Stores the steps of the episodes that take the fast path: row `i` of every batch,
 /// no conversion, no Python code run (the batches' bytes are read once for all rows).
 /// Errors name the sub-env by its episode index (`envs.env(i)`).
 fn record_rows(
-    fast: &FastStep<'_>,
+    fast: &FastStep<LeafBytes<'_>>,
     steps: Vec<(usize, Bound<'_, SingleAgentEpisodePy>, Option<PyObj>)>,
     terminateds: &[bool],
     truncateds: &[bool],
@@ -249,7 +224,7 @@ fn record_rows(
     guess: Option<LengthGuess>,
     envs: &EnvIndices,
 ) -> PyResult<()> {
-    let leaves = StepLeaves::new(fast.fields.iter().flat_map(FieldBytes::leaves).collect());
+    let leaves = fast.leaves();
     // The batches' sizes were checked when they were converted, but Python code ran since
     // (the other sub-envs' conversions): check again, before any episode is stepped.
     leaves.check_rows(steps.iter().map(|(i, ..)| i + 1).max().unwrap_or(0)).map_err(value_error)?;
@@ -573,7 +548,7 @@ pub fn single_agent_record_vector_step<'py>(
         Some(subset) => subset_episodes(episodes, &envs, subset, all())?,
     };
     let fast =
-        episodes.iter().find(|e| e.borrow().chunk_len() > 0).and_then(|m| FastStep::new(&m.borrow(), all()));
+        episodes.iter().find(|e| e.borrow().chunk_len() > 0).and_then(|m| fast_step(&m.borrow(), all()));
     let layouts = fast.as_ref().map(|f| (f.layouts(), f.keys()));
     // Everything is checked (and every Python call made) before anything is stored. `i`
     // is a row of the batches; `envs.env(i)` its episode's index, for messages and results.

@@ -153,6 +153,49 @@ impl<'a> StepLeaves<'a> {
         Ok(())
     }
 }
+/// The common vector step, stored without converting anything per sub-env: every field
+/// (observation, action, reward, each extra) is a batch (or constant) laid out as the
+/// columns of the episodes that take this path.
+pub struct FastStep<B> {
+    /// Observation, action, reward, then the extras in `keys` order.
+    fields: Vec<FieldBytes<B>>,
+    keys: Vec<String>,
+}
+
+impl<B: AsRef<[u8]>> Default for FastStep<B> {
+    fn default() -> Self {
+        FastStep { fields: Vec::new(), keys: Vec::new() }
+    }
+}
+
+impl<B: AsRef<[u8]>> FastStep<B> {
+    /// Adds the next field's bytes (observation, action, reward, then the extras).
+    pub fn push(&mut self, field: &StepField, bytes: FieldBytes<B>) {
+        if let StepField::Extra(key) = field {
+            self.keys.push(key.clone());
+        }
+        self.fields.push(bytes);
+    }
+
+    /// The fields' layouts in field order (what an episode's columns must be to take it).
+    #[must_use]
+    pub fn layouts(&self) -> Vec<&Schema> {
+        self.fields.iter().map(|f| &**f.schema()).collect()
+    }
+
+    /// The extras' keys, in field order.
+    #[must_use]
+    pub fn keys(&self) -> Vec<&str> {
+        self.keys.iter().map(String::as_str).collect()
+    }
+
+    /// Every leaf of every field, in field order, to read rows from.
+    #[must_use]
+    pub fn leaves(&self) -> StepLeaves<'_> {
+        StepLeaves::new(self.fields.iter().flat_map(FieldBytes::leaves).collect())
+    }
+}
+
 /// How gymnasium's vector infos (a dict of per-sub-env arrays) unbatch: for each key that
 /// is not another key's mask, its position and its mask's (`_key`, which says which
 /// sub-envs have the key; none: every sub-env has it).
@@ -253,6 +296,31 @@ mod tests {
         let constant = FieldBytes::constant(schema.clone(), vec![vec![0u8; 4], vec![1, 1]]);
         assert_eq!(constant.row(7).unwrap(), vec![&[0u8; 4][..], &[1u8, 1][..]]);
         assert!(Arc::ptr_eq(constant.schema(), &schema));
+    }
+
+    #[test]
+    fn a_fast_step_reads_every_fields_row_in_field_order() {
+        let scalar = |dtype| Arc::new(Schema::new(vec![Leaf::new(dtype, vec![])]));
+        let mut step = FastStep::default();
+        step.push(
+            &StepField::Observations,
+            FieldBytes::batch(scalar(DType::BOOL), vec![vec![1u8, 0]], 2).unwrap(),
+        );
+        step.push(
+            &StepField::Extra("seq".into()),
+            FieldBytes::constant(scalar(DType::BOOL), vec![vec![7u8]]),
+        );
+        step.push(
+            &StepField::Extra("v".into()),
+            FieldBytes::batch(scalar(DType::BOOL), vec![vec![3u8, 4]], 2).unwrap(),
+        );
+        assert_eq!(step.keys(), vec!["seq", "v"]);
+        assert_eq!(step.layouts().len(), 3);
+        let leaves = step.leaves();
+        let mut row = Vec::new();
+        leaves.row_into(1, &mut row).unwrap();
+        assert_eq!(row, vec![&[0u8][..], &[7u8][..], &[4u8][..]]);
+        assert_eq!(leaves.check_rows(3), Err(BatchError::Shrank));
     }
 
     #[test]
