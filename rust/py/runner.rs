@@ -415,7 +415,7 @@ fn check_subset_rows(value: &Bound<'_, PyAny>, envs: &EnvIndices, what: &dyn Fn(
         }
         None
     } else {
-        value.cast::<PyList>().ok().map(|l| l.len())
+        value.cast::<PyList>().ok().map(PyListMethods::len)
     };
     envs.check_batch_rows(rows).map_err(|e| PyValueError::new_err(format!("{}: {e}", what())))
 }

@@ -95,6 +95,7 @@ impl<B: AsRef<[u8]>> FieldBytes<B> {
     }
 
     /// A constant: one item (a buffer per leaf, laid out by `schema`) for every row.
+    #[must_use]
     pub fn constant(schema: Arc<Schema>, leaves: Vec<B>) -> FieldBytes<B> {
         FieldBytes { schema, leaves: leaves.into_iter().map(|b| (b, None)).collect() }
     }
@@ -204,7 +205,7 @@ pub fn vector_info_keys(keys: &[&str]) -> Vec<(usize, Option<usize>)> {
     let position = |k: &str| keys.iter().position(|x| *x == k);
     keys.iter()
         .enumerate()
-        .filter(|(_, k)| !k.strip_prefix('_').is_some_and(|base| position(base).is_some()))
+        .filter(|(_, k)| k.strip_prefix('_').is_none_or(|base| position(base).is_none()))
         .map(|(i, k)| (i, position(&format!("_{k}"))))
         .collect()
 }
