@@ -337,6 +337,7 @@ fn unbatch_infos<'py>(
     envs.check_count("infos", "info dicts", list.len()).map_err(value_error)?;
     Ok(list.into_iter().map(Some).collect())
 }
+
 /// The sub-envs a call's rows belong to: every one of `num_envs` (`env_indices` None), or
 /// the subset `env_indices` names (a sequence of ints or a 1-D integer numpy array).
 ///
@@ -360,14 +361,9 @@ fn env_indices(value: Option<&Bound<'_, PyAny>>, num_envs: usize) -> PyResult<En
             // Python call (rust-numpy's `readonly()` borrow check cost more than the rest
             // of the check: 3,600 instructions for 64 indices).
             let bytes = LeafBytes::Array(a.clone());
-            bytes
-                .as_ref()
-                .chunks_exact(8)
-                .map(|b| i64::from_ne_bytes(b.try_into().unwrap_or([0; 8])))
-                .collect()
-        } else {
-            ints(value.call_method0(intern!(value.py(), "tolist"))?.try_iter()?)?
+            return EnvIndices::from_ne_bytes(bytes.as_ref(), num_envs).map_err(value_error);
         }
+        ints(value.call_method0(intern!(value.py(), "tolist"))?.try_iter()?)?
     } else {
         let Ok(items) = value.try_iter() else {
             let name = value.get_type().name().map(|n| n.to_string()).unwrap_or_default();
@@ -964,13 +960,10 @@ impl ModuleBatcherPy {
         let out = PyDict::new(py);
         for (m, mid, batch) in self.core.gathered() {
             let spec = &self.specs[m];
-            let mut values = Vec::with_capacity(spec.schema.leaves.len());
-            for (i, leaf) in spec.schema.leaves.iter().enumerate() {
-                let mut shape = Vec::with_capacity(leaf.shape.len() + 1);
-                shape.push(batch.len());
-                shape.extend_from_slice(&leaf.shape);
-                values.push(Some(spec::new_array(py, spec.descrs[i].bind(py), &shape, batch.leaf(i))?));
-            }
+            let arrays = spec.descrs.iter().enumerate().map(|(i, descr)| {
+                Ok(Some(spec::new_array(py, descr.bind(py), &batch.leaf_shape(i), batch.leaf(i))?))
+            });
+            let mut values = arrays.collect::<PyResult<Vec<_>>>()?;
             out.set_item(mid, spec::nest(py, &spec.tree, &mut values)?)?;
         }
         Ok(out)

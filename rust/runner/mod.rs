@@ -201,6 +201,14 @@ impl EnvIndices {
         Ok(EnvIndices { num_envs, subset: Some(out) })
     }
 
+    /// The sub-envs whose indices are `bytes`: native-endian `i64`s (the buffer of a numpy
+    /// int64 array, read without a Python call per index), checked as by [`Self::subset`].
+    pub fn from_ne_bytes(bytes: &[u8], num_envs: usize) -> Result<EnvIndices, BatchError> {
+        let indices: Vec<i64> =
+            bytes.chunks_exact(8).map(|b| i64::from_ne_bytes(b.try_into().unwrap_or([0; 8]))).collect();
+        EnvIndices::subset(&indices, num_envs)
+    }
+
     /// Rows of the step (sub-envs it concerns).
     #[must_use]
     pub fn len(&self) -> usize {
@@ -345,6 +353,13 @@ impl ModuleBatch {
         self.index.is_empty()
     }
 
+    /// The shape of leaf `leaf`'s batch array: the rows, then the item's shape.
+    #[must_use]
+    pub fn leaf_shape(&self, leaf: usize) -> Vec<usize> {
+        let item = self.schema.leaves.get(leaf).map_or(&[][..], |l| &l.shape);
+        [&[self.len()][..], item].concat()
+    }
+
     /// The contiguous bytes of leaf `leaf` (`len()` items).
     #[must_use]
     pub fn leaf(&self, leaf: usize) -> &[u8] {
@@ -420,6 +435,7 @@ mod tests {
         assert_eq!(mb.len(), 2);
         assert_eq!(mb.leaf(0), f32s(&[1.0, 2.0, 3.0, 4.0]).as_slice());
         assert_eq!(mb.index(), &[(0, 1), (2, 0)]);
+        assert_eq!((mb.leaf_shape(0), mb.leaf_shape(1)), (vec![2, 2], vec![2]));
         // A bad item is rejected and leaves the batch as it was.
         let err = mb.push(1, 0, &[f32s(&[1.0]), 5i64.to_ne_bytes().to_vec()]).unwrap_err();
         assert_eq!(err, BatchError::ItemSize { leaf: 0, expected: 8, got: 4 });
@@ -513,6 +529,10 @@ mod tests {
             EnvIndices::subset(&[63, 0, 63], 64),
             Err(BatchError::DuplicateEnvIndex { index: 63, first: 0, second: 2 })
         );
+        let bytes: Vec<u8> = [5i64, 0, 3].iter().flat_map(|i| i.to_ne_bytes()).collect();
+        assert_eq!(EnvIndices::from_ne_bytes(&bytes, 8), EnvIndices::subset(&[5, 0, 3], 8));
+        let twice: Vec<u8> = [1i64, 1].iter().flat_map(|i| i.to_ne_bytes()).collect();
+        assert!(EnvIndices::from_ne_bytes(&twice, 8).is_err());
         let none = EnvIndices::subset(&[0], 0).unwrap_err();
         assert!(none.to_string().contains("no sub-envs"), "{none}");
         assert!(EnvIndices::subset(&[i64::MIN, i64::MAX], 3).is_err());
