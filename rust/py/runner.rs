@@ -1,9 +1,10 @@
 //! The runner's hot path: one call records a vector-env step into all sub-envs' episodes,
 //! one call gathers each module's inference batch, one call scatters module outputs back.
 //!
-//! The byte bookkeeping (rows of a batch, per-module gather with its index map, which
-//! sub-env each row belongs to) is the pure core's (`crate::runner`); this layer converts
-//! numpy/Python values to and from it.
+//! The rules (rows of a batch, which field takes the fast path, per-module gather with its
+//! index map, which sub-env each row belongs to, the checks of every per-row input, the
+//! step tallies) are the pure core's (`crate::runner`); this layer converts numpy/Python
+//! values to and from it.
 //!
 //! Each call takes the runner's full list of episodes and, optionally, `env_indices`: the
 //! sub-envs that stepped (row `j` of every batch belongs to `episodes[env_indices[j]]`),
@@ -16,7 +17,6 @@ use pyo3::exceptions::{PyKeyError, PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyInt, PyList, PyString, PyTuple};
-use smallvec::SmallVec;
 
 use numpy::{PyArray1, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 
@@ -26,95 +26,76 @@ use super::object::PyObj;
 use super::outputs::{AgentOutputsPy, ModuleOutputs, OutputColumn};
 use super::single::{Input, LengthGuess, SingleAgentEpisodePy};
 use super::spec::{self, LeafBytes, Spec};
-use crate::episode::FieldName;
-use crate::runner::{scatter_plan, EnvIndices, ModuleBatch, Rows};
-use crate::schema::Schema;
+use crate::runner::batcher::{Batcher, OutputRole};
+use crate::runner::step::{
+    same_layout, step_results, vector_info_keys, FastStep, FieldBytes, FieldRows, StepField,
+};
+use crate::runner::tally::Tally;
+use crate::runner::{BatchError, EnvIndices};
 
-/// A batched array viewed as rows through the spec of the episodes' field that stores it.
-struct BatchRows<'py> {
-    /// The schema of the spec the batch was converted with (episodes whose field has
-    /// another layout get the row as a Python object instead).
-    schema: Arc<Schema>,
-    views: Vec<LeafBytes<'py>>,
-    /// Bytes of one row per leaf (the views' sizes were checked against `n` rows).
-    widths: Vec<usize>,
+/// A batch bookkeeping error as Python's `ValueError`.
+#[allow(clippy::needless_pass_by_value)] // the shape `map_err` takes
+fn value_error(e: BatchError) -> PyErr {
+    PyValueError::new_err(e.to_string())
 }
 
-impl BatchRows<'_> {
-    fn row(&self, i: usize) -> PyResult<Vec<LeafBytes<'static>>> {
-        self.views
-            .iter()
-            .zip(&self.widths)
-            .map(|(v, &w)| {
-                v.row(i, w).ok_or_else(|| {
-                    PyValueError::new_err(format!("no row {i} in the batch (was it resized?)"))
-                })
-            })
-            .collect()
-    }
+/// `repr(value)`, or nothing where it raises (for messages).
+fn repr(value: &Bound<'_, PyAny>) -> String {
+    value.repr().map(|r| r.to_string()).unwrap_or_default()
+}
+
+/// A field's batch (or constant) viewed through the layout of the episodes' field that
+/// stores it (see [`FieldBytes`]).
+type Bytes<'py> = FieldBytes<LeafBytes<'py>>;
+
+/// Row `i` of `rows`, copied (inline for up to 8 bytes: the column then copies it once
+/// more into its buffer, a few bytes for vector items).
+fn row_leaves(rows: &Bytes<'_>, i: usize) -> PyResult<Vec<LeafBytes<'static>>> {
+    Ok(rows.row(i).map_err(value_error)?.into_iter().map(LeafBytes::copied).collect())
 }
 
 /// One batched field of a vector step: converted to rows lazily, with the spec of the
 /// first episode that stores the field typed.
 struct BatchField<'py> {
     value: Bound<'py, PyAny>,
-    name: &'static str,
-    key: Option<String>,
-    rows: Option<Option<BatchRows<'py>>>,
+    field: StepField,
+    rows: Option<Option<Bytes<'py>>>,
     /// For episodes that infer the field's spec from their first item: the spec inferred
     /// from the batch's row 0 and the batch laid out by it (made on first use).
     first: Option<Option<FirstRows<'py>>>,
     n: usize,
 }
 
-/// A batch laid out by the spec its rows infer (see [`BatchField::first_rows`]).
+/// A batch (or constant) laid out by the spec its rows infer (see
+/// [`BatchField::first_rows`]).
 struct FirstRows<'py> {
     spec: Arc<Spec>,
     host_scalars: bool,
-    rows: FirstData<'py>,
-}
-
-/// The rows of [`FirstRows`]: a batch's, or a constant's one item for every sub-env.
-enum FirstData<'py> {
-    Batch(BatchRows<'py>),
-    Const(Vec<Vec<u8>>),
+    rows: Bytes<'py>,
 }
 
 impl FirstRows<'_> {
     fn input(&self, i: usize) -> PyResult<Input<'static>> {
-        let leaves = match &self.rows {
-            FirstData::Batch(rows) => rows.row(i)?,
-            FirstData::Const(bytes) => bytes.iter().map(|b| LeafBytes::copied(b)).collect(),
-        };
+        let leaves = row_leaves(&self.rows, i)?;
         Ok(Input::FirstRow { leaves, spec: self.spec.clone(), host_scalars: self.host_scalars })
     }
 }
 
 impl<'py> BatchField<'py> {
-    fn new(value: Bound<'py, PyAny>, name: &'static str, key: Option<String>, n: usize) -> Self {
-        BatchField { value, name, key, rows: None, first: None, n }
+    fn new(value: Bound<'py, PyAny>, field: StepField, n: usize) -> Self {
+        BatchField { value, field, rows: None, first: None, n }
     }
 
-    fn field_name(&self) -> FieldName<'_> {
-        match self.name {
-            "observation" => FieldName::Observations,
-            "action" => FieldName::Actions,
-            "reward" => FieldName::Rewards,
-            _ => FieldName::Extra(self.key.as_deref().unwrap_or("")),
-        }
-    }
-
-    fn label(&self) -> String {
-        match &self.key {
-            Some(k) => format!("extra model output {k:?}"),
-            None => format!("{}s", self.name),
-        }
+    /// How the episodes read the value: a batch, a constant, or per episode.
+    fn kind(&self) -> FieldRows {
+        let is_array = self.value.cast::<PyUntypedArray>().is_ok();
+        self.field.rows(is_array, || is_nested_batch(&self.value, self.n))
     }
 
     /// Row `i` of the batch for `episode`: bytes laid out for its field where it stores
     /// typed items of the batch's layout, else the row as a Python object.
     fn input(&mut self, episode: &SingleAgentEpisodePy, i: usize) -> Result<Input<'py>, FieldError> {
-        if episode.infers_spec(self.field_name()) {
+        if episode.infers_spec(self.field.name()) {
             if self.first.is_none() {
                 self.first = Some(self.first_rows().map_err(FieldError::Batch)?);
             }
@@ -122,15 +103,10 @@ impl<'py> BatchField<'py> {
                 return first.input(i).map_err(FieldError::Row);
             }
         }
-        // A non-array value (a constant such as the weights' sequence number) goes to
-        // every episode as it is; a dict/tuple of arrays (a recurrent state) is a batch.
-        if self.value.cast::<PyUntypedArray>().is_err()
-            && self.name == "extra"
-            && !is_nested_batch(&self.value, self.n)
-        {
+        if self.kind() == FieldRows::Constant {
             return Ok(Input::Object(self.value.clone()));
         }
-        let spec = episode.row_spec(self.field_name());
+        let spec = episode.row_spec(self.field.name());
         if self.rows.is_none() {
             self.rows = Some(match spec {
                 Some(s) => Some(self.convert(s).map_err(FieldError::Batch)?),
@@ -138,8 +114,8 @@ impl<'py> BatchField<'py> {
             });
         }
         if let (Some(Some(rows)), Some(s)) = (&self.rows, spec) {
-            if same_layout(&rows.schema, &s.schema) {
-                return Ok(Input::Row(rows.row(i).map_err(FieldError::Row)?));
+            if same_layout(rows.schema(), &s.schema) {
+                return Ok(Input::Row(row_leaves(rows, i).map_err(FieldError::Row)?));
             }
         }
         Ok(Input::Object(row_object(&self.value, i).map_err(FieldError::Row)?))
@@ -158,13 +134,13 @@ impl<'py> BatchField<'py> {
     fn first_rows(&self) -> PyResult<Option<FirstRows<'py>>> {
         let Ok(array) = self.value.cast::<PyUntypedArray>() else {
             // A nested batch's first item is inferred from its row 0 (the per-row path).
-            if self.name != "extra" || is_nested_batch(&self.value, self.n) {
+            if self.kind() != FieldRows::Constant {
                 return Ok(None);
             }
             // As `prepare` infers and converts a first item (an object where either fails).
             let Some((spec, host_scalars)) = spec::infer(&self.value)? else { return Ok(None) };
-            let Some(bytes) = self.const_bytes(&spec) else { return Ok(None) };
-            return Ok(Some(FirstRows { spec, host_scalars, rows: FirstData::Const(bytes) }));
+            let Some(rows) = self.const_bytes(&spec) else { return Ok(None) };
+            return Ok(Some(FirstRows { spec, host_scalars, rows }));
         };
         let dtype = array.dtype();
         if array.ndim() == 0
@@ -175,30 +151,23 @@ impl<'py> BatchField<'py> {
             return Ok(None);
         }
         let Some((spec, host_scalars)) = spec::infer(&self.value.get_item(0)?)? else { return Ok(None) };
-        Ok(self.convert(&spec).ok().map(|rows| FirstRows {
-            spec,
-            host_scalars,
-            rows: FirstData::Batch(rows),
-        }))
+        Ok(self.convert(&spec).ok().map(|rows| FirstRows { spec, host_scalars, rows }))
     }
 
     /// A constant's (non-batch) leaves laid out by `spec`, owned; `None` if it does not
     /// convert.
-    fn const_bytes(&self, spec: &Spec) -> Option<Vec<Vec<u8>>> {
-        let views = spec::to_leaf_views(spec, &self.value, None, &|| self.label()).ok()?;
-        Some(views.into_vec().into_iter().map(LeafBytes::into_owned).collect())
+    fn const_bytes(&self, spec: &Spec) -> Option<Bytes<'py>> {
+        let views = spec::to_leaf_views(spec, &self.value, None, &|| self.field.label()).ok()?;
+        let owned = views.into_vec().into_iter().map(|v| LeafBytes::Owned(v.into_owned()));
+        Some(FieldBytes::constant(spec.schema(), owned.collect()))
     }
 
-    fn convert(&self, s: &Spec) -> PyResult<BatchRows<'py>> {
+    fn convert(&self, s: &Spec) -> PyResult<Bytes<'py>> {
         // The label is formatted only for an error message (formatting it eagerly took
         // about 2% of the image runner's record).
-        let views = spec::to_leaf_views(s, &self.value, Some(Some(self.n)), &|| self.label())?;
-        let schema = s.schema();
-        let slices: Vec<&[u8]> = views.iter().map(AsRef::as_ref).collect();
-        Rows::new(&schema, &slices, self.n)
-            .map_err(|e| PyValueError::new_err(format!("{}: {e}", self.label())))?;
-        let widths = schema.leaves.iter().map(crate::schema::Leaf::item_bytes).collect();
-        Ok(BatchRows { schema, views: views.into_vec(), widths })
+        let views = spec::to_leaf_views(s, &self.value, Some(Some(self.n)), &|| self.field.label())?;
+        FieldBytes::batch(s.schema(), views.into_vec(), self.n)
+            .map_err(|e| PyValueError::new_err(format!("{}: {e}", self.field.label())))
     }
 }
 
@@ -221,115 +190,33 @@ impl FieldError {
     }
 }
 
-/// Whether two schemas lay items out alike (shared schemas compare by address).
-fn same_layout(a: &Arc<Schema>, b: &Arc<Schema>) -> bool {
-    Arc::ptr_eq(a, b) || a.leaves == b.leaves
-}
-
-/// The rows of one field on the fast path, laid out by `schema`.
-enum FastRows<'py> {
-    Batch(BatchRows<'py>),
-    /// A constant for every sub-env (the weights' sequence number), converted once.
-    Const {
-        schema: Arc<Schema>,
-        bytes: Vec<Vec<u8>>,
-    },
-}
-
-impl FastRows<'_> {
-    fn schema(&self) -> &Schema {
-        match self {
-            FastRows::Batch(rows) => &rows.schema,
-            FastRows::Const { schema, .. } => schema,
-        }
+/// The common vector step laid out by the columns of `model` (a reset episode with a
+/// step), the fields in order (observation, action, reward, then the extras); `None` if
+/// some field of it is not stored typed, a batch does not convert, or a field is read per
+/// episode. Episodes whose columns differ (first steps, fields stored as objects, other
+/// dtypes) go through the per-episode conversion instead.
+fn fast_step<'a, 'py: 'a>(
+    model: &SingleAgentEpisodePy,
+    fields: impl Iterator<Item = &'a BatchField<'py>>,
+) -> Option<FastStep<LeafBytes<'py>>> {
+    let mut out = FastStep::default();
+    for f in fields {
+        let spec = model.row_spec(f.field.name())?;
+        let bytes = match f.kind() {
+            FieldRows::Batch => f.convert(spec).ok()?,
+            FieldRows::Constant => f.const_bytes(spec)?,
+            FieldRows::PerEpisode => return None,
+        };
+        out.push(&f.field, bytes);
     }
-
-    /// Each leaf's bytes for all rows with the bytes per row, or a constant's single item
-    /// (`None`: every row reads the same bytes).
-    fn leaf_slices(&self) -> Vec<(&[u8], Option<usize>)> {
-        match self {
-            FastRows::Batch(rows) => {
-                rows.views.iter().map(AsRef::as_ref).zip(rows.widths.iter().copied().map(Some)).collect()
-            }
-            FastRows::Const { bytes, .. } => bytes.iter().map(|b| (b.as_slice(), None)).collect(),
-        }
-    }
-}
-
-/// The common vector step, stored without converting anything per sub-env: every field
-/// (observation, action, reward, each extra) is a batch (or constant) whose layout equals
-/// the columns of the episodes that take this path. Episodes that differ (first steps,
-/// fields stored as objects, other dtypes) go through the per-episode conversion instead.
-struct FastStep<'py> {
-    /// Observation, action, reward, then the extras in `keys` order.
-    fields: Vec<FastRows<'py>>,
-    keys: Vec<String>,
-}
-
-impl<'py> FastStep<'py> {
-    /// Lays the batches out by the columns of `model` (a reset episode with a step);
-    /// `None` if some field of it is not stored typed or a batch does not convert.
-    fn new(
-        model: &SingleAgentEpisodePy,
-        fields: [&BatchField<'py>; 3],
-        extras: &[(Bound<'py, PyString>, BatchField<'py>)],
-    ) -> PyResult<Option<Self>> {
-        let mut out = FastStep { fields: Vec::new(), keys: Vec::new() };
-        for (k, _) in extras {
-            out.keys.push(k.to_str()?.to_owned());
-        }
-        let all = fields.into_iter().chain(extras.iter().map(|(_, f)| f));
-        for (slot, f) in all.enumerate() {
-            let Some(spec) = model.row_spec(out.name(slot)) else { return Ok(None) };
-            // Extras may be nested batches (a recurrent state's dict of arrays).
-            let batch =
-                f.value.cast::<PyUntypedArray>().is_ok() || (slot >= 3 && is_nested_batch(&f.value, f.n));
-            let rows = if batch {
-                match f.convert(spec) {
-                    Ok(rows) => FastRows::Batch(rows),
-                    Err(_) => return Ok(None),
-                }
-            } else if slot < 3 {
-                // Observations, actions and rewards are batches (dict/tuple batches of
-                // Dict/Tuple spaces take the per-row path); only extras may be constants.
-                return Ok(None);
-            } else {
-                // A constant: its bytes for this layout (or no fast path if it has none).
-                match f.const_bytes(spec) {
-                    Some(bytes) => FastRows::Const { schema: spec.schema(), bytes },
-                    None => return Ok(None),
-                }
-            };
-            out.fields.push(rows);
-        }
-        Ok(Some(out))
-    }
-
-    /// The field of slot `slot` (observation, action, reward, then the extras).
-    fn name(&self, slot: usize) -> FieldName<'_> {
-        match slot {
-            0 => FieldName::Observations,
-            1 => FieldName::Actions,
-            2 => FieldName::Rewards,
-            k => FieldName::Extra(&self.keys[k - 3]),
-        }
-    }
-
-    /// The rows' layouts in field order, for [`SingleAgentEpisodePy::fits_rows`].
-    fn layouts(&self) -> Vec<&Schema> {
-        self.fields.iter().map(FastRows::schema).collect()
-    }
-
-    fn keys(&self) -> Vec<&str> {
-        self.keys.iter().map(String::as_str).collect()
-    }
+    Some(out)
 }
 
 /// Stores the steps of the episodes that take the fast path: row `i` of every batch,
 /// no conversion, no Python code run (the batches' bytes are read once for all rows).
 /// Errors name the sub-env by its episode index (`envs.env(i)`).
 fn record_rows(
-    fast: &FastStep<'_>,
+    fast: &FastStep<LeafBytes<'_>>,
     steps: Vec<(usize, Bound<'_, SingleAgentEpisodePy>, Option<PyObj>)>,
     terminateds: &[bool],
     truncateds: &[bool],
@@ -337,26 +224,14 @@ fn record_rows(
     guess: Option<LengthGuess>,
     envs: &EnvIndices,
 ) -> PyResult<()> {
-    let leaves: Vec<(&[u8], Option<usize>)> = fast.fields.iter().flat_map(FastRows::leaf_slices).collect();
+    let leaves = fast.leaves();
     // The batches' sizes were checked when they were converted, but Python code ran since
     // (the other sub-envs' conversions): check again, before any episode is stepped.
-    let rows = steps.iter().map(|(i, ..)| i + 1).max().unwrap_or(0);
-    if leaves.iter().any(|&(bytes, width)| width.is_some_and(|w| bytes.len() < rows * w)) {
-        return Err(PyValueError::new_err("a batch shrank while the step was recorded"));
-    }
+    leaves.check_rows(steps.iter().map(|(i, ..)| i + 1).max().unwrap_or(0)).map_err(value_error)?;
     let keys = fast.keys();
-    let mut row: Vec<&[u8]> = Vec::with_capacity(leaves.len());
+    let mut row = Vec::new();
     for (i, ep, info) in steps {
-        row.clear();
-        for &(bytes, width) in &leaves {
-            let b = match width {
-                Some(w) => bytes.get(i * w..(i + 1) * w),
-                None => Some(bytes),
-            };
-            row.push(b.ok_or_else(|| {
-                PyValueError::new_err(format!("no row {i} in the batch (was it resized?)"))
-            })?);
-        }
+        leaves.row_into(i, &mut row).map_err(value_error)?;
         let mut e = ep.borrow_mut();
         e.add_row_step(&row, &keys, info, terminateds[i], truncateds[i], now)
             .map_err(|err| for_env(ep.py(), envs.env(i), err))?;
@@ -365,56 +240,35 @@ fn record_rows(
     Ok(())
 }
 
-/// Whether `value` is a dict or tuple: a nested batch (one array per leaf), as a Dict/Tuple
-/// space's observations or a recurrent module's state are batched.
-fn is_nested(value: &Bound<'_, PyAny>) -> bool {
-    value.cast::<PyDict>().is_ok() || value.cast::<PyTuple>().is_ok()
+/// The members of a dict or tuple (its values or items): a nested batch's, one per leaf
+/// of a Dict/Tuple space or a recurrent module's state; `None` for any other value.
+fn members<'py>(value: &Bound<'py, PyAny>) -> Option<Vec<Bound<'py, PyAny>>> {
+    if let Ok(d) = value.cast::<PyDict>() {
+        return Some(d.iter().map(|(_, v)| v).collect());
+    }
+    value.cast::<PyTuple>().ok().map(|t| t.iter().collect())
 }
 
 /// Whether an extra model output is a nested batch of `n` rows (a recurrent module's
 /// state): a non-empty dict or tuple whose leaves are all numpy arrays with `n` rows. Any
 /// other dict or tuple is a constant for every row, as any other non-array value is.
 fn is_nested_batch(value: &Bound<'_, PyAny>, n: usize) -> bool {
-    fn leaves_have_rows(value: &Bound<'_, PyAny>, n: usize) -> Option<bool> {
-        if let Ok(d) = value.cast::<PyDict>() {
-            let mut any = false;
-            for (_, v) in d.iter() {
-                if !leaves_have_rows(&v, n)? {
-                    return Some(false);
-                }
-                any = true;
-            }
-            return Some(any);
+    fn leaves_have_rows(value: &Bound<'_, PyAny>, n: usize) -> bool {
+        match members(value) {
+            Some(m) => !m.is_empty() && m.iter().all(|v| leaves_have_rows(v, n)),
+            None => value.cast::<PyUntypedArray>().is_ok_and(|a| a.shape().first() == Some(&n)),
         }
-        if let Ok(t) = value.cast::<PyTuple>() {
-            let mut any = false;
-            for v in t.iter() {
-                if !leaves_have_rows(&v, n)? {
-                    return Some(false);
-                }
-                any = true;
-            }
-            return Some(any);
-        }
-        let a = value.cast::<PyUntypedArray>().ok()?;
-        Some(a.shape().first() == Some(&n))
     }
-    is_nested(value) && leaves_have_rows(value, n) == Some(true)
+    members(value).is_some() && leaves_have_rows(value, n)
 }
 
 /// The rows of a batch: `len(value)`, or for a nested batch its first leaf's (every leaf
 /// of a well-formed one has as many; reading a row checks the others).
 fn batch_len(value: &Bound<'_, PyAny>) -> PyResult<usize> {
-    if let Ok(d) = value.cast::<PyDict>() {
-        if let Some((_, v)) = d.iter().next() {
-            return batch_len(&v);
-        }
-    } else if let Ok(t) = value.cast::<PyTuple>() {
-        if let Some(v) = t.iter().next() {
-            return batch_len(&v);
-        }
+    match members(value).and_then(|m| m.into_iter().next()) {
+        Some(first) => batch_len(&first),
+        None => value.len(),
     }
-    value.len()
 }
 
 /// Row `i` of a batch as a Python value: `value[i]`, or for the dicts/tuples of batches
@@ -435,9 +289,8 @@ fn row_object<'py>(value: &Bound<'py, PyAny>, i: usize) -> PyResult<Bound<'py, P
     value.get_item(i)
 }
 
-/// Reads a length-`n` sequence of flags (a numpy bool array or any sequence); `per` says
-/// what each flag is for (for the error message).
-fn flags(value: &Bound<'_, PyAny>, n: usize, what: &str, per: &str) -> PyResult<Vec<bool>> {
+/// Reads a sequence of flags (a numpy bool array or any sequence), one per row of `envs`.
+fn flags(value: &Bound<'_, PyAny>, envs: &EnvIndices, what: &'static str) -> PyResult<Vec<bool>> {
     // Fast path: a contiguous numpy bool array (what vector envs return) is read as bytes,
     // without creating a numpy scalar per sub-env.
     if let Ok(a) = value.cast::<PyUntypedArray>() {
@@ -445,64 +298,44 @@ fn flags(value: &Bound<'_, PyAny>, n: usize, what: &str, per: &str) -> PyResult<
         if a.ndim() == 1 && a.dtype().is_equiv_to(&numpy::dtype::<bool>(py)) {
             let view = LeafBytes::Array(a.clone());
             let b = view.as_ref();
-            if b.len() == n {
+            if b.len() == envs.len() {
                 return Ok(b.iter().map(|&x| x != 0).collect());
             }
         }
     }
     let out = value.try_iter()?.map(|v| v.and_then(|v| v.is_truthy())).collect::<PyResult<Vec<bool>>>()?;
-    if out.len() != n {
-        return Err(PyValueError::new_err(format!("{what}: expected {n} flags ({per}), got {}", out.len())));
-    }
+    envs.check_count(what, "flags", out.len()).map_err(value_error)?;
     Ok(out)
 }
 
-/// The infos of each sub-env: from a list (one per sub-env), or unbatched from
-/// gymnasium's vector format (a dict of arrays, `_key` masks saying which sub-envs have
-/// the key). `None` where a sub-env has no infos.
+/// The infos of each row: from a list (one per row), or unbatched from gymnasium's vector
+/// format (a dict of arrays, `_key` masks saying which sub-envs have the key; see
+/// [`vector_info_keys`]). `None` where a sub-env has no infos.
 fn unbatch_infos<'py>(
     py: Python<'py>,
     infos: Option<&Bound<'py, PyAny>>,
-    n: usize,
-    per: &str,
+    envs: &EnvIndices,
 ) -> PyResult<Vec<Option<Bound<'py, PyAny>>>> {
-    let mut out: Vec<Option<Bound<'py, PyAny>>> = vec![None; n];
-    let Some(infos) = infos.filter(|i| !i.is_none()) else { return Ok(out) };
+    let Some(infos) = infos.filter(|i| !i.is_none()) else { return Ok(vec![None; envs.len()]) };
     if let Ok(d) = infos.cast::<PyDict>() {
-        let mut dicts: Vec<Option<Bound<'py, PyDict>>> = vec![None; n];
-        for (k, v) in d.iter() {
-            let Ok(key) = k.cast::<PyString>() else { continue };
-            let key_str = key.to_str()?;
-            if key_str.starts_with('_') && d.contains(&key_str[1..])? {
-                continue;
-            }
-            let mask = d.get_item(format!("_{key_str}"))?;
+        // gymnasium's keys (and so its masks) are str; any other key is not unbatched.
+        let items: Vec<_> =
+            d.iter().filter_map(|(k, v)| Some((k.cast_into::<PyString>().ok()?, v))).collect();
+        let names = items.iter().map(|(k, _)| k.to_str()).collect::<PyResult<Vec<_>>>()?;
+        let mut dicts: Vec<Option<Bound<'py, PyDict>>> = vec![None; envs.len()];
+        for (key, mask) in vector_info_keys(&names) {
+            let ((k, v), mask) = (&items[key], mask.map(|m| &items[m].1));
             for (i, slot) in dicts.iter_mut().enumerate() {
-                let present = match &mask {
-                    Some(m) => m.get_item(i)?.is_truthy()?,
-                    None => true,
-                };
-                if present {
-                    slot.get_or_insert_with(|| PyDict::new(py)).set_item(&k, v.get_item(i)?)?;
+                if mask.map_or(Ok(true), |m| m.get_item(i)?.is_truthy())? {
+                    slot.get_or_insert_with(|| PyDict::new(py)).set_item(k, v.get_item(i)?)?;
                 }
             }
         }
-        for (o, d) in out.iter_mut().zip(dicts) {
-            *o = d.map(Bound::into_any);
-        }
-        return Ok(out);
+        return Ok(dicts.into_iter().map(|d| d.map(Bound::into_any)).collect());
     }
     let list: Vec<Bound<'py, PyAny>> = infos.try_iter()?.collect::<PyResult<_>>()?;
-    if list.len() != n {
-        return Err(PyValueError::new_err(format!(
-            "infos: expected {n} info dicts ({per}), got {}",
-            list.len()
-        )));
-    }
-    for (o, v) in out.iter_mut().zip(list) {
-        *o = Some(v);
-    }
-    Ok(out)
+    envs.check_count("infos", "info dicts", list.len()).map_err(value_error)?;
+    Ok(list.into_iter().map(Some).collect())
 }
 
 /// The sub-envs a call's rows belong to: every one of `num_envs` (`env_indices` None), or
@@ -528,14 +361,9 @@ fn env_indices(value: Option<&Bound<'_, PyAny>>, num_envs: usize) -> PyResult<En
             // Python call (rust-numpy's `readonly()` borrow check cost more than the rest
             // of the check: 3,600 instructions for 64 indices).
             let bytes = LeafBytes::Array(a.clone());
-            bytes
-                .as_ref()
-                .chunks_exact(8)
-                .map(|b| i64::from_ne_bytes(b.try_into().unwrap_or([0; 8])))
-                .collect()
-        } else {
-            ints(value.call_method0(intern!(value.py(), "tolist"))?.try_iter()?)?
+            return EnvIndices::from_ne_bytes(bytes.as_ref(), num_envs).map_err(value_error);
         }
+        ints(value.call_method0(intern!(value.py(), "tolist"))?.try_iter()?)?
     } else {
         let Ok(items) = value.try_iter() else {
             let name = value.get_type().name().map(|n| n.to_string()).unwrap_or_default();
@@ -543,7 +371,7 @@ fn env_indices(value: Option<&Bound<'_, PyAny>>, num_envs: usize) -> PyResult<En
         };
         ints(items)?
     };
-    EnvIndices::subset(&indices, num_envs).map_err(|e| PyValueError::new_err(e.to_string()))
+    EnvIndices::subset(&indices, num_envs).map_err(value_error)
 }
 
 /// The items of `env_indices` as `i64`s: `ValueError` naming an int too large for any
@@ -552,68 +380,51 @@ fn ints(items: Bound<'_, pyo3::types::PyIterator>) -> PyResult<Vec<i64>> {
     let mut out = Vec::new();
     for (entry, item) in items.enumerate() {
         let item = item?;
-        let repr = || item.repr().map(|r| r.to_string()).unwrap_or_default();
-        if item.is_instance_of::<PyBool>() {
-            return Err(PyTypeError::new_err(format!("env_indices[{entry}] is {}, not an int", repr())));
-        }
         match item.extract::<i64>() {
-            Ok(i) => out.push(i),
+            Ok(i) if !item.is_instance_of::<PyBool>() => out.push(i),
             Err(_) if item.is_instance_of::<PyInt>() => {
+                let repr = repr(&item);
                 return Err(PyValueError::new_err(format!(
-                    "env_indices[{entry}] is {}, not a sub-env index",
-                    repr()
-                )))
+                    "env_indices[{entry}] is {repr}, not a sub-env index"
+                )));
             }
-            Err(_) => {
-                return Err(PyTypeError::new_err(format!("env_indices[{entry}] is {}, not an int", repr())))
+            _ => {
+                return Err(PyTypeError::new_err(format!(
+                    "env_indices[{entry}] is {}, not an int",
+                    repr(&item)
+                )))
             }
         }
     }
     Ok(out)
 }
 
-/// What one entry of a call's per-sub-env inputs stands for (for error messages).
-fn per_row(envs: &EnvIndices) -> &'static str {
-    match envs.subset_indices() {
-        Some(_) => "one per entry of env_indices",
-        None => "one per sub-env",
-    }
-}
-
 /// Checks that a batch given with `env_indices` has one row per entry: numpy arrays (and
 /// lists) by their length, dicts and tuples of them (Dict/Tuple spaces) leaf by leaf;
-/// anything else is left to the conversion. Without this, a batch of every sub-env given
-/// with a subset of their indices would be recorded row by row into the wrong episodes.
-fn check_subset_rows(value: &Bound<'_, PyAny>, m: usize, what: &dyn Fn() -> String) -> PyResult<()> {
+/// anything else is left to the conversion.
+fn check_subset_rows(value: &Bound<'_, PyAny>, envs: &EnvIndices, what: &dyn Fn() -> String) -> PyResult<()> {
     let rows = if let Ok(a) = value.cast::<PyUntypedArray>() {
         a.shape().first().copied()
-    } else if let Ok(d) = value.cast::<PyDict>() {
-        for (_, v) in d.iter() {
-            check_subset_rows(&v, m, what)?;
+    } else if let Some(members) = members(value) {
+        for v in &members {
+            check_subset_rows(v, envs, what)?;
         }
         None
-    } else if let Ok(t) = value.cast::<PyTuple>() {
-        for v in t.iter() {
-            check_subset_rows(&v, m, what)?;
-        }
-        None
-    } else if let Ok(l) = value.cast::<PyList>() {
-        Some(l.len())
     } else {
-        None
+        value.cast::<PyList>().ok().map(PyListMethods::len)
     };
-    match rows {
-        Some(rows) if rows != m => Err(PyValueError::new_err(format!(
-            "{}: {rows} rows, but env_indices has {m} entries (one row per entry)",
-            what()
-        ))),
-        _ => Ok(()),
-    }
+    envs.check_batch_rows(rows).map_err(|e| PyValueError::new_err(format!("{}: {e}", what())))
 }
 
 /// Prefixes `err`'s message with the sub-env it concerns (same exception type).
 fn for_env(py: Python<'_>, env: usize, err: PyErr) -> PyErr {
     with_prefix(py, &format!("sub-env {env}"), err)
+}
+
+/// Item `i` of `list`, `None` for Python's None.
+fn item<'py>(list: &Bound<'py, PyList>, i: usize) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let v = list.get_item(i)?;
+    Ok(if v.is_none() { None } else { Some(v) })
 }
 
 enum Prepared<'py> {
@@ -622,25 +433,23 @@ enum Prepared<'py> {
 }
 
 /// The episodes of a subset's rows (`episodes[subset[j]]` for row `j`), once each batch
-/// is checked to have one row per entry of the subset (observations, actions, rewards;
-/// extra model outputs that are numpy arrays: any other extra is a constant for every row).
+/// is checked to have one row per entry of the subset (constant extras excepted).
 ///
 /// Kept out of the record's body (never inlined) so that the call without `env_indices`
 /// compiles as it did: inlined here, it made the compiler stop inlining the per-episode
 /// helpers of the record loop (about 1% more instructions per call at 64 sub-envs).
 #[inline(never)]
-fn subset_episodes<'py>(
+fn subset_episodes<'py, 'a>(
     episodes: &Bound<'py, PyList>,
+    envs: &EnvIndices,
     subset: &[usize],
-    fields: [&BatchField<'py>; 3],
-    extras: &[(Bound<'py, PyString>, BatchField<'py>)],
-) -> PyResult<Vec<Bound<'py, SingleAgentEpisodePy>>> {
-    let extras = extras
-        .iter()
-        .map(|(_, f)| f)
-        .filter(|f| f.value.cast::<PyUntypedArray>().is_ok() || is_nested_batch(&f.value, subset.len()));
-    for f in fields.into_iter().chain(extras) {
-        check_subset_rows(&f.value, subset.len(), &|| f.label())?;
+    fields: impl Iterator<Item = &'a BatchField<'py>>,
+) -> PyResult<Vec<Bound<'py, SingleAgentEpisodePy>>>
+where
+    'py: 'a,
+{
+    for f in fields.filter(|f| f.kind() != FieldRows::Constant) {
+        check_subset_rows(&f.value, envs, &|| f.field.label())?;
     }
     subset.iter().map(|&i| Ok(episodes.get_item(i)?.cast_into::<SingleAgentEpisodePy>()?)).collect()
 }
@@ -695,7 +504,7 @@ fn subset_episodes<'py>(
 ///         by its index into `episodes` (`sub-env 5: ...`).
 #[pyfunction]
 #[pyo3(signature = (episodes, observations, actions, rewards, terminateds, truncateds, infos=None, extra_model_outputs=None, expected_len=None, steps_left=None, env_indices=None))]
-#[allow(clippy::too_many_arguments, clippy::too_many_lines)]
+#[allow(clippy::too_many_arguments)]
 pub fn single_agent_record_vector_step<'py>(
     py: Python<'py>,
     episodes: &Bound<'py, PyList>,
@@ -715,31 +524,27 @@ pub fn single_agent_record_vector_step<'py>(
     let envs = self::env_indices(env_indices, episodes.len())?;
     // Rows of the step: one per sub-env that stepped.
     let n = envs.len();
-    let per = per_row(&envs);
-    let terminateds = flags(terminateds, n, "terminateds", per)?;
-    let truncateds = flags(truncateds, n, "truncateds", per)?;
-    let infos = unbatch_infos(py, infos, n, per)?;
-    let mut obs = BatchField::new(observations.clone(), "observation", None, n);
-    let mut act = BatchField::new(actions.clone(), "action", None, n);
-    let mut rew = BatchField::new(rewards.clone(), "reward", None, n);
+    let terminateds = flags(terminateds, &envs, "terminateds")?;
+    let truncateds = flags(truncateds, &envs, "truncateds")?;
+    let infos = unbatch_infos(py, infos, &envs)?;
+    let mut obs = BatchField::new(observations.clone(), StepField::Observations, n);
+    let mut act = BatchField::new(actions.clone(), StepField::Actions, n);
+    let mut rew = BatchField::new(rewards.clone(), StepField::Rewards, n);
     let mut extras = Vec::new();
-    if let Some(d) = extra_model_outputs {
-        for (k, v) in d.iter() {
-            let k = k
-                .cast_into::<PyString>()
-                .map_err(|_| PyTypeError::new_err("extra_model_outputs keys must be str"))?;
-            let key = k.to_str()?.to_string();
-            extras.push((k, BatchField::new(v, "extra", Some(key), n)));
-        }
+    for (k, v) in extra_model_outputs.iter().flat_map(|d| d.iter()) {
+        let k = k
+            .cast_into::<PyString>()
+            .map_err(|_| PyTypeError::new_err("extra_model_outputs keys must be str"))?;
+        let field = StepField::Extra(k.to_str()?.to_owned());
+        extras.push((k, BatchField::new(v, field, n)));
     }
+    let all = || [&obs, &act, &rew].into_iter().chain(extras.iter().map(|(_, f)| f));
     let episodes: Vec<Bound<'py, SingleAgentEpisodePy>> = match envs.subset_indices() {
         None => episodes.iter().map(Bound::cast_into::<SingleAgentEpisodePy>).collect::<Result<_, _>>()?,
-        Some(subset) => subset_episodes(episodes, subset, [&obs, &act, &rew], &extras)?,
+        Some(subset) => subset_episodes(episodes, &envs, subset, all())?,
     };
-    let fast = match episodes.iter().find(|e| e.borrow().chunk_len() > 0) {
-        Some(model) => FastStep::new(&model.borrow(), [&obs, &act, &rew], &extras)?,
-        None => None,
-    };
+    let fast =
+        episodes.iter().find(|e| e.borrow().chunk_len() > 0).and_then(|m| fast_step(&m.borrow(), all()));
     let layouts = fast.as_ref().map(|f| (f.layouts(), f.keys()));
     // Everything is checked (and every Python call made) before anything is stored. `i`
     // is a row of the batches; `envs.env(i)` its episode's index, for messages and results.
@@ -752,13 +557,9 @@ pub fn single_agent_record_vector_step<'py>(
         let p = if layouts.as_ref().is_some_and(|(l, k)| e.fits_rows(l, k)) {
             None
         } else if e.is_reset() {
-            let o = obs.input(&e, i).map_err(|err| err.into_py(py, env))?;
-            let a = act.input(&e, i).map_err(|err| err.into_py(py, env))?;
-            let r = rew.input(&e, i).map_err(|err| err.into_py(py, env))?;
-            let mut x = Vec::with_capacity(extras.len());
-            for (k, f) in &mut extras {
-                x.push((k.clone(), f.input(&e, i).map_err(|err| err.into_py(py, env))?));
-            }
+            let input = |f: &mut BatchField<'py>| f.input(&e, i).map_err(|err| err.into_py(py, env));
+            let (o, a, r) = (input(&mut obs)?, input(&mut act)?, input(&mut rew)?);
+            let x = extras.iter_mut().map(|(k, f)| Ok((k.clone(), input(f)?))).collect::<PyResult<_>>()?;
             Some(Prepared::Step(
                 e.prepare_step_inputs(o, a, r, info.as_ref(), x).map_err(|err| for_env(py, env, err))?,
             ))
@@ -793,16 +594,7 @@ pub fn single_agent_record_vector_step<'py>(
     }
     // A stepped episode is done exactly when its step says so (a reset one never is), so
     // the episodes need not be borrowed again to tell.
-    let done = (0..n)
-        .filter(|i| (terminateds[*i] || truncateds[*i]) && started.binary_search(i).is_err())
-        .map(|i| envs.env(i))
-        .collect();
-    if envs.subset_indices().is_some() {
-        for i in &mut started {
-            *i = envs.env(*i);
-        }
-    }
-    Ok((started, done))
+    Ok(step_results(&envs, &started, &terminateds, &truncateds))
 }
 
 /// Records one env step of each of N `MultiAgentEpisode`s (a vectorized multi-agent
@@ -865,8 +657,6 @@ pub fn multi_agent_record_steps<'py>(
     env_indices: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Vec<usize>> {
     let envs = self::env_indices(env_indices, episodes.len())?;
-    let n = envs.len();
-    let per = per_row(&envs);
     for (what, l) in [
         ("observations", observations),
         ("actions", actions),
@@ -876,31 +666,19 @@ pub fn multi_agent_record_steps<'py>(
         ("truncateds", truncateds),
         ("extra_model_outputs", extra_model_outputs),
     ] {
-        if l.len() != n {
-            return Err(PyValueError::new_err(format!(
-                "{what}: expected {n} dicts ({per}), got {}",
-                l.len()
-            )));
-        }
+        envs.check_count(what, "dicts", l.len()).map_err(value_error)?;
     }
     let mut done = Vec::new();
     // Stands for a None dict (one for all sub-envs: nothing writes to it).
     let empty = PyDict::new(py);
     // The call's counts, written to the dicts once per agent and module at the end.
-    let mut agent_tally = Tally::default();
-    let mut module_tally = Tally::default();
+    let counts = agent_steps.zip(module_steps);
+    let (mut agent_tally, mut module_tally) = (Tally::default(), Tally::default());
     // `i` is a row of the lists; `env` its episode's index, for messages and results.
     for (i, env) in envs.iter() {
         let ep = episodes.get_item(env)?.cast_into::<MultiAgentEpisodeCore>()?;
-        let get = |l: &Bound<'py, PyList>| -> PyResult<Option<Bound<'py, PyAny>>> {
-            let v = l.get_item(i)?;
-            Ok(if v.is_none() { None } else { Some(v) })
-        };
         let dict = |l: &Bound<'py, PyList>| -> PyResult<Bound<'py, PyDict>> {
-            match get(l)? {
-                Some(v) => Ok(v.cast_into::<PyDict>()?),
-                None => Ok(empty.clone()),
-            }
+            Ok(item(l, i)?.map(Bound::cast_into::<PyDict>).transpose()?.unwrap_or_else(|| empty.clone()))
         };
         let obs = dict(observations)?;
         MultiAgentEpisodeCore::add_env_step(
@@ -908,84 +686,75 @@ pub fn multi_agent_record_steps<'py>(
             &obs,
             &dict(actions)?,
             &dict(rewards)?,
-            get(infos)?.as_ref(),
-            get(terminateds)?.as_ref(),
-            get(truncateds)?.as_ref(),
-            get(extra_model_outputs)?.as_ref(),
+            item(infos, i)?.as_ref(),
+            item(terminateds, i)?.as_ref(),
+            item(truncateds, i)?.as_ref(),
+            item(extra_model_outputs, i)?.as_ref(),
         )
         .map_err(|err| for_env(py, env, err))?;
-        if agent_steps.is_some() && module_steps.is_some() {
-            count_steps(py, ep.as_any(), &obs, &mut agent_tally, &mut module_tally)?;
+        if counts.is_some() {
+            count_steps(ep.as_any(), &obs, &mut agent_tally, &mut module_tally)?;
         }
         if ep.try_borrow()?.done() {
             done.push(env);
         }
     }
-    if let (Some(agents), Some(modules)) = (agent_steps, module_steps) {
-        agent_tally.add_to(agents)?;
-        module_tally.add_to(modules)?;
+    if let Some((agents, modules)) = counts {
+        add_counts(&agent_tally, agents)?;
+        add_counts(&module_tally, modules)?;
     }
     Ok(done)
 }
 
-/// Counts by key, for a few distinct keys (a vector step's agents or modules) counted many
-/// times: the keys are compared by identity first (the same agent-id objects recur across
-/// steps and sub-envs), then by equality, as a dict compares them. A dict update per agent
-/// and sub-env cost about an eighth of the multi-agent record.
-#[derive(Default)]
-struct Tally<'py> {
-    counts: SmallVec<[(Bound<'py, PyAny>, i64); 16]>,
+/// Adds a tally's counts to `d[key]` (0 where missing).
+fn add_counts<'py>(tally: &Tally<Bound<'py, PyAny>>, d: &Bound<'py, PyDict>) -> PyResult<()> {
+    for (key, n) in tally.iter() {
+        let old = d.get_item(key)?.map(|v| v.extract::<i64>()).transpose()?.unwrap_or(0);
+        d.set_item(key, old + n)?;
+    }
+    Ok(())
 }
 
-impl<'py> Tally<'py> {
-    fn add(&mut self, key: &Bound<'py, PyAny>) -> PyResult<()> {
-        if let Some(entry) = self.counts.iter_mut().find(|(k, _)| k.is(key)) {
-            entry.1 += 1;
-            return Ok(());
-        }
-        for entry in &mut self.counts {
-            if entry.0.eq(key)? {
-                entry.1 += 1;
-                return Ok(());
-            }
-        }
-        self.counts.push((key.clone(), 1));
-        Ok(())
-    }
+/// Counts `key` in `tally`: keys are the same object (agent ids recur across steps and
+/// sub-envs) or, failing that, equal as a dict compares them.
+fn tally_add<'py>(tally: &mut Tally<Bound<'py, PyAny>>, key: &Bound<'py, PyAny>) -> PyResult<()> {
+    tally.add(key, |a, b| a.is(b), |a, b| a.eq(b))
+}
 
-    /// Adds the counts to `d[key]` (0 where missing).
-    fn add_to(&self, d: &Bound<'py, PyDict>) -> PyResult<()> {
-        for (key, n) in &self.counts {
-            let old = match d.get_item(key)? {
-                Some(v) => v.extract::<i64>()?,
-                None => 0,
-            };
-            d.set_item(key, old + n)?;
-        }
-        Ok(())
+/// The module of agent `aid` in `episode`: from its agent-to-module mapping, or for an
+/// agent it has not mapped yet, its `module_for`.
+fn module_of<'py>(
+    episode: &Bound<'py, PyAny>,
+    mapping: &Bound<'py, PyDict>,
+    aid: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    match mapping.get_item(aid)? {
+        Some(m) => Ok(m),
+        None => episode.call_method1(intern!(episode.py(), "module_for"), (aid,)),
     }
+}
+
+/// The agent-to-module mapping of `episode`.
+fn mapping<'py>(episode: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
+    Ok(episode.getattr(intern!(episode.py(), "_agent_to_module_mapping"))?.cast_into::<PyDict>()?)
 }
 
 /// Counts one step per observing agent for the agent and for its module.
 fn count_steps<'py>(
-    py: Python<'py>,
     episode: &Bound<'py, PyAny>,
     observations: &Bound<'py, PyDict>,
-    agents: &mut Tally<'py>,
-    modules: &mut Tally<'py>,
+    agents: &mut Tally<Bound<'py, PyAny>>,
+    modules: &mut Tally<Bound<'py, PyAny>>,
 ) -> PyResult<()> {
     if observations.is_empty() {
         return Ok(());
     }
-    let mapping = episode.getattr(intern!(py, "_agent_to_module_mapping"))?.cast_into::<PyDict>()?;
+    let mapping = mapping(episode)?;
     for (aid, _) in observations.iter() {
         // An agent that first observes in the episode's terminal step gets no agent
         // episode (it has no step to record) and so no mapping yet; its step still counts,
         // for the module the mapping function gives it (as RLlib's `module_for` does).
-        let module = match mapping.get_item(&aid)? {
-            Some(m) => m,
-            None => episode.call_method1(intern!(py, "module_for"), (&aid,))?,
-        };
+        let module = module_of(episode, &mapping, &aid)?;
         if module.is_none() {
             return Err(PyValueError::new_err(format!(
                 "agent {} maps to no module (the agent-to-module mapping function returned \
@@ -993,19 +762,16 @@ fn count_steps<'py>(
                 aid.repr()?
             )));
         }
-        agents.add(&aid)?;
-        modules.add(&module)?;
+        tally_add(agents, &aid)?;
+        tally_add(modules, &module)?;
     }
     Ok(())
 }
 
 /// Whether `flags[aid]` is set (a done agent).
 fn is_flagged(flags: Option<&Bound<'_, PyDict>>, aid: &Bound<'_, PyAny>) -> PyResult<bool> {
-    match flags {
-        Some(d) => match d.get_item(aid)? {
-            Some(v) => v.is_truthy(),
-            None => Ok(false),
-        },
+    match flags.map(|d| d.get_item(aid)).transpose()?.flatten() {
+        Some(v) => v.is_truthy(),
         None => Ok(false),
     }
 }
@@ -1049,39 +815,6 @@ fn agent_dict<'py>(d: &Bound<'py, PyDict>, aid: &Bound<'py, PyAny>) -> PyResult<
     Ok(x)
 }
 
-/// Checks that a gather's lists have one entry per row: `n_obs` observation dicts, one
-/// per episode (or per entry of `env_indices`), and as many done-flag dicts where given.
-fn check_gather_rows(
-    envs: &EnvIndices,
-    n_episodes: usize,
-    n_obs: usize,
-    terminateds: Option<&Bound<'_, PyList>>,
-    truncateds: Option<&Bound<'_, PyList>>,
-) -> PyResult<()> {
-    if envs.len() != n_obs {
-        return Err(PyValueError::new_err(match envs.subset_indices() {
-            None => {
-                format!("expected one episode per sub-env: {n_episodes} episodes, {n_obs} observation dicts")
-            }
-            Some(_) => format!(
-                "expected one observation dict per entry of env_indices: {} entries, {n_obs} \
-                 observation dicts",
-                envs.len()
-            ),
-        }));
-    }
-    for (what, l) in [("terminateds", terminateds), ("truncateds", truncateds)] {
-        if let Some(l) = l.filter(|l| l.len() != n_obs) {
-            return Err(PyValueError::new_err(format!(
-                "{what}: expected {n_obs} dicts ({}), got {}",
-                per_row(envs),
-                l.len()
-            )));
-        }
-    }
-    Ok(())
-}
-
 /// Per-module inference batches for a (vectorized) multi-agent runner.
 ///
 /// `gather` stacks, per module, the observations of the agents that act now across the
@@ -1091,18 +824,16 @@ fn check_gather_rows(
 /// per-agent dicts. The buffers are reused across steps.
 #[pyclass(name = "ModuleBatcher", module = "fastrollout._core")]
 pub struct ModuleBatcherPy {
-    /// Module id, its observation spec, its batch under construction (indexed by the
-    /// last gather's sub-env rows).
-    modules: Vec<(String, Arc<Spec>, ModuleBatch)>,
-    /// Per sub-env row of the last gather: the agent id of each agent slot.
-    agents: Vec<Vec<Py<PyAny>>>,
-    /// The episode index of each sub-env row of the last gather.
-    envs: EnvIndices,
+    /// Each module's observation spec, in the core's module order.
+    specs: Vec<Arc<Spec>>,
+    /// The module batches, and the agent id of each slot of each gathered row.
+    core: Batcher<Py<PyAny>>,
 }
 
 impl ModuleBatcherPy {
-    fn module_index(&self, mid: &str) -> Option<usize> {
-        self.modules.iter().position(|(m, _, _)| m == mid)
+    /// The position of module `mid`; `err` for an unknown one.
+    fn module(&self, mid: &str, err: impl FnOnce() -> PyErr) -> PyResult<usize> {
+        self.core.module_index(mid).ok_or_else(err)
     }
 }
 
@@ -1116,12 +847,9 @@ impl ModuleBatcherPy {
     fn new(observation_spaces: &Bound<'_, PyDict>) -> PyResult<Self> {
         let mut modules = Vec::with_capacity(observation_spaces.len());
         for (mid, space) in observation_spaces.iter() {
-            let mid: String = mid.extract().map_err(|_| {
-                PyTypeError::new_err(format!(
-                    "module ids must be str, got {}",
-                    mid.repr().map(|r| r.to_string()).unwrap_or_default()
-                ))
-            })?;
+            let mid: String = mid
+                .extract()
+                .map_err(|_| PyTypeError::new_err(format!("module ids must be str, got {}", repr(&mid))))?;
             let Some(spec) = spec::from_space(&space)? else {
                 return Err(PyValueError::new_err(format!(
                     "module {mid:?}: its observation space {} has no fixed layout, so its \
@@ -1129,16 +857,16 @@ impl ModuleBatcherPy {
                     space.repr()?
                 )));
             };
-            let batch = ModuleBatch::new(spec.schema());
-            modules.push((mid, spec, batch));
+            modules.push((mid, spec));
         }
-        Ok(ModuleBatcherPy { modules, agents: Vec::new(), envs: EnvIndices::all(0) })
+        let core = Batcher::new(modules.iter().map(|(mid, spec)| (mid.clone(), spec.schema())));
+        Ok(ModuleBatcherPy { specs: modules.into_iter().map(|(_, s)| s).collect(), core })
     }
 
     /// The module ids, in the order given.
     #[getter]
     fn module_ids(&self) -> Vec<String> {
-        self.modules.iter().map(|(m, _, _)| m.clone()).collect()
+        self.core.module_ids().map(str::to_owned).collect()
     }
 
     /// Gathers each module's inference batch.
@@ -1183,85 +911,59 @@ impl ModuleBatcherPy {
         env_indices: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let envs = self::env_indices(env_indices, episodes.len())?;
-        let n = observations.len();
-        check_gather_rows(&envs, episodes.len(), n, terminateds, truncateds)?;
-        for (_, _, b) in &mut self.modules {
-            b.clear();
+        envs.check_gather_rows(observations.len()).map_err(value_error)?;
+        for (what, l) in [("terminateds", terminateds), ("truncateds", truncateds)] {
+            l.map_or(Ok(()), |l| envs.check_count(what, "dicts", l.len())).map_err(value_error)?;
         }
-        self.envs = envs;
-        self.agents.clear();
-        self.agents.resize_with(n, Vec::new);
+        self.core.begin(envs);
         // `row` indexes the lists (and the batches' index maps); `env` is its episode's.
         for (row, obs) in observations.iter().enumerate() {
             if obs.is_none() {
                 continue;
             }
-            let env = self.envs.env(row);
+            let env = self.core.env(row);
             let obs = obs.cast_into::<PyDict>()?;
             let episode = episodes.get_item(env)?;
-            let mapping = episode.getattr(intern!(py, "_agent_to_module_mapping"))?.cast_into::<PyDict>()?;
+            let mapping = mapping(&episode)?;
             let done_flags = |l: Option<&Bound<'py, PyList>>| -> PyResult<Option<Bound<'py, PyDict>>> {
-                match l {
-                    Some(l) => {
-                        let d = l.get_item(row)?;
-                        Ok(if d.is_none() { None } else { Some(d.cast_into::<PyDict>()?) })
-                    }
-                    None => Ok(None),
-                }
+                Ok(l.map(|l| item(l, row)).transpose()?.flatten().map(Bound::cast_into).transpose()?)
             };
             let (term, trunc) = (done_flags(terminateds)?, done_flags(truncateds)?);
             for (aid, o) in obs.iter() {
                 if is_flagged(term.as_ref(), &aid)? || is_flagged(trunc.as_ref(), &aid)? {
                     continue;
                 }
-                let mid = match mapping.get_item(&aid)? {
-                    Some(m) => m,
-                    None => episode.call_method1(intern!(py, "module_for"), (&aid,))?,
-                };
-                let mid = mid.cast_into::<PyString>().map_err(|e| {
+                let mid = module_of(&episode, &mapping, &aid)?.cast_into::<PyString>().map_err(|e| {
                     PyTypeError::new_err(format!(
                         "sub-env {env}: agent {} maps to {}, not a module id (str); the \
                          agent-to-module mapping function must return a configured module id",
-                        aid.repr().map(|r| r.to_string()).unwrap_or_default(),
-                        e.into_inner().repr().map(|r| r.to_string()).unwrap_or_default()
+                        repr(&aid),
+                        repr(&e.into_inner())
                     ))
                 })?;
                 let mid = mid.to_str()?;
-                let Some(m) = self.module_index(mid) else {
-                    return Err(PyKeyError::new_err(format!(
+                let m = self.module(mid, || {
+                    PyKeyError::new_err(format!(
                         "sub-env {env}: agent {} maps to module {mid:?}, which is not one of the \
                          runner's modules {:?}",
-                        aid.repr()?,
+                        repr(&aid),
                         self.module_ids()
-                    )));
-                };
-                let (_, spec, batch) = &mut self.modules[m];
-                let label = || {
-                    format!(
-                        "sub-env {env}: observation of agent {} (module {mid:?})",
-                        aid.repr().map(|r| r.to_string()).unwrap_or_default()
-                    )
-                };
-                let leaves = spec::to_leaf_views(spec, &o, None, &label)?;
-                let slot = self.agents[row].len();
-                batch
-                    .push(row, slot, &leaves)
+                    ))
+                })?;
+                let label = || format!("sub-env {env}: observation of agent {} (module {mid:?})", repr(&aid));
+                let leaves = spec::to_leaf_views(&self.specs[m], &o, None, &label)?;
+                self.core
+                    .push(row, m, aid.clone().unbind(), &leaves)
                     .map_err(|e| PyValueError::new_err(format!("{}: {e}", label())))?;
-                self.agents[row].push(aid.unbind());
             }
         }
         let out = PyDict::new(py);
-        for (mid, spec, batch) in &self.modules {
-            if batch.is_empty() {
-                continue;
-            }
-            let mut values = Vec::with_capacity(spec.schema.leaves.len());
-            for (i, leaf) in spec.schema.leaves.iter().enumerate() {
-                let mut shape = Vec::with_capacity(leaf.shape.len() + 1);
-                shape.push(batch.len());
-                shape.extend_from_slice(&leaf.shape);
-                values.push(Some(spec::new_array(py, spec.descrs[i].bind(py), &shape, batch.leaf(i))?));
-            }
+        for (m, mid, batch) in self.core.gathered() {
+            let spec = &self.specs[m];
+            let arrays = spec.descrs.iter().enumerate().map(|(i, descr)| {
+                Ok(Some(spec::new_array(py, descr.bind(py), &batch.leaf_shape(i), batch.leaf(i))?))
+            });
+            let mut values = arrays.collect::<PyResult<Vec<_>>>()?;
             out.set_item(mid, spec::nest(py, &spec.tree, &mut values)?)?;
         }
         Ok(out)
@@ -1280,20 +982,9 @@ impl ModuleBatcherPy {
     /// Raises:
     ///     KeyError: For an unknown module id.
     fn index_map(&self, py: Python<'_>, module_id: &str) -> PyResult<Vec<(usize, Py<PyAny>)>> {
-        let m = self.module_index(module_id).ok_or_else(|| PyKeyError::new_err(module_id.to_string()))?;
-        self.modules[m]
-            .2
-            .index()
-            .iter()
-            .map(|&(row, slot)| {
-                let aid = self
-                    .agents
-                    .get(row)
-                    .and_then(|a| a.get(slot))
-                    .ok_or_else(|| PyValueError::new_err("the batcher's index map is out of date"))?;
-                Ok((self.envs.env(row), aid.clone_ref(py)))
-            })
-            .collect()
+        let m = self.module(module_id, || PyKeyError::new_err(module_id.to_string()))?;
+        let map = self.core.index_map(m).map_err(value_error)?;
+        Ok(map.into_iter().map(|(env, aid)| (env, aid.clone_ref(py))).collect())
     }
 
     /// Splits module outputs back per sub-env and agent.
@@ -1334,73 +1025,56 @@ impl ModuleBatcherPy {
         extra_constants: Option<&Bound<'py, PyDict>>,
         extras_as_rows: bool,
     ) -> PyResult<Vec<Bound<'py, PyTuple>>> {
-        let n = self.agents.len();
-        let env_actions: Vec<Bound<'py, PyDict>> = (0..n).map(|_| PyDict::new(py)).collect();
-        let actions: Vec<Bound<'py, PyDict>> = (0..n).map(|_| PyDict::new(py)).collect();
-        let extras: Vec<Bound<'py, PyDict>> = (0..n).map(|_| PyDict::new(py)).collect();
+        let dicts =
+            || -> Vec<Bound<'py, PyDict>> { (0..self.core.rows()).map(|_| PyDict::new(py)).collect() };
+        let (env_actions, actions, extras) = (dicts(), dicts(), dicts());
         for (mid, cols) in outputs.iter() {
             let mid = mid.cast_into::<PyString>()?;
             let mid = mid.to_str()?;
-            let m = self
-                .module_index(mid)
-                .ok_or_else(|| PyKeyError::new_err(format!("outputs for unknown module {mid:?}")))?;
-            let batch = &self.modules[m].2;
+            let m =
+                self.module(mid, || PyKeyError::new_err(format!("outputs for unknown module {mid:?}")))?;
             let cols = cols.cast_into::<PyDict>()?;
             let Some(action_values) = cols.get_item(actions_key)? else {
                 return Err(PyKeyError::new_err(format!(
                     "module {mid:?}'s outputs have no {actions_key:?} column"
                 )));
             };
-            let plan = scatter_plan(batch.index(), n);
             let rows = if extras_as_rows {
                 module_outputs(&cols, actions_key, actions_for_env_key, extra_constants)?
             } else {
                 None
             };
+            // The columns each agent takes a row of, every one checked first.
+            let mut columns = Vec::with_capacity(cols.len());
             for (col, value) in cols.iter() {
-                let name = col.cast::<PyString>()?.to_str()?.to_string();
-                let len = batch_len(&value)?;
-                if len != batch.len() {
-                    return Err(PyValueError::new_err(format!(
-                        "module {mid:?}: output {name:?} has {len} rows, the batch has {}",
-                        batch.len()
-                    )));
-                }
-                if name == actions_for_env_key && value.is(&action_values) {
-                    // The env's actions are the module's (every Discrete module): the
-                    // actions column gives them, one read per row instead of two.
-                    continue;
-                }
-                if rows.is_some() && name != actions_key && name != actions_for_env_key {
-                    continue; // (each agent's row of it is handed over below)
-                }
-                for (env, rows) in plan.iter().enumerate() {
-                    for &(row, slot) in rows {
-                        let aid = self.agents[env][slot].bind(py);
-                        let v = row_object(&value, row)?;
-                        if name == actions_key {
-                            actions[env].set_item(aid, &v)?;
-                            if !env_actions[env].contains(aid)? {
-                                env_actions[env].set_item(aid, &v)?;
-                            }
-                        } else if name == actions_for_env_key {
-                            env_actions[env].set_item(aid, &v)?;
-                        } else {
-                            let d = agent_dict(&extras[env], aid)?;
-                            d.set_item(&col, v)?;
-                        }
-                    }
+                let name = col.cast::<PyString>()?.to_str()?;
+                self.core.check_output(m, name, batch_len(&value)?).map_err(value_error)?;
+                let same = value.is(&action_values);
+                if let Some(role) =
+                    OutputRole::of(name, actions_key, actions_for_env_key, same, rows.is_some())
+                {
+                    columns.push((role, col, value));
                 }
             }
             // What each agent gets besides its dict's column values: its row of the
             // outputs, or the constants merged into that dict.
             let rows = rows.filter(|o| !o.columns.is_empty() || o.constants.is_some());
-            if rows.is_none() && extra_constants.is_none() {
-                continue;
-            }
-            for (env, agent_rows) in plan.iter().enumerate() {
-                for &(row, slot) in agent_rows {
-                    let aid = self.agents[env][slot].bind(py);
+            for (env, agents) in self.core.plan(m).into_iter().enumerate() {
+                for (row, aid) in agents {
+                    let aid = aid.bind(py);
+                    for (role, col, value) in &columns {
+                        let v = row_object(value, row)?;
+                        match role {
+                            OutputRole::Actions => {
+                                actions[env].set_item(aid, &v)?;
+                                if !env_actions[env].contains(aid)? {
+                                    env_actions[env].set_item(aid, &v)?;
+                                }
+                            }
+                            OutputRole::ActionsForEnv => env_actions[env].set_item(aid, &v)?,
+                            OutputRole::Extra => agent_dict(&extras[env], aid)?.set_item(col, v)?,
+                        }
+                    }
                     match (&rows, extra_constants) {
                         (Some(o), _) => extras[env].set_item(aid, AgentOutputsPy::new(Arc::clone(o), row))?,
                         (None, Some(c)) => agent_dict(&extras[env], aid)?.update(c.as_mapping())?,

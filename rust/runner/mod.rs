@@ -11,7 +11,10 @@
 //! A step may concern only some of the sub-envs (remote sub-envs batched as they become
 //! ready): [`EnvIndices`] says which sub-env each row of such a step belongs to.
 
+pub mod batcher;
 pub mod ready;
+pub mod step;
+pub mod tally;
 
 use std::fmt;
 use std::sync::Arc;
@@ -32,6 +35,21 @@ pub enum BatchError {
     EnvIndexOutOfRange { entry: usize, index: i64, num_envs: usize },
     /// Sub-env `index` appears twice in a subset of sub-envs, at entries `first` and `second`.
     DuplicateEnvIndex { index: usize, first: usize, second: usize },
+    /// A per-row input (`what`, made of `unit`s) without one entry per row of the step.
+    Count { what: &'static str, unit: &'static str, expected: usize, per: &'static str, got: usize },
+    /// A batch of `rows` rows given with a subset of `entries` sub-envs.
+    SubsetRows { rows: usize, entries: usize },
+    /// A gather's observation dicts (`dicts`) not one per row: one per episode
+    /// (`subset: false`, `rows` episodes) or per entry of the subset (`rows` entries).
+    GatherRows { subset: bool, rows: usize, dicts: usize },
+    /// A batch that holds no row `row` (it changed size since it was checked).
+    NoRow { row: usize },
+    /// A batch that holds fewer rows than when it was checked.
+    Shrank,
+    /// A module output column `output` of `rows` rows for a batch of `batch` rows.
+    OutputRows { module: String, output: String, rows: usize, batch: usize },
+    /// An index map entry that names no gathered agent.
+    StaleIndex,
 }
 
 impl fmt::Display for BatchError {
@@ -63,6 +81,26 @@ impl fmt::Display for BatchError {
                 "env_indices names sub-env {index} twice (entries {first} and {second}); each \
                  sub-env steps at most once per call"
             ),
+            BatchError::Count { what, unit, expected, per, got } => {
+                write!(f, "{what}: expected {expected} {unit} ({per}), got {got}")
+            }
+            BatchError::SubsetRows { rows, entries } => {
+                write!(f, "{rows} rows, but env_indices has {entries} entries (one row per entry)")
+            }
+            BatchError::GatherRows { subset: false, rows, dicts } => {
+                write!(f, "expected one episode per sub-env: {rows} episodes, {dicts} observation dicts")
+            }
+            BatchError::GatherRows { subset: true, rows, dicts } => write!(
+                f,
+                "expected one observation dict per entry of env_indices: {rows} entries, {dicts} \
+                 observation dicts"
+            ),
+            BatchError::NoRow { row } => write!(f, "no row {row} in the batch (was it resized?)"),
+            BatchError::Shrank => write!(f, "a batch shrank while the step was recorded"),
+            BatchError::OutputRows { module, output, rows, batch } => {
+                write!(f, "module {module:?}: output {output:?} has {rows} rows, the batch has {batch}")
+            }
+            BatchError::StaleIndex => write!(f, "the batcher's index map is out of date"),
         }
     }
 }
@@ -163,6 +201,14 @@ impl EnvIndices {
         Ok(EnvIndices { num_envs, subset: Some(out) })
     }
 
+    /// The sub-envs whose indices are `bytes`: native-endian `i64`s (the buffer of a numpy
+    /// int64 array, read without a Python call per index), checked as by [`Self::subset`].
+    pub fn from_ne_bytes(bytes: &[u8], num_envs: usize) -> Result<EnvIndices, BatchError> {
+        let indices: Vec<i64> =
+            bytes.chunks_exact(8).map(|b| i64::from_ne_bytes(b.try_into().unwrap_or([0; 8]))).collect();
+        EnvIndices::subset(&indices, num_envs)
+    }
+
     /// Rows of the step (sub-envs it concerns).
     #[must_use]
     pub fn len(&self) -> usize {
@@ -200,6 +246,45 @@ impl EnvIndices {
     #[must_use]
     pub fn iter(&self) -> impl ExactSizeIterator<Item = (usize, usize)> + '_ {
         (0..self.len()).map(|row| (row, self.env(row)))
+    }
+
+    /// What one entry of a call's per-row inputs stands for (for messages).
+    #[must_use]
+    pub fn per_row(&self) -> &'static str {
+        match self.subset {
+            Some(_) => "one per entry of env_indices",
+            None => "one per sub-env",
+        }
+    }
+
+    /// Checks that a per-row input (`what`, a sequence of `unit`s) has `got` entries: one
+    /// per row of the step.
+    pub fn check_count(&self, what: &'static str, unit: &'static str, got: usize) -> Result<(), BatchError> {
+        let expected = self.len();
+        if got == expected {
+            return Ok(());
+        }
+        Err(BatchError::Count { what, unit, expected, per: self.per_row(), got })
+    }
+
+    /// Checks that a batch of `rows` rows (`None`: a length the caller cannot tell) has one
+    /// per entry of a subset: a batch of every sub-env given with a subset of their
+    /// indices would otherwise be recorded row by row into the wrong episodes.
+    pub fn check_batch_rows(&self, rows: Option<usize>) -> Result<(), BatchError> {
+        match (&self.subset, rows) {
+            (Some(s), Some(rows)) if rows != s.len() => {
+                Err(BatchError::SubsetRows { rows, entries: s.len() })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Checks that a gather has `dicts` observation dicts, one per row.
+    pub fn check_gather_rows(&self, dicts: usize) -> Result<(), BatchError> {
+        if dicts == self.len() {
+            return Ok(());
+        }
+        Err(BatchError::GatherRows { subset: self.subset.is_some(), rows: self.len(), dicts })
     }
 }
 
@@ -266,6 +351,13 @@ impl ModuleBatch {
     #[must_use]
     pub fn is_empty(&self) -> bool {
         self.index.is_empty()
+    }
+
+    /// The shape of leaf `leaf`'s batch array: the rows, then the item's shape.
+    #[must_use]
+    pub fn leaf_shape(&self, leaf: usize) -> Vec<usize> {
+        let item = self.schema.leaves.get(leaf).map_or(&[][..], |l| &l.shape);
+        [&[self.len()][..], item].concat()
     }
 
     /// The contiguous bytes of leaf `leaf` (`len()` items).
@@ -343,6 +435,7 @@ mod tests {
         assert_eq!(mb.len(), 2);
         assert_eq!(mb.leaf(0), f32s(&[1.0, 2.0, 3.0, 4.0]).as_slice());
         assert_eq!(mb.index(), &[(0, 1), (2, 0)]);
+        assert_eq!((mb.leaf_shape(0), mb.leaf_shape(1)), (vec![2, 2], vec![2]));
         // A bad item is rejected and leaves the batch as it was.
         let err = mb.push(1, 0, &[f32s(&[1.0]), 5i64.to_ne_bytes().to_vec()]).unwrap_err();
         assert_eq!(err, BatchError::ItemSize { leaf: 0, expected: 8, got: 4 });
@@ -436,9 +529,41 @@ mod tests {
             EnvIndices::subset(&[63, 0, 63], 64),
             Err(BatchError::DuplicateEnvIndex { index: 63, first: 0, second: 2 })
         );
+        let bytes: Vec<u8> = [5i64, 0, 3].iter().flat_map(|i| i.to_ne_bytes()).collect();
+        assert_eq!(EnvIndices::from_ne_bytes(&bytes, 8), EnvIndices::subset(&[5, 0, 3], 8));
+        let twice: Vec<u8> = [1i64, 1].iter().flat_map(|i| i.to_ne_bytes()).collect();
+        assert!(EnvIndices::from_ne_bytes(&twice, 8).is_err());
         let none = EnvIndices::subset(&[0], 0).unwrap_err();
         assert!(none.to_string().contains("no sub-envs"), "{none}");
         assert!(EnvIndices::subset(&[i64::MIN, i64::MAX], 3).is_err());
+    }
+
+    #[test]
+    fn per_row_inputs_need_one_entry_per_row() {
+        let all = EnvIndices::all(2);
+        assert!(all.check_count("rewards", "dicts", 2).is_ok());
+        let err = all.check_count("terminateds", "flags", 3).unwrap_err();
+        assert_eq!(err.to_string(), "terminateds: expected 2 flags (one per sub-env), got 3");
+        let subset = EnvIndices::subset(&[4, 1], 8).unwrap();
+        let err = subset.check_count("infos", "info dicts", 8).unwrap_err();
+        assert_eq!(err.to_string(), "infos: expected 2 info dicts (one per entry of env_indices), got 8");
+        // A batch's rows are checked against a subset only (all sub-envs: the conversion does).
+        assert!(all.check_batch_rows(Some(5)).is_ok());
+        assert!(subset.check_batch_rows(None).is_ok() && subset.check_batch_rows(Some(2)).is_ok());
+        let err = subset.check_batch_rows(Some(8)).unwrap_err();
+        assert_eq!(err.to_string(), "8 rows, but env_indices has 2 entries (one row per entry)");
+    }
+
+    #[test]
+    fn a_gather_needs_one_observation_dict_per_row() {
+        assert!(EnvIndices::all(3).check_gather_rows(3).is_ok());
+        let err = EnvIndices::all(8).check_gather_rows(2).unwrap_err();
+        assert_eq!(err.to_string(), "expected one episode per sub-env: 8 episodes, 2 observation dicts");
+        let err = EnvIndices::subset(&[1], 8).unwrap().check_gather_rows(8).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "expected one observation dict per entry of env_indices: 1 entries, 8 observation dicts"
+        );
     }
 
     #[test]
