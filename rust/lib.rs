@@ -15,6 +15,7 @@
 pub mod column;
 pub mod dist;
 pub mod episode;
+pub mod intern;
 pub mod metrics;
 pub mod postprocess;
 pub mod runner;

@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
 use smallvec::SmallVec;
 
-use super::{label, FieldName, SingleAgentEpisodePy};
+use super::{FieldName, SingleAgentEpisodePy};
 use crate::episode::{Leaves, Storage};
 use crate::py::errors::episode_error;
 use crate::py::object::PyObj;
@@ -134,10 +134,10 @@ impl SingleAgentEpisodePy {
             let Some(spec) = self.row_spec(FieldName::Rewards) else { return Ok(false) };
             match spec.schema.leaves.as_slice() {
                 [leaf] if leaf.shape.is_empty() && leaf.dtype == DType::F64 => {
-                    leaves.push(LeafBytes::scalar(&reward.to_ne_bytes()));
+                    leaves.push(LeafBytes::copied(&reward.to_ne_bytes()));
                 }
                 [leaf] if leaf.shape.is_empty() && leaf.dtype == DType::F32 => {
-                    leaves.push(LeafBytes::scalar(&(reward as f32).to_ne_bytes()));
+                    leaves.push(LeafBytes::copied(&(reward as f32).to_ne_bytes()));
                 }
                 _ => return Ok(false),
             }
@@ -180,7 +180,7 @@ impl SingleAgentEpisodePy {
         value: &Bound<'py, PyAny>,
     ) -> bool {
         let Some(spec) = self.row_spec(name) else { return false };
-        let Ok(views) = spec::to_leaf_views(spec, value, None, &|| label(name)) else { return false };
+        let Ok(views) = spec::to_leaf_views(spec, value, None, &|| name.label()) else { return false };
         match views {
             Leaves::One(view) => leaves.push(view),
             Leaves::Many(views) => leaves.extend(views),
