@@ -58,6 +58,11 @@ pub trait FieldSpec {
     /// The spec comes from a space the user gave (not inferred from the first item): values
     /// that do not fit it are errors, and fills and one-hot encodings follow it.
     fn is_from_space(&self) -> bool;
+
+    /// The schema that items converted by this spec have, if it knows one.
+    fn schema(&self) -> Option<&Schema> {
+        None
+    }
 }
 
 impl FieldSpec for () {
@@ -409,6 +414,22 @@ impl<O: Clone, S> Field<O, S> {
             Storage::Typed { column, .. } => column.stored_bytes(),
             _ => 0,
         }
+    }
+
+    /// The spec, where the field stores typed items laid out by it: a value converted by
+    /// it is bytes the column takes as they are (a runner's rows of a batch).
+    #[must_use]
+    pub fn row_spec(&self) -> Option<&S>
+    where
+        S: FieldSpec,
+    {
+        let Storage::Typed { column, .. } = &self.storage else { return None };
+        // The same schema object first: a column made from a spec shares it.
+        self.spec().filter(|s| {
+            s.schema().is_some_and(|schema| {
+                std::ptr::eq(column.schema(), schema) || column.schema().leaves == schema.leaves
+            })
+        })
     }
 
     /// How a value written into this field becomes an item (see [`Conversion`]).
@@ -799,6 +820,29 @@ mod tests {
         o.spec = Some(Arc::new(Space(true)));
         assert!(matches!(o.conversion(), Conversion::Object));
         assert_eq!((o.stored_bytes(), i64_field(&[1, 2], 0).stored_bytes()), (0, 16));
+    }
+
+    #[test]
+    fn rows_go_in_where_the_spec_lays_out_the_column() {
+        struct Laid(Schema);
+        impl FieldSpec for Laid {
+            fn is_from_space(&self) -> bool {
+                false
+            }
+            fn schema(&self) -> Option<&Schema> {
+                Some(&self.0)
+            }
+        }
+        let i64s = Schema::new(vec![Leaf::new(DType::I64, vec![])]);
+        let mut f: Field<String, Laid> =
+            Field { spec: Some(Arc::new(Laid(i64s.clone()))), ..Field::untyped() };
+        assert!(f.row_spec().is_none(), "no column yet");
+        f.storage = i64_field(&[1], 0).storage;
+        assert!(f.row_spec().is_some());
+        f.spec = Some(Arc::new(Laid(Schema::new(vec![Leaf::new(DType::F32, vec![])]))));
+        assert!(f.row_spec().is_none(), "another layout");
+        let unlaid: Field<String, ()> = Field { spec: Some(Arc::new(())), ..i64_field(&[1], 0) };
+        assert!(unlaid.row_spec().is_none(), "a spec without a schema");
     }
 
     #[test]

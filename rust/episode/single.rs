@@ -78,7 +78,20 @@ pub enum FieldName<'a> {
     Extra(&'a str),
 }
 
-impl FieldName<'_> {
+impl<'a> FieldName<'a> {
+    /// The field that the host names `field` (with `key` for an extra model output).
+    #[must_use]
+    pub fn parse(field: &str, key: Option<&'a str>) -> Option<FieldName<'a>> {
+        Some(match (field, key) {
+            ("observations", _) => FieldName::Observations,
+            ("infos", _) => FieldName::Infos,
+            ("actions", _) => FieldName::Actions,
+            ("rewards", _) => FieldName::Rewards,
+            ("extra_model_outputs", Some(k)) => FieldName::Extra(k),
+            _ => return None,
+        })
+    }
+
     /// How messages name one item of the field ("observation", "extra model output \"k\"").
     #[must_use]
     pub fn label(self) -> String {
@@ -420,6 +433,13 @@ impl<O: Clone, S> SingleAgentCore<O, S> {
             }
         }
         Some(view)
+    }
+
+    /// Whether field `name` infers its spec from the next item stored (it holds no items
+    /// and no spec yet: [`crate::episode::Conversion::Infer`]; a missing extra key too).
+    #[must_use]
+    pub fn infers_spec(&self, name: FieldName<'_>) -> bool {
+        self.field(name).is_none_or(|f| matches!(f.storage, Storage::Untyped { .. }) && f.spec.is_none())
     }
 
     /// Removes the extra model output `key`; false if there is none.
@@ -1189,6 +1209,12 @@ mod tests {
         let missing = e.view(FieldName::Extra("vf"), true).unwrap();
         assert!(matches!(missing.storage, Storage::Untyped { .. }));
         assert_eq!(e.view(FieldName::Infos, true).unwrap().geometry().total, 2);
+        assert!(!e.infers_spec(FieldName::Actions) && e.infers_spec(FieldName::Extra("vf")));
+        assert!(Core::default().infers_spec(FieldName::Rewards));
+        assert_eq!(FieldName::parse("extra_model_outputs", Some("vf")), Some(FieldName::Extra("vf")));
+        assert_eq!(FieldName::parse("infos", Some("vf")), Some(FieldName::Infos));
+        assert_eq!(FieldName::parse("extra_model_outputs", None), None);
+        assert_eq!(FieldName::parse("states", None), None);
         assert!(e.remove_extra("logp") && !e.remove_extra("logp"));
         assert!(e.extra("logp").is_none());
     }

@@ -59,6 +59,10 @@ impl crate::episode::FieldSpec for Spec {
     fn is_from_space(&self) -> bool {
         self.from_space
     }
+
+    fn schema(&self) -> Option<&Schema> {
+        Some(&self.schema)
+    }
 }
 
 /// Specs built so far, so that equal ones are shared.
@@ -112,36 +116,64 @@ fn shape_of(obj: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
     obj.getattr(intern!(obj.py(), "shape"))?.extract()
 }
 
+/// The leaves and dtypes of a spec being built, numbered as its tree refers to them.
+#[derive(Default)]
+struct Builder {
+    leaves: Vec<Leaf>,
+    descrs: Vec<Py<PyArrayDescr>>,
+}
+
+impl Builder {
+    /// The tree of a new leaf of `descr`'s dtype; `None` for a dtype that is not numeric.
+    fn leaf(&mut self, descr: Bound<'_, PyArrayDescr>, shape: Vec<usize>, one_hot: OneHot) -> Option<Tree> {
+        self.leaves.push(Leaf { dtype: dtype_of(&descr)?, shape, one_hot });
+        self.descrs.push(descr.unbind());
+        Some(Tree::Leaf(self.leaves.len() - 1))
+    }
+
+    /// A Dict (`keyed`: each entry has its key) or Tuple tree of `entries` walked by
+    /// `walk`; `None` if one of them has no numeric layout.
+    fn nested<'py>(
+        &mut self,
+        keyed: bool,
+        entries: impl Iterator<Item = PyResult<(Option<Bound<'py, PyAny>>, Bound<'py, PyAny>)>>,
+        walk: fn(&Bound<'py, PyAny>, &mut Builder) -> PyResult<Option<Tree>>,
+    ) -> PyResult<Option<Tree>> {
+        let (mut keys, mut trees) = (Vec::new(), Vec::new());
+        for entry in entries {
+            let (key, value) = entry?;
+            let Some(t) = walk(&value, self)? else { return Ok(None) };
+            keys.extend(key.map(Bound::unbind));
+            trees.push(t);
+        }
+        Ok(Some(if keyed { Tree::Dict(keys.into_iter().zip(trees).collect()) } else { Tree::Tuple(trees) }))
+    }
+
+    /// The interned spec of `tree` over the leaves built.
+    fn finish(self, tree: Tree, from_space: bool) -> Arc<Spec> {
+        intern(Spec { tree, schema: Arc::new(Schema::new(self.leaves)), descrs: self.descrs, from_space })
+    }
+}
+
 /// Builds the spec of a gymnasium space; `None` for spaces without a fixed numeric
 /// layout (Text, Graph, Sequence, ...), whose values are stored as objects.
 pub fn from_space(space: &Bound<'_, PyAny>) -> PyResult<Option<Arc<Spec>>> {
-    let mut leaves = Vec::new();
-    let mut descrs = Vec::new();
-    let Some(tree) = walk_space(space, &mut leaves, &mut descrs)? else { return Ok(None) };
-    Ok(Some(intern(Spec { tree, schema: Arc::new(Schema::new(leaves)), descrs, from_space: true })))
+    let mut b = Builder::default();
+    Ok(walk_space(space, &mut b)?.map(|tree| b.finish(tree, true)))
 }
 
-fn walk_space(
-    space: &Bound<'_, PyAny>,
-    leaves: &mut Vec<Leaf>,
-    descrs: &mut Vec<Py<PyArrayDescr>>,
-) -> PyResult<Option<Tree>> {
+fn walk_space(space: &Bound<'_, PyAny>, b: &mut Builder) -> PyResult<Option<Tree>> {
     let py = space.py();
-    let mut leaf =
-        |descr: Bound<'_, PyArrayDescr>, shape: Vec<usize>, one_hot: OneHot| -> PyResult<Option<Tree>> {
-            let Some(dtype) = dtype_of(&descr) else { return Ok(None) };
-            leaves.push(Leaf { dtype, shape, one_hot });
-            descrs.push(descr.unbind());
-            Ok(Some(Tree::Leaf(leaves.len() - 1)))
-        };
-    let dtype = || descr_from(&space.getattr(intern!(py, "dtype"))?);
+    let mut leaf = |shape: Vec<usize>, one_hot: OneHot| -> PyResult<Option<Tree>> {
+        Ok(b.leaf(descr_from(&space.getattr(intern!(py, "dtype"))?)?, shape, one_hot))
+    };
     if space.is_instance(space_cls!(py, "Box"))? || space.is_instance(space_cls!(py, "MultiBinary"))? {
-        return leaf(dtype()?, shape_of(space)?, OneHot::No);
+        return leaf(shape_of(space)?, OneHot::No);
     }
     if space.is_instance(space_cls!(py, "Discrete"))? {
         let n: usize = space.getattr(intern!(py, "n"))?.extract()?;
         let start: i64 = space.getattr(intern!(py, "start"))?.extract()?;
-        return leaf(dtype()?, vec![], OneHot::Discrete { n, start });
+        return leaf(vec![], OneHot::Discrete { n, start });
     }
     if space.is_instance(space_cls!(py, "MultiDiscrete"))? {
         let flat = |name: &str| -> PyResult<Vec<i64>> {
@@ -149,24 +181,16 @@ fn walk_space(
         };
         let nvec: Vec<usize> = flat("nvec")?.into_iter().map(|v| usize::try_from(v).unwrap_or(0)).collect();
         let start = flat("start")?;
-        return leaf(dtype()?, shape_of(space)?, OneHot::MultiDiscrete { nvec, start });
+        return leaf(shape_of(space)?, OneHot::MultiDiscrete { nvec, start });
     }
     if space.is_instance(space_cls!(py, "Dict"))? {
-        let mut entries = Vec::new();
-        for item in space.getattr(intern!(py, "spaces"))?.call_method0("items")?.try_iter()? {
-            let (key, sub): (Bound<'_, PyAny>, Bound<'_, PyAny>) = item?.extract()?;
-            let Some(t) = walk_space(&sub, leaves, descrs)? else { return Ok(None) };
-            entries.push((key.unbind(), t));
-        }
-        return Ok(Some(Tree::Dict(entries)));
+        let entries = space.getattr(intern!(py, "spaces"))?.call_method0("items")?;
+        let entries = entries.try_iter()?.map(|e| e?.extract().map(|(k, v)| (Some(k), v)));
+        return b.nested(true, entries, walk_space);
     }
     if space.is_instance(space_cls!(py, "Tuple"))? {
-        let mut entries = Vec::new();
-        for sub in space.getattr(intern!(py, "spaces"))?.try_iter()? {
-            let Some(t) = walk_space(&sub?, leaves, descrs)? else { return Ok(None) };
-            entries.push(t);
-        }
-        return Ok(Some(Tree::Tuple(entries)));
+        let entries = space.getattr(intern!(py, "spaces"))?.try_iter()?.map(|v| Ok((None, v?)));
+        return b.nested(false, entries, walk_space);
     }
     Ok(None)
 }
@@ -175,12 +199,8 @@ fn walk_space(
 /// dicts/tuples of them. Returns the spec and whether the item was a plain Python scalar
 /// (then items are handed back as Python scalars before `to_numpy`, as given).
 pub fn infer(value: &Bound<'_, PyAny>) -> PyResult<Option<(Arc<Spec>, bool)>> {
-    let mut leaves = Vec::new();
-    let mut descrs = Vec::new();
-    let host_scalar = is_host_scalar(value);
-    let Some(tree) = walk_value(value, &mut leaves, &mut descrs)? else { return Ok(None) };
-    let spec = Spec { tree, schema: Arc::new(Schema::new(leaves)), descrs, from_space: false };
-    Ok(Some((intern(spec), host_scalar)))
+    let mut b = Builder::default();
+    Ok(walk_value(value, &mut b)?.map(|tree| (b.finish(tree, false), is_host_scalar(value))))
 }
 
 fn is_host_scalar(value: &Bound<'_, PyAny>) -> bool {
@@ -189,27 +209,13 @@ fn is_host_scalar(value: &Bound<'_, PyAny>) -> bool {
         || value.is_exact_instance_of::<PyBool>()
 }
 
-fn walk_value(
-    value: &Bound<'_, PyAny>,
-    leaves: &mut Vec<Leaf>,
-    descrs: &mut Vec<Py<PyArrayDescr>>,
-) -> PyResult<Option<Tree>> {
+fn walk_value(value: &Bound<'_, PyAny>, b: &mut Builder) -> PyResult<Option<Tree>> {
     let py = value.py();
     if let Ok(d) = value.cast::<PyDict>() {
-        let mut entries = Vec::new();
-        for (k, v) in d.iter() {
-            let Some(t) = walk_value(&v, leaves, descrs)? else { return Ok(None) };
-            entries.push((k.unbind(), t));
-        }
-        return Ok(Some(Tree::Dict(entries)));
+        return b.nested(true, d.iter().map(|(k, v)| Ok((Some(k), v))), walk_value);
     }
     if let Ok(t) = value.cast::<PyTuple>() {
-        let mut entries = Vec::new();
-        for v in t.iter() {
-            let Some(sub) = walk_value(&v, leaves, descrs)? else { return Ok(None) };
-            entries.push(sub);
-        }
-        return Ok(Some(Tree::Tuple(entries)));
+        return b.nested(false, t.iter().map(|v| Ok((None, v))), walk_value);
     }
     let (descr, shape) = if let Ok(a) = value.cast::<PyUntypedArray>() {
         (a.dtype(), a.shape().to_vec())
@@ -226,10 +232,10 @@ fn walk_value(
     } else {
         return Ok(None);
     };
-    let Some(dtype) = dtype_of(&descr) else { return Ok(None) };
-    leaves.push(Leaf::new(dtype, shape));
-    descrs.push(canonical_descr(&descr)?);
-    Ok(Some(Tree::Leaf(leaves.len() - 1)))
+    if dtype_of(&descr).is_none() {
+        return Ok(None);
+    }
+    Ok(b.leaf(canonical_descr(&descr)?.into_bound(py), shape, OneHot::No))
 }
 
 /// The dtype `numpy.asarray(value)` has for a scalar it can be told without making the
@@ -621,13 +627,11 @@ fn scalar<'py>(
     bytes: &[u8],
     host_scalar: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
-    if host_scalar {
-        match (leaf.dtype.kind, leaf.dtype.size) {
-            (Kind::Float, 8) => return Ok(PyFloat::new(py, f64::from_ne_bytes(bytes.try_into()?)).into_any()),
-            (Kind::Int, 8) => return Ok(i64::from_ne_bytes(bytes.try_into()?).into_pyobject(py)?.into_any()),
-            (Kind::Bool, 1) => return Ok(PyBool::new(py, bytes[0] != 0).to_owned().into_any()),
-            _ => {}
-        }
+    match Scalar::decode(leaf.dtype, bytes).filter(|_| host_scalar) {
+        Some(Scalar::Float(v)) => return Ok(PyFloat::new(py, v).into_any()),
+        Some(Scalar::Int(v)) => return Ok(v.into_pyobject(py)?.into_any()),
+        Some(Scalar::Bool(b)) => return Ok(PyBool::new(py, b).to_owned().into_any()),
+        None => {}
     }
     let array = new_array(py, descr, &[], bytes)?;
     // SAFETY: `array` is a valid 0-d ndarray; PyArray_Return steals the reference we pass

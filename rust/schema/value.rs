@@ -135,6 +135,21 @@ impl Scalar {
     }
 }
 
+impl Scalar {
+    /// A stored scalar item read back as the host scalar it was given as (a leaf of
+    /// `float64`, `int64` or `bool`, the dtypes inferred from host scalars); `None` for
+    /// other dtypes, which read back as numpy scalars.
+    #[must_use]
+    pub fn decode(dtype: DType, bytes: &[u8]) -> Option<Scalar> {
+        match (dtype.kind, dtype.size) {
+            (Kind::Float, 8) => Some(Scalar::Float(f64::from_ne_bytes(bytes.try_into().ok()?))),
+            (Kind::Int, 8) => Some(Scalar::Int(i64::from_ne_bytes(bytes.try_into().ok()?))),
+            (Kind::Bool, 1) => Some(Scalar::Bool(*bytes.first()? != 0)),
+            _ => None,
+        }
+    }
+}
+
 /// What a value that did not fit was, for the error message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Got {
@@ -269,6 +284,16 @@ mod tests {
         assert_eq!(bytes(Scalar::Float(1.0), 8, DType::I64), None, "a float into an int leaf");
         assert_eq!(bytes(Scalar::Int(1), 8, DType::F64), None, "left to numpy");
         assert_eq!(bytes(Scalar::Float(1.0), 8, DType { kind: Kind::Float, size: 2 }), None);
+    }
+
+    #[test]
+    fn host_scalars_read_back_as_given() {
+        assert_eq!(Scalar::decode(DType::F64, &2.5f64.to_ne_bytes()), Some(Scalar::Float(2.5)));
+        assert_eq!(Scalar::decode(DType::I64, &(-4i64).to_ne_bytes()), Some(Scalar::Int(-4)));
+        assert_eq!(Scalar::decode(DType::BOOL, &[2]), Some(Scalar::Bool(true)));
+        assert_eq!(Scalar::decode(DType::F32, &1f32.to_ne_bytes()), None, "a numpy scalar");
+        assert_eq!(Scalar::decode(DType::I64, &[1, 2]), None, "too few bytes");
+        assert_eq!(Scalar::decode(DType::BOOL, &[]), None);
     }
 
     #[test]

@@ -32,14 +32,8 @@ type Core = SingleAgentCore<PyObj, Spec>;
 type PyField = Field<PyObj, Spec>;
 
 fn field_name<'a>(field: &str, key: Option<&'a str>) -> PyResult<FieldName<'a>> {
-    Ok(match (field, key) {
-        ("observations", _) => FieldName::Observations,
-        ("infos", _) => FieldName::Infos,
-        ("actions", _) => FieldName::Actions,
-        ("rewards", _) => FieldName::Rewards,
-        ("extra_model_outputs", Some(k)) => FieldName::Extra(k),
-        _ => return Err(PyValueError::new_err(format!("unknown episode field {field:?} (key {key:?})"))),
-    })
+    FieldName::parse(field, key)
+        .ok_or_else(|| PyValueError::new_err(format!("unknown episode field {field:?} (key {key:?})")))
 }
 
 /// The core's items as Python objects, for fields that turn into object storage: as they

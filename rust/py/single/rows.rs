@@ -1,14 +1,12 @@
 //! The row-step path: a step whose fields arrive as rows laid out like the episode's typed
 //! columns (a vector env's batches, a module's outputs), stored without per-item conversion.
 
-use std::sync::Arc;
-
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
 use smallvec::SmallVec;
 
 use super::{FieldName, SingleAgentEpisodePy};
-use crate::episode::{Leaves, Storage};
+use crate::episode::Leaves;
 use crate::py::errors::episode_error;
 use crate::py::object::PyObj;
 use crate::py::outputs::AgentOutputsPy;
@@ -191,23 +189,13 @@ impl SingleAgentEpisodePy {
     /// The spec of `name` if the field stores typed items laid out by it, so that a row
     /// of a batch converted with this spec can be stored as it is ([`Input::Row`]).
     pub fn row_spec(&self, name: FieldName<'_>) -> Option<&Spec> {
-        let field = self.core.field(name)?;
-        match (&field.storage, field.spec()) {
-            // The same schema object first: a column made from this spec shares it.
-            (Storage::Typed { column, .. }, Some(spec))
-                if std::ptr::eq(column.schema(), Arc::as_ptr(&spec.schema))
-                    || column.schema().leaves == spec.schema.leaves =>
-            {
-                Some(spec)
-            }
-            _ => None,
-        }
+        self.core.field(name)?.row_spec()
     }
 
-    /// Whether the field `name` infers its spec from the next item stored (no items and
-    /// no spec yet: [`prepare`]'s inference), which [`Input::FirstRow`] stands in for.
+    /// Whether the field `name` infers its spec from the next item stored, which
+    /// [`Input::FirstRow`] stands in for (see [`crate::episode::SingleAgentCore::infers_spec`]).
     pub fn infers_spec(&self, name: FieldName<'_>) -> bool {
-        self.core.field(name).is_none_or(|f| matches!(f.storage, Storage::Untyped { .. }) && f.spec.is_none())
+        self.core.infers_spec(name)
     }
 
     /// Right after a chunk's first step (when every field has its column), reserves room
