@@ -82,13 +82,11 @@ mod tests {
 
     #[test]
     fn nest_rebuilds_containers_and_takes_each_leaf_once() {
-        let mut leaves = vec![Some(1), Some(2), Some(3)];
         let mut dict = |e: Vec<(&&str, String)>| -> Result<String, String> {
             Ok(format!("{{{}}}", e.iter().map(|(k, v)| format!("{k}: {v}")).collect::<Vec<_>>().join(", ")))
         };
         let mut tuple = |e: Vec<String>| -> Result<String, String> { Ok(format!("({})", e.join(", "))) };
-        let leaf_values: &mut [Option<String>] =
-            &mut leaves.iter_mut().map(|v| v.take().map(|v: i32| v.to_string())).collect::<Vec<_>>();
+        let leaf_values = &mut [Some("1".to_string()), Some("2".into()), Some("3".into())];
         let missing = || "missing".to_string();
         assert_eq!(
             nested().nest(leaf_values, &mut dict, &mut tuple, &missing),
