@@ -641,6 +641,52 @@ impl<O: Clone, S> SingleAgentCore<O, S> {
         self.cut_as_live(len_lookback_buffer)
     }
 
+    /// [`Self::cut`] (with `keep_done`: [`Self::cut_as_live`], the successor keeping this
+    /// episode's done flags) holding, as RLlib's successor does, the very info objects of
+    /// its look-back: the absent ones are made here first (`make_info`), then shared.
+    pub fn cut_sharing_infos(
+        &mut self,
+        len_lookback_buffer: usize,
+        keep_done: bool,
+        make_info: impl FnMut() -> O,
+    ) -> Result<SingleAgentCore<O, S>, EpisodeError> {
+        if keep_done || !self.is_done() {
+            let shared = self.cut_info_positions(len_lookback_buffer)?;
+            self.infos.materialize(&shared, make_info);
+        }
+        if !keep_done {
+            return self.cut(len_lookback_buffer);
+        }
+        let mut core = self.cut_as_live(len_lookback_buffer)?;
+        (core.is_terminated, core.is_truncated) = (self.is_terminated, self.is_truncated);
+        Ok(core)
+    }
+
+    /// [`Self::slice`] holding the very info objects of this episode (see
+    /// [`Self::cut_sharing_infos`]).
+    pub fn slice_sharing_infos(
+        &mut self,
+        start: Option<i64>,
+        stop: Option<i64>,
+        step: Option<i64>,
+        len_lookback_buffer: Option<usize>,
+        make_info: impl FnMut() -> O,
+    ) -> Result<SingleAgentCore<O, S>, EpisodeError> {
+        // An error is left to `slice` to report.
+        if let Ok(shared) = self.slice_info_positions(start, stop, step, len_lookback_buffer) {
+            self.infos.materialize(&shared, make_info);
+        }
+        self.slice(start, stop, step, len_lookback_buffer)
+    }
+
+    /// Makes the chunk's absent infos (`make_info`; look-back excluded), so that an episode
+    /// this chunk is appended to goes on with the same objects, as in RLlib.
+    pub fn share_chunk_infos(&mut self, make_info: impl FnMut() -> O) {
+        let g = self.infos.geometry();
+        let chunk: Vec<usize> = (g.lookback..g.total).collect();
+        self.infos.materialize(&chunk, make_info);
+    }
+
     /// [`Self::cut`] without the check that the episode is not done: the successor of a
     /// done episode as if it were not (its flags are cleared). A multi-agent episode's cut
     /// keeps an agent that finished at its last env step that way.
@@ -1217,6 +1263,33 @@ mod tests {
         assert_eq!(FieldName::parse("states", None), None);
         assert!(e.remove_extra("logp") && !e.remove_extra("logp"));
         assert!(e.extra("logp").is_none());
+    }
+
+    #[test]
+    fn cuts_slices_and_concats_share_the_info_objects_they_hold() {
+        let mut e = new_episode();
+        for t in 1..=3 {
+            step(&mut e, t as f32);
+        }
+        // Infos at positions 0 ("i0") and 2 ("i2"); 1 and 3 absent.
+        let made = || "made".to_string();
+        let succ = e.cut_sharing_infos(1, false, made).unwrap();
+        assert_eq!(infos(&e)[2..], [Some("i2".into()), Some("made".into())]);
+        assert_eq!(infos(&succ), vec![Some("i2".into()), Some("made".into())]);
+        assert_eq!(infos(&e)[1], None, "only what the successor holds is made");
+        let slice = e.slice_sharing_infos(Some(0), Some(1), None, Some(0), made).unwrap();
+        assert_eq!(infos(&slice), vec![Some("i0".into()), Some("made".into())]);
+        assert_eq!(infos(&e)[1], Some("made".into()));
+
+        let mut next = succ.clone();
+        next.infos.push_sparse(None);
+        next.share_chunk_infos(made);
+        assert_eq!(infos(&next), vec![Some("i2".into()), Some("made".into()), Some("made".into())]);
+
+        e.is_truncated = true;
+        assert!(matches!(e.cut_sharing_infos(1, false, made), Err(EpisodeError::Done { .. })));
+        let kept = e.cut_sharing_infos(1, true, made).unwrap();
+        assert!(kept.is_truncated && !kept.is_terminated, "the done flags go with keep_done");
     }
 
     #[test]

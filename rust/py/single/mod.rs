@@ -412,23 +412,8 @@ impl SingleAgentEpisodePy {
         len_lookback_buffer: usize,
         keep_done: bool,
     ) -> PyResult<()> {
-        let as_live = keep_done || !self.core.is_done();
-        // RLlib's successor holds the very info dicts of its look-back: make the absent
-        // ones here first, so both episodes share them (a handful per cut).
-        if as_live {
-            let shared = self.core.cut_info_positions(len_lookback_buffer).map_err(|e| episode_error(&e))?;
-            self.core.infos.materialize(&shared, || empty_info(py));
-        }
-        let mut core = if keep_done {
-            self.core.cut_as_live(len_lookback_buffer)
-        } else {
-            self.core.cut(len_lookback_buffer)
-        }
-        .map_err(|e| episode_error(&e))?;
-        if keep_done {
-            core.is_terminated = self.core.is_terminated;
-            core.is_truncated = self.core.is_truncated;
-        }
+        let core = self.core.cut_sharing_infos(len_lookback_buffer, keep_done, || empty_info(py));
+        let core = core.map_err(|e| episode_error(&e))?;
         Self::fill_target(target, core)
     }
 
@@ -447,12 +432,8 @@ impl SingleAgentEpisodePy {
         if step == Some(0) {
             return Err(PyValueError::new_err("slice step cannot be zero"));
         }
-        // The slice holds the very info dicts of this episode, as in RLlib: make the
-        // absent ones first so both share them. An error is left to `slice` to report.
-        if let Ok(shared) = self.core.slice_info_positions(start, stop, step, len_lookback_buffer) {
-            self.core.infos.materialize(&shared, || empty_info(py));
-        }
-        let core = self.core.slice(start, stop, step, len_lookback_buffer).map_err(|e| episode_error(&e))?;
+        let core = self.core.slice_sharing_infos(start, stop, step, len_lookback_buffer, || empty_info(py));
+        let core = core.map_err(|e| episode_error(&e))?;
         Self::fill_target(target, core)
     }
 
@@ -467,11 +448,7 @@ impl SingleAgentEpisodePy {
     #[pyo3(name = "_concat")]
     fn concat(&mut self, py: Python<'_>, other: &Bound<'_, SingleAgentEpisodePy>) -> PyResult<()> {
         let mut other = other.try_borrow_mut()?;
-        // This episode goes on with the other chunk's info dicts themselves, as in RLlib:
-        // make its absent ones first so both share them.
-        let g = other.core.infos.geometry();
-        let chunk: Vec<usize> = (g.lookback..g.total).collect();
-        other.core.infos.materialize(&chunk, || empty_info(py));
+        other.core.share_chunk_infos(|| empty_info(py));
         self.core.concat(&other.core, |t| to_object(py, t)).map_err(|e| episode_error(&e))
     }
 
