@@ -87,18 +87,11 @@ pub fn numpy(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
     NUMPY.get_or_try_init(py, || Ok(py.import("numpy")?.unbind())).map(|m| m.bind(py))
 }
 
-fn space_class<'py>(
-    py: Python<'py>,
-    cell: &'static PyOnceLock<Py<PyType>>,
-    name: &str,
-) -> PyResult<&'py Bound<'py, PyType>> {
-    cell.import(py, "gymnasium.spaces", name)
-}
-
+/// The class `gymnasium.spaces.<name>`, imported once.
 macro_rules! space_cls {
     ($py:expr, $name:literal) => {{
         static CELL: PyOnceLock<Py<PyType>> = PyOnceLock::new();
-        space_class($py, &CELL, $name)?
+        CELL.import($py, "gymnasium.spaces", $name)?
     }};
 }
 

@@ -21,7 +21,7 @@ use pyo3::types::{PyDict, PyList};
 use super::object::PyObj;
 use super::spec::{self, Spec};
 use crate::episode::read::{self, WriteValues};
-use crate::episode::{Field, FieldName, Item, SingleAgentCore, Storage, TypedItem};
+use crate::episode::{Conversion, Field, FieldName, Item, SingleAgentCore, Storage, TypedItem};
 use crate::py::errors::{column_error, episode_error, index_error, EpisodeStateError, SpaceMismatchError};
 use crate::py::index::to_index;
 use writes::{check_set_len, prepare, split_rows, typed_set_leaves};
@@ -758,7 +758,11 @@ impl SingleAgentEpisodePy {
             WriteValues::Batch => None,
         };
         let f = self.field(name)?;
-        if let (Storage::Typed { .. }, Some(spec)) = (&f.storage, f.spec.clone()) {
+        let strict = match f.conversion() {
+            Conversion::Bytes { strict, .. } => Some(strict),
+            _ => None,
+        };
+        if let (Some(strict), Some(spec)) = (strict, f.spec.clone()) {
             match typed_set_leaves(&spec, values.as_deref(), new_data, positions.len(), name) {
                 Ok(leaves) => {
                     let Storage::Typed { column, .. } = &mut self.field_mut(name)?.storage else {
@@ -767,7 +771,7 @@ impl SingleAgentEpisodePy {
                     let refs: Vec<&[u8]> = leaves.iter().map(Vec::as_slice).collect();
                     return column.overwrite_many(&positions, &refs).map_err(|e| column_error(&e));
                 }
-                Err(e) if spec.from_space => return Err(e),
+                Err(e) if strict => return Err(e),
                 Err(_) => {
                     // A value that does not fit the layout inferred from the first item
                     // (a float into ints, another shape): the field keeps Python objects
