@@ -1,5 +1,6 @@
-//! Writes: Python values converted into a field's items (inferring its spec from a first
-//! item), steps and resets checked before they are stored, appends and overwrites.
+//! Writes: Python values converted into a field's items as the core's `Conversion` says
+//! (a first item's spec inferred from it here), and steps and resets checked and converted
+//! before they are stored; `_extend` and `_set` (in the class) use them.
 
 use std::sync::Arc;
 
