@@ -2,7 +2,7 @@
 //!
 //! The crate has two layers:
 //! - the pure core (`schema`, `column`, `episode`, `metrics`, `runner`, `dist`,
-//!   `postprocess`): typed columns with look-back, the episode bookkeeping built on them
+//!   `postprocess`, `intern`): typed columns with look-back, the episode bookkeeping built on them
 //!   and RLlib's episode rules (reads, fills, the multi-agent env step as a plan), the
 //!   metric statistics, the runner's batched containers, and the batch post-processing
 //!   (GAE). It knows nothing of Python, so `cargo test` and the criterion benches run on it
@@ -15,6 +15,7 @@
 pub mod column;
 pub mod dist;
 pub mod episode;
+pub mod intern;
 pub mod metrics;
 pub mod postprocess;
 pub mod runner;

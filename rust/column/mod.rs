@@ -60,6 +60,17 @@ impl fmt::Display for ColumnError {
 
 impl std::error::Error for ColumnError {}
 
+impl ColumnError {
+    /// A set writes exactly one value per selected position: `SetLength` otherwise.
+    pub fn check_set_len(selected: usize, given: usize) -> Result<(), ColumnError> {
+        if selected == given {
+            Ok(())
+        } else {
+            Err(ColumnError::SetLength { selected, given })
+        }
+    }
+}
+
 impl From<IndexError> for ColumnError {
     fn from(e: IndexError) -> Self {
         ColumnError::Index(e)
@@ -873,6 +884,8 @@ mod tests {
             c.overwrite_many(&[0, 1, 2], &[&two]),
             Err(ColumnError::SetLength { selected: 3, given: 2 })
         );
+        assert_eq!(ColumnError::check_set_len(2, 2), Ok(()));
+        assert_eq!(ColumnError::check_set_len(2, 0), Err(ColumnError::SetLength { selected: 2, given: 0 }));
         c.overwrite_many(&[2, 0], &[&two]).unwrap();
         assert_eq!(floats(&c.item(0, 2)), vec![5.0, 5.0]);
         assert_eq!(floats(&c.item(0, 0)), vec![6.0, 6.0]);

@@ -58,6 +58,11 @@ pub trait FieldSpec {
     /// The spec comes from a space the user gave (not inferred from the first item): values
     /// that do not fit it are errors, and fills and one-hot encodings follow it.
     fn is_from_space(&self) -> bool;
+
+    /// The schema that items converted by this spec have, if it knows one.
+    fn schema(&self) -> Option<&Schema> {
+        None
+    }
 }
 
 impl FieldSpec for () {
@@ -111,14 +116,34 @@ impl<B> Leaves<B> {
 
 /// One item on its way into a field, already converted by the caller.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Item<O, B = Vec<u8>> {
+pub enum Item<O, B = Vec<u8>, S = ()> {
     /// Bytes that fit the field's current schema, one buffer per leaf (`B`: owned bytes,
     /// or a view of the caller's buffer so that storing an item copies it only once).
     Bytes(Leaves<B>),
-    /// The first item of an untyped field, with the schema inferred from it.
-    FirstTyped { schema: Arc<Schema>, leaves: Leaves<B>, host_scalars: bool },
+    /// The first item of an untyped field, with the schema inferred from it; `spec`, the
+    /// spec that the caller inferred with it, becomes the field's once the item is stored
+    /// (`None`: the field keeps its own).
+    FirstTyped { schema: Arc<Schema>, leaves: Leaves<B>, host_scalars: bool, spec: Option<Arc<S>> },
     /// An item stored as a host object (the field holds objects, or must become so).
     Object(O),
+}
+
+/// How a host value written into a field becomes an item: the binding converts it as told.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Conversion<'a, S> {
+    /// Kept as a host object: the field holds objects, or typed items without a spec.
+    Object,
+    /// Converted to bytes by the field's spec. A value that does not convert is an error
+    /// where `strict` (the spec is a space's); otherwise the field turns into objects and
+    /// keeps it as one (a layout inferred from the first item binds nothing).
+    Bytes { spec: &'a S, strict: bool },
+    /// The field's first item, converted by the spec of the space given before any data;
+    /// a value that does not convert is an error.
+    First(&'a S),
+    /// The first item of a field without a spec: the spec is inferred from the value and
+    /// goes with the item ([`Item::FirstTyped`]); a value without a numeric layout, or
+    /// one that does not convert, is kept as an object.
+    Infer,
 }
 
 /// One field of an episode: storage, the spec of its items, and RLlib's "finalized" flag,
@@ -370,6 +395,59 @@ impl<O: Clone, S> Field<O, S> {
         Field { storage, spec: self.spec.clone(), finalized: self.finalized }
     }
 
+    /// Removes the item at `index` of all stored items, look-back included (negative:
+    /// from the end), as RLlib's `InfiniteLookbackBuffer.pop`; the look-back shrinks when
+    /// the item was part of it. Returns the position removed, `None` (and nothing changes)
+    /// if there is no such item.
+    pub fn pop(&mut self, index: i64) -> Option<usize> {
+        let total = self.geometry().total;
+        let pos = if index < 0 { i64::try_from(total).ok()?.checked_add(index)? } else { index };
+        let pos = usize::try_from(pos).ok().filter(|&p| p < total)?;
+        self.remove(pos);
+        Some(pos)
+    }
+
+    /// Bytes of the stored typed items (compressed blocks plus raw items); 0 for objects.
+    #[must_use]
+    pub fn stored_bytes(&self) -> usize {
+        match &self.storage {
+            Storage::Typed { column, .. } => column.stored_bytes(),
+            _ => 0,
+        }
+    }
+
+    /// The spec, where the field stores typed items laid out by it: a value converted by
+    /// it is bytes the column takes as they are (a runner's rows of a batch).
+    #[must_use]
+    pub fn row_spec(&self) -> Option<&S>
+    where
+        S: FieldSpec,
+    {
+        let Storage::Typed { column, .. } = &self.storage else { return None };
+        // The same schema object first: a column made from a spec shares it.
+        self.spec().filter(|s| {
+            s.schema().is_some_and(|schema| {
+                std::ptr::eq(column.schema(), schema) || column.schema().leaves == schema.leaves
+            })
+        })
+    }
+
+    /// How a value written into this field becomes an item (see [`Conversion`]).
+    #[must_use]
+    pub fn conversion(&self) -> Conversion<'_, S>
+    where
+        S: FieldSpec,
+    {
+        match (&self.storage, self.spec()) {
+            (Storage::Objects { .. } | Storage::Sparse { .. }, _) | (Storage::Typed { .. }, None) => {
+                Conversion::Object
+            }
+            (Storage::Typed { .. }, Some(spec)) => Conversion::Bytes { spec, strict: spec.is_from_space() },
+            (Storage::Untyped { .. }, Some(spec)) => Conversion::First(spec),
+            (Storage::Untyped { .. }, None) => Conversion::Infer,
+        }
+    }
+
     /// Removes the item at absolute position `pos`.
     pub fn remove(&mut self, pos: usize) {
         match &mut self.storage {
@@ -416,7 +494,7 @@ impl<O: Clone, S> Field<O, S> {
     /// Whether `item` can be pushed without error (so that a step touching several
     /// fields can check them all before changing any).
     #[must_use]
-    pub fn accepts<B: AsRef<[u8]>>(&self, item: &Item<O, B>) -> bool {
+    pub fn accepts<B: AsRef<[u8]>>(&self, item: &Item<O, B, S>) -> bool {
         let fits = |leaves: &[B], schema: &Schema| {
             leaves.len() == schema.leaves.len()
                 && leaves.iter().zip(&schema.leaves).all(|(b, l)| b.as_ref().len() == l.item_bytes())
@@ -435,7 +513,7 @@ impl<O: Clone, S> Field<O, S> {
     /// Returns `false` (and changes nothing) if the item does not fit (see [`Self::accepts`]).
     pub fn push<B: AsRef<[u8]>>(
         &mut self,
-        item: Item<O, B>,
+        item: Item<O, B, S>,
         to_object: impl FnMut(TypedItem<'_, S>) -> O,
     ) -> bool {
         if !self.accepts(&item) {
@@ -449,7 +527,7 @@ impl<O: Clone, S> Field<O, S> {
     /// checks every field of a step first, then stores without checking again).
     pub fn push_accepted<B: AsRef<[u8]>>(
         &mut self,
-        item: Item<O, B>,
+        item: Item<O, B, S>,
         to_object: impl FnMut(TypedItem<'_, S>) -> O,
     ) -> bool {
         match item {
@@ -461,13 +539,16 @@ impl<O: Clone, S> Field<O, S> {
                 }
                 false
             }
-            Item::FirstTyped { schema, leaves, host_scalars } => {
+            Item::FirstTyped { schema, leaves, host_scalars, spec } => {
                 let mut column = Column::new(schema);
                 column.set_compression(self.compression());
                 if column.push(&leaves).is_err() {
                     return false;
                 }
                 self.storage = Storage::Typed { column, host_scalars };
+                if spec.is_some() {
+                    self.spec = spec;
+                }
                 true
             }
             Item::Object(o) => {
@@ -704,6 +785,88 @@ mod tests {
     }
 
     #[test]
+    fn pop_counts_look_back_and_from_the_end() {
+        let mut f = i64_field(&[1, 2, 3, 4], 2);
+        assert_eq!(f.pop(-1), Some(3));
+        assert_eq!((values(&f), f.lookback()), (vec![1, 2, 3], 2));
+        assert_eq!(f.pop(0), Some(0));
+        assert_eq!((values(&f), f.lookback()), (vec![2, 3], 1), "a look-back item shrinks it");
+        assert_eq!(f.pop(2), None);
+        assert_eq!(f.pop(-3), None);
+        assert_eq!(f.pop(i64::MIN), None);
+        assert_eq!(values(&f), vec![2, 3], "a refused pop changes nothing");
+        assert_eq!(Field::<String>::untyped().pop(0), None);
+    }
+
+    #[test]
+    fn conversion_follows_storage_and_spec() {
+        struct Space(bool);
+        impl FieldSpec for Space {
+            fn is_from_space(&self) -> bool {
+                self.0
+            }
+        }
+        let mut f: Field<String, Space> = Field::untyped();
+        assert!(matches!(f.conversion(), Conversion::Infer));
+        f.spec = Some(Arc::new(Space(true)));
+        assert!(matches!(f.conversion(), Conversion::First(Space(true))));
+        f.storage = i64_field(&[1], 0).storage;
+        assert!(matches!(f.conversion(), Conversion::Bytes { strict: true, .. }));
+        f.spec = Some(Arc::new(Space(false)));
+        assert!(matches!(f.conversion(), Conversion::Bytes { strict: false, .. }));
+        f.spec = None;
+        assert!(matches!(f.conversion(), Conversion::Object), "typed items of no known spec");
+        let mut o: Field<String, Space> = Field::sparse();
+        o.spec = Some(Arc::new(Space(true)));
+        assert!(matches!(o.conversion(), Conversion::Object));
+        assert_eq!((o.stored_bytes(), i64_field(&[1, 2], 0).stored_bytes()), (0, 16));
+    }
+
+    #[test]
+    fn rows_go_in_where_the_spec_lays_out_the_column() {
+        struct Laid(Schema);
+        impl FieldSpec for Laid {
+            fn is_from_space(&self) -> bool {
+                false
+            }
+            fn schema(&self) -> Option<&Schema> {
+                Some(&self.0)
+            }
+        }
+        let i64s = Schema::new(vec![Leaf::new(DType::I64, vec![])]);
+        let mut f: Field<String, Laid> =
+            Field { spec: Some(Arc::new(Laid(i64s.clone()))), ..Field::untyped() };
+        assert!(f.row_spec().is_none(), "no column yet");
+        f.storage = i64_field(&[1], 0).storage;
+        assert!(f.row_spec().is_some());
+        f.spec = Some(Arc::new(Laid(Schema::new(vec![Leaf::new(DType::F32, vec![])]))));
+        assert!(f.row_spec().is_none(), "another layout");
+        let unlaid: Field<String, ()> = Field { spec: Some(Arc::new(())), ..i64_field(&[1], 0) };
+        assert!(unlaid.row_spec().is_none(), "a spec without a schema");
+    }
+
+    #[test]
+    fn a_first_item_brings_its_inferred_spec_and_none_keeps_the_fields() {
+        let schema = Arc::new(Schema::new(vec![Leaf::new(DType::I64, vec![])]));
+        let first =
+            |len: usize, spec: Option<Arc<&'static str>>| Item::<String, Vec<u8>, &'static str>::FirstTyped {
+                schema: Arc::clone(&schema),
+                leaves: vec![vec![0; len]].into(),
+                host_scalars: false,
+                spec,
+            };
+        let mut f: Field<String, &str> = Field::untyped();
+        assert!(!f.push(first(3, Some(Arc::new("inferred"))), |_| unreachable!()));
+        assert_eq!(f.spec(), None, "a refused item brings nothing");
+        assert!(f.push(first(8, Some(Arc::new("inferred"))), |_| unreachable!()));
+        assert_eq!(f.spec(), Some(&"inferred"));
+        let mut g: Field<String, &str> = Field::untyped();
+        g.spec = Some(Arc::new("space"));
+        assert!(g.push(first(8, None), |_| unreachable!()));
+        assert_eq!(g.spec(), Some(&"space"));
+    }
+
+    #[test]
     fn shrink_keeps_items() {
         let mut f = i64_field(&(0..100).collect::<Vec<_>>(), 3);
         f.shrink_to_fit();
@@ -739,6 +902,7 @@ mod tests {
             schema: Arc::clone(&schema),
             leaves: vec![v.to_ne_bytes().to_vec()].into(),
             host_scalars: false,
+            spec: None,
         };
         let mut f: Field<String> = Field::untyped();
         f.set_compression(Some(2));

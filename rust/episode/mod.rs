@@ -5,15 +5,16 @@ pub mod multi;
 pub mod read;
 pub mod single;
 
-pub use field::{Field, FieldSpec, Item, Leaves, Storage, TypedItem};
+pub use field::{Conversion, Field, FieldSpec, Item, Leaves, Storage, TypedItem};
 pub use single::{EpisodeError, FieldName, SingleAgentCore, Step, ToObject};
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
-/// Extra-model-output keys seen so far, shared by every episode that uses them.
-static KEYS: Mutex<Vec<Arc<str>>> = Mutex::new(Vec::new());
-/// Bounded: past this many, the oldest key goes first.
-const MAX_KEYS: usize = 256;
+use crate::intern::Interner;
+
+/// Extra-model-output keys seen so far, shared by every episode that uses them (bounded:
+/// past 256, the oldest key goes first).
+static KEYS: Interner<str> = Interner::new(256);
 
 /// The shared copy of an extra-model-output key.
 ///
@@ -21,19 +22,7 @@ const MAX_KEYS: usize = 256;
 /// key per episode (and per cut or slice, which copy the keys).
 #[must_use]
 pub fn intern_key(key: &str) -> Arc<str> {
-    // A poisoned lock only means a panic elsewhere while it was held; the table (complete
-    // entries) is still valid.
-    let mut keys = KEYS.lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some(k) = keys.iter().find(|k| ***k == *key) {
-        return Arc::clone(k);
-    }
-    let k: Arc<str> = Arc::from(key);
-    if keys.len() == MAX_KEYS {
-        // The oldest goes (its users keep their copy).
-        keys.remove(0);
-    }
-    keys.push(Arc::clone(&k));
-    k
+    KEYS.get_or_insert(key, |k, key| k == *key, Arc::from)
 }
 
 #[cfg(test)]

@@ -19,6 +19,10 @@ pub enum EpisodeError {
     AlreadyReset,
     /// `add_env_step` before any observation.
     NotReset,
+    /// `add_env_reset` on an episode that continues another (`t_started` is not 0).
+    ResetNotAtStart {
+        t_started: i64,
+    },
     /// Data added to, or a cut of, a terminated or truncated episode.
     Done {
         what: &'static str,
@@ -42,6 +46,10 @@ impl fmt::Display for EpisodeError {
                 f.write_str("add_env_reset: the episode has already been reset (it holds observations)")
             }
             EpisodeError::NotReset => f.write_str("add_env_step: call add_env_reset first"),
+            EpisodeError::ResetNotAtStart { t_started } => write!(
+                f,
+                "add_env_reset: a reset starts at t=0, this episode starts at t_started={t_started}"
+            ),
             EpisodeError::Done { what } => {
                 write!(f, "{what}: the episode is done (terminated or truncated)")
             }
@@ -70,7 +78,20 @@ pub enum FieldName<'a> {
     Extra(&'a str),
 }
 
-impl FieldName<'_> {
+impl<'a> FieldName<'a> {
+    /// The field that the host names `field` (with `key` for an extra model output).
+    #[must_use]
+    pub fn parse(field: &str, key: Option<&'a str>) -> Option<FieldName<'a>> {
+        Some(match (field, key) {
+            ("observations", _) => FieldName::Observations,
+            ("infos", _) => FieldName::Infos,
+            ("actions", _) => FieldName::Actions,
+            ("rewards", _) => FieldName::Rewards,
+            ("extra_model_outputs", Some(k)) => FieldName::Extra(k),
+            _ => return None,
+        })
+    }
+
     /// How messages name one item of the field ("observation", "extra model output \"k\"").
     #[must_use]
     pub fn label(self) -> String {
@@ -89,14 +110,14 @@ pub trait ToObject<O, S>: FnMut(TypedItem<'_, S>) -> O {}
 impl<O, S, F: FnMut(TypedItem<'_, S>) -> O> ToObject<O, S> for F {}
 
 /// The data of one environment step, converted by the caller.
-pub struct Step<'a, O, B = Vec<u8>> {
-    pub observation: Item<O, B>,
-    pub action: Item<O, B>,
-    pub reward: Item<O, B>,
+pub struct Step<'a, O, B = Vec<u8>, S = ()> {
+    pub observation: Item<O, B, S>,
+    pub action: Item<O, B, S>,
+    pub reward: Item<O, B, S>,
     /// The step's infos; `None` when none were given (absent until first read).
     pub info: Option<O>,
     /// Extra model outputs by key (borrowed: a key is copied only when first seen).
-    pub extra_model_outputs: Vec<(&'a str, Item<O, B>)>,
+    pub extra_model_outputs: Vec<(&'a str, Item<O, B, S>)>,
     pub terminated: bool,
     pub truncated: bool,
 }
@@ -336,19 +357,106 @@ impl<O: Clone, S> SingleAgentCore<O, S> {
         Ok(())
     }
 
-    /// Records the reset observation.
-    pub fn add_reset<B: AsRef<[u8]>>(
-        &mut self,
-        observation: Item<O, B>,
-        info: Option<O>,
-        mut to_object: impl ToObject<O, S>,
-    ) -> Result<(), EpisodeError> {
-        if self.is_reset() || self.t != self.t_started {
-            return Err(EpisodeError::AlreadyReset);
-        }
+    /// Whether the episode takes a reset observation now: not done, starting at t=0 (a
+    /// continuation chunk takes none), and without observations yet.
+    pub fn check_reset(&self) -> Result<(), EpisodeError> {
         if self.is_done() {
             return Err(EpisodeError::Done { what: "add_env_reset" });
         }
+        if self.t_started != 0 {
+            return Err(EpisodeError::ResetNotAtStart { t_started: self.t_started });
+        }
+        if self.is_reset() || self.t != self.t_started {
+            return Err(EpisodeError::AlreadyReset);
+        }
+        Ok(())
+    }
+
+    /// Whether the episode takes a step now: not done, and reset.
+    pub fn check_step(&self) -> Result<(), EpisodeError> {
+        if self.is_done() {
+            return Err(EpisodeError::Done { what: "add_env_step" });
+        }
+        if !self.is_reset() {
+            return Err(EpisodeError::NotReset);
+        }
+        Ok(())
+    }
+
+    /// Gives field `name` the layout of a new space: `space` is its schema and spec, or
+    /// `None` for a space without a fixed numeric layout. The storage follows while the
+    /// field holds no items (keeping its compression setting); a field whose items
+    /// already have the space's schema keeps them. Otherwise (other items, or Python
+    /// objects) nothing changes: the old layout stays. Where it takes effect, the field's
+    /// spec becomes the space's (`None` forgets the spec of observations and actions,
+    /// whose spaces users replace). Returns whether it took effect.
+    pub fn set_space(&mut self, name: FieldName<'_>, space: Option<(Arc<Schema>, Arc<S>)>) -> bool {
+        let Some(f) = self.field_mut(name) else { return false };
+        let compression = f.compression();
+        let typed = |schema: &Arc<Schema>| {
+            let mut typed = Field::<O, S>::typed(Arc::clone(schema), false);
+            typed.set_compression(compression);
+            typed.storage
+        };
+        match (&f.storage, &space) {
+            (Storage::Untyped { .. }, Some((schema, _))) => f.storage = typed(schema),
+            (Storage::Typed { column, .. }, Some((schema, _))) if column.total() == 0 => {
+                f.storage = typed(schema);
+            }
+            (Storage::Typed { column, .. }, Some((schema, _))) if *column.schema() == **schema => {}
+            (Storage::Typed { column, .. }, None) if column.total() == 0 => {
+                f.storage = Storage::Untyped { compression };
+            }
+            _ => return false,
+        }
+        match space {
+            Some((_, spec)) => f.spec = Some(spec),
+            None if matches!(name, FieldName::Observations | FieldName::Actions) => f.spec = None,
+            None => {}
+        }
+        true
+    }
+
+    /// Field `name` as RLlib's multi-agent episode reads an agent's data: with the last
+    /// stored item left out (`ignore_last`: a value that belongs after the hanging one),
+    /// and an extra model output the agent lacks read as an empty field. `None` only for
+    /// a field this episode cannot have.
+    #[must_use]
+    pub fn view(&self, name: FieldName<'_>, ignore_last: bool) -> Option<Field<O, S>> {
+        let mut view = match name {
+            FieldName::Extra(k) => self.extra(k).cloned().unwrap_or_default(),
+            _ => self.field(name)?.clone(),
+        };
+        if ignore_last {
+            if let Some(last) = view.geometry().total.checked_sub(1) {
+                view.remove(last);
+            }
+        }
+        Some(view)
+    }
+
+    /// Whether field `name` infers its spec from the next item stored (it holds no items
+    /// and no spec yet: [`crate::episode::Conversion::Infer`]; a missing extra key too).
+    #[must_use]
+    pub fn infers_spec(&self, name: FieldName<'_>) -> bool {
+        self.field(name).is_none_or(|f| matches!(f.storage, Storage::Untyped { .. }) && f.spec.is_none())
+    }
+
+    /// Removes the extra model output `key`; false if there is none.
+    pub fn remove_extra(&mut self, key: &str) -> bool {
+        let Some(i) = self.extra_model_outputs.iter().position(|(k, _)| &**k == key) else { return false };
+        self.extra_model_outputs.remove(i);
+        true
+    }
+
+    /// Records the reset observation.
+    pub fn add_reset<B: AsRef<[u8]>>(
+        &mut self,
+        observation: Item<O, B, S>,
+        info: Option<O>,
+        mut to_object: impl ToObject<O, S>,
+    ) -> Result<(), EpisodeError> {
+        self.check_reset()?;
         if !self.observations.accepts(&observation) {
             return Err(EpisodeError::Item { field: "observation".into() });
         }
@@ -360,15 +468,10 @@ impl<O: Clone, S> SingleAgentCore<O, S> {
     /// Records one step. All-or-nothing: every item is checked before any is stored.
     pub fn add_step<B: AsRef<[u8]>>(
         &mut self,
-        step: Step<'_, O, B>,
+        step: Step<'_, O, B, S>,
         mut to_object: impl ToObject<O, S>,
     ) -> Result<(), EpisodeError> {
-        if self.is_done() {
-            return Err(EpisodeError::Done { what: "add_env_step" });
-        }
-        if !self.is_reset() {
-            return Err(EpisodeError::NotReset);
-        }
+        self.check_step()?;
         let item_error = |field: &str| Err(EpisodeError::Item { field: field.into() });
         if !self.observations.accepts(&step.observation) {
             return item_error("observation");
@@ -536,6 +639,52 @@ impl<O: Clone, S> SingleAgentCore<O, S> {
             return Err(EpisodeError::Done { what: "cut" });
         }
         self.cut_as_live(len_lookback_buffer)
+    }
+
+    /// [`Self::cut`] (with `keep_done`: [`Self::cut_as_live`], the successor keeping this
+    /// episode's done flags) holding, as RLlib's successor does, the very info objects of
+    /// its look-back: the absent ones are made here first (`make_info`), then shared.
+    pub fn cut_sharing_infos(
+        &mut self,
+        len_lookback_buffer: usize,
+        keep_done: bool,
+        make_info: impl FnMut() -> O,
+    ) -> Result<SingleAgentCore<O, S>, EpisodeError> {
+        if keep_done || !self.is_done() {
+            let shared = self.cut_info_positions(len_lookback_buffer)?;
+            self.infos.materialize(&shared, make_info);
+        }
+        if !keep_done {
+            return self.cut(len_lookback_buffer);
+        }
+        let mut core = self.cut_as_live(len_lookback_buffer)?;
+        (core.is_terminated, core.is_truncated) = (self.is_terminated, self.is_truncated);
+        Ok(core)
+    }
+
+    /// [`Self::slice`] holding the very info objects of this episode (see
+    /// [`Self::cut_sharing_infos`]).
+    pub fn slice_sharing_infos(
+        &mut self,
+        start: Option<i64>,
+        stop: Option<i64>,
+        step: Option<i64>,
+        len_lookback_buffer: Option<usize>,
+        make_info: impl FnMut() -> O,
+    ) -> Result<SingleAgentCore<O, S>, EpisodeError> {
+        // An error is left to `slice` to report.
+        if let Ok(shared) = self.slice_info_positions(start, stop, step, len_lookback_buffer) {
+            self.infos.materialize(&shared, make_info);
+        }
+        self.slice(start, stop, step, len_lookback_buffer)
+    }
+
+    /// Makes the chunk's absent infos (`make_info`; look-back excluded), so that an episode
+    /// this chunk is appended to goes on with the same objects, as in RLlib.
+    pub fn share_chunk_infos(&mut self, make_info: impl FnMut() -> O) {
+        let g = self.infos.geometry();
+        let chunk: Vec<usize> = (g.lookback..g.total).collect();
+        self.infos.materialize(&chunk, make_info);
     }
 
     /// [`Self::cut`] without the check that the episode is not done: the successor of a
@@ -822,7 +971,7 @@ mod tests {
 
     type Core = SingleAgentCore<String>;
 
-    fn f32_item(v: f32) -> Item<String> {
+    fn f32_item<S>(v: f32) -> Item<String, Vec<u8>, S> {
         Item::Bytes(vec![v.to_ne_bytes().to_vec()].into())
     }
 
@@ -1043,6 +1192,104 @@ mod tests {
         e.validate().unwrap();
         assert_eq!(read(&e.observations), vec![0.0, 1.0, 2.0, 3.0]);
         assert_eq!(read(e.extra("logp").unwrap()), vec![-1.0, -2.0, -3.0]);
+    }
+
+    #[test]
+    fn reset_checks_done_then_start_then_data() {
+        let mut e = Core { is_terminated: true, t_started: 3, ..Core::default() };
+        assert_eq!(e.check_reset(), Err(EpisodeError::Done { what: "add_env_reset" }));
+        e.is_terminated = false;
+        let err = e.check_reset().unwrap_err();
+        assert_eq!(err, EpisodeError::ResetNotAtStart { t_started: 3 });
+        assert!(err.to_string().ends_with("this episode starts at t_started=3"));
+        assert_eq!(new_episode().check_reset(), Err(EpisodeError::AlreadyReset));
+        assert_eq!(Core::default().check_reset(), Ok(()));
+        assert_eq!(Core::default().check_step(), Err(EpisodeError::NotReset));
+        assert_eq!(new_episode().check_step(), Ok(()));
+    }
+
+    #[test]
+    fn a_space_takes_effect_on_empty_fields_and_matching_items_only() {
+        type Spaced = SingleAgentCore<String, &'static str>;
+        let f32s = Arc::new(Schema::new(vec![Leaf::new(DType::F32, vec![])]));
+        let i64s = Arc::new(Schema::new(vec![Leaf::new(DType::I64, vec![])]));
+        let space = |schema: &Arc<Schema>, name| Some((Arc::clone(schema), Arc::new(name)));
+        let mut e = Spaced::default();
+        e.observations.set_compression(Some(4));
+        assert!(e.set_space(FieldName::Observations, space(&i64s, "ints")));
+        assert_eq!(e.observations.spec(), Some(&"ints"));
+        assert_eq!(e.observations.compression(), Some(4), "the setting stays");
+        assert!(e.set_space(FieldName::Observations, space(&f32s, "floats")), "still empty");
+        e.add_reset(Item::Bytes(vec![1f32.to_ne_bytes().to_vec()].into()), None, |_: TypedItem<'_, _>| {
+            String::new()
+        })
+        .unwrap();
+        assert!(!e.set_space(FieldName::Observations, space(&i64s, "ints")), "items of another layout");
+        assert!(!e.set_space(FieldName::Observations, None));
+        assert_eq!(e.observations.spec(), Some(&"floats"));
+        assert!(e.set_space(FieldName::Observations, space(&f32s, "same")), "items of its layout");
+        assert_eq!((e.observations.spec(), e.observations.len()), (Some(&"same"), 1));
+
+        assert!(e.set_space(FieldName::Actions, space(&i64s, "ints")));
+        assert!(e.set_space(FieldName::Actions, None), "an empty column goes back to untyped");
+        assert!(matches!(e.actions.storage, Storage::Untyped { .. }));
+        assert_eq!(e.actions.spec(), None);
+        assert!(!e.set_space(FieldName::Actions, None), "untyped already: nothing to do");
+        e.rewards.spec = Some(Arc::new("kept"));
+        e.rewards.storage = Field::<String, &str>::typed(Arc::clone(&f32s), false).storage;
+        assert!(e.set_space(FieldName::Rewards, None));
+        assert_eq!(e.rewards.spec(), Some(&"kept"), "only observations and actions forget theirs");
+        e.infos = Field::objects(vec!["x".into()], 0);
+        assert!(!e.set_space(FieldName::Infos, space(&f32s, "floats")), "objects stay");
+        assert!(!e.set_space(FieldName::Extra("nope"), space(&f32s, "floats")));
+    }
+
+    #[test]
+    fn views_leave_out_the_last_item_and_read_missing_keys_as_empty() {
+        let mut e = new_episode();
+        step(&mut e, 1.0);
+        step(&mut e, 2.0);
+        let view = e.view(FieldName::Actions, true).unwrap();
+        assert_eq!((read(&view), read(&e.actions)), (vec![10.0], vec![10.0, 20.0]));
+        assert_eq!(read(&e.view(FieldName::Observations, false).unwrap()), vec![0.0, 1.0, 2.0]);
+        let missing = e.view(FieldName::Extra("vf"), true).unwrap();
+        assert!(matches!(missing.storage, Storage::Untyped { .. }));
+        assert_eq!(e.view(FieldName::Infos, true).unwrap().geometry().total, 2);
+        assert!(!e.infers_spec(FieldName::Actions) && e.infers_spec(FieldName::Extra("vf")));
+        assert!(Core::default().infers_spec(FieldName::Rewards));
+        assert_eq!(FieldName::parse("extra_model_outputs", Some("vf")), Some(FieldName::Extra("vf")));
+        assert_eq!(FieldName::parse("infos", Some("vf")), Some(FieldName::Infos));
+        assert_eq!(FieldName::parse("extra_model_outputs", None), None);
+        assert_eq!(FieldName::parse("states", None), None);
+        assert!(e.remove_extra("logp") && !e.remove_extra("logp"));
+        assert!(e.extra("logp").is_none());
+    }
+
+    #[test]
+    fn cuts_slices_and_concats_share_the_info_objects_they_hold() {
+        let mut e = new_episode();
+        for t in 1..=3 {
+            step(&mut e, t as f32);
+        }
+        // Infos at positions 0 ("i0") and 2 ("i2"); 1 and 3 absent.
+        let made = || "made".to_string();
+        let succ = e.cut_sharing_infos(1, false, made).unwrap();
+        assert_eq!(infos(&e)[2..], [Some("i2".into()), Some("made".into())]);
+        assert_eq!(infos(&succ), vec![Some("i2".into()), Some("made".into())]);
+        assert_eq!(infos(&e)[1], None, "only what the successor holds is made");
+        let slice = e.slice_sharing_infos(Some(0), Some(1), None, Some(0), made).unwrap();
+        assert_eq!(infos(&slice), vec![Some("i0".into()), Some("made".into())]);
+        assert_eq!(infos(&e)[1], Some("made".into()));
+
+        let mut next = succ.clone();
+        next.infos.push_sparse(None);
+        next.share_chunk_infos(made);
+        assert_eq!(infos(&next), vec![Some("i2".into()), Some("made".into()), Some("made".into())]);
+
+        e.is_truncated = true;
+        assert!(matches!(e.cut_sharing_infos(1, false, made), Err(EpisodeError::Done { .. })));
+        let kept = e.cut_sharing_infos(1, true, made).unwrap();
+        assert!(kept.is_truncated && !kept.is_terminated, "the done flags go with keep_done");
     }
 
     #[test]
@@ -1322,6 +1569,7 @@ mod tests {
                 schema: Schema::new(vec![Leaf::new(DType::I64, vec![])]).into(),
                 leaves: vec![1i64.to_ne_bytes().to_vec()].into(),
                 host_scalars: true,
+                spec: None,
             },
             None,
             |_: TypedItem<'_>| String::new(),
@@ -1342,6 +1590,7 @@ mod tests {
                 schema: Schema::new(vec![Leaf::new(DType::F32, vec![])]).into(),
                 leaves: vec![1f32.to_ne_bytes().to_vec()].into(),
                 host_scalars: true,
+                spec: None,
             },
             ..s
         };

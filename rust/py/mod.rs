@@ -3,9 +3,10 @@
 //! It converts between Python/numpy values and the pure core's types, maps core errors to
 //! Python exceptions, and applies the plans the core makes (a multi-agent env step, a read
 //! or write of an episode field). Rules still decided here, because they inspect Python
-//! values: how a written value becomes an item (inferred layout, or Python objects), the
-//! runner's record of a vector step (which sub-envs and agents a step holds, infos
-//! unbatched), and the metrics logger's deferral of torch tensors.
+//! values: the layout a value given without a space infers (what then becomes of the value
+//! is the core's `episode::Conversion`), the runner's record of a vector step (which
+//! sub-envs and agents a step holds, infos unbatched), and the metrics logger's deferral
+//! of torch tensors.
 
 mod dist;
 mod errors;

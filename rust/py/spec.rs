@@ -6,7 +6,7 @@
 //! gathered bytes -> one new numpy array per leaf (one copy).
 
 use std::fmt::Write as _;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use numpy::npyffi::{self, npy_intp, PY_ARRAY_API};
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
@@ -18,14 +18,11 @@ use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyTuple, PyType};
 use super::errors::SpaceMismatchError;
 use crate::column::{Column, Pos};
 use crate::episode::Leaves;
-use crate::schema::{DType, Kind, Leaf, OneHot, Schema};
+use crate::intern::Interner;
+use crate::schema::{DType, Expected, Got, Inline, Kind, Leaf, Mismatch, OneHot, Scalar, Schema};
 
-/// The nesting of a field's items.
-pub enum Tree {
-    Leaf(usize),
-    Dict(Vec<(Py<PyAny>, Tree)>),
-    Tuple(Vec<Tree>),
-}
+/// The nesting of a field's items, keyed by the Python dict keys.
+pub type Tree = crate::schema::Tree<Py<PyAny>>;
 
 /// How one field's values are stored and handed back.
 ///
@@ -50,24 +47,11 @@ impl Spec {
     /// descriptors and dict keys compared by identity: cheap, and never wrong, at worst
     /// two equal specs stay apart).
     fn same_as(&self, other: &Spec) -> bool {
-        fn same_tree(a: &Tree, b: &Tree) -> bool {
-            match (a, b) {
-                (Tree::Leaf(i), Tree::Leaf(j)) => i == j,
-                (Tree::Dict(x), Tree::Dict(y)) => {
-                    x.len() == y.len()
-                        && x.iter().zip(y).all(|((k, s), (l, t))| k.as_ptr() == l.as_ptr() && same_tree(s, t))
-                }
-                (Tree::Tuple(x), Tree::Tuple(y)) => {
-                    x.len() == y.len() && x.iter().zip(y).all(|(s, t)| same_tree(s, t))
-                }
-                _ => false,
-            }
-        }
         self.from_space == other.from_space
             && self.schema == other.schema
             && self.descrs.len() == other.descrs.len()
             && self.descrs.iter().zip(&other.descrs).all(|(a, b)| a.as_ptr() == b.as_ptr())
-            && same_tree(&self.tree, &other.tree)
+            && self.tree.same_as(&other.tree, &|k, l| k.as_ptr() == l.as_ptr())
     }
 }
 
@@ -75,36 +59,18 @@ impl crate::episode::FieldSpec for Spec {
     fn is_from_space(&self) -> bool {
         self.from_space
     }
+
+    fn schema(&self) -> Option<&Schema> {
+        Some(&self.schema)
+    }
 }
 
-/// Specs built so far, so that equal ones are shared; bounded (the oldest goes first).
-static INTERNED: Mutex<Vec<Arc<Spec>>> = Mutex::new(Vec::new());
-/// How many entries an intern table keeps.
-const MAX_INTERNED: usize = 64;
+/// Specs built so far, so that equal ones are shared.
+static INTERNED: Interner<Spec> = Interner::new(64);
 
 /// The shared spec equal to `spec` (see [`Spec::same_as`]), interning it if it is new.
 pub fn intern(spec: Spec) -> Arc<Spec> {
-    intern_in(&INTERNED, spec, Spec::same_as)
-}
-
-/// The entry of `table` that `same` finds equal to `item`, else `item`, added.
-///
-/// The oldest entry goes when the table is full (its users keep their pointer): a
-/// long-lived process that has seen many layouts still shares the ones it uses now. It is
-/// dropped after the lock is released: releasing its Python objects may run Python code.
-pub fn intern_in<T>(table: &Mutex<Vec<Arc<T>>>, item: T, same: fn(&T, &T) -> bool) -> Arc<T> {
-    // A poisoned lock only means a panic elsewhere while it was held; the table itself
-    // (a Vec of complete entries) is still valid.
-    let mut entries = table.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    if let Some(s) = entries.iter().find(|s| same(s, &item)) {
-        return Arc::clone(s);
-    }
-    let item = Arc::new(item);
-    let evicted = (entries.len() == MAX_INTERNED).then(|| entries.remove(0));
-    entries.push(Arc::clone(&item));
-    drop(entries);
-    drop(evicted);
-    item
+    INTERNED.get_or_insert(spec, Spec::same_as, Arc::new)
 }
 
 fn kind_of(descr: &Bound<'_, PyArrayDescr>) -> Option<Kind> {
@@ -121,18 +87,11 @@ pub fn numpy(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
     NUMPY.get_or_try_init(py, || Ok(py.import("numpy")?.unbind())).map(|m| m.bind(py))
 }
 
-fn space_class<'py>(
-    py: Python<'py>,
-    cell: &'static PyOnceLock<Py<PyType>>,
-    name: &str,
-) -> PyResult<&'py Bound<'py, PyType>> {
-    cell.import(py, "gymnasium.spaces", name)
-}
-
+/// The class `gymnasium.spaces.<name>`, imported once.
 macro_rules! space_cls {
     ($py:expr, $name:literal) => {{
         static CELL: PyOnceLock<Py<PyType>> = PyOnceLock::new();
-        space_class($py, &CELL, $name)?
+        CELL.import($py, "gymnasium.spaces", $name)?
     }};
 }
 
@@ -150,36 +109,64 @@ fn shape_of(obj: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
     obj.getattr(intern!(obj.py(), "shape"))?.extract()
 }
 
+/// The leaves and dtypes of a spec being built, numbered as its tree refers to them.
+#[derive(Default)]
+struct Builder {
+    leaves: Vec<Leaf>,
+    descrs: Vec<Py<PyArrayDescr>>,
+}
+
+impl Builder {
+    /// The tree of a new leaf of `descr`'s dtype; `None` for a dtype that is not numeric.
+    fn leaf(&mut self, descr: Bound<'_, PyArrayDescr>, shape: Vec<usize>, one_hot: OneHot) -> Option<Tree> {
+        self.leaves.push(Leaf { dtype: dtype_of(&descr)?, shape, one_hot });
+        self.descrs.push(descr.unbind());
+        Some(Tree::Leaf(self.leaves.len() - 1))
+    }
+
+    /// A Dict (`keyed`: each entry has its key) or Tuple tree of `entries` walked by
+    /// `walk`; `None` if one of them has no numeric layout.
+    fn nested<'py>(
+        &mut self,
+        keyed: bool,
+        entries: impl Iterator<Item = PyResult<(Option<Bound<'py, PyAny>>, Bound<'py, PyAny>)>>,
+        walk: fn(&Bound<'py, PyAny>, &mut Builder) -> PyResult<Option<Tree>>,
+    ) -> PyResult<Option<Tree>> {
+        let (mut keys, mut trees) = (Vec::new(), Vec::new());
+        for entry in entries {
+            let (key, value) = entry?;
+            let Some(t) = walk(&value, self)? else { return Ok(None) };
+            keys.extend(key.map(Bound::unbind));
+            trees.push(t);
+        }
+        Ok(Some(if keyed { Tree::Dict(keys.into_iter().zip(trees).collect()) } else { Tree::Tuple(trees) }))
+    }
+
+    /// The interned spec of `tree` over the leaves built.
+    fn finish(self, tree: Tree, from_space: bool) -> Arc<Spec> {
+        intern(Spec { tree, schema: Arc::new(Schema::new(self.leaves)), descrs: self.descrs, from_space })
+    }
+}
+
 /// Builds the spec of a gymnasium space; `None` for spaces without a fixed numeric
 /// layout (Text, Graph, Sequence, ...), whose values are stored as objects.
 pub fn from_space(space: &Bound<'_, PyAny>) -> PyResult<Option<Arc<Spec>>> {
-    let mut leaves = Vec::new();
-    let mut descrs = Vec::new();
-    let Some(tree) = walk_space(space, &mut leaves, &mut descrs)? else { return Ok(None) };
-    Ok(Some(intern(Spec { tree, schema: Arc::new(Schema::new(leaves)), descrs, from_space: true })))
+    let mut b = Builder::default();
+    Ok(walk_space(space, &mut b)?.map(|tree| b.finish(tree, true)))
 }
 
-fn walk_space(
-    space: &Bound<'_, PyAny>,
-    leaves: &mut Vec<Leaf>,
-    descrs: &mut Vec<Py<PyArrayDescr>>,
-) -> PyResult<Option<Tree>> {
+fn walk_space(space: &Bound<'_, PyAny>, b: &mut Builder) -> PyResult<Option<Tree>> {
     let py = space.py();
-    let mut leaf =
-        |descr: Bound<'_, PyArrayDescr>, shape: Vec<usize>, one_hot: OneHot| -> PyResult<Option<Tree>> {
-            let Some(dtype) = dtype_of(&descr) else { return Ok(None) };
-            leaves.push(Leaf { dtype, shape, one_hot });
-            descrs.push(descr.unbind());
-            Ok(Some(Tree::Leaf(leaves.len() - 1)))
-        };
-    let dtype = || descr_from(&space.getattr(intern!(py, "dtype"))?);
+    let mut leaf = |shape: Vec<usize>, one_hot: OneHot| -> PyResult<Option<Tree>> {
+        Ok(b.leaf(descr_from(&space.getattr(intern!(py, "dtype"))?)?, shape, one_hot))
+    };
     if space.is_instance(space_cls!(py, "Box"))? || space.is_instance(space_cls!(py, "MultiBinary"))? {
-        return leaf(dtype()?, shape_of(space)?, OneHot::No);
+        return leaf(shape_of(space)?, OneHot::No);
     }
     if space.is_instance(space_cls!(py, "Discrete"))? {
         let n: usize = space.getattr(intern!(py, "n"))?.extract()?;
         let start: i64 = space.getattr(intern!(py, "start"))?.extract()?;
-        return leaf(dtype()?, vec![], OneHot::Discrete { n, start });
+        return leaf(vec![], OneHot::Discrete { n, start });
     }
     if space.is_instance(space_cls!(py, "MultiDiscrete"))? {
         let flat = |name: &str| -> PyResult<Vec<i64>> {
@@ -187,24 +174,16 @@ fn walk_space(
         };
         let nvec: Vec<usize> = flat("nvec")?.into_iter().map(|v| usize::try_from(v).unwrap_or(0)).collect();
         let start = flat("start")?;
-        return leaf(dtype()?, shape_of(space)?, OneHot::MultiDiscrete { nvec, start });
+        return leaf(shape_of(space)?, OneHot::MultiDiscrete { nvec, start });
     }
     if space.is_instance(space_cls!(py, "Dict"))? {
-        let mut entries = Vec::new();
-        for item in space.getattr(intern!(py, "spaces"))?.call_method0("items")?.try_iter()? {
-            let (key, sub): (Bound<'_, PyAny>, Bound<'_, PyAny>) = item?.extract()?;
-            let Some(t) = walk_space(&sub, leaves, descrs)? else { return Ok(None) };
-            entries.push((key.unbind(), t));
-        }
-        return Ok(Some(Tree::Dict(entries)));
+        let entries = space.getattr(intern!(py, "spaces"))?.call_method0("items")?;
+        let entries = entries.try_iter()?.map(|e| e?.extract().map(|(k, v)| (Some(k), v)));
+        return b.nested(true, entries, walk_space);
     }
     if space.is_instance(space_cls!(py, "Tuple"))? {
-        let mut entries = Vec::new();
-        for sub in space.getattr(intern!(py, "spaces"))?.try_iter()? {
-            let Some(t) = walk_space(&sub?, leaves, descrs)? else { return Ok(None) };
-            entries.push(t);
-        }
-        return Ok(Some(Tree::Tuple(entries)));
+        let entries = space.getattr(intern!(py, "spaces"))?.try_iter()?.map(|v| Ok((None, v?)));
+        return b.nested(false, entries, walk_space);
     }
     Ok(None)
 }
@@ -213,12 +192,8 @@ fn walk_space(
 /// dicts/tuples of them. Returns the spec and whether the item was a plain Python scalar
 /// (then items are handed back as Python scalars before `to_numpy`, as given).
 pub fn infer(value: &Bound<'_, PyAny>) -> PyResult<Option<(Arc<Spec>, bool)>> {
-    let mut leaves = Vec::new();
-    let mut descrs = Vec::new();
-    let host_scalar = is_host_scalar(value);
-    let Some(tree) = walk_value(value, &mut leaves, &mut descrs)? else { return Ok(None) };
-    let spec = Spec { tree, schema: Arc::new(Schema::new(leaves)), descrs, from_space: false };
-    Ok(Some((intern(spec), host_scalar)))
+    let mut b = Builder::default();
+    Ok(walk_value(value, &mut b)?.map(|tree| (b.finish(tree, false), is_host_scalar(value))))
 }
 
 fn is_host_scalar(value: &Bound<'_, PyAny>) -> bool {
@@ -227,27 +202,13 @@ fn is_host_scalar(value: &Bound<'_, PyAny>) -> bool {
         || value.is_exact_instance_of::<PyBool>()
 }
 
-fn walk_value(
-    value: &Bound<'_, PyAny>,
-    leaves: &mut Vec<Leaf>,
-    descrs: &mut Vec<Py<PyArrayDescr>>,
-) -> PyResult<Option<Tree>> {
+fn walk_value(value: &Bound<'_, PyAny>, b: &mut Builder) -> PyResult<Option<Tree>> {
     let py = value.py();
     if let Ok(d) = value.cast::<PyDict>() {
-        let mut entries = Vec::new();
-        for (k, v) in d.iter() {
-            let Some(t) = walk_value(&v, leaves, descrs)? else { return Ok(None) };
-            entries.push((k.unbind(), t));
-        }
-        return Ok(Some(Tree::Dict(entries)));
+        return b.nested(true, d.iter().map(|(k, v)| Ok((Some(k), v))), walk_value);
     }
     if let Ok(t) = value.cast::<PyTuple>() {
-        let mut entries = Vec::new();
-        for v in t.iter() {
-            let Some(sub) = walk_value(&v, leaves, descrs)? else { return Ok(None) };
-            entries.push(sub);
-        }
-        return Ok(Some(Tree::Tuple(entries)));
+        return b.nested(false, t.iter().map(|v| Ok((None, v))), walk_value);
     }
     let (descr, shape) = if let Ok(a) = value.cast::<PyUntypedArray>() {
         (a.dtype(), a.shape().to_vec())
@@ -264,10 +225,10 @@ fn walk_value(
     } else {
         return Ok(None);
     };
-    let Some(dtype) = dtype_of(&descr) else { return Ok(None) };
-    leaves.push(Leaf::new(dtype, shape));
-    descrs.push(canonical_descr(&descr)?);
-    Ok(Some(Tree::Leaf(leaves.len() - 1)))
+    if dtype_of(&descr).is_none() {
+        return Ok(None);
+    }
+    Ok(b.leaf(canonical_descr(&descr)?.into_bound(py), shape, OneHot::No))
 }
 
 /// The dtype `numpy.asarray(value)` has for a scalar it can be told without making the
@@ -302,41 +263,21 @@ fn scalar_descr<'py>(value: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, Py
 /// of inferring a spec.
 fn canonical_descr(descr: &Bound<'_, PyArrayDescr>) -> PyResult<Py<PyArrayDescr>> {
     /// Dtype objects seen (and kept alive, so their addresses stay theirs) with their
-    /// canonical dtype; a handful in practice, bounded like the intern tables.
-    static SEEN: Mutex<Vec<(Py<PyArrayDescr>, Py<PyArrayDescr>)>> = Mutex::new(Vec::new());
+    /// canonical dtype; a handful in practice.
+    static SEEN: Interner<(Py<PyArrayDescr>, Py<PyArrayDescr>)> = Interner::new(64);
     let py = descr.py();
-    {
-        // A poisoned lock only means a panic elsewhere while it was held; the entries
-        // are complete pairs.
-        let seen = SEEN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some((_, c)) = seen.iter().find(|(d, _)| d.as_ptr() == descr.as_ptr()) {
-            return Ok(c.clone_ref(py));
-        }
+    let same = |(d, _): &(Py<PyArrayDescr>, Py<PyArrayDescr>)| d.as_ptr() == descr.as_ptr();
+    if let Some(pair) = SEEN.find(same) {
+        return Ok(pair.1.clone_ref(py));
     }
-    // Called with the lock released: numpy's code may run Python code.
+    // Called with the table unlocked: numpy's code may run Python code.
     let canonical = numpy(py)?
         .getattr(intern!(py, "dtype"))?
         .call1((descr.getattr(intern!(py, "str"))?,))?
         .cast_into::<PyArrayDescr>()?
         .unbind();
-    let mut seen = SEEN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    if seen.len() < MAX_INTERNED {
-        seen.push((descr.clone().unbind(), canonical.clone_ref(py)));
-    }
-    Ok(canonical)
-}
-
-/// Whether numpy data of kind `from` may be stored in a leaf of kind `to` without losing
-/// meaning: bool into anything, ints into ints and floats, floats into floats; never a
-/// float into an int or bool leaf.
-fn castable(from: Kind, to: Kind) -> bool {
-    use Kind::{Bool, Complex, Float, Int, UInt};
-    match from {
-        Bool => true,
-        Int | UInt => matches!(to, Int | UInt | Float | Complex),
-        Float => matches!(to, Float | Complex),
-        Complex => to == Complex,
-    }
+    let pair = (descr.clone().unbind(), canonical);
+    Ok(SEEN.get_or_insert(pair, |a, b| a.0.as_ptr() == b.0.as_ptr(), Arc::new).1.clone_ref(py))
 }
 
 /// The bytes of one leaf of one value: owned (converted), or a view of the caller's numpy
@@ -345,12 +286,8 @@ fn castable(from: Kind, to: Kind) -> bool {
 pub enum LeafBytes<'py> {
     Owned(Vec<u8>),
     Array(Bound<'py, PyUntypedArray>),
-    /// A converted scalar (at most 8 bytes), kept inline: actions, rewards and log-probs
-    /// of every step, so no allocation per step and field.
-    Scalar {
-        bytes: [u8; 8],
-        len: u8,
-    },
+    /// A converted scalar, kept inline (no allocation per step and field).
+    Scalar(Inline),
 }
 
 impl LeafBytes<'_> {
@@ -358,7 +295,7 @@ impl LeafBytes<'_> {
         match self {
             LeafBytes::Owned(v) => v,
             LeafBytes::Array(a) => array_bytes(&a),
-            LeafBytes::Scalar { bytes, len } => bytes[..usize::from(len)].to_vec(),
+            LeafBytes::Scalar(b) => b.as_ref().to_vec(),
         }
     }
 
@@ -372,19 +309,7 @@ impl LeafBytes<'_> {
 
     /// A copy of `b`: inline for up to 8 bytes, else on the heap.
     pub(crate) fn copied(b: &[u8]) -> LeafBytes<'static> {
-        if b.len() <= 8 {
-            LeafBytes::scalar(b)
-        } else {
-            LeafBytes::Owned(b.to_vec())
-        }
-    }
-
-    /// The inline bytes of a scalar of up to 8 bytes.
-    pub(crate) fn scalar(value: &[u8]) -> LeafBytes<'static> {
-        let mut bytes = [0u8; 8];
-        let len = value.len().min(8);
-        bytes[..len].copy_from_slice(&value[..len]);
-        LeafBytes::Scalar { bytes, len: len as u8 }
+        Inline::new(b).map_or_else(|| LeafBytes::Owned(b.to_vec()), LeafBytes::Scalar)
     }
 }
 
@@ -392,7 +317,7 @@ impl AsRef<[u8]> for LeafBytes<'_> {
     fn as_ref(&self) -> &[u8] {
         match self {
             LeafBytes::Owned(v) => v,
-            LeafBytes::Scalar { bytes, len } => &bytes[..usize::from(*len)],
+            LeafBytes::Scalar(b) => b.as_ref(),
             LeafBytes::Array(a) => {
                 // The array's layout is read now, not when the view was made: a reshape or
                 // resize in between changes the length (the column then rejects the item)
@@ -440,72 +365,54 @@ impl TotalBytes for Bound<'_, PyUntypedArray> {
     }
 }
 
-/// Describes what was wrong with a value for the error message.
-fn describe(value: &Bound<'_, PyAny>) -> String {
+/// What `value` was, for the error message of a value that does not fit.
+fn describe(value: &Bound<'_, PyAny>) -> Got {
     if let Ok(a) = value.cast::<PyUntypedArray>() {
-        let dt = a.dtype().str().map(|s| s.to_string()).unwrap_or_default();
-        return format!("an array of shape {} and dtype {dt}", py_shape(a.shape()));
+        let dtype = a.dtype().str().map(|s| s.to_string()).unwrap_or_default();
+        return Got::Array { shape: a.shape().to_vec(), dtype };
     }
     let ty = value.get_type().name().map(|n| n.to_string()).unwrap_or_default();
-    let mut r = value.repr().map(|r| r.to_string()).unwrap_or_default();
-    if r.len() > 80 {
-        r.truncate(77);
-        r.push_str("...");
+    Got::Value { repr: value.repr().map(|r| r.to_string()).unwrap_or_default(), ty }
+}
+
+/// The `SpaceMismatchError` for `value`, which is not what `what` expected.
+fn mismatch(what: String, expected: Expected, value: &Bound<'_, PyAny>) -> PyErr {
+    SpaceMismatchError::new_err(Mismatch { what, expected, got: describe(value) }.to_string())
+}
+
+/// A Python float or int, or a numpy float/int/bool scalar, read as a [`Scalar`] with its
+/// own type's size; `None` for anything else (the general path converts it).
+fn host_scalar(value: &Bound<'_, PyAny>) -> PyResult<Option<(Scalar, usize)>> {
+    if value.is_exact_instance_of::<PyFloat>() {
+        return Ok(Some((Scalar::Float(value.extract()?), 8)));
     }
-    format!("{r} (a {ty})")
-}
-
-/// A shape as Python prints it: `()`, `(4,)`, `(2, 3)`.
-fn py_shape(shape: &[usize]) -> String {
-    match shape {
-        [] => "()".into(),
-        [n] => format!("({n},)"),
-        _ => format!("({})", shape.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")),
+    if value.is_exact_instance_of::<PyInt>() {
+        return Ok(value.extract::<i64>().ok().map(|v| (Scalar::Int(v), 8)));
     }
-}
-
-fn leaf_desc(leaf: &Leaf) -> String {
-    format!("shape {} and dtype {}", py_shape(&leaf.shape), leaf.dtype)
-}
-
-/// numpy's scalar types that the fast path knows: (type, kind, size).
-static SCALAR_TYPES: PyOnceLock<Vec<(Py<PyType>, Kind, usize)>> = PyOnceLock::new();
-
-/// The bytes of a numpy float/int/bool scalar for a scalar leaf of the same kind and a
-/// size at least as large; `None` when the fast path does not apply.
-fn numpy_scalar_bytes(value: &Bound<'_, PyAny>, leaf: &Leaf) -> PyResult<Option<LeafBytes<'static>>> {
+    /// numpy's scalar types that the fast path knows: (type, kind, size).
+    static TYPES: PyOnceLock<Vec<(Py<PyType>, Kind, usize)>> = PyOnceLock::new();
     let py = value.py();
-    let types = SCALAR_TYPES.get_or_try_init(py, || -> PyResult<_> {
+    let types = TYPES.get_or_try_init(py, || -> PyResult<_> {
         let np = numpy(py)?;
-        let mut v = Vec::new();
-        for (name, kind, size) in [
+        let known = [
             ("float32", Kind::Float, 4),
             ("float64", Kind::Float, 8),
             ("int64", Kind::Int, 8),
             ("int32", Kind::Int, 4),
-            ("bool_", Kind::Bool, 1),
-        ] {
+        ];
+        let mut v = Vec::new();
+        for (name, kind, size) in known.into_iter().chain([("bool_", Kind::Bool, 1)]) {
             v.push((np.getattr(name)?.cast_into::<PyType>()?.unbind(), kind, size));
         }
         Ok(v)
     })?;
     let ty = value.get_type();
     let Some((_, kind, size)) = types.iter().find(|(t, _, _)| t.bind(py).is(&ty)) else { return Ok(None) };
-    let (to, to_size) = (leaf.dtype.kind, leaf.dtype.size);
-    Ok(match (kind, to, to_size) {
-        (Kind::Float, Kind::Float, 4) if *size == 4 => {
-            Some(LeafBytes::scalar(&(value.extract::<f64>()? as f32).to_ne_bytes()))
-        }
-        (Kind::Float, Kind::Float, 8) => Some(LeafBytes::scalar(&value.extract::<f64>()?.to_ne_bytes())),
-        (Kind::Int | Kind::Bool, Kind::Int, 8) => {
-            Some(LeafBytes::scalar(&value.extract::<i64>()?.to_ne_bytes()))
-        }
-        (Kind::Int | Kind::Bool, Kind::Int, 4) if *size <= 4 => {
-            Some(LeafBytes::scalar(&(value.extract::<i64>()? as i32).to_ne_bytes()))
-        }
-        (Kind::Bool, Kind::Bool, 1) => Some(LeafBytes::scalar(&[u8::from(value.is_truthy()?)])),
-        _ => None,
-    })
+    Ok(Some(match kind {
+        Kind::Float => (Scalar::Float(value.extract()?), *size),
+        Kind::Bool => (Scalar::Bool(value.is_truthy()?), *size),
+        _ => (Scalar::Int(value.extract()?), *size),
+    }))
 }
 
 /// Converts one value (or batch of values) into the bytes of leaf `leaf`.
@@ -520,33 +427,12 @@ fn leaf_bytes<'py>(
     what: &dyn Fn() -> String,
 ) -> PyResult<LeafBytes<'py>> {
     let py = value.py();
-    let mismatch = |why: String| -> PyErr {
-        SpaceMismatchError::new_err(format!(
-            "{}: expected {}{}, got {}",
-            what(),
-            if batch.is_some() { "a batch of items of " } else { "" },
-            leaf_desc(leaf),
-            why
-        ))
-    };
-    // Fast paths: Python floats/ints and numpy float/int scalars into scalar leaves
-    // (no numpy call; the per-step cost of rewards, actions and log-probs).
+    let mismatch = || mismatch(what(), Expected::Leaf { leaf: leaf.clone(), batch: batch.is_some() }, value);
+    // Fast path: Python and numpy scalars into scalar leaves (no numpy call; the per-step
+    // cost of rewards, actions and log-probs).
     if batch.is_none() && leaf.shape.is_empty() {
-        if value.is_exact_instance_of::<PyFloat>() && leaf.dtype.kind == Kind::Float && leaf.dtype.size >= 4 {
-            let v: f64 = value.extract()?;
-            return Ok(if leaf.dtype.size == 8 {
-                LeafBytes::scalar(&v.to_ne_bytes())
-            } else {
-                LeafBytes::scalar(&(v as f32).to_ne_bytes())
-            });
-        }
-        if value.is_exact_instance_of::<PyInt>() && leaf.dtype == DType::I64 {
-            if let Ok(v) = value.extract::<i64>() {
-                return Ok(LeafBytes::scalar(&v.to_ne_bytes()));
-            }
-        }
-        if let Some(bytes) = numpy_scalar_bytes(value, leaf)? {
-            return Ok(bytes);
+        if let Some(bytes) = host_scalar(value)?.and_then(|(s, size)| s.encode(size, leaf.dtype)) {
+            return Ok(LeafBytes::Scalar(bytes));
         }
     }
     let array = match value.cast::<PyUntypedArray>() {
@@ -554,26 +440,14 @@ fn leaf_bytes<'py>(
         Err(_) => numpy(py)?
             .getattr("asarray")?
             .call1((value,))
-            .map_err(|_| mismatch(describe(value)))?
+            .map_err(|_| mismatch())?
             .cast_into::<PyUntypedArray>()?,
     };
-    let shape = array.shape();
-    let item_shape = match batch {
-        None => shape,
-        Some(n) => {
-            if shape.is_empty() || n.is_some_and(|n| n != shape[0]) {
-                return Err(mismatch(describe(value)));
-            }
-            &shape[1..]
-        }
-    };
-    if item_shape != leaf.shape.as_slice() {
-        return Err(mismatch(describe(value)));
-    }
     let given = array.dtype();
-    let Some(kind) = kind_of(&given) else { return Err(mismatch(describe(value))) };
-    if !castable(kind, leaf.dtype.kind) {
-        return Err(mismatch(describe(value)));
+    let fits = leaf.items_in(array.shape(), batch).is_some()
+        && kind_of(&given).is_some_and(|kind| kind.casts_to(leaf.dtype.kind));
+    if !fits {
+        return Err(mismatch());
     }
     // Identity first: numpy shares one descriptor object per builtin dtype, so the
     // common case skips the C-API equivalence call.
@@ -650,12 +524,8 @@ fn flatten_into<'py>(
             for (key, sub) in entries {
                 let key = key.bind(py);
                 let item = value.get_item(key).map_err(|_| {
-                    SpaceMismatchError::new_err(format!(
-                        "{}: expected a dict with key {}, got {}",
-                        what(path),
-                        key.repr().map(|r| r.to_string()).unwrap_or_default(),
-                        describe(value)
-                    ))
+                    let key = key.repr().map(|r| r.to_string()).unwrap_or_default();
+                    mismatch(what(path), Expected::DictKey(key), value)
                 })?;
                 let len = path.len();
                 let _ = write!(path, "[{}]", key.repr()?);
@@ -666,12 +536,7 @@ fn flatten_into<'py>(
         Tree::Tuple(entries) => {
             let n = value.len().unwrap_or(usize::MAX);
             if n != entries.len() || value.cast::<PyUntypedArray>().is_ok() {
-                return Err(SpaceMismatchError::new_err(format!(
-                    "{}: expected a tuple of {} items, got {}",
-                    what(path),
-                    entries.len(),
-                    describe(value)
-                )));
+                return Err(mismatch(what(path), Expected::Tuple(entries.len()), value));
             }
             for (k, sub) in entries.iter().enumerate() {
                 let item = value.get_item(k)?;
@@ -755,13 +620,11 @@ fn scalar<'py>(
     bytes: &[u8],
     host_scalar: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
-    if host_scalar {
-        match (leaf.dtype.kind, leaf.dtype.size) {
-            (Kind::Float, 8) => return Ok(PyFloat::new(py, f64::from_ne_bytes(bytes.try_into()?)).into_any()),
-            (Kind::Int, 8) => return Ok(i64::from_ne_bytes(bytes.try_into()?).into_pyobject(py)?.into_any()),
-            (Kind::Bool, 1) => return Ok(PyBool::new(py, bytes[0] != 0).to_owned().into_any()),
-            _ => {}
-        }
+    match Scalar::decode(leaf.dtype, bytes).filter(|_| host_scalar) {
+        Some(Scalar::Float(v)) => return Ok(PyFloat::new(py, v).into_any()),
+        Some(Scalar::Int(v)) => return Ok(v.into_pyobject(py)?.into_any()),
+        Some(Scalar::Bool(b)) => return Ok(PyBool::new(py, b).to_owned().into_any()),
+        None => {}
     }
     let array = new_array(py, descr, &[], bytes)?;
     // SAFETY: `array` is a valid 0-d ndarray; PyArray_Return steals the reference we pass
@@ -778,22 +641,16 @@ pub fn nest<'py>(
     tree: &Tree,
     leaves: &mut [Option<Bound<'py, PyAny>>],
 ) -> PyResult<Bound<'py, PyAny>> {
-    Ok(match tree {
-        Tree::Leaf(i) => leaves[*i]
-            .take()
-            .ok_or_else(|| pyo3::exceptions::PyRuntimeError::new_err("internal error: leaf used twice"))?,
-        Tree::Dict(entries) => {
-            let d = PyDict::new(py);
-            for (k, sub) in entries {
-                d.set_item(k.bind(py), nest(py, sub, leaves)?)?;
-            }
-            d.into_any()
+    let mut dict = |entries: Vec<(&Py<PyAny>, Bound<'py, PyAny>)>| {
+        let d = PyDict::new(py);
+        for (k, v) in entries {
+            d.set_item(k.bind(py), v)?;
         }
-        Tree::Tuple(entries) => {
-            let items = entries.iter().map(|sub| nest(py, sub, leaves)).collect::<PyResult<Vec<_>>>()?;
-            PyTuple::new(py, items)?.into_any()
-        }
-    })
+        Ok(d.into_any())
+    };
+    let mut tuple = |items: Vec<Bound<'py, PyAny>>| Ok(PyTuple::new(py, items)?.into_any());
+    let missing = || pyo3::exceptions::PyRuntimeError::new_err("internal error: leaf used twice");
+    tree.nest(leaves, &mut dict, &mut tuple, &missing)
 }
 
 /// The spec of a float32 scalar Box (RLlib's space for rewards buffers), shared.
@@ -803,15 +660,39 @@ pub fn f32_scalar(py: Python<'_>) -> Arc<Spec> {
         Arc::new(Spec {
             tree: Tree::Leaf(0),
             schema: Arc::new(Schema::new(vec![Leaf::new(DType::F32, vec![])])),
-            descrs: vec![f32_descr(py).unbind()],
+            descrs: vec![numpy::dtype::<f32>(py).unbind()],
             from_space: true,
         })
     }))
 }
 
-/// The float32 descriptor used for one-hot output.
-fn f32_descr(py: Python<'_>) -> Bound<'_, PyArrayDescr> {
-    numpy::dtype::<f32>(py)
+/// The shape and dtype leaf `i` of `spec` reads out as (see [`Leaf::out_shape`]: float32
+/// one-hot slots where asked), and whether it is one-hot encoded.
+fn out_layout<'py>(
+    py: Python<'py>,
+    spec: &Spec,
+    i: usize,
+    one_hot: bool,
+) -> (Vec<usize>, Bound<'py, PyArrayDescr>, bool) {
+    let (shape, hot) = spec.schema.leaves[i].out_shape(one_hot);
+    let descr = if hot { numpy::dtype::<f32>(py) } else { spec.descrs[i].bind(py).clone() };
+    (shape, descr, hot)
+}
+
+/// One Python value per leaf of `spec`, made by `make(i, out shape, out dtype, one-hot)`
+/// (see [`out_layout`]), nested by the spec.
+fn per_leaf<'py>(
+    py: Python<'py>,
+    spec: &Spec,
+    one_hot: bool,
+    mut make: impl FnMut(usize, Vec<usize>, &Bound<'py, PyArrayDescr>, bool) -> PyResult<Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let mut values = Vec::with_capacity(spec.schema.leaves.len());
+    for i in 0..spec.schema.leaves.len() {
+        let (shape, descr, hot) = out_layout(py, spec, i, one_hot);
+        values.push(Some(make(i, shape, &descr, hot)?));
+    }
+    nest(py, &spec.tree, &mut values)
 }
 
 /// Item `pos` of `column` as a Python value (nested by the spec).
@@ -823,22 +704,19 @@ pub fn item<'py>(
     host_scalars: bool,
     one_hot: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let mut values = Vec::with_capacity(spec.schema.leaves.len());
-    for (i, leaf) in spec.schema.leaves.iter().enumerate() {
+    per_leaf(py, spec, one_hot, |i, shape, descr, hot| {
+        let leaf = &spec.schema.leaves[i];
         let item = column.item(i, pos);
-        let bytes: &[u8] = &item;
-        let v = if one_hot && leaf.one_hot_width().is_some() {
+        if hot {
             let mut out = Vec::new();
-            leaf.write_one_hot(bytes, &mut out);
-            new_array(py, &f32_descr(py), &[leaf.one_hot_width().unwrap_or(0)], &out)?
+            leaf.write_one_hot(&item, &mut out);
+            new_array(py, descr, &shape, &out)
         } else if leaf.shape.is_empty() {
-            scalar(py, spec.descrs[i].bind(py), leaf, bytes, host_scalars)?
+            scalar(py, descr, leaf, &item, host_scalars)
         } else {
-            new_array(py, spec.descrs[i].bind(py), &leaf.shape, bytes)?
-        };
-        values.push(Some(v));
-    }
-    nest(py, &spec.tree, &mut values)
+            new_array(py, descr, &shape, &item)
+        }
+    })
 }
 
 /// The fill item of a spec: one `np.full(leaf_shape, fill, leaf_dtype)` per leaf (float32
@@ -849,18 +727,11 @@ pub fn fill_leaves(
     fill: &Bound<'_, PyAny>,
     one_hot: bool,
 ) -> PyResult<Vec<Vec<u8>>> {
-    let np = numpy(py)?;
-    spec.schema
-        .leaves
-        .iter()
-        .enumerate()
-        .map(|(i, leaf)| {
-            let (shape, descr) = match leaf.one_hot_width() {
-                Some(w) if one_hot => (vec![w], f32_descr(py)),
-                _ => (leaf.shape.clone(), spec.descrs[i].bind(py).clone()),
-            };
-            let full = np.getattr("full")?.call1((shape, fill, descr))?.cast_into::<PyUntypedArray>()?;
-            Ok(array_bytes(&full))
+    let full = numpy(py)?.getattr("full")?;
+    (0..spec.schema.leaves.len())
+        .map(|i| {
+            let (shape, descr, _) = out_layout(py, spec, i, one_hot);
+            Ok(array_bytes(&full.call1((shape, fill, descr))?.cast_into::<PyUntypedArray>()?))
         })
         .collect()
 }
@@ -874,15 +745,7 @@ pub fn fill_item<'py>(
     one_hot: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
     let bytes = fill_leaves(py, spec, fill, one_hot)?;
-    let mut values = Vec::with_capacity(spec.schema.leaves.len());
-    for (i, leaf) in spec.schema.leaves.iter().enumerate() {
-        let v = match leaf.one_hot_width() {
-            Some(w) if one_hot => new_array(py, &f32_descr(py), &[w], &bytes[i])?,
-            _ => new_array(py, spec.descrs[i].bind(py), &leaf.shape, &bytes[i])?,
-        };
-        values.push(Some(v));
-    }
-    nest(py, &spec.tree, &mut values)
+    per_leaf(py, spec, one_hot, |i, shape, descr, _| new_array(py, descr, &shape, &bytes[i]))
 }
 
 /// The items at `positions` as one batched numpy array per leaf, nested by the spec.
@@ -894,22 +757,9 @@ pub fn batch<'py>(
     fill: Option<&[Vec<u8>]>,
     one_hot: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let mut values = Vec::with_capacity(spec.schema.leaves.len());
-    for (i, leaf) in spec.schema.leaves.iter().enumerate() {
-        let hot = one_hot && leaf.one_hot_width().is_some();
-        let mut shape = vec![positions.len()];
-        let f32 = f32_descr(py);
-        let descr = if hot {
-            shape.push(leaf.one_hot_width().unwrap_or(0));
-            &f32
-        } else {
-            shape.extend_from_slice(&leaf.shape);
-            spec.descrs[i].bind(py)
-        };
+    per_leaf(py, spec, one_hot, |i, item_shape, descr, hot| {
+        let shape: Vec<usize> = std::iter::once(positions.len()).chain(item_shape).collect();
         let fill_i = fill.map(|f| f[i].as_slice());
-        let array =
-            new_array_with(py, descr, &shape, |buf| column.gather_into(i, positions, fill_i, hot, buf))?;
-        values.push(Some(array));
-    }
-    nest(py, &spec.tree, &mut values)
+        new_array_with(py, descr, &shape, |buf| column.gather_into(i, positions, fill_i, hot, buf))
+    })
 }

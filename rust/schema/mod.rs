@@ -7,6 +7,12 @@
 
 use std::fmt;
 
+pub mod tree;
+pub mod value;
+
+pub use tree::Tree;
+pub use value::{Expected, Got, Inline, Mismatch, PyShape, Scalar};
+
 /// The kind of a numpy dtype, as far as the core needs to know it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kind {

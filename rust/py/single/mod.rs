@@ -14,14 +14,17 @@ mod writes;
 pub use rows::{ExtraOutputs, LengthGuess, RowSteps};
 pub use writes::{Input, PreparedReset, PreparedStep};
 
-use pyo3::exceptions::{PyKeyError, PyValueError};
+use pyo3::exceptions::{PyIndexError, PyKeyError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyList};
 
 use super::object::PyObj;
 use super::spec::{self, Spec};
-use crate::episode::{Field, FieldName, SingleAgentCore, Storage, TypedItem};
-use crate::py::errors::episode_error;
+use crate::episode::read::{self, WriteValues};
+use crate::episode::{Conversion, Field, FieldName, Item, SingleAgentCore, Storage, TypedItem};
+use crate::py::errors::{column_error, episode_error, index_error, EpisodeStateError, SpaceMismatchError};
+use crate::py::index::to_index;
+use writes::{check_set_len, prepare, split_rows, typed_set_leaves};
 
 /// The core episode with Python objects and numpy specs.
 type Core = SingleAgentCore<PyObj, Spec>;
@@ -29,18 +32,8 @@ type Core = SingleAgentCore<PyObj, Spec>;
 type PyField = Field<PyObj, Spec>;
 
 fn field_name<'a>(field: &str, key: Option<&'a str>) -> PyResult<FieldName<'a>> {
-    Ok(match (field, key) {
-        ("observations", _) => FieldName::Observations,
-        ("infos", _) => FieldName::Infos,
-        ("actions", _) => FieldName::Actions,
-        ("rewards", _) => FieldName::Rewards,
-        ("extra_model_outputs", Some(k)) => FieldName::Extra(k),
-        _ => return Err(PyValueError::new_err(format!("unknown episode field {field:?} (key {key:?})"))),
-    })
-}
-
-fn label(name: FieldName<'_>) -> String {
-    name.label()
+    FieldName::parse(field, key)
+        .ok_or_else(|| PyValueError::new_err(format!("unknown episode field {field:?} (key {key:?})")))
 }
 
 /// The core's items as Python objects, for fields that turn into object storage: as they
@@ -77,7 +70,9 @@ fn empty_info(py: Python<'_>) -> PyObj {
 pub struct SingleAgentEpisodePy {
     core: Core,
     /// `time.perf_counter()` values (CLOCK_MONOTONIC) of the first and the last step.
+    #[pyo3(get, set, name = "_start_time")]
     start_time: Option<f64>,
+    #[pyo3(get, set, name = "_last_step_time")]
     last_step_time: Option<f64>,
 }
 
@@ -153,32 +148,8 @@ impl SingleAgentEpisodePy {
     fn set_space(&mut self, field: &str, space: &Bound<'_, PyAny>) -> PyResult<()> {
         let name = field_name(field, None)?;
         let new = if space.is_none() { None } else { spec::from_space(space)? };
-        let f = self.field_mut(name)?;
-        // The new storage keeps the field's compression setting.
-        let compression = f.compression();
-        match (&f.storage, &new) {
-            (Storage::Untyped { .. }, Some(s)) => {
-                f.storage = PyField::typed(s.schema(), false).storage;
-                f.set_compression(compression);
-            }
-            (Storage::Typed { column, .. }, Some(s))
-                if column.total() == 0 || *column.schema() == *s.schema =>
-            {
-                if column.total() == 0 {
-                    f.storage = PyField::typed(s.schema(), false).storage;
-                    f.set_compression(compression);
-                }
-            }
-            (Storage::Typed { column, .. }, None) if column.total() == 0 => {
-                f.storage = Storage::Untyped { compression };
-            }
-            _ => return Ok(()),
-        }
-        match new {
-            Some(s) => f.spec = Some(s),
-            None if matches!(name, FieldName::Observations | FieldName::Actions) => f.spec = None,
-            None => {}
-        }
+        self.field(name)?;
+        self.core.set_space(name, new.map(|s| (s.schema(), s)));
         Ok(())
     }
 
@@ -287,10 +258,7 @@ impl SingleAgentEpisodePy {
     #[pyo3(signature = (field, key=None))]
     #[pyo3(name = "_stored_bytes")]
     fn stored_bytes(&self, field: &str, key: Option<&str>) -> PyResult<usize> {
-        Ok(match &self.field(field_name(field, key)?)?.storage {
-            Storage::Typed { column, .. } => column.stored_bytes(),
-            _ => 0,
-        })
+        Ok(self.field(field_name(field, key)?)?.stored_bytes())
     }
 
     /// Compresses every item of the compressed fields, none kept raw for appends: for a
@@ -318,13 +286,9 @@ impl SingleAgentEpisodePy {
     fn pop(&mut self, field: &str, index: i64, key: Option<&str>) -> PyResult<()> {
         let f = self.field_mut(field_name(field, key)?)?;
         let total = f.geometry().total;
-        let pos = if index < 0 { i64::try_from(total).unwrap_or(i64::MAX) + index } else { index };
-        match usize::try_from(pos) {
-            Ok(pos) if pos < total => {
-                f.remove(pos);
-                Ok(())
-            }
-            _ => Err(pyo3::exceptions::PyIndexError::new_err(format!(
+        match f.pop(index) {
+            Some(_) => Ok(()),
+            None => Err(pyo3::exceptions::PyIndexError::new_err(format!(
                 "pop index {index} out of range for {total} stored items of the {field}"
             ))),
         }
@@ -336,11 +300,11 @@ impl SingleAgentEpisodePy {
     ///     KeyError: If there is none.
     #[pyo3(name = "_del_extra")]
     fn del_extra(&mut self, key: &str) -> PyResult<()> {
-        let Some(i) = self.core.extra_model_outputs.iter().position(|(k, _)| &**k == key) else {
-            return Err(PyKeyError::new_err(key.to_string()));
-        };
-        self.core.extra_model_outputs.remove(i);
-        Ok(())
+        if self.core.remove_extra(key) {
+            Ok(())
+        } else {
+            Err(PyKeyError::new_err(key.to_string()))
+        }
     }
 
     /// Whether the rewards have RLlib's float32 reward space (its fills are float32):
@@ -415,7 +379,7 @@ impl SingleAgentEpisodePy {
         if let Some(r) = self.core.typed_return() {
             return Ok(r.into_pyobject(py)?.into_any().unbind());
         }
-        let rewards = self.get(py, "rewards", None, None, false, None, false)?;
+        let rewards = self.get(py, FieldName::Rewards, None, false, None, false)?;
         Ok(py.import("builtins")?.getattr("sum")?.call1((rewards,))?.unbind())
     }
 
@@ -429,7 +393,7 @@ impl SingleAgentEpisodePy {
     #[pyo3(name = "_blank_into")]
     fn blank_into(&self, target: &Bound<'_, SingleAgentEpisodePy>) -> PyResult<()> {
         if self.core.is_reset() {
-            return Err(crate::py::errors::EpisodeStateError::new_err(
+            return Err(EpisodeStateError::new_err(
                 "_blank_into: the episode holds data; only a blank episode is copied this way",
             ));
         }
@@ -448,23 +412,8 @@ impl SingleAgentEpisodePy {
         len_lookback_buffer: usize,
         keep_done: bool,
     ) -> PyResult<()> {
-        let as_live = keep_done || !self.core.is_done();
-        // RLlib's successor holds the very info dicts of its look-back: make the absent
-        // ones here first, so both episodes share them (a handful per cut).
-        if as_live {
-            let shared = self.core.cut_info_positions(len_lookback_buffer).map_err(|e| episode_error(&e))?;
-            self.core.infos.materialize(&shared, || empty_info(py));
-        }
-        let mut core = if keep_done {
-            self.core.cut_as_live(len_lookback_buffer)
-        } else {
-            self.core.cut(len_lookback_buffer)
-        }
-        .map_err(|e| episode_error(&e))?;
-        if keep_done {
-            core.is_terminated = self.core.is_terminated;
-            core.is_truncated = self.core.is_truncated;
-        }
+        let core = self.core.cut_sharing_infos(len_lookback_buffer, keep_done, || empty_info(py));
+        let core = core.map_err(|e| episode_error(&e))?;
         Self::fill_target(target, core)
     }
 
@@ -483,12 +432,8 @@ impl SingleAgentEpisodePy {
         if step == Some(0) {
             return Err(PyValueError::new_err("slice step cannot be zero"));
         }
-        // The slice holds the very info dicts of this episode, as in RLlib: make the
-        // absent ones first so both share them. An error is left to `slice` to report.
-        if let Ok(shared) = self.core.slice_info_positions(start, stop, step, len_lookback_buffer) {
-            self.core.infos.materialize(&shared, || empty_info(py));
-        }
-        let core = self.core.slice(start, stop, step, len_lookback_buffer).map_err(|e| episode_error(&e))?;
+        let core = self.core.slice_sharing_infos(start, stop, step, len_lookback_buffer, || empty_info(py));
+        let core = core.map_err(|e| episode_error(&e))?;
         Self::fill_target(target, core)
     }
 
@@ -503,11 +448,7 @@ impl SingleAgentEpisodePy {
     #[pyo3(name = "_concat")]
     fn concat(&mut self, py: Python<'_>, other: &Bound<'_, SingleAgentEpisodePy>) -> PyResult<()> {
         let mut other = other.try_borrow_mut()?;
-        // This episode goes on with the other chunk's info dicts themselves, as in RLlib:
-        // make its absent ones first so both share them.
-        let g = other.core.infos.geometry();
-        let chunk: Vec<usize> = (g.lookback..g.total).collect();
-        other.core.infos.materialize(&chunk, || empty_info(py));
+        other.core.share_chunk_infos(|| empty_info(py));
         self.core.concat(&other.core, |t| to_object(py, t)).map_err(|e| episode_error(&e))
     }
 
@@ -521,7 +462,7 @@ impl SingleAgentEpisodePy {
         fill: Option<&Bound<'py, PyAny>>,
         one_hot_discrete: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
-        self.get(py, "observations", None, indices, neg_index_as_lookback, fill, one_hot_discrete)
+        self.get(py, FieldName::Observations, indices, neg_index_as_lookback, fill, one_hot_discrete)
     }
 
     /// Reads infos with RLlib's index semantics.
@@ -533,7 +474,7 @@ impl SingleAgentEpisodePy {
         neg_index_as_lookback: bool,
         fill: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        self.get_py(py, "infos", None, indices, neg_index_as_lookback, fill, false)
+        self.read(py, FieldName::Infos, indices, neg_index_as_lookback, fill, false, None)
     }
 
     /// Reads actions with RLlib's index semantics.
@@ -546,7 +487,7 @@ impl SingleAgentEpisodePy {
         fill: Option<&Bound<'py, PyAny>>,
         one_hot_discrete: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
-        self.get(py, "actions", None, indices, neg_index_as_lookback, fill, one_hot_discrete)
+        self.get(py, FieldName::Actions, indices, neg_index_as_lookback, fill, one_hot_discrete)
     }
 
     /// Reads rewards with RLlib's index semantics.
@@ -558,7 +499,7 @@ impl SingleAgentEpisodePy {
         neg_index_as_lookback: bool,
         fill: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        self.get(py, "rewards", None, indices, neg_index_as_lookback, fill, false)
+        self.get(py, FieldName::Rewards, indices, neg_index_as_lookback, fill, false)
     }
 
     /// Reads one extra model output with RLlib's index semantics; `KeyError` for an
@@ -572,7 +513,7 @@ impl SingleAgentEpisodePy {
         neg_index_as_lookback: bool,
         fill: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        self.get(py, "extra_model_outputs", Some(key), indices, neg_index_as_lookback, fill, false)
+        self.get(py, FieldName::Extra(key), indices, neg_index_as_lookback, fill, false)
     }
 
     /// Overwrites observations in place (RLlib's `set_observations`).
@@ -620,7 +561,7 @@ impl SingleAgentEpisodePy {
     ) -> PyResult<()> {
         if self.core.extra(key).is_none() {
             // RLlib asserts the key exists before setting (reads raise KeyError instead).
-            return Err(crate::py::errors::EpisodeStateError::new_err(format!(
+            return Err(EpisodeStateError::new_err(format!(
                 "set_extra_model_outputs: there is no extra model output {key:?} to set"
             )));
         }
@@ -667,23 +608,6 @@ impl SingleAgentEpisodePy {
         }
     }
 
-    #[getter(_start_time)]
-    fn start_time(&self) -> Option<f64> {
-        self.start_time
-    }
-    #[setter(_start_time)]
-    fn set_start_time(&mut self, v: Option<f64>) {
-        self.start_time = v;
-    }
-    #[getter(_last_step_time)]
-    fn last_step_time(&self) -> Option<f64> {
-        self.last_step_time
-    }
-    #[setter(_last_step_time)]
-    fn set_last_step_time(&mut self, v: Option<f64>) {
-        self.last_step_time = v;
-    }
-
     /// Appends `data` (a list of items, or a batch: an ndarray / dict of ndarrays with the
     /// items on the first axis) to a field; a batch also marks the field finalized, as
     /// RLlib's buffers do when built from arrays.
@@ -696,7 +620,29 @@ impl SingleAgentEpisodePy {
         data: &Bound<'_, PyAny>,
         key: Option<&str>,
     ) -> PyResult<()> {
-        self.extend_items(py, field, data, key)
+        let name = field_name(field, key)?;
+        if let FieldName::Extra(k) = name {
+            self.core.extra_or_insert(k);
+        }
+        // A Python list holds items; anything else (an array, or a dict/tuple of arrays for
+        // a nested space) is a batch with the items on its first axis, as RLlib's buffers
+        // hold them once numpy'd.
+        let is_list = data.cast::<PyList>().is_ok();
+        let items: Vec<Bound<'_, PyAny>> =
+            if is_list { data.try_iter()?.collect::<PyResult<_>>()? } else { split_rows(data)? };
+        for item in &items {
+            let item = match name {
+                FieldName::Infos => Item::Object(PyObj(item.clone().unbind())),
+                _ => prepare(item, self.field(name)?, name)?,
+            };
+            if !self.field_mut(name)?.push(item, |t| to_object(py, t)) {
+                return Err(does_not_fit(name));
+            }
+        }
+        if !is_list && name != FieldName::Infos {
+            self.field_mut(name)?.finalized = true;
+        }
+        Ok(())
     }
 
     /// Makes `data` (a list of items, or a batch: an array or a dict/tuple of arrays with
@@ -715,7 +661,22 @@ impl SingleAgentEpisodePy {
         data: &Bound<'_, PyAny>,
         lookback: usize,
     ) -> PyResult<()> {
-        self.put_extra_field(py, key, data, lookback)
+        // Built in a scratch episode, with the same conversions as `_extend`'s.
+        let mut scratch = SingleAgentEpisodePy::blank();
+        scratch.extend(py, "extra_model_outputs", data, Some(key))?;
+        let mut field = scratch.field(FieldName::Extra(key))?.clone();
+        field.set_lookback(lookback);
+        let steps = self.core.observations.len().saturating_sub(1);
+        if field.len() != steps {
+            return Err(EpisodeStateError::new_err(format!(
+                "extra_model_outputs[{key:?}]: {} items after a look-back of {}, but the \
+                 episode has {steps} steps",
+                field.len(),
+                field.lookback()
+            )));
+        }
+        *self.core.extra_or_insert(key) = field;
+        Ok(())
     }
 
     /// Reads a field with RLlib's index semantics.
@@ -732,7 +693,7 @@ impl SingleAgentEpisodePy {
         fill: Option<&Bound<'py, PyAny>>,
         one_hot_discrete: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
-        self.read_field(py, field, key, indices, neg_index_as_lookback, fill, one_hot_discrete)
+        self.read(py, field_name(field, key)?, indices, neg_index_as_lookback, fill, one_hot_discrete, None)
     }
 
     /// `_get` on a view of the field with the last stored item left out
@@ -755,17 +716,9 @@ impl SingleAgentEpisodePy {
         add_last: Option<&Bound<'py, PyAny>>,
         ignore_last: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
-        self.read_view(
-            py,
-            field,
-            key,
-            indices,
-            neg_index_as_lookback,
-            fill,
-            one_hot_discrete,
-            add_last,
-            ignore_last,
-        )
+        let name = field_name(field, key)?;
+        let ext = Some((add_last, ignore_last));
+        self.read(py, name, indices, neg_index_as_lookback, fill, one_hot_discrete, ext)
     }
 
     /// Overwrites items of a field with RLlib's index semantics (`None` = the whole chunk).
@@ -779,14 +732,91 @@ impl SingleAgentEpisodePy {
         at_indices: Option<&Bound<'_, PyAny>>,
         neg_index_as_lookback: bool,
     ) -> PyResult<()> {
-        self.write_field(field, new_data, key, at_indices, neg_index_as_lookback)
+        let name = field_name(field, key)?;
+        let is_list = new_data.cast::<PyList>().is_ok();
+        let plan =
+            read::plan_write(self.field(name)?, &to_index(at_indices)?, neg_index_as_lookback, is_list)
+                .map_err(|e| index_error(&e))?;
+        let positions = plan.positions;
+        // The new items, one Python value each (or one batch).
+        let mut values: Option<Vec<Bound<'_, PyAny>>> = match plan.values {
+            WriteValues::One => Some(vec![new_data.clone()]),
+            WriteValues::PerItem => {
+                let vals = (0..positions.len()).map(|i| new_data.get_item(i)).collect::<PyResult<Vec<_>>>();
+                let vals = vals.map_err(|_| {
+                    PyIndexError::new_err(format!(
+                        "cannot set {} items from {}",
+                        positions.len(),
+                        new_data.repr().map(|r| r.to_string()).unwrap_or_default()
+                    ))
+                })?;
+                if let Ok(n) = new_data.len() {
+                    check_set_len(positions.len(), n)?;
+                }
+                Some(vals)
+            }
+            WriteValues::Batch => None,
+        };
+        let f = self.field(name)?;
+        let strict = match f.conversion() {
+            Conversion::Bytes { strict, .. } => Some(strict),
+            _ => None,
+        };
+        if let (Some(strict), Some(spec)) = (strict, f.spec.clone()) {
+            match typed_set_leaves(&spec, values.as_deref(), new_data, positions.len(), name) {
+                Ok(leaves) => {
+                    let Storage::Typed { column, .. } = &mut self.field_mut(name)?.storage else {
+                        return Err(PyValueError::new_err("internal error: typed field changed"));
+                    };
+                    let refs: Vec<&[u8]> = leaves.iter().map(Vec::as_slice).collect();
+                    return column.overwrite_many(&positions, &refs).map_err(|e| column_error(&e));
+                }
+                Err(e) if strict => return Err(e),
+                Err(_) => {
+                    // A value that does not fit the layout inferred from the first item
+                    // (a float into ints, another shape): the field keeps Python objects
+                    // from now on, as `add_env_step` does with such a value. The values
+                    // are counted first: a wrong number of them changes nothing.
+                    let vals = match values {
+                        Some(v) => v,
+                        None if is_list => new_data.try_iter()?.collect::<PyResult<Vec<_>>>()?,
+                        None => split_rows(new_data)?,
+                    };
+                    check_set_len(positions.len(), vals.len())?;
+                    self.field_mut(name)?.make_objects(|t| to_object(new_data.py(), t));
+                    values = Some(vals);
+                }
+            }
+        }
+        if !matches!(self.field(name)?.storage, Storage::Objects { .. } | Storage::Sparse { .. }) {
+            if positions.is_empty() {
+                return Ok(());
+            }
+            let label = name.label();
+            return Err(PyValueError::new_err(format!("cannot set the {label}: the field holds no data")));
+        }
+        let vals = match values {
+            Some(v) => v,
+            None => new_data.try_iter()?.collect::<PyResult<Vec<_>>>()?,
+        };
+        check_set_len(positions.len(), vals.len())?;
+        let f = self.field_mut(name)?;
+        for (p, v) in positions.iter().zip(vals) {
+            f.set_object(*p, PyObj(v.unbind()));
+        }
+        Ok(())
     }
+}
+
+/// The `SpaceMismatchError` for an item that its field's column does not take.
+fn does_not_fit(name: FieldName<'_>) -> PyErr {
+    SpaceMismatchError::new_err(format!("{} does not fit its column", name.label()))
 }
 
 /// The `KeyError` for a field the episode lacks (only extra model outputs can be missing).
 fn missing_key(name: FieldName<'_>) -> PyErr {
     match name {
         FieldName::Extra(k) => PyKeyError::new_err(k.to_string()),
-        _ => PyKeyError::new_err(label(name)),
+        _ => PyKeyError::new_err(name.label()),
     }
 }

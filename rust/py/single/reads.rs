@@ -6,7 +6,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyList;
 
 use super::writes::prepare;
-use super::{empty_info, field_name, label, to_object, FieldName, PyField, SingleAgentEpisodePy};
+use super::{does_not_fit, empty_info, to_object, FieldName, PyField, SingleAgentEpisodePy};
 use crate::column::{Column, Pos, Resolved};
 use crate::episode::read::{self, BatchFill, FillSpec, Form, LeafDtype, ReadArgs, ReadError, ReadPlan};
 use crate::episode::{Field, Storage};
@@ -37,54 +37,37 @@ impl SingleAgentEpisodePy {
         read::plan(f, name, self.core.rewards_fill_f32, args).map_err(|e| read_error(&e))
     }
 
-    /// Field `name` seen with its last stored item left out (`ignore_last`) and/or with
-    /// `add_last` appended (a missing extra model output key: an empty field).
-    pub(super) fn view(
+    /// The view of field `name` that `_get_ext` reads: [`crate::episode::SingleAgentCore::view`]
+    /// with `add_last` appended.
+    fn view(
         &self,
         py: Python<'_>,
         name: FieldName<'_>,
         add_last: Option<&Bound<'_, PyAny>>,
         ignore_last: bool,
     ) -> PyResult<PyField> {
-        let mut view = match name {
-            FieldName::Extra(k) => self.core.extra(k).cloned().unwrap_or_default(),
-            _ => self.field(name)?.clone(),
-        };
-        if ignore_last {
-            let total = view.geometry().total;
-            if total > 0 {
-                view.remove(total - 1);
-            }
-        }
+        let mut view = self.core.view(name, ignore_last).ok_or_else(|| super::missing_key(name))?;
         if let Some(value) = add_last {
-            let (item, inferred) = prepare(value, &view, name)?;
+            let item = prepare(value, &view, name)?;
             if !view.push(item, |t| to_object(py, t)) {
-                return Err(crate::py::errors::SpaceMismatchError::new_err(format!(
-                    "{} does not fit its column",
-                    label(name)
-                )));
-            }
-            if inferred.is_some() {
-                view.spec = inferred;
+                return Err(does_not_fit(name));
             }
         }
         Ok(view)
     }
 
-    /// Reads a field of this episode with RLlib's index semantics (absent infos must have
-    /// been made first: see `_get`).
+    /// Reads field `name` of this episode with RLlib's index semantics (no infos: those
+    /// are made when first read, see [`Self::read`]).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn get<'py>(
         &self,
         py: Python<'py>,
-        field: &str,
-        key: Option<&str>,
+        name: FieldName<'_>,
         indices: Option<&Bound<'py, PyAny>>,
         neg_index_as_lookback: bool,
         fill: Option<&Bound<'py, PyAny>>,
         one_hot_discrete: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let name = field_name(field, key)?;
         let fill = fill.filter(|f| !f.is_none());
         let f = self.field(name)?;
         let plan =
@@ -159,79 +142,62 @@ impl SingleAgentEpisodePy {
         }
     }
 
+    /// Field `name`; a missing extra model output key is `empty` where one is given.
+    fn field_or<'a>(&'a self, name: FieldName<'_>, empty: Option<&'a PyField>) -> PyResult<&'a PyField> {
+        match (name, empty) {
+            (FieldName::Extra(k), Some(e)) => Ok(self.core.extra(k).unwrap_or(e)),
+            _ => self.field(name),
+        }
+    }
+
     /// The last stored observation and infos (for an agent terminated right after acting).
     pub fn last_observation_and_infos<'py>(
         &mut self,
         py: Python<'py>,
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
         let minus_one = (-1i64).into_pyobject(py)?.into_any();
-        let obs = self.get(py, "observations", None, Some(&minus_one), false, None, false)?;
-        let infos = self.get_py(py, "infos", None, Some(&minus_one), false, None, false)?;
+        let obs = self.get(py, FieldName::Observations, Some(&minus_one), false, None, false)?;
+        let infos = self.read(py, FieldName::Infos, Some(&minus_one), false, None, false, None)?;
         Ok((obs, infos))
     }
 
-    /// Reads a field, making the absent infos it returns first (see `_get`).
+    /// Reads field `name` (`_get`), or with `ext` = `(add_last, ignore_last)` the view of it
+    /// that `_get_ext` reads, in which a missing extra model output key is an empty field.
+    /// The absent infos the read returns are made in this episode first, so that later
+    /// reads hand out the same dicts.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn read_field<'py>(
+    pub(super) fn read<'py>(
         &mut self,
         py: Python<'py>,
-        field: &str,
-        key: Option<&str>,
+        name: FieldName<'_>,
         indices: Option<&Bound<'py, PyAny>>,
         neg_index_as_lookback: bool,
         fill: Option<&Bound<'py, PyAny>>,
         one_hot_discrete: bool,
+        ext: Option<(Option<&Bound<'py, PyAny>>, bool)>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let name = field_name(field, key)?;
         let fill = fill.filter(|f| !f.is_none());
         let args = read_args(indices, neg_index_as_lookback, fill, one_hot_discrete)?;
-        let plan = self.plan_read(name, self.field(name)?, &args)?;
+        let (add_last, ignore_last) = ext.map_or((None, false), |(a, i)| (a.filter(|v| !v.is_none()), i));
+        let view = |this: &Self| -> PyResult<Option<PyField>> {
+            (add_last.is_some() || ignore_last)
+                .then(|| this.view(py, name, add_last, ignore_last))
+                .transpose()
+        };
+        let untyped = Field::untyped();
+        let empty = ext.map(|_| &untyped);
+        let mut viewed = view(self)?;
+        let plan =
+            self.plan_read(name, viewed.as_ref().map_or_else(|| self.field_or(name, empty), Ok)?, &args)?;
         if name == FieldName::Infos {
+            // A view's absent infos are made in this episode (positions past its items are
+            // skipped), then seen through a new view.
             self.core.infos.materialize(&plan.stored_positions(), || empty_info(py));
-        }
-        Self::execute(py, self.field(name)?, &plan, fill)
-    }
-
-    /// Reads a view of a field (see `_get_ext`).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn read_view<'py>(
-        &mut self,
-        py: Python<'py>,
-        field: &str,
-        key: Option<&str>,
-        indices: Option<&Bound<'py, PyAny>>,
-        neg_index_as_lookback: bool,
-        fill: Option<&Bound<'py, PyAny>>,
-        one_hot_discrete: bool,
-        add_last: Option<&Bound<'py, PyAny>>,
-        ignore_last: bool,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        let name = field_name(field, key)?;
-        let add_last = add_last.filter(|v| !v.is_none());
-        let fill = fill.filter(|f| !f.is_none());
-        let args = read_args(indices, neg_index_as_lookback, fill, one_hot_discrete)?;
-        if add_last.is_none() && !ignore_last {
-            let untyped = Field::untyped();
-            let stored = match name {
-                FieldName::Extra(k) => self.core.extra(k).unwrap_or(&untyped),
-                _ => self.field(name)?,
-            };
-            let plan = self.plan_read(name, stored, &args)?;
-            if name == FieldName::Infos {
-                self.core.infos.materialize(&plan.stored_positions(), || empty_info(py));
-                return Self::execute(py, &self.core.infos, &plan, fill);
+            if viewed.is_some() {
+                viewed = view(self)?;
             }
-            return Self::execute(py, stored, &plan, fill);
         }
-        let mut view = self.view(py, name, add_last, ignore_last)?;
-        let plan = self.plan_read(name, &view, &args)?;
-        if name == FieldName::Infos {
-            // The view's absent infos that the read returns are made in this episode
-            // (positions past its items are skipped), then seen through a new view.
-            self.core.infos.materialize(&plan.stored_positions(), || empty_info(py));
-            view = self.view(py, name, add_last, ignore_last)?;
-        }
-        Self::execute(py, &view, &plan, fill)
+        Self::execute(py, viewed.as_ref().map_or_else(|| self.field_or(name, empty), Ok)?, &plan, fill)
     }
 }
 

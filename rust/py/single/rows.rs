@@ -1,14 +1,12 @@
 //! The row-step path: a step whose fields arrive as rows laid out like the episode's typed
 //! columns (a vector env's batches, a module's outputs), stored without per-item conversion.
 
-use std::sync::Arc;
-
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
 use smallvec::SmallVec;
 
-use super::{label, FieldName, SingleAgentEpisodePy};
-use crate::episode::{Leaves, Storage};
+use super::{FieldName, SingleAgentEpisodePy};
+use crate::episode::Leaves;
 use crate::py::errors::episode_error;
 use crate::py::object::PyObj;
 use crate::py::outputs::AgentOutputsPy;
@@ -134,10 +132,10 @@ impl SingleAgentEpisodePy {
             let Some(spec) = self.row_spec(FieldName::Rewards) else { return Ok(false) };
             match spec.schema.leaves.as_slice() {
                 [leaf] if leaf.shape.is_empty() && leaf.dtype == DType::F64 => {
-                    leaves.push(LeafBytes::scalar(&reward.to_ne_bytes()));
+                    leaves.push(LeafBytes::copied(&reward.to_ne_bytes()));
                 }
                 [leaf] if leaf.shape.is_empty() && leaf.dtype == DType::F32 => {
-                    leaves.push(LeafBytes::scalar(&(reward as f32).to_ne_bytes()));
+                    leaves.push(LeafBytes::copied(&(reward as f32).to_ne_bytes()));
                 }
                 _ => return Ok(false),
             }
@@ -180,7 +178,7 @@ impl SingleAgentEpisodePy {
         value: &Bound<'py, PyAny>,
     ) -> bool {
         let Some(spec) = self.row_spec(name) else { return false };
-        let Ok(views) = spec::to_leaf_views(spec, value, None, &|| label(name)) else { return false };
+        let Ok(views) = spec::to_leaf_views(spec, value, None, &|| name.label()) else { return false };
         match views {
             Leaves::One(view) => leaves.push(view),
             Leaves::Many(views) => leaves.extend(views),
@@ -191,23 +189,13 @@ impl SingleAgentEpisodePy {
     /// The spec of `name` if the field stores typed items laid out by it, so that a row
     /// of a batch converted with this spec can be stored as it is ([`Input::Row`]).
     pub fn row_spec(&self, name: FieldName<'_>) -> Option<&Spec> {
-        let field = self.core.field(name)?;
-        match (&field.storage, field.spec()) {
-            // The same schema object first: a column made from this spec shares it.
-            (Storage::Typed { column, .. }, Some(spec))
-                if std::ptr::eq(column.schema(), Arc::as_ptr(&spec.schema))
-                    || column.schema().leaves == spec.schema.leaves =>
-            {
-                Some(spec)
-            }
-            _ => None,
-        }
+        self.core.field(name)?.row_spec()
     }
 
-    /// Whether the field `name` infers its spec from the next item stored (no items and
-    /// no spec yet: [`prepare`]'s inference), which [`Input::FirstRow`] stands in for.
+    /// Whether the field `name` infers its spec from the next item stored, which
+    /// [`Input::FirstRow`] stands in for (see [`crate::episode::SingleAgentCore::infers_spec`]).
     pub fn infers_spec(&self, name: FieldName<'_>) -> bool {
-        self.core.field(name).is_none_or(|f| matches!(f.storage, Storage::Untyped { .. }) && f.spec.is_none())
+        self.core.infers_spec(name)
     }
 
     /// Right after a chunk's first step (when every field has its column), reserves room

@@ -1,50 +1,48 @@
-//! Writes: Python values converted into a field's items (inferring its spec from a first
-//! item), steps and resets checked before they are stored, appends and overwrites.
+//! Writes: Python values converted into a field's items as the core's `Conversion` says
+//! (a first item's spec inferred from it here), and steps and resets checked and converted
+//! before they are stored; `_extend` and `_set` (in the class) use them.
 
 use std::sync::Arc;
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyString};
+use pyo3::types::{PyDict, PyString};
 
-use super::{
-    field_name, info_or_absent, label, perf_counter, to_object, FieldName, PyField, SingleAgentEpisodePy,
-};
-use crate::episode::read::{self, WriteValues};
-use crate::episode::{EpisodeError, Field, Item, Step, Storage};
-use crate::py::errors::{column_error, episode_error, index_error};
-use crate::py::index::to_index;
+use super::{info_or_absent, perf_counter, to_object, FieldName, PyField, SingleAgentEpisodePy};
+use crate::column::ColumnError;
+use crate::episode::{Conversion, Field, Item, Step};
+use crate::py::errors::{column_error, episode_error};
 use crate::py::object::PyObj;
 use crate::py::spec::{self, LeafBytes, Spec};
 
-/// One value converted for a field, with the spec inferred from it if it was the first.
-pub(super) type Prepared<'py> = (Item<PyObj, LeafBytes<'py>>, Option<Arc<Spec>>);
+/// One value converted for a field (a first item carries the spec inferred from it).
+pub(super) type PyItem<'py> = Item<PyObj, LeafBytes<'py>, Spec>;
 
-/// Converts one value for `field` (whose spec may be inferred now).
+/// Converts one value for `field` as the core's [`Conversion`] says.
 pub(super) fn prepare<'py>(
     value: &Bound<'py, PyAny>,
     field: &PyField,
     name: FieldName<'_>,
-) -> PyResult<Prepared<'py>> {
-    let spec = field.spec();
-    let object = || (Item::Object(PyObj(value.clone().unbind())), None);
-    match (&field.storage, spec) {
-        (Storage::Objects { .. } | Storage::Sparse { .. }, _) | (Storage::Typed { .. }, None) => Ok(object()),
-        (Storage::Typed { .. }, Some(spec)) => {
-            match spec::to_leaf_views(spec, value, None, &|| label(name)) {
-                Ok(leaves) => Ok((Item::Bytes(leaves), None)),
-                Err(e) if spec.from_space => Err(e),
-                Err(_) => Ok(object()),
-            }
-        }
-        (Storage::Untyped { .. }, Some(spec)) => {
-            let leaves = spec::to_leaf_views(spec, value, None, &|| label(name))?;
-            Ok((Item::FirstTyped { schema: spec.schema(), leaves, host_scalars: false }, None))
-        }
-        (Storage::Untyped { .. }, None) => match spec::infer(value)? {
-            Some((spec, host_scalars)) => match spec::to_leaf_views(&spec, value, None, &|| label(name)) {
+) -> PyResult<PyItem<'py>> {
+    let object = || Item::Object(PyObj(value.clone().unbind()));
+    let views = |spec: &Spec| spec::to_leaf_views(spec, value, None, &|| name.label());
+    match field.conversion() {
+        Conversion::Object => Ok(object()),
+        Conversion::Bytes { spec, strict } => match views(spec) {
+            Ok(leaves) => Ok(Item::Bytes(leaves)),
+            Err(e) if strict => Err(e),
+            Err(_) => Ok(object()),
+        },
+        Conversion::First(spec) => Ok(Item::FirstTyped {
+            schema: spec.schema(),
+            leaves: views(spec)?,
+            host_scalars: false,
+            spec: None,
+        }),
+        Conversion::Infer => match spec::infer(value)? {
+            Some((spec, host_scalars)) => match views(&spec) {
                 Ok(leaves) => {
-                    Ok((Item::FirstTyped { schema: spec.schema(), leaves, host_scalars }, Some(spec)))
+                    Ok(Item::FirstTyped { schema: spec.schema(), leaves, host_scalars, spec: Some(spec) })
                 }
                 Err(_) => Ok(object()),
             },
@@ -73,18 +71,20 @@ pub(super) fn prepare_input<'py>(
     value: Input<'py>,
     field: &PyField,
     name: FieldName<'_>,
-) -> PyResult<Prepared<'py>> {
+) -> PyResult<PyItem<'py>> {
     match value {
         Input::Object(v) => prepare(&v, field, name),
-        Input::Row(leaves) => Ok((Item::Bytes(leaves.into()), None)),
-        Input::FirstRow { leaves, spec: inferred, host_scalars } => match (&field.storage, field.spec()) {
-            (Storage::Untyped { .. }, None) => Ok((
-                Item::FirstTyped { schema: inferred.schema(), leaves: leaves.into(), host_scalars },
-                Some(inferred),
-            )),
+        Input::Row(leaves) => Ok(Item::Bytes(leaves.into())),
+        Input::FirstRow { leaves, spec, host_scalars } => match field.conversion() {
+            Conversion::Infer => Ok(Item::FirstTyped {
+                schema: spec.schema(),
+                leaves: leaves.into(),
+                host_scalars,
+                spec: Some(spec),
+            }),
             _ => Err(PyValueError::new_err(format!(
                 "internal error: a first row for the {}, which does not infer its spec",
-                label(name)
+                name.label()
             ))),
         },
     }
@@ -153,6 +153,11 @@ pub(super) fn is_number(value: &Bound<'_, PyAny>) -> PyResult<bool> {
     Ok(false)
 }
 
+/// `IndexError` unless a set gives one value per selected position.
+pub(super) fn check_set_len(selected: usize, given: usize) -> PyResult<()> {
+    ColumnError::check_set_len(selected, given).map_err(|e| column_error(&e))
+}
+
 /// The bytes a set writes into a typed field laid out by `spec`: one buffer per leaf with
 /// `selected` items, from `values` (one Python value per position) or, where the caller
 /// did not split them, from `new_data` as a batch.
@@ -166,87 +171,42 @@ pub(super) fn typed_set_leaves(
     if let Some(vals) = values {
         let mut acc = vec![Vec::new(); spec.schema.leaves.len()];
         for v in vals {
-            for (a, b) in acc.iter_mut().zip(spec::to_leaves(spec, v, None, &|| label(name))?) {
+            for (a, b) in acc.iter_mut().zip(spec::to_leaves(spec, v, None, &|| name.label())?) {
                 a.extend_from_slice(&b);
             }
         }
         return Ok(acc);
     }
-    let leaves = spec::to_leaves(spec, new_data, Some(None), &|| label(name))?;
+    let leaves = spec::to_leaves(spec, new_data, Some(None), &|| name.label())?;
     if let Some(l) = spec.schema.leaves.first() {
-        let n = if l.item_bytes() == 0 { selected } else { leaves[0].len() / l.item_bytes() };
-        if n != selected {
-            return Err(column_error(&crate::column::ColumnError::SetLength { selected, given: n }));
-        }
+        check_set_len(
+            selected,
+            if l.item_bytes() == 0 { selected } else { leaves[0].len() / l.item_bytes() },
+        )?;
     }
     Ok(leaves)
 }
 
-/// The values a set writes into a field of Python objects: `values` if the caller split
-/// them already, else the items of `new_data`; exactly one per position.
-pub(super) fn object_values<'py>(
-    values: Option<Vec<Bound<'py, PyAny>>>,
-    new_data: &Bound<'py, PyAny>,
-    positions: usize,
-) -> PyResult<Vec<Bound<'py, PyAny>>> {
-    let vals = match values {
-        Some(v) => v,
-        None => new_data.try_iter()?.collect::<PyResult<Vec<_>>>()?,
-    };
-    if vals.len() != positions {
-        return Err(column_error(&crate::column::ColumnError::SetLength {
-            selected: positions,
-            given: vals.len(),
-        }));
-    }
-    Ok(vals)
-}
-
 /// One step's values, converted and checked against an episode, not yet stored.
 pub struct PreparedStep<'py> {
-    observation: Item<PyObj, LeafBytes<'py>>,
-    action: Item<PyObj, LeafBytes<'py>>,
-    reward: Item<PyObj, LeafBytes<'py>>,
+    observation: PyItem<'py>,
+    action: PyItem<'py>,
+    reward: PyItem<'py>,
     info: Option<PyObj>,
     /// Extra model output keys and items, apart: the stored step borrows the keys' text
     /// while it takes the items.
     extra_keys: Vec<Bound<'py, PyString>>,
-    extra_items: Vec<Item<PyObj, LeafBytes<'py>>>,
-    /// Specs inferred from first items, stored once the step is.
-    specs: Vec<(SpecSlot, Arc<Spec>)>,
+    extra_items: Vec<PyItem<'py>>,
 }
 
 /// A reset observation, converted and checked against an episode, not yet stored.
-pub struct PreparedReset<'py> {
-    observation: Item<PyObj, LeafBytes<'py>>,
-    spec: Option<Arc<Spec>>,
-}
-
-/// Which field an inferred spec belongs to (owned: it outlives the borrowed extra keys).
-pub(super) enum SpecSlot {
-    Observations,
-    Actions,
-    Rewards,
-    Extra(String),
-}
+pub struct PreparedReset<'py>(PyItem<'py>);
 
 impl SingleAgentEpisodePy {
     /// Checks and converts a reset observation (nothing is stored).
     pub fn prepare_reset<'py>(&self, observation: &Bound<'py, PyAny>) -> PyResult<PreparedReset<'py>> {
-        if self.core.is_done() {
-            return Err(episode_error(&EpisodeError::Done { what: "add_env_reset" }));
-        }
-        if self.core.t_started != 0 {
-            return Err(crate::py::errors::EpisodeStateError::new_err(format!(
-                "add_env_reset: a reset starts at t=0, this episode starts at t_started={}",
-                self.core.t_started
-            )));
-        }
-        if self.core.is_reset() || self.core.t != self.core.t_started {
-            return Err(episode_error(&EpisodeError::AlreadyReset));
-        }
-        let (observation, spec) = prepare(observation, &self.core.observations, FieldName::Observations)?;
-        Ok(PreparedReset { observation, spec })
+        self.core.check_reset().map_err(|e| episode_error(&e))?;
+        Ok(PreparedReset(prepare(observation, &self.core.observations, FieldName::Observations)?))
     }
 
     /// Stores a prepared reset observation.
@@ -257,11 +217,8 @@ impl SingleAgentEpisodePy {
         infos: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         self.core
-            .add_reset(prepared.observation, info_or_absent(infos), |t| to_object(py, t))
+            .add_reset(prepared.0, info_or_absent(infos), |t| to_object(py, t))
             .map_err(|e| episode_error(&e))?;
-        if prepared.spec.is_some() {
-            self.core.observations.spec = prepared.spec;
-        }
         self.start_time = Some(perf_counter());
         Ok(())
     }
@@ -306,12 +263,7 @@ impl SingleAgentEpisodePy {
         infos: Option<&Bound<'py, PyAny>>,
         extra_model_outputs: Vec<(Bound<'py, PyString>, Input<'py>)>,
     ) -> PyResult<PreparedStep<'py>> {
-        if self.core.is_done() {
-            return Err(episode_error(&EpisodeError::Done { what: "add_env_step" }));
-        }
-        if !self.core.is_reset() {
-            return Err(episode_error(&EpisodeError::NotReset));
-        }
+        self.core.check_step().map_err(|e| episode_error(&e))?;
         if let Input::Object(reward) = &reward {
             if !is_number(reward)? {
                 return Err(PyTypeError::new_err(format!(
@@ -321,41 +273,22 @@ impl SingleAgentEpisodePy {
                 )));
             }
         }
-        let mut specs = Vec::new();
-        let mut keep = |slot: SpecSlot, s: Option<Arc<Spec>>| {
-            if let Some(s) = s {
-                specs.push((slot, s));
-            }
-        };
-        let (observation, s) = prepare_input(observation, &self.core.observations, FieldName::Observations)?;
-        keep(SpecSlot::Observations, s);
-        let (action, s) = prepare_input(action, &self.core.actions, FieldName::Actions)?;
-        keep(SpecSlot::Actions, s);
-        let (reward, s) = prepare_input(reward, &self.core.rewards, FieldName::Rewards)?;
-        keep(SpecSlot::Rewards, s);
+        let observation = prepare_input(observation, &self.core.observations, FieldName::Observations)?;
+        let action = prepare_input(action, &self.core.actions, FieldName::Actions)?;
+        let reward = prepare_input(reward, &self.core.rewards, FieldName::Rewards)?;
         let mut extra_keys = Vec::with_capacity(extra_model_outputs.len());
         let mut extra_items = Vec::with_capacity(extra_model_outputs.len());
         let untyped = Field::untyped();
         for (k, v) in extra_model_outputs {
             let key = k.to_str()?;
-            let name = FieldName::Extra(key);
-            let field = self.core.extra(key).unwrap_or(&untyped);
-            let (item, s) = prepare_input(v, field, name)?;
-            if s.is_some() {
-                keep(SpecSlot::Extra(key.to_string()), s);
-            }
+            extra_items.push(prepare_input(
+                v,
+                self.core.extra(key).unwrap_or(&untyped),
+                FieldName::Extra(key),
+            )?);
             extra_keys.push(k);
-            extra_items.push(item);
         }
-        Ok(PreparedStep {
-            observation,
-            action,
-            reward,
-            info: info_or_absent(infos),
-            extra_keys,
-            extra_items,
-            specs,
-        })
+        Ok(PreparedStep { observation, action, reward, info: info_or_absent(infos), extra_keys, extra_items })
     }
 
     /// Stores a prepared step (checked again by the core; nothing is stored on error).
@@ -366,25 +299,13 @@ impl SingleAgentEpisodePy {
         terminated: bool,
         truncated: bool,
     ) -> PyResult<()> {
-        let PreparedStep { observation, action, reward, info, extra_keys, extra_items, specs: new_specs } =
-            prepared;
+        let PreparedStep { observation, action, reward, info, extra_keys, extra_items } = prepared;
         let mut extra_model_outputs = Vec::with_capacity(extra_items.len());
         for (k, item) in extra_keys.iter().zip(extra_items) {
             extra_model_outputs.push((k.to_str()?, item));
         }
         let step = Step { observation, action, reward, info, extra_model_outputs, terminated, truncated };
         self.core.add_step(step, |t| to_object(py, t)).map_err(|e| episode_error(&e))?;
-        for (slot, s) in new_specs {
-            let name = match &slot {
-                SpecSlot::Observations => FieldName::Observations,
-                SpecSlot::Actions => FieldName::Actions,
-                SpecSlot::Rewards => FieldName::Rewards,
-                SpecSlot::Extra(key) => FieldName::Extra(key),
-            };
-            if let Some(field) = self.core.field_mut(name) {
-                field.spec = Some(s);
-            }
-        }
         self.stamp_step(perf_counter());
         Ok(())
     }
@@ -393,176 +314,5 @@ impl SingleAgentEpisodePy {
     pub(super) fn stamp_step(&mut self, now: f64) {
         self.last_step_time = Some(now);
         self.start_time.get_or_insert(now);
-    }
-
-    /// Appends `data` to a field (see `_extend`).
-    pub(super) fn extend_items(
-        &mut self,
-        py: Python<'_>,
-        field: &str,
-        data: &Bound<'_, PyAny>,
-        key: Option<&str>,
-    ) -> PyResult<()> {
-        let name = field_name(field, key)?;
-        if let FieldName::Extra(k) = name {
-            self.core.extra_or_insert(k);
-        }
-        // A Python list holds items; anything else (an array, or a dict/tuple of arrays for
-        // a nested space) is a batch with the items on its first axis, as RLlib's buffers
-        // hold them once numpy'd.
-        let is_list = data.cast::<PyList>().is_ok();
-        let items: Vec<Bound<'_, PyAny>> =
-            if is_list { data.try_iter()?.collect::<PyResult<_>>()? } else { split_rows(data)? };
-        for item in &items {
-            let f = self.field(name)?;
-            let (it, s) = if name == FieldName::Infos {
-                (Item::Object(PyObj(item.clone().unbind())), None)
-            } else {
-                prepare(item, f, name)?
-            };
-            let f = self.field_mut(name)?;
-            if !f.push(it, |t| to_object(py, t)) {
-                return Err(crate::py::errors::SpaceMismatchError::new_err(format!(
-                    "{} does not fit its column",
-                    label(name)
-                )));
-            }
-            if s.is_some() {
-                f.spec = s;
-            }
-        }
-        if !is_list && name != FieldName::Infos {
-            self.field_mut(name)?.finalized = true;
-        }
-        Ok(())
-    }
-
-    /// Makes `data` the extra model output `key` (see `_put_extra`).
-    pub(super) fn put_extra_field(
-        &mut self,
-        py: Python<'_>,
-        key: &str,
-        data: &Bound<'_, PyAny>,
-        lookback: usize,
-    ) -> PyResult<()> {
-        // Built in a scratch episode, with the same conversions as `_extend`'s.
-        let mut scratch = SingleAgentEpisodePy::blank();
-        scratch.extend(py, "extra_model_outputs", data, Some(key))?;
-        let mut field = scratch.field(FieldName::Extra(key))?.clone();
-        field.set_lookback(lookback);
-        let steps = self.core.observations.len().saturating_sub(1);
-        if field.len() != steps {
-            return Err(crate::py::errors::EpisodeStateError::new_err(format!(
-                "extra_model_outputs[{key:?}]: {} items after a look-back of {}, but the \
-                 episode has {steps} steps",
-                field.len(),
-                field.lookback()
-            )));
-        }
-        *self.core.extra_or_insert(key) = field;
-        Ok(())
-    }
-
-    /// Overwrites items of a field (see `_set`).
-    #[allow(clippy::too_many_lines)] // value form x storage kind x the fallback to objects
-    pub(super) fn write_field(
-        &mut self,
-        field: &str,
-        new_data: &Bound<'_, PyAny>,
-        key: Option<&str>,
-        at_indices: Option<&Bound<'_, PyAny>>,
-        neg_index_as_lookback: bool,
-    ) -> PyResult<()> {
-        let name = field_name(field, key)?;
-        let is_list = new_data.cast::<PyList>().is_ok();
-        let plan =
-            read::plan_write(self.field(name)?, &to_index(at_indices)?, neg_index_as_lookback, is_list)
-                .map_err(|e| index_error(&e))?;
-        let positions = plan.positions;
-        // The new items, one Python value each (or one batch).
-        let values: Option<Vec<Bound<'_, PyAny>>> = match plan.values {
-            WriteValues::One => Some(vec![new_data.clone()]),
-            WriteValues::PerItem => {
-                let vals: Vec<Bound<'_, PyAny>> = (0..positions.len())
-                    .map(|i| new_data.get_item(i))
-                    .collect::<PyResult<_>>()
-                    .map_err(|_| {
-                        pyo3::exceptions::PyIndexError::new_err(format!(
-                            "cannot set {} items from {}",
-                            positions.len(),
-                            new_data.repr().map(|r| r.to_string()).unwrap_or_default()
-                        ))
-                    })?;
-                if let Ok(n) = new_data.len() {
-                    if n != positions.len() {
-                        return Err(column_error(&crate::column::ColumnError::SetLength {
-                            selected: positions.len(),
-                            given: n,
-                        }));
-                    }
-                }
-                Some(vals)
-            }
-            WriteValues::Batch => None,
-        };
-        let spec = self.field(name)?.spec.clone();
-        let mut values = values;
-        if let (Storage::Typed { .. }, Some(spec)) = (&self.field(name)?.storage, spec) {
-            match typed_set_leaves(&spec, values.as_deref(), new_data, positions.len(), name) {
-                Ok(leaves) => {
-                    let Storage::Typed { column, .. } = &mut self.field_mut(name)?.storage else {
-                        return Err(PyValueError::new_err("internal error: typed field changed"));
-                    };
-                    let refs: Vec<&[u8]> = leaves.iter().map(Vec::as_slice).collect();
-                    return column.overwrite_many(&positions, &refs).map_err(|e| column_error(&e));
-                }
-                Err(e) if spec.from_space => return Err(e),
-                Err(_) => {
-                    // A value that does not fit the layout inferred from the first item
-                    // (a float into ints, another shape): the field keeps Python objects
-                    // from now on, as `add_env_step` does with such a value. The values
-                    // are counted first: a wrong number of them changes nothing.
-                    let vals = match values {
-                        Some(v) => v,
-                        None if is_list => new_data.try_iter()?.collect::<PyResult<Vec<_>>>()?,
-                        None => split_rows(new_data)?,
-                    };
-                    if vals.len() != positions.len() {
-                        return Err(column_error(&crate::column::ColumnError::SetLength {
-                            selected: positions.len(),
-                            given: vals.len(),
-                        }));
-                    }
-                    let py = new_data.py();
-                    self.field_mut(name)?.make_objects(|t| to_object(py, t));
-                    values = Some(vals);
-                }
-            }
-        }
-        let f = self.field_mut(name)?;
-        match &mut f.storage {
-            Storage::Objects { items, .. } => {
-                for (p, v) in positions.iter().zip(object_values(values, new_data, positions.len())?) {
-                    items[*p] = PyObj(v.unbind());
-                }
-                Ok(())
-            }
-            Storage::Sparse { .. } => {
-                for (p, v) in positions.iter().zip(object_values(values, new_data, positions.len())?) {
-                    f.set_object(*p, PyObj(v.unbind()));
-                }
-                Ok(())
-            }
-            _ => {
-                if positions.is_empty() {
-                    Ok(())
-                } else {
-                    Err(PyValueError::new_err(format!(
-                        "cannot set the {}: the field holds no data",
-                        label(name)
-                    )))
-                }
-            }
-        }
     }
 }
