@@ -285,12 +285,18 @@ def test_restarts_give_up_after_the_attempts_in_a_row():
         r.stop()
 
 
-def test_a_killed_async_worker_is_replaced_alone():
+@pytest.mark.parametrize("dead_before_the_step", [False, True])
+def test_a_killed_async_worker_is_replaced_alone(dead_before_the_step):
+    """Killed while the runner waits, or already gone when the next step is sent (the
+    send then fails on the closed pipe, which is that sub-env's failure, not the runner's)."""
     r = fr.SingleAgentEnvRunner(config=crash_config(SlowEnv, 3, gym_env_vectorize_mode="async"))
     try:
         first = r.sample(num_timesteps=30)
         pid = r.env.processes[1].pid
         os.kill(pid, signal.SIGKILL)
+        if dead_before_the_step:
+            r.env.processes[1].join(timeout=10)
+            assert not r.env.processes[1].is_alive()
         second = r.sample(num_timesteps=60)
         assert steps(second) >= 60
         assert_exact(second)

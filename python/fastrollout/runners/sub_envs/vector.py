@@ -15,7 +15,8 @@ import contextlib
 import functools
 import multiprocessing
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 import gymnasium as gym
@@ -325,6 +326,9 @@ class _ResilientAsyncVectorEnv(gym.vector.AsyncVectorEnv):
     starts a new worker (a new sub-env) in place of one.
     """
 
+    #: The sub-envs whose step the last ``send_steps`` could not send (their worker died).
+    _send_failed: Mapping[int, OSError] = MappingProxyType({})
+
     def send_steps(self, actions: Any) -> None:
         """Sends every sub-env its action.
 
@@ -333,10 +337,17 @@ class _ResilientAsyncVectorEnv(gym.vector.AsyncVectorEnv):
         """
         from gymnasium.vector.utils import iterate
 
-        for pipe, action in zip(
-            self.parent_pipes, iterate(self.action_space, actions), strict=True
+        # A worker that died since its last step closed its pipe: the send fails and
+        # ``wait_steps`` reports that sub-env as failed.
+        failed: dict[int, OSError] = {}
+        for i, (pipe, action) in enumerate(
+            zip(self.parent_pipes, iterate(self.action_space, actions), strict=True)
         ):
-            pipe.send(("step", action))
+            try:
+                pipe.send(("step", action))
+            except OSError as err:
+                failed[i] = err
+        self._send_failed = MappingProxyType(failed)
 
     def wait_steps(self, timeout_s: float | None) -> tuple[Any, ...]:
         """Receives every sub-env's step; failed ones are reported, not raised.
@@ -359,6 +370,8 @@ class _ResilientAsyncVectorEnv(gym.vector.AsyncVectorEnv):
         failed: dict[int, BaseException] = {}
         for i, pipe in enumerate(self.parent_pipes):
             try:
+                if i in self._send_failed:
+                    raise self._send_failed[i]
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 if left is not None and not pipe.poll(left):
                     raise TimeoutError(f"sub-env {i}: its step took longer than {timeout_s} s")
