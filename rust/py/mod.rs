@@ -1,12 +1,13 @@
 //! The binding layer: the `fastrollout._core` Python extension module.
 //!
 //! It converts between Python/numpy values and the pure core's types, maps core errors to
-//! Python exceptions, and applies the plans the core makes (a multi-agent env step, a read
-//! or write of an episode field). Rules still decided here, because they inspect Python
-//! values: the layout a value given without a space infers (what then becomes of the value
-//! is the core's `episode::Conversion`), the runner's record of a vector step (which
-//! sub-envs and agents a step holds, infos unbatched), and the metrics logger's deferral
-//! of torch tensors.
+//! Python exceptions, and hands the core's plans the values they record: a multi-agent
+//! env step (applied by the core through the `Books` the binding implements over RLlib's
+//! dicts), a read or write of an episode field, a runner's vector step, a metrics
+//! logger's stats. What it still decides, because only Python can: which Python object is
+//! a numpy array, a torch tensor or a nested value (and so how it converts), the order of
+//! a Python set where RLlib's results depend on it (agents that join), and which keys of
+//! Python dicts name the same agent.
 
 mod dist;
 mod errors;
