@@ -525,6 +525,15 @@ impl Inner {
 
     /// Pushes the pending tensors of every stat (`slot: None`) or of one.
     fn flush(&mut self, py: Python<'_>, slot: Option<usize>) -> PyResult<()> {
+        // The usual case, kept apart from the conversion so that `log_value` stays cheap.
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        self.flush_pending(py, slot)
+    }
+
+    #[inline(never)]
+    fn flush_pending(&mut self, py: Python<'_>, slot: Option<usize>) -> PyResult<()> {
         for (s, tensors) in self.pending.take(slot) {
             self.store.push_numbers(s, &host_values(py, &tensors)?)?;
         }
