@@ -211,30 +211,49 @@ fn percentiles_of(percentiles: &[f64], sorted: &[f64]) -> Vec<(f64, Option<f64>)
 /// The peek of a reduced payload of a stat tracking `percentiles` (RLlib: `peek` on the
 /// Stats clone that reduce returned).
 pub fn peek_payload<'a, T>(percentiles: &[f64], payload: &'a Payload<T>, compile: bool) -> Peeked<'a, T> {
-    let one = |v: f64| if compile { Peeked::Float(v) } else { Peeked::Floats(vec![v]) };
     match payload {
-        Payload::Series(v) | Payload::Ema(v) | Payload::LifetimeSum(v) => one(*v),
-        Payload::Mean { mean, .. } => one(*mean),
-        Payload::Sorted(vs) => {
-            if compile {
-                Peeked::Percentiles(percentiles_of(percentiles, vs))
-            } else {
-                Peeked::Floats(vs.clone())
-            }
+        Payload::Series(v) | Payload::Ema(v) | Payload::LifetimeSum(v) => Peeked::number(*v, compile),
+        Payload::Mean { mean, .. } => Peeked::number(*mean, compile),
+        Payload::Sorted(vs) => Peeked::sorted(percentiles, vs, compile),
+        Payload::Item(item) => Peeked::item(item.as_ref(), compile),
+        Payload::Items(items) => Peeked::items(items.iter(), compile),
+    }
+}
+
+impl<'a, T> Peeked<'a, T> {
+    /// One number: itself compiled, else as a one-element list.
+    fn number(v: f64, compile: bool) -> Self {
+        if compile {
+            Peeked::Float(v)
+        } else {
+            Peeked::Floats(vec![v])
         }
-        Payload::Item(item) => {
-            if compile {
-                Peeked::Item(item.as_ref())
-            } else {
-                Peeked::ItemList(item.as_ref())
-            }
+    }
+
+    /// Ascending values: their `percentiles` compiled, else the values.
+    fn sorted(percentiles: &[f64], sorted: &[f64], compile: bool) -> Self {
+        if compile {
+            Peeked::Percentiles(percentiles_of(percentiles, sorted))
+        } else {
+            Peeked::Floats(sorted.to_vec())
         }
-        Payload::Items(items) => {
-            if compile && items.is_empty() {
-                Peeked::Float(f64::NAN)
-            } else {
-                Peeked::Items(items.iter().collect())
-            }
+    }
+
+    /// One item: itself compiled, else as a one-element list.
+    fn item(item: Option<&'a T>, compile: bool) -> Self {
+        if compile {
+            Peeked::Item(item)
+        } else {
+            Peeked::ItemList(item)
+        }
+    }
+
+    /// An item series (compiled and empty: NaN, as RLlib's).
+    fn items(items: impl ExactSizeIterator<Item = &'a T>, compile: bool) -> Self {
+        if compile && items.len() == 0 {
+            Peeked::Float(f64::NAN)
+        } else {
+            Peeked::Items(items.collect())
         }
     }
 }
@@ -446,47 +465,21 @@ impl<T: Clone> Stat<T> {
                 None => self.never_merged(compile),
             });
         }
-        let one = |v: f64| if compile { Peeked::Float(v) } else { Peeked::Floats(vec![v]) };
         let scalar = match &self.data {
             Data::Acc(_) | Data::Window(_) => Some(self.series_acc().result(self.config.reduce)),
             Data::Ema { .. } => Some(self.ema_value()),
             _ => None,
         };
         if let Some(v) = scalar {
-            return Ok(one(v));
+            return Ok(Peeked::number(v, compile));
         }
         Ok(match &mut self.data {
-            Data::LifetimeSum(s) => {
-                if compile {
-                    Peeked::Float(*s)
-                } else {
-                    Peeked::Floats(vec![*s])
-                }
-            }
-            Data::Percentiles(sv) => {
-                let sorted = sv.sorted();
-                if compile {
-                    Peeked::Percentiles(percentiles_of(&self.config.percentiles, sorted))
-                } else {
-                    Peeked::Floats(sorted.to_vec())
-                }
-            }
-            Data::Item(item) => {
-                if compile {
-                    Peeked::Item(item.as_ref())
-                } else {
-                    Peeked::ItemList(item.as_ref())
-                }
-            }
-            Data::Items { items, .. } => {
-                if compile && items.is_empty() {
-                    Peeked::Float(f64::NAN)
-                } else {
-                    Peeked::Items(items.iter().collect())
-                }
-            }
+            Data::LifetimeSum(s) => Peeked::number(*s, compile),
+            Data::Percentiles(sv) => Peeked::sorted(&self.config.percentiles, sv.sorted(), compile),
+            Data::Item(item) => Peeked::item(item.as_ref(), compile),
+            Data::Items { items, .. } => Peeked::items(items.iter(), compile),
             // Handled above.
-            Data::Acc(_) | Data::Window(_) | Data::Ema { .. } => one(f64::NAN),
+            Data::Acc(_) | Data::Window(_) | Data::Ema { .. } => Peeked::number(f64::NAN, compile),
         })
     }
 
