@@ -31,48 +31,16 @@ import sys
 import time
 from collections.abc import Callable
 
-import gymnasium as gym
-import numpy as np
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-STEPS = 100
-
-
-def _values(n: int) -> tuple[dict, dict, dict, dict, dict, dict]:
-    agents = [f"agent_{i}" for i in range(n)]
-    return (
-        {a: gym.spaces.Box(-1.0, 1.0, (4,), np.float32) for a in agents},
-        {a: gym.spaces.Discrete(2) for a in agents},
-        {a: np.zeros(4, np.float32) for a in agents},
-        {a: 1 for a in agents},
-        {a: 1.0 for a in agents},
-        {a: {"action_logp": np.float32(-0.69)} for a in agents},
-    )
-
-
-def multi_agent_row(cls: type, n: int) -> Callable[[], object]:
-    """The row: one multi-agent episode of `n` agents (`cls`: fastrollout's or RLlib's)."""
-    obs_space, act_space, obs, actions, rewards, extras = _values(n)
-
-    def run() -> object:
-        ep = cls(observation_space=obs_space, action_space=act_space)
-        ep.add_env_reset(observations=obs)
-        for _ in range(STEPS):
-            ep.add_env_step(obs, actions, rewards, extra_model_outputs=extras)
-        successor = ep.cut(len_lookback_buffer=1)
-        ep.to_numpy()
-        return successor
-
-    return run
+from test_bench_multi_agent_episode import STEPS, chunk_recorder, setup_agents
 
 
 def one_episode_per_agent(n: int) -> Callable[[], object]:
     """The row's values recorded in one fastrollout single-agent episode per agent."""
     from fastrollout import SingleAgentEpisode
 
-    obs_space, act_space, obs, actions, rewards, extras = _values(n)
-    agents = list(obs)
+    agents, obs_space, act_space, obs, actions, rewards, extras = setup_agents(n)
 
     def run() -> object:
         episodes = [
@@ -118,8 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     print("|---:|---:|---:|---:|---:|---:|")
     for n in (2, 8):
         contenders = {
-            "rllib": multi_agent_row(RLlibEpisode, n),
-            "multi": multi_agent_row(MultiAgentEpisode, n),
+            "rllib": chunk_recorder(RLlibEpisode, n),
+            "multi": chunk_recorder(MultiAgentEpisode, n),
             "single": one_episode_per_agent(n),
         }
         times: dict[str, list[float]] = {k: [] for k in contenders}

@@ -20,7 +20,8 @@ IMPLS = {"rllib": RLlibEpisode, "fastrollout": MultiAgentEpisode}
 STEPS = 100
 
 
-def _setup(n_agents: int):
+def setup_agents(n_agents: int):
+    """The row's agents, spaces and one env step's values (the same every step)."""
     agents = [f"agent_{i}" for i in range(n_agents)]
     obs_space = {a: gym.spaces.Box(-1.0, 1.0, (4,), np.float32) for a in agents}
     act_space = {a: gym.spaces.Discrete(2) for a in agents}
@@ -31,12 +32,10 @@ def _setup(n_agents: int):
     return agents, obs_space, act_space, obs, actions, rewards, extras
 
 
-@pytest.mark.parametrize("impl", list(IMPLS))
-@pytest.mark.parametrize("n_agents", [2, 8])
-@pytest.mark.benchmark(group="multi-agent add_env_step x100 + cut + to_numpy")
-def test_chunk(benchmark, impl, n_agents):
-    _, obs_space, act_space, obs, actions, rewards, extras = _setup(n_agents)
-    cls = IMPLS[impl]
+def chunk_recorder(cls: type, n_agents: int):
+    """The row: records 100 env steps of `n_agents` in a new episode of `cls` (fastrollout's
+    or RLlib's ``MultiAgentEpisode``), cuts it and turns the chunk to numpy."""
+    _, obs_space, act_space, obs, actions, rewards, extras = setup_agents(n_agents)
 
     def record():
         ep = cls(observation_space=obs_space, action_space=act_space)
@@ -47,7 +46,14 @@ def test_chunk(benchmark, impl, n_agents):
         ep.to_numpy()
         return ep, successor
 
-    ep, _ = benchmark(record)
+    return record
+
+
+@pytest.mark.parametrize("impl", list(IMPLS))
+@pytest.mark.parametrize("n_agents", [2, 8])
+@pytest.mark.benchmark(group="multi-agent add_env_step x100 + cut + to_numpy")
+def test_chunk(benchmark, impl, n_agents):
+    ep, _ = benchmark(chunk_recorder(IMPLS[impl], n_agents))
     assert len(ep) == STEPS and ep.agent_steps() == STEPS * n_agents
 
 
@@ -55,7 +61,7 @@ def test_chunk(benchmark, impl, n_agents):
 @pytest.mark.parametrize("n_agents", [2, 8])
 @pytest.mark.benchmark(group="multi-agent add_env_step (one simultaneous step)")
 def test_one_step(benchmark, impl, n_agents):
-    _, obs_space, act_space, obs, actions, rewards, extras = _setup(n_agents)
+    _, obs_space, act_space, obs, actions, rewards, extras = setup_agents(n_agents)
     ep = IMPLS[impl](observation_space=obs_space, action_space=act_space)
     ep.add_env_reset(observations=obs)
     benchmark(lambda: ep.add_env_step(obs, actions, rewards, extra_model_outputs=extras))
