@@ -741,7 +741,7 @@ impl MultiAgentEpisodeCore {
 
         // The values each part records, converted; nothing is stored yet.
         let mut new_agent_episode: Option<Bound<'py, PyAny>> = None;
-        let mut prepared_parts: AgentVec<Prepared<'py>> = AgentVec::new();
+        let mut prepared_parts: AgentVec<Option<Prepared<'py>>> = AgentVec::new();
         let mut row_steps = RowSteps::default();
         for (k, outcome) in plan.agents.iter().enumerate() {
             let row = &rows[at(k)];
@@ -855,7 +855,7 @@ impl MultiAgentEpisodeCore {
                 },
                 AgentPlan::AddReward { .. } | AgentPlan::Drop => Prepared::Nothing,
             };
-            prepared_parts.push(prepared);
+            prepared_parts.push(Some(prepared));
         }
 
         // Every shared borrow is released before the episodes are written.
@@ -869,7 +869,7 @@ impl MultiAgentEpisodeCore {
             observations,
             aids: (0..n).map(|k| &rows[at(k)].aid).collect(),
             maps,
-            prepared: prepared_parts.into_iter().map(Some).collect(),
+            prepared: prepared_parts,
             row_steps,
             observed_with_map,
             now,

@@ -347,7 +347,7 @@ class _ResilientAsyncVectorEnv(gym.vector.AsyncVectorEnv):
                 pipe.send(("step", action))
             except OSError as err:
                 failed[i] = err
-        self._send_failed = MappingProxyType(failed)
+        self._send_failed = failed
 
     def wait_steps(self, timeout_s: float | None) -> tuple[Any, ...]:
         """Receives every sub-env's step; failed ones are reported, not raised.
