@@ -1,13 +1,13 @@
 //! Multi-agent bindings: the native env-step map, the native part of a
-//! `fastrollout.MultiAgentEpisode` ([`MultiAgentEpisodeCore`]), and the one native call that
-//! records an env step of such an episode for all its agents.
+//! `fastrollout.MultiAgentEpisode` ([`MultiAgentEpisodeCore`]), the one native call that
+//! records an env step of such an episode for all its agents, and the books' part of
+//! `concat_episode`.
 //!
 //! The episode's containers (agent episodes, step maps, hanging values) are Python dicts
 //! held in native fields and exposed under RLlib's attribute names, so that the Python
 //! layer reads them as RLlib's users do while the native step reaches them without
 //! attribute lookups; the per-agent decisions come from the pure core
-//! ([`plan_agent_step`]) and every write goes straight to the native agent episodes and
-//! step maps.
+//! ([`plan_env_step`], [`plan_concat`]), which this module applies to the dicts.
 
 use pyo3::exceptions::PyValueError;
 use pyo3::intern;
@@ -25,8 +25,9 @@ use super::single::{
     info_or_absent, perf_counter, ExtraOutputs, PreparedReset, PreparedStep, RowSteps, SingleAgentEpisodePy,
 };
 use crate::episode::multi::{
-    episode_ends, plan_env_step, AgentOutcome, AgentPlan, AgentStep, AgentStepError, AgentStepInput, Books,
-    CutPart, EnvStep, MapRead, Slot, Source, StepMap,
+    episode_ends, plan_concat, plan_env_step, AgentOutcome, AgentPlan, AgentStep, AgentStepError,
+    AgentStepInput, BeginReward, Books, ConcatAgent, ConcatBooks, ConcatInput, CutPart, EnvStep, MapRead,
+    Slot, Source, StepMap,
 };
 
 /// RLlib's skip tag in env-step maps.
@@ -105,28 +106,6 @@ impl StepMapPy {
         let steps = values.try_iter()?.map(|v| step_from_py(&v?)).collect::<PyResult<Vec<_>>>()?;
         self.map.extend(steps);
         Ok(())
-    }
-
-    /// Appends the `new_steps` env steps of the chunk that continues this one: `theirs`
-    /// (the agent's map there) after the env step both share, or skips (None).
-    #[pyo3(name = "_append_chunk")]
-    fn append_chunk(&mut self, theirs: Option<PyRef<'_, StepMapPy>>, new_steps: usize) {
-        self.map.append_chunk(theirs.as_deref().map(|m| &m.map), new_steps);
-    }
-
-    /// The map of an agent first seen in a chunk appended to an episode whose maps hold
-    /// `steps_before` entries before the shared env step, under `lookback`.
-    #[staticmethod]
-    #[pyo3(name = "_joined")]
-    fn joined(
-        theirs: Option<PyRef<'_, StepMapPy>>,
-        new_steps: usize,
-        steps_before: usize,
-        lookback: usize,
-    ) -> StepMapPy {
-        StepMapPy {
-            map: StepMap::joined(theirs.as_deref().map(|m| &m.map), new_steps, steps_before, lookback),
-        }
     }
 
     /// The look-back a cut keeps: at least `requested`, and back to the observation each
@@ -289,6 +268,33 @@ struct Dicts<'py> {
     rewards_end: Bound<'py, PyDict>,
     rewards_begin: Bound<'py, PyDict>,
     dropped: Bound<'py, PySet>,
+}
+
+impl<'py> Dicts<'py> {
+    fn slot(&self, slot: Slot) -> &Bound<'py, PyDict> {
+        match slot {
+            Slot::Action => &self.hanging_actions,
+            Slot::ExtraOutputs => &self.hanging_extras,
+            Slot::RewardEnd => &self.rewards_end,
+            Slot::RewardBegin => &self.rewards_begin,
+        }
+    }
+
+    /// Removes the agent's entry of `slot` (nothing if it has none).
+    fn remove(&self, aid: &Bound<'py, PyAny>, slot: Slot) -> PyResult<()> {
+        let d = self.slot(slot);
+        if !d.is_empty() && d.contains(aid)? {
+            d.del_item(aid)?;
+        }
+        Ok(())
+    }
+
+    /// Adds `reward` to the agent's hanging reward of `slot` (0 if it has none).
+    fn add_reward(&self, aid: &Bound<'py, PyAny>, slot: Slot, reward: f64) -> PyResult<()> {
+        let d = self.slot(slot);
+        let old = d.get_item(aid)?.map(|v| v.extract::<f64>()).transpose()?.unwrap_or(0.0);
+        d.set_item(aid, old + reward)
+    }
 }
 
 /// The episode's containers and counters as one env step reads them.
@@ -468,6 +474,82 @@ impl MultiAgentEpisodeCore {
                 .set_observation_compression(self.observation_compression);
         }
         Ok(())
+    }
+
+    /// Appends the books of `other`, the chunk that continues this episode, as the core's
+    /// plan of `concat_episode` says: per agent its episode (taken over or continued), its
+    /// env-step map and what hangs at its end; then the other chunk's dropped agents,
+    /// rewards before first observations and done agents. The caller checks first that
+    /// `other` continues this episode, and sets the counters and flags after.
+    ///
+    /// Args:
+    ///     other: The chunk that continues this episode.
+    ///     agents: The agents with an episode in either chunk, in the order their parts
+    ///         are applied.
+    ///
+    /// Raises:
+    ///     EpisodeStateError: From an agent episode's `concat_episode`.
+    #[pyo3(name = "_concat_books")]
+    fn concat_books(
+        &self,
+        other: &Bound<'_, MultiAgentEpisodeCore>,
+        agents: Vec<Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let py = other.py();
+        let ours = self.state(py);
+        let theirs = other.try_borrow()?.state(py);
+        let mut books =
+            ConcatDicts { ours: &ours.dicts, theirs: &theirs.dicts, index: PyDict::new(py), aids: agents };
+        for (i, aid) in books.aids.iter().enumerate() {
+            books.index.set_item(aid, i)?;
+        }
+        let is_done = |eps: Bound<'_, PyAny>| eps.getattr(intern!(py, "is_done"))?.is_truthy();
+        let facts = books
+            .aids
+            .iter()
+            .map(|aid| {
+                Ok(ConcatAgent {
+                    ours: ours.dicts.agent_episodes.get_item(aid)?.map(is_done).transpose()?,
+                    theirs: theirs.dicts.agent_episodes.contains(aid)?,
+                    our_map: ours.dicts.step_maps.contains(aid)?,
+                    their_map: theirs.dicts.step_maps.contains(aid)?,
+                    their_action_hangs: theirs.dicts.hanging_actions.contains(aid)?,
+                })
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        let their_dropped =
+            theirs.dicts.dropped.iter().map(|a| books.index_of(a)).collect::<PyResult<Vec<_>>>()?;
+        let their_begin = (theirs.dicts.rewards_begin.iter())
+            .map(|(aid, reward)| {
+                Ok(BeginReward {
+                    hung_at_cut: ours.dicts.rewards_end.contains(&aid)?,
+                    reward: reward.extract()?,
+                    agent: books.index_of(aid)?,
+                })
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        let mut their_done = Vec::new();
+        for (aid, eps) in theirs.dicts.agent_episodes.iter() {
+            if is_done(eps)? {
+                their_done.push(books.index_of(aid)?);
+            }
+        }
+        let first_map = ours.dicts.step_maps.values().into_iter().next();
+        let our_lookback = match first_map {
+            Some(m) => m.cast::<StepMapPy>()?.borrow().map.lookback(),
+            None => ours.lookback,
+        };
+        let lengths = |s: &EpisodeState<'_>| usize::try_from(s.env_t - s.env_t_started).unwrap_or(0);
+        let plan = plan_concat(&ConcatInput {
+            agents: &facts,
+            their_dropped: &their_dropped,
+            their_begin: &their_begin,
+            their_done: &their_done,
+            our_len: lengths(&ours),
+            our_lookback,
+            new_steps: lengths(&theirs),
+        });
+        plan.apply(&mut books)
     }
 
     /// Records one env step of all agents, in one native call (the runner's per-sub-env
@@ -957,15 +1039,6 @@ struct DictBooks<'a, 'py> {
 }
 
 impl<'py> DictBooks<'_, 'py> {
-    fn slot(&self, slot: Slot) -> &Bound<'py, PyDict> {
-        match slot {
-            Slot::Action => &self.dicts.hanging_actions,
-            Slot::ExtraOutputs => &self.dicts.hanging_extras,
-            Slot::RewardEnd => &self.dicts.rewards_end,
-            Slot::RewardBegin => &self.dicts.rewards_begin,
-        }
-    }
-
     fn map(&mut self, i: usize) -> PyResult<Bound<'py, StepMapPy>> {
         if let Some(m) = &self.maps[i] {
             return Ok(m.clone());
@@ -1044,26 +1117,113 @@ impl Books for DictBooks<'_, '_> {
     }
 
     fn remove(&mut self, i: usize, slot: Slot) -> PyResult<()> {
-        let d = self.slot(slot);
-        if !d.is_empty() && d.contains(self.aids[i])? {
-            d.del_item(self.aids[i])?;
-        }
-        Ok(())
+        self.dicts.remove(self.aids[i], slot)
     }
 
     fn set_reward(&mut self, i: usize, slot: Slot, reward: f64) -> PyResult<()> {
-        self.slot(slot).set_item(self.aids[i], reward)
+        self.dicts.slot(slot).set_item(self.aids[i], reward)
     }
 
     fn add_reward(&mut self, i: usize, slot: Slot, reward: f64) -> PyResult<()> {
-        let d = self.slot(slot);
-        let old = d.get_item(self.aids[i])?.map(|v| v.extract::<f64>()).transpose()?.unwrap_or(0.0);
-        d.set_item(self.aids[i], old + reward)
+        self.dicts.add_reward(self.aids[i], slot, reward)
     }
 
     fn mark_dropped(&mut self, i: usize) -> PyResult<()> {
         self.dicts.dropped.add(self.aids[i])
     }
+}
+
+/// The books of two chunks as a [`ConcatPlan`] writes them: ours, with the other
+/// chunk's read; agent `i` is `aids[i]` (`index` finds an agent's index, adding the agents
+/// that only the other chunk's hanging data names).
+struct ConcatDicts<'a, 'py> {
+    ours: &'a Dicts<'py>,
+    theirs: &'a Dicts<'py>,
+    index: Bound<'py, PyDict>,
+    aids: Vec<Bound<'py, PyAny>>,
+}
+
+impl<'py> ConcatDicts<'_, 'py> {
+    fn index_of(&mut self, aid: Bound<'py, PyAny>) -> PyResult<usize> {
+        if let Some(i) = self.index.get_item(&aid)? {
+            return i.extract();
+        }
+        self.index.set_item(&aid, self.aids.len())?;
+        self.aids.push(aid);
+        Ok(self.aids.len() - 1)
+    }
+
+    /// The agent's map in `dicts`, if it has one.
+    fn map(dicts: &Dicts<'py>, aid: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, StepMapPy>>> {
+        dicts.step_maps.get_item(aid)?.map(|m| m.cast_into::<StepMapPy>().map_err(Into::into)).transpose()
+    }
+}
+
+impl ConcatBooks for ConcatDicts<'_, '_> {
+    type Error = PyErr;
+
+    fn adopt(&mut self, i: usize) -> PyResult<()> {
+        let aid = &self.aids[i];
+        self.ours.agent_episodes.set_item(aid, self.theirs.agent_episodes.as_any().get_item(aid)?)?;
+        self.ours.t_started.set_item(aid, self.theirs.t_started.as_any().get_item(aid)?)
+    }
+
+    fn continue_episode(&mut self, i: usize) -> PyResult<()> {
+        let aid = &self.aids[i];
+        let ours = self.ours.agent_episodes.as_any().get_item(aid)?;
+        let theirs = self.theirs.agent_episodes.as_any().get_item(aid)?;
+        ours.call_method1(intern!(aid.py(), "concat_episode"), (theirs,))?;
+        Ok(())
+    }
+
+    fn append_map(&mut self, i: usize, theirs: bool, new_steps: usize) -> PyResult<()> {
+        let aid = &self.aids[i];
+        let ours = self.ours.step_maps.as_any().get_item(aid)?.cast_into::<StepMapPy>()?;
+        let theirs = if theirs { Self::map(self.theirs, aid)?.map(|m| m.borrow().map.clone()) } else { None };
+        ours.try_borrow_mut()?.map.append_chunk(theirs.as_ref(), new_steps);
+        Ok(())
+    }
+
+    fn join_map(&mut self, i: usize, new_steps: usize, steps_before: usize, lookback: usize) -> PyResult<()> {
+        let aid = &self.aids[i];
+        let theirs = Self::map(self.theirs, aid)?;
+        let map = StepMap::joined(
+            theirs.as_ref().map(|m| m.borrow().map.clone()).as_ref(),
+            new_steps,
+            steps_before,
+            lookback,
+        );
+        self.ours.step_maps.set_item(aid, StepMapPy { map })
+    }
+
+    fn copy_end(&mut self, i: usize) -> PyResult<()> {
+        let aid = &self.aids[i];
+        let deepcopy = py_deepcopy(aid.py())?;
+        for slot in [Slot::Action, Slot::RewardEnd, Slot::ExtraOutputs] {
+            let value = self.theirs.slot(slot).as_any().get_item(aid)?;
+            let value = if slot == Slot::RewardEnd { value } else { deepcopy.call1((value,))? };
+            self.ours.slot(slot).set_item(aid, value)?;
+        }
+        Ok(())
+    }
+
+    fn remove(&mut self, i: usize, slot: Slot) -> PyResult<()> {
+        self.ours.remove(&self.aids[i], slot)
+    }
+
+    fn add_reward(&mut self, i: usize, slot: Slot, reward: f64) -> PyResult<()> {
+        self.ours.add_reward(&self.aids[i], slot, reward)
+    }
+
+    fn mark_dropped(&mut self, i: usize) -> PyResult<()> {
+        self.ours.dropped.add(&self.aids[i])
+    }
+}
+
+/// `copy.deepcopy`.
+fn py_deepcopy(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
+    static DEEPCOPY: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    DEEPCOPY.import(py, "copy", "deepcopy")
 }
 
 fn get_opt<'py>(

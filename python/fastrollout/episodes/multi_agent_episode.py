@@ -10,8 +10,9 @@ episodes, env-step maps and hanging data) lives in the native base class
 (``fastrollout._core.MultiAgentEpisodeCore``), under RLlib's attribute names. Recording an
 env step is its native ``add_env_step``, one call: the per-agent decisions come from the
 Rust core, and the agents' data goes straight into their native episodes and env-step
-maps (``fastrollout._core.StepMap``). Reads, cuts and slices are composed here from the
-agents' native reads.
+maps (``fastrollout._core.StepMap``). ``concat_episode`` applies the core's plan to the
+books the same way. Reads, cuts and slices are composed here from the agents' native
+reads.
 """
 
 from __future__ import annotations
@@ -362,58 +363,12 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
                 f"starts at env_t_started={other.env_t_started}"
             )
         other.validate()
-        hanging_at_cut = set(self._hanging_rewards_end)
-        # Every agent's env-step map must keep covering every env step (RLlib 2.60 leaves
-        # the maps of agents that are done, or absent from `other`, behind, and re-appends
-        # `other`'s look-back entries: ray issue 45542).
-        new_steps = len(other)
-        # The look-back of our maps, and how many entries a map has before our last env
-        # step (each map is extended in the loop below, so this is read now). Counted from
-        # the env steps, not from a map's length: the map of an agent terminated without
-        # an observation holds one entry more (as in RLlib), and an agent that joins in
-        # `other` must line up with the others.
-        reference = next(iter(self.env_t_to_agent_t.values()), None)
-        lookback_before = (
-            reference.lookback if reference is not None else self._len_lookback_buffers
-        )
-        steps_before = lookback_before + len(self)
-        for agent_id in self.agent_ids | other.agent_ids:
-            sa_episode = self.agent_episodes.get(agent_id)
-            theirs = other.env_t_to_agent_t.get(agent_id)
-            if sa_episode is None:
-                self.agent_episodes[agent_id] = other.agent_episodes[agent_id]
-                self.agent_t_started[agent_id] = other.agent_t_started[agent_id]
-                if agent_id in self.env_t_to_agent_t:
-                    self.env_t_to_agent_t[agent_id]._append_chunk(theirs, new_steps)
-                else:
-                    self.env_t_to_agent_t[agent_id] = StepMap._joined(
-                        theirs, new_steps, steps_before, lookback_before
-                    )
-                self._take_hanging_end(agent_id, other)
-            elif sa_episode.is_done or agent_id not in other.agent_episodes:
-                self.env_t_to_agent_t[agent_id]._append_chunk(None, new_steps)
-            else:
-                sa_episode.concat_episode(other.agent_episodes[agent_id])
-                self._take_hanging_end(agent_id, other)
-                self.env_t_to_agent_t[agent_id]._append_chunk(theirs, new_steps)
-        # Rewards before an agent's first observation add up over the chunks. A cut
-        # starts the successor's cache with what hung at the end of this chunk (rewards
-        # of agents that had acted; their steps in `other` count them), so those
-        # entries are not added again. An agent done in `other` has nothing hanging, nor
-        # has one whose hanging data `other` dropped (it arrived done, without an episode
-        # to record in): what hung for it before is gone too, as in the uncut episode.
-        for agent_id in other._dropped_agents:
-            self._hanging_rewards_begin.pop(agent_id, None)
-        self._dropped_agents.update(other._dropped_agents)
-        for agent_id, reward in other._hanging_rewards_begin.items():
-            if agent_id in hanging_at_cut:
-                continue
-            self._hanging_rewards_begin[agent_id] = (
-                self._hanging_rewards_begin.get(agent_id, 0.0) + reward
-            )
-        for agent_id, sa_episode in other.agent_episodes.items():
-            if sa_episode.is_done:
-                self._del_hanging(agent_id)
+        # The core's plan: per agent its episode (taken over or continued), its env-step
+        # map (which keeps covering every env step; RLlib 2.60 leaves the maps of done or
+        # absent agents behind: ray issue 45542) and what hangs at its end; then the
+        # rewards before first observations, which add up over the chunks (except those
+        # the cut already carried over), and what the other chunk dropped or finished.
+        self._concat_books(other, list(self.agent_ids | other.agent_ids))
         self.env_t = other.env_t
         # Both flags (RLlib 2.60 keeps only the termination where both are set).
         self.is_terminated = self.is_terminated or other.is_terminated
@@ -1349,25 +1304,6 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
         return type(self).from_state(copy.deepcopy(self.get_state(), memo))
 
     # ------------------------------------------------------------------ internals
-
-    def _take_hanging_end(self, agent_id: Any, other: MultiAgentEpisode) -> None:
-        """What hangs for ``agent_id`` at the end is what hangs at the end of ``other``.
-
-        A hanging action of ours that ``other`` has none for was consumed there (RLlib
-        keeps the stale one, ray issue 45542).
-        """
-        if agent_id in other._hanging_actions_end:
-            self._hanging_actions_end[agent_id] = copy.deepcopy(
-                other._hanging_actions_end[agent_id]
-            )
-            self._hanging_rewards_end[agent_id] = other._hanging_rewards_end[agent_id]
-            self._hanging_extra_model_outputs_end[agent_id] = copy.deepcopy(
-                other._hanging_extra_model_outputs_end[agent_id]
-            )
-        else:
-            self._hanging_actions_end.pop(agent_id, None)
-            self._hanging_rewards_end.pop(agent_id, None)
-            self._hanging_extra_model_outputs_end.pop(agent_id, None)
 
     def _del_hanging(self, agent_id: Any) -> None:
         self._hanging_rewards_begin.pop(agent_id, None)

@@ -184,9 +184,9 @@ pub enum Slot {
 }
 
 /// What a taken hanging action leaves behind: nothing of it.
-const TAKEN: [Slot; 3] = [Slot::Action, Slot::ExtraOutputs, Slot::RewardEnd];
+pub(super) const TAKEN: [Slot; 3] = [Slot::Action, Slot::ExtraOutputs, Slot::RewardEnd];
 /// What a done agent leaves behind: none of its hanging data.
-const CLEARED: [Slot; 4] = [Slot::RewardBegin, Slot::Action, Slot::ExtraOutputs, Slot::RewardEnd];
+pub(super) const CLEARED: [Slot; 4] = [Slot::RewardBegin, Slot::Action, Slot::ExtraOutputs, Slot::RewardEnd];
 
 /// The episode's per-agent books as an [`EnvStepPlan`] writes them, wherever they are held
 /// (the binding: RLlib's dicts on the Python episode; the tests: a model). `agent` is an

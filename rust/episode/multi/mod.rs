@@ -7,13 +7,19 @@
 //! agents' own data lives in single-agent episodes; this module keeps the env-step to
 //! agent-step maps ([`StepMap`]), decides per agent what an env step records where
 //! ([`plan_agent_step`]), and turns a whole env step into one plan checked before anything
-//! is applied ([`plan_env_step`]), as well as the map rules of `cut` and `concat_episode`.
+//! is applied ([`plan_env_step`]), the plan of appending a chunk ([`plan_concat`]), and
+//! the map rules of `cut`.
 
 mod agent;
+mod concat;
 mod env_step;
 mod step_map;
 
 pub use agent::{plan_agent_step, AgentPlan, AgentStepError, AgentStepInput, Source};
+pub use concat::{
+    plan_concat, AgentConcat, BeginReward, ConcatAgent, ConcatBooks, ConcatEnd, ConcatInput, ConcatMap,
+    ConcatPart, ConcatPlan,
+};
 pub use env_step::{
     episode_ends, plan_env_step, AgentOutcome, AgentStep, Books, EnvStep, EnvStepPlan, Hanging, MapWrite,
     Slot,
