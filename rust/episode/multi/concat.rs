@@ -293,6 +293,8 @@ mod tests {
         plan_concat(&input(&[agent])).agents[0]
     }
 
+    /// An action of ours that the other chunk used leaves nothing hanging (RLlib 2.60 keeps
+    /// it: ray issue 45542; `test_concat_episode_drops_a_consumed_hanging_action`).
     #[test]
     fn each_agent_takes_its_part() {
         let live = ConcatAgent {
@@ -346,6 +348,9 @@ mod tests {
         );
     }
 
+    /// A reward that hung at the cut counts once (`test_concat_episode_counts_hanging_rewards_once`);
+    /// an agent the other chunk dropped loses what hung before its first observation (RLlib
+    /// 2.60 keeps it: `test_concat_episode_drops_the_reward_of_an_agent_dropped_later`).
     #[test]
     fn hanging_data_of_the_other_chunk_applies_after_the_agents_in_its_order() {
         let live = ConcatAgent {
