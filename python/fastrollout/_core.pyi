@@ -25,6 +25,7 @@ __all__ = [
     "native_heap_bytes",
     "resolve_index",
     "single_agent_record_vector_step",
+    "wait_ready",
 ]
 __version__: str
 
