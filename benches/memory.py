@@ -23,7 +23,10 @@ Usage::
    table also gives the observations' stored bytes per step (``_stored_bytes``: the
    compressed blocks plus the items kept uncompressed), and the growths are what dropping
    the held episodes frees, live bytes only (the runner's own buffers would blur a growth
-   over sampling; the allocators keep most freed memory, so RSS cannot tell a drop).
+   over sampling; the allocators keep most freed memory, so RSS cannot tell a drop). The
+   "through pickle" cases hold what a remote runner's ``sample()`` becomes on the driver:
+   each call's list of chunks pickled and unpickled, as Ray moves it; the table adds the
+   pickled bytes per step.
    ``--cases`` runs only the cases whose name contains the given text.
 2. **RSS over sampling.** fastrollout's ``SingleAgentEnvRunner`` (CartPole-v1, 8 sub-envs)
    samples ``--steps-rss`` env steps in calls of 1000, dropping the episodes and reducing
@@ -55,6 +58,10 @@ CASES = {
     "scene runner, done 100-step episodes x20: compress_observations": "scene_done_packed",
     "scene runner, 50-step chunks x40: uncompressed": "scene_chunks_plain",
     "scene runner, 50-step chunks x40: compress_observations": "scene_chunks_packed",
+    "scene runner, 50-step chunks x40 through pickle: uncompressed": "scene_chunks_plain_pickled",
+    "scene runner, 50-step chunks x40 through pickle: compress_observations": (
+        "scene_chunks_packed_pickled"
+    ),
 }
 
 
@@ -174,9 +181,12 @@ def _runner_episodes(steps: int):
     return held, before
 
 
-def _scene_episodes(chunks: bool, compress: bool):
+def _scene_episodes(chunks: bool, compress: bool, pickled: bool = False):
     """Episodes of the moving-shapes scene from the runner: 20 done 100-step episodes, or
-    40 chunks of 50 steps (``sample`` cuts 1000-step episodes)."""
+    40 chunks of 50 steps (``sample`` cuts 1000-step episodes); with ``pickled``, each
+    ``sample()`` list through pickle (as from a remote runner), and the pickled bytes."""
+    import pickle
+
     import torch
 
     import fastrollout as fr
@@ -203,11 +213,17 @@ def _scene_episodes(chunks: bool, compress: bool):
     gc.collect()
     before = rss_bytes(), live_bytes()
     held: list[Any] = []
+    pickled_bytes = 0
     while len(held) < (40 if chunks else 20):
-        held.extend(sample())
+        batch = sample()
+        if pickled:
+            data = pickle.dumps(batch)
+            pickled_bytes += len(data)
+            batch = pickle.loads(data)
+        held.extend(batch)
         # Drop the metrics' references to the episodes (a training loop reduces them).
         runner.get_metrics()
-    return held, before
+    return held, before, pickled_bytes
 
 
 def child(case: str) -> dict[str, Any]:
@@ -217,17 +233,21 @@ def child(case: str) -> dict[str, Any]:
         case: A value of ``CASES``.
 
     Returns:
-        ``{"steps", "held_bytes", "live_bytes", "raw_bytes", "stored_obs_bytes"}``
-        (``live_bytes`` None where it cannot be measured; ``stored_obs_bytes`` and, as
-        RSS cannot tell a drop, not ``held_bytes``, for the scene cases).
+        ``{"steps", "held_bytes", "live_bytes", "raw_bytes", "stored_obs_bytes",
+        "pickled_bytes"}`` (``live_bytes`` None where it cannot be measured;
+        ``stored_obs_bytes`` and, as RSS cannot tell a drop, not ``held_bytes``, for the
+        scene cases; ``pickled_bytes`` for the cases through pickle).
     """
     warnings.simplefilter("ignore")
     import fastrollout as fr
 
+    pickled = None
     if case == "runner":
         held, before = _runner_episodes(200_000)
     elif case.startswith("scene"):
-        held, before = _scene_episodes("chunks" in case, case.endswith("packed"))
+        held, before, pickled = _scene_episodes(
+            "chunks" in case, "packed" in case, case.endswith("pickled")
+        )
     else:
         if case.endswith("rllib"):
             from ray.rllib.env.single_agent_episode import SingleAgentEpisode as cls
@@ -261,6 +281,7 @@ def child(case: str) -> dict[str, Any]:
         "live_bytes": live,
         "raw_bytes": raw,
         "stored_obs_bytes": stored,
+        "pickled_bytes": pickled or None,
     }
 
 
@@ -316,9 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     out: dict[str, Any] = {"bytes_per_step": {}}
     print(
         "| case | steps held | raw bytes / step | RSS bytes / step | RSS / raw "
-        "| live bytes / step | live / raw | obs stored bytes / step |"
+        "| live bytes / step | live / raw | obs stored bytes / step | pickled bytes / step |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, case in CASES.items():
         if args.cases not in name:
             continue
@@ -337,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
             live = f"| {per_step:.1f} | {per_step / raw:.2f} |"
         stored = r.get("stored_obs_bytes")
         stored_cell = "-" if stored is None else f"{stored / r['steps']:.1f}"
+        pickled = r.get("pickled_bytes")
+        stored_cell += " | " + ("-" if pickled is None else f"{pickled / r['steps']:.1f}")
         rss = "| - | -"
         if r["held_bytes"] is not None:
             held = r["held_bytes"] / r["steps"]

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from _ma_scripts import Planner, ScriptConfig, assert_same_ma
 from fastrollout import RunnerConfig
 from fastrollout.episodes import MultiAgentEpisode, SingleAgentEpisode
+from fastrollout.errors import SpaceMismatchError
 from test_properties_multi_agent_episode import SEEDS, extra_keys
 
 SPACES = {
@@ -141,6 +142,61 @@ def test_concat_state_and_pickle_agree(args, more: int) -> None:
     back_q = SingleAgentEpisode.from_state(state_q)
     _same(_reads(back_q, len(plain)), _reads(back_p, len(plain)))
     _same(_reads(pickle.loads(pickle.dumps(packed)), len(plain)), _reads(plain, len(plain)))
+
+
+@settings(max_examples=40, deadline=None)
+@given(episodes, st.booleans())
+def test_pickles_and_copies_arrive_compressed_as_they_were(args, numpy_first: bool) -> None:
+    """A compressed chunk travels as its blocks (a runner's chunks reach the driver through
+    pickle): the copy holds the same bytes, sealed as the original, and reads the same."""
+    plain, packed, _ = _pair(*args)
+    if numpy_first:
+        plain.to_numpy()
+        packed.to_numpy()
+    for back in (pickle.loads(pickle.dumps(packed)), copy.deepcopy(packed), copy.copy(packed)):
+        assert back._compression("observations") == packed._compression("observations")
+        assert back._stored_bytes("observations") == packed._stored_bytes("observations")
+        assert back._is_finalized("observations") == packed._is_finalized("observations")
+        _same(_reads(back, len(plain)), _reads(plain, len(plain)))
+        if not back.is_done:
+            # It takes more steps as the original does.
+            twin = copy.deepcopy(plain)
+            obs = plain.get_observations(-1)
+            for ep in (back, twin):
+                ep.add_env_step(obs, 1, 0.5)
+            _same(_reads(back, len(twin)), _reads(twin, len(twin)))
+        note(f"{len(pickle.dumps(packed))} bytes pickled")
+
+
+def test_a_sealed_chunk_pickles_as_its_blocks() -> None:
+    """A sealed 50-step chunk of moving 84x84x4 frames pickles to a small fraction of its
+    raw frames, and a broken packed state is refused with a clear error."""
+    space = gym.spaces.Box(0, 255, (84, 84, 4), np.uint8)
+    ep = SingleAgentEpisode(observation_space=space, action_space=gym.spaces.Discrete(2))
+    ep._set_compression("observations", 32)
+    frame = np.zeros((84, 84, 4), np.uint8)
+    ep.add_env_reset(frame)
+    for t in range(50):
+        frame = np.roll(frame, 1, axis=1)
+        frame[t % 84] = 200
+        ep.add_env_step(frame.copy(), 1, 1.0)
+    ep._seal()
+    raw = 51 * 84 * 84 * 4
+    state = ep._state(rllib=False, packed=True)
+    # (The spaces pickle once per batch of episodes; the observations are what scale.)
+    observations = len(pickle.dumps(state["observations"]))
+    assert observations * 50 < raw, observations
+    back = pickle.loads(pickle.dumps(ep))
+    assert back._stored_bytes("observations") == ep._stored_bytes("observations")
+    np.testing.assert_array_equal(back.get_observations(), ep.get_observations())
+    # get_state() (checkpoints, offline files) holds the items themselves.
+    assert "data" in ep._state(rllib=False)["observations"]
+    state["observations"]["packed"]["blocks"][0][0] = b"\x00" * 8
+    with pytest.raises(ValueError, match="does not decompress"):
+        SingleAgentEpisode.from_state(state)
+    state["observations"]["packed"]["total"] += 1
+    with pytest.raises(SpaceMismatchError, match="bytes"):
+        SingleAgentEpisode.from_state(state)
 
 
 def test_compression_holds_fewer_bytes_and_needs_a_typed_column() -> None:

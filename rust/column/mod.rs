@@ -39,6 +39,8 @@ pub enum ColumnError {
         selected: usize,
         given: usize,
     },
+    /// Stored parts of a compressed column ([`PackedParts`]) that do not fit together.
+    Packed(&'static str),
 }
 
 impl fmt::Display for ColumnError {
@@ -54,6 +56,7 @@ impl fmt::Display for ColumnError {
             ColumnError::SetLength { selected, given } => {
                 write!(f, "cannot set {given} items into {selected} selected positions: the sizes differ")
             }
+            ColumnError::Packed(why) => write!(f, "compressed column parts do not fit together: {why}"),
         }
     }
 }
@@ -115,6 +118,25 @@ impl std::ops::DerefMut for Leaves {
             Leaves::Many(bufs) => bufs,
         }
     }
+}
+
+/// A compressed column's items as they are stored (see [`Column::packed_parts`]): what
+/// moves the column to another process without decompressing and compressing it again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PackedParts {
+    /// Items per block.
+    pub rows: usize,
+    /// Items in the blocks, from position 0.
+    pub sealed: usize,
+    /// Every item is sealed (the column receives no more items, [`Column::seal_all`]).
+    pub closed: bool,
+    /// Per leaf, the compressed blocks in order.
+    pub blocks: Vec<Vec<Vec<u8>>>,
+    /// Per leaf, the bytes of the uncompressed items after the sealed ones.
+    pub raw: Vec<Vec<u8>>,
+    /// Items stored (sealed and uncompressed), look-back included.
+    pub total: usize,
+    pub lookback: usize,
 }
 
 /// Typed storage for one kind of data, with look-back.
@@ -274,6 +296,77 @@ impl Column {
     #[must_use]
     pub fn stored_bytes(&self) -> usize {
         self.leaves.iter().map(Vec::len).sum::<usize>() + self.packed.as_ref().map_or(0, |p| p.stored_bytes())
+    }
+
+    /// The stored parts of a compressed column, `None` for an uncompressed one.
+    #[must_use]
+    pub fn packed_parts(&self) -> Option<PackedParts> {
+        let p = self.packed.as_deref()?;
+        Some(PackedParts {
+            rows: p.rows,
+            sealed: p.sealed,
+            closed: p.closed,
+            blocks: p.blocks.clone(),
+            raw: self.leaves.to_vec(),
+            total: self.total,
+            lookback: self.lookback,
+        })
+    }
+
+    /// The compressed column of `schema` that [`Self::packed_parts`] gave. Every block is
+    /// decompressed once to check it (parts come from another process), not kept.
+    ///
+    /// Errors: [`ColumnError::LeafCount`] or [`ColumnError::ItemSize`] for parts of
+    /// another schema; [`ColumnError::Packed`] for parts that do not fit together (block
+    /// counts, a short block where more items follow, a block that does not decompress to
+    /// its items, a look-back beyond the items).
+    pub fn from_packed_parts(
+        schema: impl Into<Arc<Schema>>,
+        parts: PackedParts,
+    ) -> Result<Column, ColumnError> {
+        let schema = schema.into();
+        let n_leaves = schema.leaves.len();
+        if parts.blocks.len() != n_leaves || parts.raw.len() != n_leaves {
+            let got = if parts.blocks.len() == n_leaves { parts.raw.len() } else { parts.blocks.len() };
+            return Err(ColumnError::LeafCount { expected: n_leaves, got });
+        }
+        if parts.rows == 0 {
+            return Err(ColumnError::Packed("blocks of 0 rows"));
+        }
+        let mut packed = Packed::new(parts.rows, n_leaves);
+        packed.sealed = parts.sealed;
+        packed.closed = parts.closed;
+        let Some(raw_items) = parts.total.checked_sub(parts.sealed) else {
+            return Err(ColumnError::Packed("more items sealed than stored"));
+        };
+        for (i, (raw, leaf)) in parts.raw.iter().zip(&schema.leaves).enumerate() {
+            let expected = raw_items * leaf.item_bytes();
+            if raw.len() != expected {
+                return Err(ColumnError::ItemSize { leaf: i, expected, got: raw.len() });
+            }
+        }
+        if parts.sealed % parts.rows != 0 && !(parts.closed && raw_items == 0) {
+            return Err(ColumnError::Packed("a short block with items after it"));
+        }
+        for (leaf, blocks) in parts.blocks.iter().enumerate() {
+            if blocks.len() != packed.block_count() {
+                return Err(ColumnError::Packed("a leaf holds another number of blocks than its items need"));
+            }
+            let n = schema.leaves[leaf].item_bytes();
+            for (b, block) in blocks.iter().enumerate() {
+                let mut out = vec![0; packed.block_rows(b) * n];
+                if !matches!(lz4_flex::block::decompress_into(block, &mut out), Ok(got) if got == out.len()) {
+                    return Err(ColumnError::Packed("a block does not decompress to its items"));
+                }
+            }
+        }
+        packed.blocks = parts.blocks;
+        if parts.lookback > parts.total {
+            return Err(ColumnError::Packed("a look-back longer than the items"));
+        }
+        let leaves = Leaves::new(parts.raw);
+        let (total, lookback) = (parts.total, parts.lookback);
+        Ok(Column { schema, leaves, packed: Some(Box::new(packed)), total, lookback })
     }
 
     /// Seals every item, the last block possibly shorter than `rows`, on a column that
@@ -1082,6 +1175,55 @@ mod tests {
                 assert_eq!(p2, plain);
             }
         }
+    }
+
+    #[test]
+    fn packed_parts_rebuild_the_same_column_and_bad_parts_are_refused() {
+        let schema = || two_leaf(0, None).shared_schema().clone();
+        for rows in [1, 3, 8] {
+            for n in [0, 1, 5, 17, 40] {
+                for seal in [false, true] {
+                    let mut c = two_leaf(n, Some(rows));
+                    c.set_lookback(n.min(2));
+                    if seal {
+                        c.seal_all();
+                    }
+                    let parts = c.packed_parts().unwrap();
+                    let back = Column::from_packed_parts(schema(), parts.clone()).unwrap();
+                    assert_eq!(back, c);
+                    assert_eq!(contents(&back), contents(&c));
+                    // It goes on as the original does.
+                    let (mut a, mut b) = (back, c.clone());
+                    for i in 0..4u8 {
+                        a.push(&[vec![i; 15], [i; 8].to_vec()]).unwrap();
+                        b.push(&[vec![i; 15], [i; 8].to_vec()]).unwrap();
+                    }
+                    assert_eq!(a, b);
+                    if parts.sealed == 0 {
+                        continue;
+                    }
+                    let refused = |f: &dyn Fn(&mut PackedParts)| {
+                        let mut bad = parts.clone();
+                        f(&mut bad);
+                        Column::from_packed_parts(schema(), bad).unwrap_err()
+                    };
+                    assert!(matches!(
+                        refused(&|p| p.blocks[1].pop().map_or((), drop)),
+                        ColumnError::Packed(_)
+                    ));
+                    assert!(matches!(refused(&|p| p.blocks[0][0].truncate(1)), ColumnError::Packed(_)));
+                    assert!(matches!(refused(&|p| p.total += 1), ColumnError::ItemSize { .. }));
+                    assert!(matches!(refused(&|p| p.lookback = p.total + 1), ColumnError::Packed(_)));
+                    assert!(matches!(
+                        refused(&|p| p.raw.pop().map_or((), drop)),
+                        ColumnError::LeafCount { .. }
+                    ));
+                    assert!(matches!(refused(&|p| p.rows = 0), ColumnError::Packed(_)));
+                    assert!(matches!(refused(&|p| p.sealed = p.total + 1), ColumnError::Packed(_)));
+                }
+            }
+        }
+        assert_eq!(f32_col().packed_parts(), None, "an uncompressed column has no packed parts");
     }
 
     #[test]

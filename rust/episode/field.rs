@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use crate::column::{Column, Geometry, Index, IndexError, Resolved};
+use crate::column::{Column, ColumnError, Geometry, Index, IndexError, PackedParts, Resolved};
 use crate::schema::Schema;
 
 /// Storage of a field.
@@ -592,6 +592,32 @@ impl<O: Clone, S> Field<O, S> {
             Storage::Typed { column, .. } => column.compression(),
             _ => None,
         }
+    }
+
+    /// The stored parts of a compressed typed column laid out by its space's spec (see
+    /// [`Column::packed_parts`]), for moving the field to another process as it is
+    /// stored; `None` for any other field (it moves as its items).
+    #[must_use]
+    pub fn packed_parts(&self) -> Option<PackedParts>
+    where
+        S: FieldSpec,
+    {
+        let Storage::Typed { column, .. } = &self.storage else { return None };
+        let from_space = self.spec().is_some_and(FieldSpec::is_from_space) && self.row_spec().is_some();
+        from_space.then(|| column.packed_parts()).flatten()
+    }
+
+    /// Replaces the items of the typed column by the stored parts of one of the same
+    /// layout ([`Self::packed_parts`] of the field in another process).
+    ///
+    /// Errors: [`ColumnError::Packed`] if the field holds no typed column, and the
+    /// errors of [`Column::from_packed_parts`]; the field is unchanged then.
+    pub fn set_packed_parts(&mut self, parts: PackedParts) -> Result<(), ColumnError> {
+        let Storage::Typed { column, .. } = &mut self.storage else {
+            return Err(ColumnError::Packed("the field holds no typed column"));
+        };
+        *column = Column::from_packed_parts(column.shared_schema().clone(), parts)?;
+        Ok(())
     }
 
     /// Appends the chunk items of `other` (its look-back excluded).

@@ -46,6 +46,7 @@ pub fn column_error(e: &ColumnError) -> PyErr {
         ColumnError::ItemSize { .. } | ColumnError::LeafCount { .. } => {
             SpaceMismatchError::new_err(e.to_string())
         }
+        ColumnError::Packed(_) => PyValueError::new_err(e.to_string()),
     }
 }
 

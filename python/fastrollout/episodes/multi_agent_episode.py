@@ -1217,6 +1217,14 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
         Returns:
             A dict that :meth:`from_state` turns back into an equal episode.
         """
+        return self._state(packed=False)
+
+    def _state(self, *, packed: bool) -> dict:
+        """The episode's state (:meth:`get_state`).
+
+        With ``packed``, compressed observations keep their stored blocks (for pickling
+        and copies; a checkpoint or an offline file gets their items).
+        """
         return {
             "id_": self.id_,
             "agent_to_module_mapping_fn": self.agent_to_module_mapping_fn,
@@ -1239,7 +1247,8 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
             "is_truncated": self.is_truncated,
             # The agents' states keep their space objects (no serialization per agent).
             "agent_episodes": [
-                (aid, eps._state(rllib=False)) for aid, eps in self.agent_episodes.items()
+                (aid, eps._state(rllib=False, packed=packed))
+                for aid, eps in self.agent_episodes.items()
             ],
             "_start_time": self._start_time,
             "_last_step_time": self._last_step_time,
@@ -1295,13 +1304,13 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
         return episode
 
     def __reduce__(self) -> tuple:
-        return (type(self).from_state, (self.get_state(),))
+        return (type(self).from_state, (self._state(packed=True),))
 
     def __copy__(self) -> MultiAgentEpisode:
-        return type(self).from_state(self.get_state())
+        return type(self).from_state(self._state(packed=True))
 
     def __deepcopy__(self, memo: dict) -> MultiAgentEpisode:
-        return type(self).from_state(copy.deepcopy(self.get_state(), memo))
+        return type(self).from_state(copy.deepcopy(self._state(packed=True), memo))
 
     # ------------------------------------------------------------------ internals
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import builtins
 import copy
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -383,13 +384,19 @@ class SingleAgentEpisode(SingleAgentEpisodeCore):
     # ------------------------------------------------------------------ state
 
     def _field_state(
-        self, field: str, key: str | None = None, *, rllib: bool = False
+        self, field: str, key: str | None = None, *, rllib: bool = False, packed: bool = False
     ) -> dict[str, Any]:
         if rllib:
             return LookbackBufferView(self, field, key).get_state()
+        finalized = self._is_finalized(field, key)
+        stored = self._packed_state(field, key) if packed else None
+        if stored is not None:
+            # Compressed observations travel as they are stored (a sealed chunk of frames
+            # is a few kB instead of its raw megabytes) and arrive compressed.
+            return {"packed": stored, "finalized": finalized}
         lookback = self._lookback(field, key)
         data = self._get(field, key, slice(-lookback, None), True, None, False)
-        return {"data": data, "lookback": lookback, "finalized": self._is_finalized(field, key)}
+        return {"data": data, "lookback": lookback, "finalized": finalized}
 
     def get_state(self) -> dict[str, Any]:
         """All of the episode as plain data, in the form of RLlib's ``get_state()``.
@@ -405,26 +412,27 @@ class SingleAgentEpisode(SingleAgentEpisodeCore):
         """
         return self._state(rllib=True)
 
-    def _state(self, *, rllib: bool) -> dict[str, Any]:
+    def _state(self, *, rllib: bool, packed: bool = False) -> dict[str, Any]:
         """The episode's state.
 
         With ``rllib``, in RLlib's form (see :meth:`get_state`); else with the space
         objects themselves, for pickling and copies (serializing a Box costs tens of
-        microseconds).
+        microseconds). With ``packed``, compressed fields keep their stored blocks (for
+        pickling and copies; a checkpoint or an offline file gets their items).
         """
         space = space_state if rllib else _same
+        field_state = functools.partial(self._field_state, rllib=rllib, packed=packed)
         return {
             "id_": self.id_,
             "agent_id": self.agent_id,
             "module_id": self.module_id,
             "multi_agent_episode_id": self.multi_agent_episode_id,
-            "observations": self._field_state("observations", rllib=rllib),
-            "actions": self._field_state("actions", rllib=rllib),
-            "rewards": self._field_state("rewards", rllib=rllib),
-            "infos": self._field_state("infos", rllib=rllib),
+            "observations": field_state("observations"),
+            "actions": field_state("actions"),
+            "rewards": field_state("rewards"),
+            "infos": field_state("infos"),
             "extra_model_outputs": {
-                k: self._field_state("extra_model_outputs", k, rllib=rllib)
-                for k in self._extra_keys()
+                k: field_state("extra_model_outputs", k) for k in self._extra_keys()
             },
             "is_terminated": self.is_terminated,
             "is_truncated": self.is_truncated,
@@ -466,6 +474,9 @@ class SingleAgentEpisode(SingleAgentEpisodeCore):
             ("extra_model_outputs", k, s) for k, s in (state["extra_model_outputs"] or {}).items()
         ]
         for field, key, fstate in fields:
+            if isinstance(fstate, dict) and "packed" in fstate:
+                episode._set_packed_state(field, fstate["packed"], fstate["finalized"], key=key)
+                continue
             if not isinstance(fstate, dict):
                 # RLlib's get_state keeps a buffer without chunk items as the buffer itself.
                 fstate = {"data": fstate.data, "lookback": fstate.lookback}
@@ -482,10 +493,10 @@ class SingleAgentEpisode(SingleAgentEpisodeCore):
         return episode
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self).from_state, (self._state(rllib=False),))
+        return (type(self).from_state, (self._state(rllib=False, packed=True),))
 
     def __copy__(self) -> SingleAgentEpisode:
-        return type(self).from_state(self._state(rllib=False))
+        return type(self).from_state(self._state(rllib=False, packed=True))
 
     def __deepcopy__(self, memo: dict[int, Any]) -> SingleAgentEpisode:
-        return type(self).from_state(copy.deepcopy(self._state(rllib=False), memo))
+        return type(self).from_state(copy.deepcopy(self._state(rllib=False, packed=True), memo))

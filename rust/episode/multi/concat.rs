@@ -277,7 +277,7 @@ mod tests {
         }
     }
 
-    fn input<'a>(agents: &'a [ConcatAgent]) -> ConcatInput<'a> {
+    fn input(agents: &[ConcatAgent]) -> ConcatInput<'_> {
         ConcatInput {
             agents,
             their_dropped: &[],

@@ -16,10 +16,11 @@ pub use writes::{Input, PreparedReset, PreparedStep};
 
 use pyo3::exceptions::{PyIndexError, PyKeyError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::{PyBytes, PyDict, PyList};
 
 use super::object::PyObj;
 use super::spec::{self, Spec};
+use crate::column::PackedParts;
 use crate::episode::read::{self, WriteValues};
 use crate::episode::{Conversion, Field, FieldName, Item, SingleAgentCore, Storage, TypedItem};
 use crate::py::errors::{column_error, episode_error, index_error, EpisodeStateError, SpaceMismatchError};
@@ -244,6 +245,64 @@ impl SingleAgentEpisodePy {
         Err(PyValueError::new_err(format!(
             "_set_compression: the {field} field holds no typed column (give its space, or add data that fits one, first)"
         )))
+    }
+
+    /// A compressed field's items as they are stored, for pickling and copies: a dict of
+    /// the compressed blocks and the uncompressed rest (see `_set_packed_state`); `None`
+    /// where the field is not a compressed typed column of its space's layout.
+    #[pyo3(signature = (field, key=None))]
+    #[pyo3(name = "_packed_state")]
+    fn packed_state<'py>(
+        &self,
+        py: Python<'py>,
+        field: &str,
+        key: Option<&str>,
+    ) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Some(p) = self.field(field_name(field, key)?)?.packed_parts() else { return Ok(None) };
+        let bytes = |b: &Vec<u8>| PyBytes::new(py, b);
+        let blocks: Vec<Vec<Bound<'py, PyBytes>>> =
+            p.blocks.iter().map(|l| l.iter().map(bytes).collect()).collect();
+        let state = PyDict::new(py);
+        state.set_item("rows", p.rows)?;
+        state.set_item("sealed", p.sealed)?;
+        state.set_item("closed", p.closed)?;
+        state.set_item("blocks", blocks)?;
+        state.set_item("raw", p.raw.iter().map(bytes).collect::<Vec<_>>())?;
+        state.set_item("total", p.total)?;
+        state.set_item("lookback", p.lookback)?;
+        Ok(Some(state))
+    }
+
+    /// Replaces a field's items by `_packed_state`'s dict of a field of the same space,
+    /// and sets its finalized flag.
+    ///
+    /// Raises:
+    ///     ValueError: If the field holds no typed column or the parts do not fit together.
+    ///     SpaceMismatchError: If they are of another layout.
+    ///     KeyError: If the dict lacks an entry.
+    #[pyo3(signature = (field, state, finalized, key=None))]
+    #[pyo3(name = "_set_packed_state")]
+    fn set_packed_state(
+        &mut self,
+        field: &str,
+        state: &Bound<'_, PyDict>,
+        finalized: bool,
+        key: Option<&str>,
+    ) -> PyResult<()> {
+        let get = |k: &str| state.as_any().get_item(k);
+        let parts = PackedParts {
+            rows: get("rows")?.extract()?,
+            sealed: get("sealed")?.extract()?,
+            closed: get("closed")?.extract()?,
+            blocks: get("blocks")?.extract()?,
+            raw: get("raw")?.extract()?,
+            total: get("total")?.extract()?,
+            lookback: get("lookback")?.extract()?,
+        };
+        let f = self.field_mut(field_name(field, key)?)?;
+        f.set_packed_parts(parts).map_err(|e| column_error(&e))?;
+        f.finalized = finalized;
+        Ok(())
     }
 
     /// Items per compressed block of a field, `None` if it is stored uncompressed.
