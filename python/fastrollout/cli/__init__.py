@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any, TextIO
 
+from fastrollout._extras import require_extra
 from fastrollout.cli.evaluate import EPISODES_DIR, add_evaluate_parser, run_evaluate
 from fastrollout.cli.report import (
     JSONL_NAME,
@@ -370,11 +371,13 @@ def check_config(args: argparse.Namespace) -> None:
     """
     from fastrollout.env import make_env_creator
     from fastrollout.modules import resolve_device
-    from fastrollout.runners.sub_envs.envpool_backend import envpool_task, require_envpool
+    from fastrollout.runners.sub_envs.envpool_backend import envpool_task
 
     try:
         if envpool_task(args.env) is not None:
-            require_envpool()
+            require_extra(
+                "envpool", extra="envpool", purpose="an 'envpool:<task>' env", name="EnvPool"
+            )
         else:
             make_env_creator(args.env, disable_env_checking=True)
         if not args.num_env_runners:

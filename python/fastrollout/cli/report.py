@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from fastrollout._extras import require_extra
+
 __all__ = [
     "JSONL_NAME",
     "PLOT_NAME",
@@ -423,9 +425,9 @@ def write_plot(log: RunLog, path: Path, title: str) -> None:
         title: The figure's title.
 
     Raises:
-        ImportError: If matplotlib is not installed.
+        ImportError: If matplotlib is not installed (naming the ``plot`` extra).
     """
-    import matplotlib
+    matplotlib = require_extra("matplotlib", extra="plot", purpose="the run's plot")
 
     # No display needed (and none may exist): render into the file only.
     matplotlib.use("Agg")

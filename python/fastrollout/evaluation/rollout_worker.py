@@ -995,14 +995,11 @@ class RolloutWorker(Checkpointable):
         """The worker class as a Ray actor class with the given resources.
 
         Raises:
-            ImportError: Without ray (``pip install fastrollout[ray]``).
+            ImportError: Without ray (``pip install 'fastrollout[ray]'``).
         """
-        try:
-            import ray
-        except ImportError as err:
-            raise ImportError(
-                "RolloutWorker.as_remote needs ray: pip install fastrollout[ray]"
-            ) from err
+        from fastrollout.runners.ray_host import require_ray
+
+        ray = require_ray("RolloutWorker.as_remote")
         options: dict[str, Any] = {
             "num_cpus": num_cpus,
             "num_gpus": num_gpus,

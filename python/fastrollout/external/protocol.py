@@ -21,6 +21,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from fastrollout._extras import require_extra
+
 __all__ = [
     "ARRAY_EXT_TYPE",
     "DEFAULT_MAX_FRAME_BYTES",
@@ -72,7 +74,6 @@ DTYPES = frozenset(
 #: ``_ext_hook``, which takes only arrays.
 UNPACK_OPTIONS: dict[str, Any] = {"raw": False, "strict_map_key": True, "use_list": True}
 
-_EXTRA = "pip install 'fastrollout[server]'"
 _msgpack: Any = None
 
 
@@ -100,14 +101,8 @@ def msgpack_module() -> Any:
         ImportError: If msgpack is not installed (the message names the extra).
     """
     global _msgpack
-    if _msgpack is None:
-        try:
-            import msgpack
-        except ImportError as err:
-            raise ImportError(
-                f"the policy server and client need msgpack: {_EXTRA} (or pip install msgpack)"
-            ) from err
-        _msgpack = msgpack
+    if _msgpack is None:  # cached: this runs for every frame packed or unpacked
+        _msgpack = require_extra("msgpack", extra="server", purpose="the policy server protocol")
     return _msgpack
 
 

@@ -26,7 +26,6 @@ ONNX export uses torch's TorchScript-based exporter, which needs the ``onnx`` pa
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import math
 import pathlib
@@ -39,6 +38,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fastrollout._extras import check_extra
 from fastrollout.core import Columns
 
 __all__ = ["export_module"]
@@ -217,10 +217,8 @@ def _check_opset(onnx: Any) -> int:
             f"onnx={onnx} is not an opset the exporter writes: use {ONNX_MIN_OPSET} to "
             f"{ONNX_MAX_OPSET}"
         )
-    if importlib.util.find_spec("onnx") is None:
-        raise ImportError(
-            "exporting to ONNX needs the onnx package: pip install 'fastrollout[export]'"
-        )
+    # Only looked for: torch.onnx.export imports it.
+    check_extra("onnx", extra="export", purpose="exporting to ONNX", name="the onnx package")
     return onnx
 
 

@@ -29,6 +29,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from fastrollout._extras import require_extra
 from fastrollout.core.spaces import is_space_dict, space_from_dict, space_to_dict
 
 #: Metadata key of a file fastrollout wrote: a JSON object with ``version``,
@@ -47,22 +48,6 @@ ROW_COLUMNS = (EPS_ID, AGENT_ID, MODULE_ID, OBS, ACTIONS, REWARDS, NEXT_OBS)
 KNOWN_COLUMNS = frozenset(
     (*ROW_COLUMNS, TERMINATEDS, TRUNCATEDS, T, INFOS, "agent_index", "dones", "unroll_id")
 )
-
-
-def require(module: str) -> Any:
-    """Imports an optional dependency of the offline extra.
-
-    Raises:
-        ImportError: Naming the extra to install.
-    """
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except ImportError as err:
-        raise ImportError(
-            f"fastrollout.offline needs {module.split('.')[0]}: pip install 'fastrollout[offline]'"
-        ) from err
 
 
 # ------------------------------------------------------------------------- spaces
@@ -124,13 +109,13 @@ def _decode(obj: dict[Any, Any]) -> Any:
 
 def packb(state: Any) -> bytes:
     """Packs an episode state (msgpack, numpy in msgpack-numpy's form)."""
-    msgpack = require("msgpack")
+    msgpack = require_extra("msgpack", extra="offline", purpose="fastrollout.offline")
     return msgpack.packb(state, default=_encode, use_bin_type=True)  # type: ignore[no-any-return]
 
 
 def unpackb(data: bytes) -> Any:
     """Unpacks :func:`packb`'s bytes (and RLlib's: msgpack-numpy's arrays)."""
-    msgpack = require("msgpack")
+    msgpack = require_extra("msgpack", extra="offline", purpose="fastrollout.offline")
     return msgpack.unpackb(data, object_hook=_decode, raw=False, strict_map_key=False)
 
 

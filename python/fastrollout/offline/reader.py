@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from fastrollout._extras import require_extra
 from fastrollout.offline import _layouts as L
 
 __all__ = ["OfflineReadError", "read_episodes"]
@@ -93,7 +94,7 @@ def read_episodes(
     """
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
-    pq = L.require("pyarrow.parquet")
+    pq = require_extra("pyarrow.parquet", extra="offline", purpose="fastrollout.offline")
     episodes: list[Any] = []
     # RLlib's columns layout spreads one chunk over files (Ray Data writes a file per
     # row or block): consecutive such files are read as one table.
@@ -173,7 +174,7 @@ def _column_arrays(table: Any, allow_pickle: bool, file: Path) -> dict[str, np.n
 
 
 def _to_numpy(table: Any, name: str, allow_pickle: bool, file: Path) -> np.ndarray:
-    pa = L.require("pyarrow")
+    pa = require_extra("pyarrow", extra="offline", purpose="fastrollout.offline")
     col = table.column(name).combine_chunks()
     field = table.schema.field(name)
     typ = col.type
@@ -282,7 +283,7 @@ def _rllib_columns(
     """Chunks from RLlib's rows: runs of one ``eps_id``, ending at a done row."""
     from fastrollout.episodes import SingleAgentEpisode
 
-    pa = L.require("pyarrow")
+    pa = require_extra("pyarrow", extra="offline", purpose="fastrollout.offline")
     # Row -> (file, row in file), for error messages.
     where = [(f, r) for f, t in files for r in range(t.num_rows)]
     first = files[0][0]

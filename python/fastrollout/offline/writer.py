@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from fastrollout._extras import require_extra
 from fastrollout.offline import _layouts as L
 
 __all__ = ["EpisodeWriter", "OfflineWriteError"]
@@ -75,9 +76,9 @@ class EpisodeWriter:
         worker_index: int = 0,
         queue_size: int = 2,
     ) -> None:
-        L.require("pyarrow.parquet")
+        require_extra("pyarrow.parquet", extra="offline", purpose="fastrollout.offline")
         if write_episodes:
-            L.require("msgpack")
+            require_extra("msgpack", extra="offline", purpose="fastrollout.offline")
         self.folder = Path(output) / subdir
         self.write_episodes = write_episodes
         self.max_rows_per_file = max_rows_per_file
@@ -200,8 +201,8 @@ class EpisodeWriter:
             self._write_file([payload for _, _, payload in batch])
 
     def _write_file(self, payloads: list[Any]) -> None:
-        pa = L.require("pyarrow")
-        pq = L.require("pyarrow.parquet")
+        pa = require_extra("pyarrow", extra="offline", purpose="fastrollout.offline")
+        pq = require_extra("pyarrow.parquet", extra="offline", purpose="fastrollout.offline")
         multi_agent = any(p[0] for p in payloads)
         meta: dict[bytes, bytes] = {
             L.META_KEY: json.dumps(

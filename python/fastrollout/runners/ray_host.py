@@ -11,6 +11,8 @@ from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any, NamedTuple
 
+from fastrollout._extras import require_extra
+
 __all__ = ["NeedsState", "RunnerHost", "require_ray"]
 
 
@@ -31,16 +33,9 @@ def require_ray(purpose: str) -> ModuleType:
         The ``ray`` module.
 
     Raises:
-        ImportError: If Ray is not installed.
+        ImportError: If Ray is not installed (see :func:`fastrollout._extras.require_extra`).
     """
-    try:
-        import ray
-    except ImportError as err:
-        raise ImportError(
-            f"{purpose} needs Ray, an optional extra of fastrollout: "
-            f"pip install 'fastrollout[ray]' (import failed: {err})"
-        ) from err
-    return ray
+    return require_extra("ray", extra="ray", purpose=purpose, name="Ray")
 
 
 class RunnerHost:

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from fastrollout._extras import require_extra
 from fastrollout.runners.sub_envs.base import StepResults, SubEnvs
 
 __all__ = [
@@ -30,7 +31,6 @@ __all__ = [
     "EnvPoolSpec",
     "EnvPoolSubEnvs",
     "envpool_task",
-    "require_envpool",
 ]
 
 #: The prefix of an env id that runs on EnvPool.
@@ -79,21 +79,6 @@ class EnvPoolSpec:
         self.worker_index = worker_index
 
 
-def require_envpool() -> Any:
-    """The envpool module.
-
-    Raises:
-        ImportError: Without it, naming the extra.
-    """
-    try:
-        import envpool
-    except ImportError as err:
-        raise ImportError(
-            "an 'envpool:<task>' env needs EnvPool: pip install 'fastrollout[envpool]'"
-        ) from err
-    return envpool
-
-
 class EnvPoolSubEnvs(SubEnvs):
     """``num_envs`` sub-envs of one EnvPool task, stepped in batches of ``batch_size``.
 
@@ -115,7 +100,9 @@ class EnvPoolSubEnvs(SubEnvs):
     lockstep = False
 
     def __init__(self, spec: EnvPoolSpec, num_envs: int, batch_size: int | None) -> None:
-        self._envpool = require_envpool()
+        self._envpool = require_extra(
+            "envpool", extra="envpool", purpose="an 'envpool:<task>' env", name="EnvPool"
+        )
         if batch_size is not None and not 1 <= batch_size <= num_envs:
             raise ValueError(
                 f"sub_env_batch_size must be between 1 and the sub-envs per runner "
