@@ -199,6 +199,35 @@ def test_a_sealed_chunk_pickles_as_its_blocks() -> None:
         SingleAgentEpisode.from_state(state)
 
 
+def test_episodes_that_arrive_by_pickle_share_their_box_spaces() -> None:
+    """Each pickle brings its own copy of the spaces; the rebuilt episodes share one live
+    Box per distinct Box (a frame Box is about as big as 50 compressed frames)."""
+    space = gym.spaces.Box(0, 255, (84, 84, 4), np.uint8)
+    near = gym.spaces.Box(0, 254, (84, 84, 4), np.uint8)
+
+    def chunk(obs_space: gym.Space) -> SingleAgentEpisode:
+        ep = SingleAgentEpisode(observation_space=obs_space, action_space=gym.spaces.Discrete(2))
+        ep.add_env_reset(obs_space.sample())
+        return ep
+
+    first = pickle.loads(pickle.dumps([chunk(space), chunk(space)]))
+    second = pickle.loads(pickle.dumps(chunk(space)))
+    other = pickle.loads(pickle.dumps(chunk(near)))
+    assert first[0].observation_space is first[1].observation_space
+    assert second.observation_space is first[0].observation_space
+    assert second.observation_space == space and second.observation_space is not space
+    assert (
+        other.observation_space is not second.observation_space and other.observation_space == near
+    )
+    ma = MultiAgentEpisode(
+        observation_space={"a": space}, action_space={"a": gym.spaces.Discrete(2)}
+    )
+    ma.add_env_reset(observations={"a": space.sample()})
+    back = pickle.loads(pickle.dumps(ma))
+    assert back.observation_space["a"] is first[0].observation_space
+    assert back.agent_episodes["a"].observation_space is first[0].observation_space
+
+
 def test_compression_holds_fewer_bytes_and_needs_a_typed_column() -> None:
     space = gym.spaces.Box(0, 255, (84, 84, 4), np.uint8)
     frames = np.zeros((200, 84, 84, 4), np.uint8)

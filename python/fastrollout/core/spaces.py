@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import io
+import weakref
 import zlib
 from collections.abc import Mapping
 from typing import Any
@@ -17,7 +18,38 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-__all__ = ["is_space_dict", "space_from_dict", "space_to_dict"]
+__all__ = ["is_space_dict", "shared_space", "space_from_dict", "space_to_dict"]
+
+# Live Box spaces by (shape, dtype), as weak references: what shared_space hands out again.
+_SHARED_BOXES: dict[tuple[Any, ...], list[weakref.ref[gym.spaces.Box]]] = {}
+
+
+def shared_space(space: Any) -> Any:
+    """One live object per Box space: `space`, or a live Box equal to it bit for bit.
+
+    Every episode that arrives by pickle (a remote runner's chunks crossing Ray) brings
+    its own copy of its spaces, and a Box holds four arrays of its shape (an 84x84x4 frame
+    Box about 113 kB, as much as 50 compressed frames): episodes rebuilt from a state share
+    one instead. Only Box spaces are shared (the big ones); anything else comes back as it
+    is. Shared spaces are the same object, as a runner's own episodes' are.
+
+    Args:
+        space: A space, or anything else.
+
+    Returns:
+        The space to keep.
+    """
+    if type(space) is not gym.spaces.Box:
+        return space
+    key = (space.shape, space.dtype.str)
+    live = [r for r in _SHARED_BOXES.get(key, ()) if r() is not None]
+    low, high = space.low.tobytes(), space.high.tobytes()
+    for ref in live:
+        other = ref()
+        if other is not None and other.low.tobytes() == low and other.high.tobytes() == high:
+            return other
+    _SHARED_BOXES[key] = [*live, weakref.ref(space)]
+    return space
 
 
 def _ndarray_text(array: np.ndarray) -> str:

@@ -28,6 +28,7 @@ import numpy as np
 
 from fastrollout._core import MultiAgentEpisodeCore, StepMap, multi_agent_add_env_reset
 from fastrollout.core import DEFAULT_MODULE_ID
+from fastrollout.core.spaces import shared_space
 from fastrollout.episodes._ids import new_episode_id
 from fastrollout.episodes.single_agent_episode import SingleAgentEpisode
 from fastrollout.errors import (
@@ -1271,8 +1272,8 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
         episode = cls(id_=state["id_"])
         episode.agent_to_module_mapping_fn = state["agent_to_module_mapping_fn"]
         episode._agent_to_module_mapping = dict(state["_agent_to_module_mapping"])
-        episode.observation_space = state["observation_space"]
-        episode.action_space = state["action_space"]
+        episode.observation_space = _shared_spaces(state["observation_space"])
+        episode.action_space = _shared_spaces(state["action_space"])
         episode.env_t_started = state["env_t_started"]
         episode.env_t = state["env_t"]
         # Into the (empty) containers the native constructor made.
@@ -1440,6 +1441,13 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
                 t_started=self.agent_t_started[agent_id],
                 len_lookback_buffer=max(lookback_per_agent[agent_id], 0),
             )
+
+
+def _shared_spaces(spaces: Any) -> Any:
+    """A state's spaces (one, or agent id -> space), each shared (see ``shared_space``)."""
+    if isinstance(spaces, dict):
+        return {aid: shared_space(space) for aid, space in spaces.items()}
+    return shared_space(spaces)
 
 
 def _without_empty_reads(per_key: dict) -> dict:

@@ -20,7 +20,7 @@ import gymnasium as gym
 import numpy as np
 
 from fastrollout._core import SingleAgentEpisodeCore
-from fastrollout.core.spaces import is_space_dict, space_from_dict
+from fastrollout.core.spaces import is_space_dict, shared_space, space_from_dict
 from fastrollout.episodes._ids import new_episode_id
 from fastrollout.episodes.buffers import ExtraModelOutputsView, LookbackBufferView, space_state
 from fastrollout.errors import EpisodeStateError
@@ -35,11 +35,11 @@ def _same(value: Any) -> Any:
 
 
 def _space_from_state(value: Any) -> gym.Space | None:
-    """A space from a state: itself, or rebuilt from RLlib's dict form (without Ray)."""
+    """A state's space: itself or rebuilt from RLlib's dict form, shared (``shared_space``)."""
     # (A gymnasium Dict space is a Mapping too: the form is told by its "space" key.)
     if is_space_dict(value):
-        return space_from_dict(value)
-    return value  # type: ignore[no-any-return]
+        return shared_space(space_from_dict(value))
+    return shared_space(value)
 
 
 def _same_item(a: Any, b: Any) -> bool:
