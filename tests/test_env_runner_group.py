@@ -12,6 +12,7 @@ start on the 2-core test machine.
 
 from __future__ import annotations
 
+import copy
 import math
 import pickle
 import subprocess
@@ -277,6 +278,27 @@ def test_sample_episodes_and_default_counts(group: EnvRunnerGroup) -> None:
         group.sample(num_timesteps=1, num_episodes=1)
     with pytest.raises(ValueError, match="num_episodes must be >= 0"):
         group.sample(num_episodes=-1)
+
+
+def test_remote_runners_chunks_arrive_compressed_and_sealed(ray_local: Any) -> None:
+    """With ``compress_observations``, the chunks a remote runner hands out cross Ray as
+    their compressed blocks: they arrive compressed, with nothing left raw."""
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    g = EnvRunnerGroup(
+        config=_config(num_env_runners=1, num_cpus_per_env_runner=0.5, compress_observations=True)
+    )
+    try:
+        episodes = g.sample(num_timesteps=40)
+    finally:
+        g.stop()
+    assert _steps(episodes) >= 40
+    for ep in episodes:
+        assert ep._compression("observations") == 32
+        sealed = copy.deepcopy(ep)
+        sealed._seal()
+        assert ep._stored_bytes("observations") == sealed._stored_bytes("observations")
 
 
 def test_get_metrics_aggregates_every_runner_at_the_root(group: EnvRunnerGroup) -> None:
