@@ -289,6 +289,11 @@ mod tests {
         }
     }
 
+    /// An agent that both chunks have, live, with maps.
+    fn live() -> ConcatAgent {
+        ConcatAgent { ours: Some(false), theirs: true, our_map: true, their_map: true, ..Default::default() }
+    }
+
     fn part(agent: ConcatAgent) -> AgentConcat {
         plan_concat(&input(&[agent])).agents[0]
     }
@@ -297,13 +302,7 @@ mod tests {
     /// it: ray issue 45542; `test_concat_episode_drops_a_consumed_hanging_action`).
     #[test]
     fn each_agent_takes_its_part() {
-        let live = ConcatAgent {
-            ours: Some(false),
-            theirs: true,
-            our_map: true,
-            their_map: true,
-            ..Default::default()
-        };
+        let live = live();
         let append = ConcatMap::Append { theirs: true };
         let idle = AgentConcat {
             part: ConcatPart::Idle,
@@ -353,13 +352,7 @@ mod tests {
     /// 2.60 keeps it: `test_concat_episode_drops_the_reward_of_an_agent_dropped_later`).
     #[test]
     fn hanging_data_of_the_other_chunk_applies_after_the_agents_in_its_order() {
-        let live = ConcatAgent {
-            ours: Some(false),
-            theirs: true,
-            our_map: true,
-            their_map: true,
-            ..Default::default()
-        };
+        let live = live();
         let agents = [live, ConcatAgent { ours: Some(true), ..live }];
         // Agent 2 has only begin rewards in the other chunk; 0's reward hung at the cut.
         let begin = [
