@@ -41,7 +41,7 @@ def shared_space(space: Any) -> Any:
     """
     if type(space) is not gym.spaces.Box:
         return space
-    key = (space.shape, space.dtype.str)
+    key = (space.shape, np.dtype(space.dtype).str)
     live = [r for r in _SHARED_BOXES.get(key, ()) if r() is not None]
     low, high = space.low.tobytes(), space.high.tobytes()
     for ref in live:
