@@ -136,6 +136,19 @@ impl Scalar {
 }
 
 impl Scalar {
+    /// The scalar whose native bytes of dtype `dtype` are `bytes` (a numpy scalar's own
+    /// value): float32/float64, int32/int64 or bool; `None` for other dtypes or a slice
+    /// of another size.
+    #[must_use]
+    pub fn read(dtype: DType, bytes: &[u8]) -> Option<Scalar> {
+        match (dtype.kind, dtype.size) {
+            (Kind::Float, 4) => Some(Scalar::Float(f64::from(f32::from_ne_bytes(bytes.try_into().ok()?)))),
+            (Kind::Int, 4) => Some(Scalar::Int(i64::from(i32::from_ne_bytes(bytes.try_into().ok()?)))),
+            (Kind::Float | Kind::Int, 8) | (Kind::Bool, 1) => Scalar::decode(dtype, bytes),
+            _ => None,
+        }
+    }
+
     /// A stored scalar item read back as the host scalar it was given as (a leaf of
     /// `float64`, `int64` or `bool`, the dtypes inferred from host scalars); `None` for
     /// other dtypes, which read back as numpy scalars.
@@ -294,6 +307,21 @@ mod tests {
         assert_eq!(Scalar::decode(DType::F32, &1f32.to_ne_bytes()), None, "a numpy scalar");
         assert_eq!(Scalar::decode(DType::I64, &[1, 2]), None, "too few bytes");
         assert_eq!(Scalar::decode(DType::BOOL, &[]), None);
+    }
+
+    #[test]
+    fn numpy_scalars_read_from_their_native_bytes() {
+        let i32_ = DType { kind: Kind::Int, size: 4 };
+        assert_eq!(
+            Scalar::read(DType::F32, &(-0.69f32).to_ne_bytes()),
+            Some(Scalar::Float(f64::from(-0.69f32)))
+        );
+        assert_eq!(Scalar::read(DType::F64, &0.1f64.to_ne_bytes()), Some(Scalar::Float(0.1)));
+        assert_eq!(Scalar::read(i32_, &(-7i32).to_ne_bytes()), Some(Scalar::Int(-7)));
+        assert_eq!(Scalar::read(DType::I64, &(1i64 << 40).to_ne_bytes()), Some(Scalar::Int(1 << 40)));
+        assert_eq!(Scalar::read(DType::BOOL, &[1]), Some(Scalar::Bool(true)));
+        assert_eq!(Scalar::read(DType::F32, &[0; 8]), None, "a slice of another size");
+        assert_eq!(Scalar::read(DType { kind: Kind::UInt, size: 8 }, &[0; 8]), None);
     }
 
     #[test]
