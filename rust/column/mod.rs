@@ -348,14 +348,17 @@ impl Column {
         if parts.sealed % parts.rows != 0 && !(parts.closed && raw_items == 0) {
             return Err(ColumnError::Packed("a short block with items after it"));
         }
+        // One scratch buffer for the check, the size of the biggest block.
+        let widest = schema.leaves.iter().map(Leaf::item_bytes).max().unwrap_or(0);
+        let mut scratch = vec![0; parts.rows.min(parts.sealed) * widest];
         for (leaf, blocks) in parts.blocks.iter().enumerate() {
             if blocks.len() != packed.block_count() {
                 return Err(ColumnError::Packed("a leaf holds another number of blocks than its items need"));
             }
             let n = schema.leaves[leaf].item_bytes();
             for (b, block) in blocks.iter().enumerate() {
-                let mut out = vec![0; packed.block_rows(b) * n];
-                if !matches!(lz4_flex::block::decompress_into(block, &mut out), Ok(got) if got == out.len()) {
+                let out = &mut scratch[..packed.block_rows(b) * n];
+                if !matches!(lz4_flex::block::decompress_into(block, out), Ok(got) if got == out.len()) {
                     return Err(ColumnError::Packed("a block does not decompress to its items"));
                 }
             }

@@ -1187,12 +1187,8 @@ impl ConcatBooks for ConcatDicts<'_, '_> {
     fn join_map(&mut self, i: usize, new_steps: usize, steps_before: usize, lookback: usize) -> PyResult<()> {
         let aid = &self.aids[i];
         let theirs = Self::map(self.theirs, aid)?;
-        let map = StepMap::joined(
-            theirs.as_ref().map(|m| m.borrow().map.clone()).as_ref(),
-            new_steps,
-            steps_before,
-            lookback,
-        );
+        let theirs = theirs.as_ref().map(Bound::borrow);
+        let map = StepMap::joined(theirs.as_deref().map(|m| &m.map), new_steps, steps_before, lookback);
         self.ours.step_maps.set_item(aid, StepMapPy { map })
     }
 
