@@ -724,6 +724,44 @@ impl<O: Clone, S> SingleAgentCore<O, S> {
         })
     }
 
+    /// A new episode of the rows `observations` (and infos) and `actions` (and rewards,
+    /// and extra outputs when `extras`; else it has no extra output keys) at absolute
+    /// positions, the first `lookback` of each look-back, starting at `t_started`: what
+    /// the constructor makes from those items (a multi-agent cut's agent). Positions must
+    /// lie in the fields.
+    #[must_use]
+    pub fn select_rows(
+        &self,
+        observations: &[usize],
+        actions: &[usize],
+        extras: bool,
+        lookback: usize,
+        t_started: i64,
+    ) -> SingleAgentCore<O, S> {
+        let extra_model_outputs = if extras {
+            self.extra_model_outputs
+                .iter()
+                .map(|(key, f)| (key.clone(), f.select(actions, lookback)))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let chunk = actions.len().saturating_sub(lookback) as i64;
+        SingleAgentCore {
+            observations: self.observations.select(observations, lookback),
+            infos: self.infos.select(observations, lookback),
+            actions: self.actions.select(actions, lookback),
+            rewards: self.rewards.select(actions, lookback),
+            extra_model_outputs,
+            // The constructor's rewards buffer has RLlib's float32 space.
+            rewards_fill_f32: true,
+            t_started,
+            t: t_started + chunk,
+            is_terminated: false,
+            is_truncated: false,
+        }
+    }
+
     /// The steps `start..stop` (by `step`) as a new episode, with up to
     /// `len_lookback_buffer` steps before `start` as look-back (default: as many as this
     /// episode's fields have). Bounds may be negative (from the end); RLlib 2.60 semantics.

@@ -8,10 +8,11 @@
 //! agent-step maps ([`StepMap`]), decides per agent what an env step records where
 //! ([`plan_agent_step`]), and turns a whole env step into one plan checked before anything
 //! is applied ([`plan_env_step`]), the plan of appending a chunk ([`plan_concat`]), and
-//! the map rules of `cut`.
+//! the plan of a cut ([`plan_cut`]).
 
 mod agent;
 mod concat;
+mod cut;
 mod env_step;
 mod step_map;
 
@@ -20,6 +21,7 @@ pub use concat::{
     plan_concat, AgentConcat, BeginReward, ConcatAgent, ConcatBooks, ConcatEnd, ConcatInput, ConcatMap,
     ConcatPart, ConcatPlan,
 };
+pub use cut::{plan_cut, AgentCut, CutAgent, CutInput, CutPlan, HangingExtras};
 pub use env_step::{
     episode_ends, plan_env_step, AgentOutcome, AgentStep, Books, EnvStep, EnvStepPlan, Hanging, MapWrite,
     Slot,

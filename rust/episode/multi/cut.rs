@@ -1,0 +1,640 @@
+//! The general `cut` of a multi-agent episode as a plan: which rows of each agent's
+//! episode the successor keeps, its env-step maps and what hangs at its end.
+//!
+//! The successor is what RLlib's rebuild gives: the kept env steps read per env step, then
+//! the constructor's rules for agents given as per-env-step lists (`len_lookback_buffer=
+//! "auto"`), then the cut's own rules for done agents. [`plan_cut`] runs those rules over
+//! the structure (which agent has an observation, action or reward at each kept env step)
+//! instead of over the values, so the binding copies rows instead of rebuilding agents.
+//! Where the rebuild would not be a selection of rows (or would fail), there is no plan
+//! and the caller rebuilds.
+
+use crate::column::Index;
+
+use super::step_map::{MapRead, StepMap};
+
+/// What hangs as extra model outputs for an agent at the end of the chunk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HangingExtras {
+    /// Nothing.
+    Absent,
+    /// An empty (falsy) dict.
+    Empty,
+    /// A dict with outputs; `all_keys`: it holds every key the agent's episode stores.
+    Holds { all_keys: bool },
+}
+
+/// One agent of the chunk that is cut, as its episode and books hold it.
+#[derive(Clone, Debug)]
+#[allow(clippy::struct_excessive_bools)] // independent facts about one agent
+pub struct CutAgent<'a> {
+    /// Its env-step map.
+    pub map: &'a StepMap,
+    /// `agent_t_started`, if the agent has an entry (the episode reads 0 otherwise, and
+    /// its `defaultdict` then holds the 0).
+    pub t_started: Option<i64>,
+    /// Its episode: whether it holds an observation in this chunk, its `t`, flags, the
+    /// observations' look-back, and every field's items (look-back included).
+    pub is_reset: bool,
+    pub t: i64,
+    pub terminated: bool,
+    pub truncated: bool,
+    pub obs_lookback: usize,
+    pub obs_total: usize,
+    pub infos_total: usize,
+    pub actions_total: usize,
+    pub rewards_total: usize,
+    /// Items per extra model output key, in the episode's key order.
+    pub extra_totals: Vec<usize>,
+    /// Its module id is set (a falsy one sends the rebuild to the mapping function).
+    pub has_module: bool,
+    /// What hangs at the chunk's end: an action (not `None`), its extra outputs, a reward.
+    pub hanging_action: bool,
+    pub hanging_extras: HangingExtras,
+    pub hanging_reward: Option<f64>,
+}
+
+impl CutAgent<'_> {
+    fn done(&self) -> bool {
+        self.terminated || self.truncated
+    }
+}
+
+/// The chunk that is cut, as [`plan_cut`] reads it.
+#[derive(Clone, Debug)]
+pub struct CutInput<'a> {
+    /// The agents with an episode, in the episode's order.
+    pub agents: Vec<CutAgent<'a>>,
+    /// The same agents in the order Python iterates the set of their ids.
+    pub set_order: Vec<usize>,
+    /// The env steps of look-back the successor keeps.
+    pub lookback: usize,
+}
+
+/// One agent of the successor: its episode is the rows `observations` (and infos) and
+/// `actions` (and rewards, and extra outputs when `extras`) of the agent's episode, the
+/// first `lookback` of each look-back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentCut {
+    pub agent: usize,
+    pub observations: Vec<usize>,
+    pub actions: Vec<usize>,
+    pub extras: bool,
+    pub lookback: usize,
+    pub t_started: i64,
+    pub terminated: bool,
+    pub truncated: bool,
+}
+
+/// The plan of one cut: the successor's books, each in its dict order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CutPlan {
+    /// The successor's `_len_lookback_buffers` (its maps' look-back).
+    pub len_lookback_buffers: usize,
+    /// `agent_episodes`.
+    pub agents: Vec<AgentCut>,
+    /// `env_t_to_agent_t`: agent and map.
+    pub maps: Vec<(usize, StepMap)>,
+    /// `agent_t_started`.
+    pub t_started: Vec<(usize, i64)>,
+    /// `_agent_to_module_mapping` (each agent keeps its module id).
+    pub modules: Vec<usize>,
+    /// `_hanging_actions_end` and `_hanging_extra_model_outputs_end`: the agents whose
+    /// hanging action (and its extra outputs, those of the keys their episode stores)
+    /// carries over.
+    pub hanging: Vec<usize>,
+    /// `_hanging_rewards_end`.
+    pub hanging_rewards: Vec<(usize, f64)>,
+    /// Agents without an `agent_t_started` entry whose reads give them one (0) in the
+    /// episode that is cut, in the order the reads do.
+    pub t_started_read: Vec<usize>,
+}
+
+/// Where an action (with its reward and extra outputs) of a kept env step comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Src {
+    /// The episode's row.
+    Row(usize),
+    /// What hangs at the chunk's end.
+    Hanging,
+}
+
+/// A reward sum of the rebuild (which starts at 0.0 and adds one term per kept env step):
+/// a known value, or one row of the episode (adding zeros keeps it).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Sum {
+    Known(f64),
+    Row(usize),
+}
+
+/// A reward term read at a kept env step.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Term {
+    Zero,
+    Known(f64),
+    Row(usize),
+}
+
+impl Sum {
+    fn add(self, term: Term) -> Option<Sum> {
+        match (self, term) {
+            (Sum::Known(x), Term::Zero) => Some(Sum::Known(x + 0.0)),
+            (Sum::Known(x), Term::Known(h)) => Some(Sum::Known(x + h)),
+            (Sum::Known(x), Term::Row(p)) => (x == 0.0).then_some(Sum::Row(p)),
+            (Sum::Row(p), Term::Zero) => Some(Sum::Row(p)),
+            _ => None,
+        }
+    }
+}
+
+/// A dict of the rebuild: insertion-ordered, small.
+struct Ordered<V>(Vec<(usize, V)>);
+
+impl<V: Copy> Ordered<V> {
+    fn new() -> Self {
+        Ordered(Vec::new())
+    }
+
+    fn get(&self, agent: usize) -> Option<V> {
+        self.0.iter().find(|(a, _)| *a == agent).map(|(_, v)| *v)
+    }
+
+    fn set(&mut self, agent: usize, value: V) {
+        match self.0.iter_mut().find(|(a, _)| *a == agent) {
+            Some((_, v)) => *v = value,
+            None => self.0.push((agent, value)),
+        }
+    }
+
+    fn remove(&mut self, agent: usize) -> Option<V> {
+        let at = self.0.iter().position(|(a, _)| *a == agent)?;
+        Some(self.0.remove(at).1)
+    }
+}
+
+/// The index of agent `i`'s entry in `list` (an insertion-ordered dict of the rebuild,
+/// `at` its index by agent), made empty if it has none.
+fn entry<T>(list: &mut Vec<(usize, Vec<T>)>, at: &mut [Option<usize>], i: usize) -> usize {
+    *at[i].get_or_insert_with(|| {
+        list.push((i, Vec::new()));
+        list.len() - 1
+    })
+}
+
+/// One agent's reads of the kept env steps, as positions in its episode's fields.
+struct Reads {
+    /// Per env step: the observation's position, if it observed.
+    observations: Vec<Option<usize>>,
+    /// Per env step with an action: the action's source, if it acted.
+    actions: Vec<Option<Src>>,
+    /// Per env step with an action: the reward read there.
+    rewards: Vec<Term>,
+}
+
+fn entries(read: MapRead) -> Vec<Option<i64>> {
+    match read {
+        MapRead::One(e) => vec![e],
+        MapRead::Many(v) => v,
+    }
+}
+
+/// Position in the agent's fields (look-back included) of its agent step `entry`.
+fn position(agent: &CutAgent<'_>, entry: i64) -> Option<usize> {
+    usize::try_from(entry - agent.t_started.unwrap_or(0) + i64::try_from(agent.obs_lookback).ok()?).ok()
+}
+
+/// The per-env-step reads of `get_observations`/`get_actions`/`get_rewards`/
+/// `get_extra_model_outputs` over the kept env steps; `None` where they would fail or
+/// read something other than whole rows.
+fn reads(agent: &CutAgent<'_>, lookback: usize) -> Option<Reads> {
+    let k = i64::try_from(lookback).ok()?;
+    let obs_index = Index::Slice { start: Some(-k - 1), stop: None, step: None };
+    let act_index = if k > 0 {
+        Index::Slice { start: Some(-k), stop: None, step: None }
+    } else {
+        Index::Slice { start: None, stop: Some(0), step: None }
+    };
+    let obs_entries = entries(agent.map.get(&obs_index, false, true, false).ok()?);
+    let act_entries = entries(agent.map.get(&act_index, false, true, true).ok()?);
+    let mut observations = Vec::with_capacity(obs_entries.len());
+    for entry in obs_entries {
+        observations.push(match entry {
+            None => None,
+            Some(e) => {
+                let p = position(agent, e)?;
+                (p < agent.obs_total && p < agent.infos_total).then_some(p)?;
+                Some(p)
+            }
+        });
+    }
+    // Extra outputs follow the actions row for row, or are absent: anything else is no
+    // selection of rows.
+    let keys = !agent.extra_totals.is_empty();
+    if keys {
+        let hanging_extras = agent.hanging_extras != HangingExtras::Absent;
+        let aligned = agent.extra_totals.iter().all(|&n| n == agent.actions_total)
+            && hanging_extras == agent.hanging_action
+            && (!agent.hanging_action || agent.hanging_extras == HangingExtras::Holds { all_keys: true });
+        if !aligned {
+            return None;
+        }
+    }
+    // Without keys of its own, an agent's hanging outputs read as an item appended to
+    // empty fields: only its first agent step can be read.
+    let only_hanging_extras = !keys && matches!(agent.hanging_extras, HangingExtras::Holds { .. });
+    let action_view = agent.actions_total + usize::from(agent.hanging_action);
+    let reward_view = agent.rewards_total + usize::from(agent.hanging_reward.is_some());
+    let mut actions = Vec::with_capacity(act_entries.len());
+    let mut rewards = Vec::with_capacity(act_entries.len());
+    for entry in act_entries {
+        let Some(e) = entry else {
+            actions.push(None);
+            rewards.push(Term::Zero);
+            continue;
+        };
+        let p = position(agent, e)?;
+        if only_hanging_extras && p != 0 {
+            return None;
+        }
+        actions.push(if p == action_view {
+            None
+        } else if p < agent.actions_total {
+            Some(Src::Row(p))
+        } else if p == agent.actions_total && agent.hanging_action {
+            Some(Src::Hanging)
+        } else {
+            return None;
+        });
+        rewards.push(if p == reward_view {
+            Term::Zero
+        } else if p < agent.rewards_total {
+            Term::Row(p)
+        } else if let (true, Some(h)) = (p == agent.rewards_total, agent.hanging_reward) {
+            Term::Known(h)
+        } else {
+            return None;
+        });
+    }
+    Some(Reads { observations, actions, rewards })
+}
+
+/// The successor of a cut that keeps `lookback` env steps of look-back, or `None` where
+/// RLlib's rebuild is not a selection of each agent's rows (or fails): the caller then
+/// rebuilds. Agents that finish at the last env step stay, done; agents that finished
+/// before are left out (see `MultiAgentEpisode.cut`).
+#[must_use]
+#[allow(clippy::too_many_lines)] // one pass of the rebuild's rules, kept in its order
+pub fn plan_cut(input: &CutInput<'_>) -> Option<CutPlan> {
+    let agents = &input.agents;
+    let n = agents.len();
+    if n == 0 || input.set_order.len() != n {
+        return None;
+    }
+    let reads: Vec<Reads> = agents.iter().map(|a| reads(a, input.lookback)).collect::<Option<_>>()?;
+    let rows = reads[0].observations.len();
+    let action_rows = reads[0].actions.len();
+    if reads.iter().any(|r| r.observations.len() < rows || r.actions.len() < action_rows) {
+        return None;
+    }
+    let any_reset = agents.iter().any(|a| a.is_reset);
+    let mut t_started_read = Vec::new();
+    // Agents that observed at the last env step and are done: kept, as if live.
+    let mut finished = vec![false; n];
+    if any_reset {
+        for (i, a) in agents.iter().enumerate() {
+            // (Every agent's map is read: one that fails fails the cut.)
+            let last = matches!(a.map.get(&Index::Int(-1), false, false, false).ok()?, MapRead::One(Some(_)));
+            if last && a.t_started.is_none() {
+                t_started_read.push(i);
+            }
+            finished[i] = a.done() && last;
+        }
+    }
+    for idx in 0..rows {
+        for (i, r) in reads.iter().enumerate() {
+            if r.observations[idx].is_some() && agents[i].t_started.is_none() && !t_started_read.contains(&i)
+            {
+                t_started_read.push(i);
+            }
+        }
+    }
+    let mut terminated: Vec<bool> = (0..n).map(|i| agents[i].terminated && !finished[i]).collect();
+    let truncated: Vec<bool> = (0..n).map(|i| agents[i].truncated && !finished[i]).collect();
+    let mut t_started: Vec<(usize, i64)> =
+        (0..n).filter(|&i| !agents[i].done() || finished[i]).map(|i| (i, agents[i].t)).collect();
+    let t_started_of =
+        |t_started: &[(usize, i64)], i: usize| t_started.iter().find(|(a, _)| *a == i).map(|(_, t)| *t);
+
+    // The agents' first agent steps: those with observations in the look-back count back.
+    let n_r = i64::try_from(action_rows).ok()?;
+    let mut current_t: Vec<Option<i64>> = vec![None; n];
+    for i in 0..n {
+        let seen = &reads[i].observations;
+        let in_lookback = seen[..rows.min(action_rows)].iter().filter(|o| o.is_some()).count();
+        if in_lookback > 0 {
+            let total = seen[..rows].iter().filter(|o| o.is_some()).count();
+            let base = t_started_of(&t_started, i).unwrap_or(0) - i64::try_from(in_lookback).ok()?;
+            current_t[i] = Some(if total > in_lookback { base } else { base + 1 });
+        }
+    }
+
+    let mut observed: Vec<(usize, Vec<usize>)> = Vec::new(); // obs_per_agent
+    let mut observed_at: Vec<Option<usize>> = vec![None; n];
+    let mut actions: Vec<Vec<usize>> = vec![Vec::new(); n];
+    let mut maps: Vec<(usize, Vec<Option<i64>>)> = Vec::new();
+    let mut map_at: Vec<Option<usize>> = vec![None; n];
+    let mut lookbacks: Vec<i64> = vec![n_r; n];
+    let mut done = vec![false; n];
+    let mut hanging: Ordered<Src> = Ordered::new();
+    let mut rewards: Ordered<Sum> = Ordered::new();
+    let mut in_row = vec![false; n];
+    for idx in 0..rows {
+        for i in 0..n {
+            in_row[i] = reads[i].observations[idx].is_some();
+        }
+        for i in (0..n).filter(|&i| in_row[i]) {
+            let p = reads[i].observations[idx]?;
+            let slot = entry(&mut observed, &mut observed_at, i);
+            observed[slot].1.push(p);
+            if observed[slot].1.len() > 1 {
+                // The action, its extra outputs and reward that waited for this observation.
+                let (Src::Row(a), Sum::Row(r)) = (hanging.remove(i)?, rewards.remove(i)?) else {
+                    return None;
+                };
+                if a != r {
+                    return None;
+                }
+                actions[i].push(a);
+            } else if map_at[i].is_none() {
+                let m = entry(&mut maps, &mut map_at, i);
+                maps[m].1.resize(idx, None);
+                lookbacks[i] -= i64::try_from(idx).ok()?;
+            }
+            let acted = reads[i].actions.get(idx).copied().flatten();
+            if let Some(src) = acted {
+                hanging.set(i, src);
+                let sum = rewards.get(i).unwrap_or(Sum::Known(0.0));
+                rewards.set(i, sum.add(reads[i].rewards[idx])?);
+            } else if terminated[i] || truncated[i] {
+                done[i] = true;
+            } else if idx + 1 < rows {
+                done[i] = true;
+                terminated[i] = true;
+            }
+            let t = current_t[i].unwrap_or_else(|| t_started_of(&t_started, i).unwrap_or(0));
+            let m = entry(&mut maps, &mut map_at, i);
+            maps[m].1.push(Some(t));
+            current_t[i] = Some(t + 1);
+        }
+        for &i in &input.set_order {
+            if in_row[i] || done[i] {
+                continue;
+            }
+            let m = entry(&mut maps, &mut map_at, i);
+            maps[m].1.push(None);
+            if maps[m].1.len() <= action_rows {
+                lookbacks[i] -= 1;
+            }
+            let term = reads[i].rewards.get(idx).copied().unwrap_or(Term::Zero);
+            let sum = rewards.get(i).unwrap_or(Sum::Known(0.0));
+            rewards.set(i, sum.add(term)?);
+        }
+    }
+
+    // Maps of agents that never observed go; the rest get the successor's look-back.
+    maps.retain(|(i, _)| observed_at[*i].is_some());
+    let mut modules: Vec<usize> = (0..n).collect();
+    let mut kept: Vec<AgentCut> = Vec::new();
+    let mut gone = vec![false; n];
+    for (i, obs) in &observed {
+        let i = *i;
+        if obs.len() == 1 && done[i] {
+            gone[i] = true;
+            continue;
+        }
+        if !agents[i].has_module {
+            return None;
+        }
+        let taken = actions[i].len();
+        let lookback = usize::try_from(lookbacks[i].max(0)).ok()?.min(taken);
+        kept.push(AgentCut {
+            agent: i,
+            observations: obs.clone(),
+            actions: actions[i].clone(),
+            extras: taken > 0 && !agents[i].extra_totals.is_empty(),
+            lookback,
+            t_started: t_started_of(&t_started, i).unwrap_or(0),
+            terminated: if finished[i] { agents[i].terminated } else { terminated[i] },
+            truncated: if finished[i] { agents[i].truncated } else { truncated[i] },
+        });
+    }
+    // An agent that finished at the last env step gets its flags back, so it must be kept.
+    if (0..n).any(|i| finished[i] && !kept.iter().any(|a| a.agent == i)) {
+        return None;
+    }
+    // Agents that finished before the last env step are left out, wherever they are.
+    for agent in &kept {
+        let i = agent.agent;
+        if agents[i].done() && !finished[i] {
+            gone[i] = true;
+        }
+    }
+    kept.retain(|a| !gone[a.agent]);
+    maps.retain(|(i, _)| !gone[*i]);
+    modules.retain(|&i| !gone[i]);
+    t_started.retain(|(i, _)| !gone[*i]);
+    hanging.0.retain(|(i, _)| !gone[*i]);
+    rewards.0.retain(|(i, _)| !gone[*i]);
+    if hanging.0.iter().any(|(_, src)| *src != Src::Hanging) {
+        return None;
+    }
+    let hanging_rewards = rewards
+        .0
+        .iter()
+        .map(|&(i, sum)| match sum {
+            Sum::Known(x) => Some((i, x)),
+            Sum::Row(_) => None,
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Some(CutPlan {
+        len_lookback_buffers: action_rows,
+        agents: kept,
+        maps: maps.into_iter().map(|(i, steps)| (i, StepMap::new(steps, action_rows))).collect(),
+        t_started,
+        modules,
+        hanging: hanging.0.into_iter().map(|(i, _)| i).collect(),
+        hanging_rewards,
+        t_started_read,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// An agent of a chunk recorded from its reset (no look-back): it observed at the env
+    /// steps where `observed` is true and acted after each observation but the last one
+    /// at the chunk's last env step.
+    fn agent<'a>(map: &'a StepMap, observed: &[bool]) -> CutAgent<'a> {
+        let n_obs = observed.iter().filter(|o| **o).count();
+        let hangs = n_obs > 0 && !observed[observed.len() - 1];
+        let stored = n_obs.saturating_sub(1);
+        CutAgent {
+            map,
+            t_started: Some(0),
+            is_reset: n_obs > 0,
+            t: i64::try_from(stored).unwrap(),
+            terminated: false,
+            truncated: false,
+            obs_lookback: 0,
+            obs_total: n_obs,
+            infos_total: n_obs,
+            actions_total: stored,
+            rewards_total: stored,
+            extra_totals: vec![stored],
+            has_module: true,
+            hanging_action: hangs,
+            hanging_extras: if hangs {
+                HangingExtras::Holds { all_keys: true }
+            } else {
+                HangingExtras::Absent
+            },
+            hanging_reward: hangs.then_some(0.5),
+        }
+    }
+
+    fn map_of(observed: &[bool]) -> StepMap {
+        let mut t = 0;
+        let steps = observed
+            .iter()
+            .map(|&o| {
+                o.then(|| {
+                    t += 1;
+                    t - 1
+                })
+            })
+            .collect();
+        StepMap::new(steps, 0)
+    }
+
+    #[test]
+    fn turn_based_agents_keep_their_rows_and_the_hanging_action() {
+        // Env steps 0..=4: a observes at 0, 2, 4; b at 1, 3 (its action hangs).
+        let a_obs = [true, false, true, false, true];
+        let b_obs = [false, true, false, true, false];
+        let (a_map, b_map) = (map_of(&a_obs), map_of(&b_obs));
+        let input = CutInput {
+            agents: vec![agent(&a_map, &a_obs), agent(&b_map, &b_obs)],
+            set_order: vec![1, 0],
+            lookback: 1,
+        };
+        let plan = plan_cut(&input).expect("a plan");
+        assert_eq!(plan.len_lookback_buffers, 1);
+        // In the order of their first kept observation.
+        let (b, a) = (&plan.agents[0], &plan.agents[1]);
+        // b's observation at env step 3 is the first kept; a's at 4 is the only one.
+        assert_eq!(
+            (b.agent, b.observations.clone(), b.actions.clone(), b.lookback, b.t_started),
+            (1, vec![1], vec![], 0, 1)
+        );
+        assert_eq!(
+            (a.agent, a.observations.clone(), a.actions.clone(), a.lookback, a.t_started),
+            (0, vec![2], vec![], 0, 2)
+        );
+        assert!(!a.extras && !b.extras);
+        assert_eq!(
+            plan.maps,
+            vec![(1, StepMap::new(vec![Some(1), None], 1)), (0, StepMap::new(vec![None, Some(2)], 1))]
+        );
+        assert_eq!(plan.hanging, vec![1]);
+        // b's hanging reward carries over (0.0 + 0.5 + 0.0); a's skip adds a zero entry.
+        assert_eq!(plan.hanging_rewards, vec![(1, 0.5), (0, 0.0)]);
+        assert_eq!(plan.modules, vec![0, 1]);
+    }
+
+    #[test]
+    fn agents_done_before_the_kept_steps_are_left_out() {
+        let live_obs = [true, true, true, true];
+        let live = map_of(&live_obs);
+        let done_obs = [true, true, false, false];
+        let done_map = map_of(&done_obs);
+        let mut done = agent(&done_map, &done_obs);
+        (done.terminated, done.hanging_action, done.hanging_reward) = (true, false, None);
+        done.hanging_extras = HangingExtras::Absent;
+        let input =
+            CutInput { agents: vec![agent(&live, &live_obs), done], set_order: vec![0, 1], lookback: 1 };
+        let plan = plan_cut(&input).expect("a plan");
+        assert_eq!(plan.agents.len(), 1);
+        let kept = &plan.agents[0];
+        assert_eq!(
+            (kept.observations.clone(), kept.actions.clone(), kept.lookback, kept.extras),
+            (vec![2, 3], vec![2], 1, true)
+        );
+        // The done agent keeps its module and an empty hanging reward (its skips).
+        assert_eq!(plan.modules, vec![0, 1]);
+        assert_eq!(plan.hanging_rewards, vec![(1, 0.0)]);
+        assert_eq!(plan.t_started, vec![(0, 3)]);
+    }
+
+    #[test]
+    fn rows_that_do_not_line_up_have_no_plan() {
+        let obs = [true, true, false];
+        let map = map_of(&obs);
+        let mut a = agent(&map, &obs);
+        a.extra_totals = vec![0];
+        assert!(plan_cut(&CutInput { agents: vec![a], set_order: vec![0], lookback: 2 }).is_none());
+        assert!(plan_cut(&CutInput { agents: vec![], set_order: vec![], lookback: 0 }).is_none());
+    }
+
+    fn chunk() -> impl Strategy<Value = Vec<Vec<bool>>> {
+        (1usize..5, 1usize..12)
+            .prop_flat_map(|(agents, steps)| {
+                proptest::collection::vec(proptest::collection::vec(any::<bool>(), steps), agents)
+            })
+            // Every agent has an episode, so it observed at least once.
+            .prop_map(|mut observed| {
+                for o in &mut observed {
+                    if !o.contains(&true) {
+                        o[0] = true;
+                    }
+                }
+                observed
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn every_kept_agent_is_a_run_of_its_rows(observed in chunk(), lookback in 0usize..6, reversed in any::<bool>()) {
+            let maps: Vec<StepMap> = observed.iter().map(|o| map_of(o)).collect();
+            let agents: Vec<CutAgent<'_>> = maps.iter().zip(&observed).map(|(m, o)| agent(m, o)).collect();
+            let mut set_order: Vec<usize> = (0..agents.len()).collect();
+            if reversed {
+                set_order.reverse();
+            }
+            let plan = plan_cut(&CutInput { agents, set_order, lookback }).expect("a plan for live agents");
+            let rows = observed[0].len();
+            // (Env steps before the chunk's first read as skips.)
+            prop_assert_eq!(plan.len_lookback_buffers, lookback);
+            for cut in &plan.agents {
+                let obs = &observed[cut.agent];
+                // Its last observation is kept, with the ones before in the kept steps.
+                let n_obs = obs.iter().filter(|o| **o).count();
+                prop_assert_eq!(*cut.observations.last().unwrap(), n_obs - 1);
+                prop_assert!(cut.observations.windows(2).all(|w| w[1] == w[0] + 1));
+                prop_assert_eq!(cut.actions.len() + 1, cut.observations.len());
+                prop_assert_eq!(&cut.actions[..], &cut.observations[..cut.actions.len()]);
+                prop_assert!(cut.lookback <= cut.actions.len());
+                prop_assert_eq!(cut.t_started, i64::try_from(n_obs - 1).unwrap());
+                let (_, map) = plan.maps.iter().find(|(a, _)| *a == cut.agent).unwrap();
+                prop_assert_eq!(map.lookback(), plan.len_lookback_buffers);
+                let stepped: Vec<i64> = map.steps().iter().flatten().copied().collect();
+                prop_assert_eq!(stepped.len(), cut.observations.len());
+                // The hanging action carries over exactly when it hung.
+                prop_assert_eq!(plan.hanging.contains(&cut.agent), !obs[rows - 1]);
+            }
+            // Every map covers the kept env steps.
+            prop_assert!(plan.maps.iter().all(|(_, m)| m.steps().len() == plan.maps[0].1.steps().len()));
+        }
+    }
+}
