@@ -14,6 +14,7 @@ mod errors;
 mod index;
 mod metrics;
 mod multi;
+mod multi_cut;
 mod object;
 mod outputs;
 mod postprocess;

@@ -61,7 +61,7 @@ type Reduced<'py> = (Bound<'py, PyAny>, (Bound<'py, PyList>, usize));
 #[pyclass(name = "StepMap", module = "fastrollout._core")]
 #[derive(Clone, Default)]
 pub struct StepMapPy {
-    map: StepMap,
+    pub(crate) map: StepMap,
 }
 
 #[pymethods]
@@ -196,17 +196,17 @@ impl StepMapPy {
 pub struct MultiAgentEpisodeCore {
     /// The env step this chunk is at (counted from the episode's start).
     #[pyo3(get)]
-    env_t: i64,
+    pub(crate) env_t: i64,
     /// The env step at which this chunk starts.
     #[pyo3(get)]
-    env_t_started: i64,
+    pub(crate) env_t_started: i64,
     #[pyo3(get)]
     is_terminated: bool,
     #[pyo3(get)]
     is_truncated: bool,
     /// Env steps of look-back at the start of this chunk.
     #[pyo3(get, name = "_len_lookback_buffers")]
-    len_lookback_buffers: usize,
+    pub(crate) len_lookback_buffers: usize,
     /// `time.perf_counter()` values of the first and the last step.
     #[pyo3(get, name = "_start_time")]
     start_time: Option<f64>,
@@ -214,25 +214,25 @@ pub struct MultiAgentEpisodeCore {
     last_step_time: Option<f64>,
     /// Agent id -> its `SingleAgentEpisode`.
     #[pyo3(get)]
-    agent_episodes: Py<PyDict>,
+    pub(crate) agent_episodes: Py<PyDict>,
     /// Agent id -> its `StepMap` (env step -> agent step).
     #[pyo3(get)]
-    env_t_to_agent_t: Py<PyDict>,
+    pub(crate) env_t_to_agent_t: Py<PyDict>,
     /// Agent id -> the agent step at which this chunk starts.
     #[pyo3(get)]
-    agent_t_started: Py<PyDict>,
+    pub(crate) agent_t_started: Py<PyDict>,
     /// Agent id -> the action it was asked for and has not been rewarded for yet.
     #[pyo3(get, name = "_hanging_actions_end")]
-    hanging_actions_end: Py<PyDict>,
+    pub(crate) hanging_actions_end: Py<PyDict>,
     /// Agent id -> the extra model outputs of its hanging action.
     #[pyo3(get, name = "_hanging_extra_model_outputs_end")]
-    hanging_extra_model_outputs_end: Py<PyDict>,
+    pub(crate) hanging_extra_model_outputs_end: Py<PyDict>,
     /// Agent id -> rewards collected since its hanging action.
     #[pyo3(get, name = "_hanging_rewards_end")]
-    hanging_rewards_end: Py<PyDict>,
+    pub(crate) hanging_rewards_end: Py<PyDict>,
     /// Agent id -> rewards collected before its first observation.
     #[pyo3(get, name = "_hanging_rewards_begin")]
-    hanging_rewards_begin: Py<PyDict>,
+    pub(crate) hanging_rewards_begin: Py<PyDict>,
     /// Agents whose hanging data a step of this chunk dropped (done with nothing to
     /// record), so that `concat_episode` drops what the chunk before holds for them too:
     /// an agent with rewards before its first observation that arrives done leaves none.
@@ -550,6 +550,24 @@ impl MultiAgentEpisodeCore {
             new_steps: lengths(&theirs),
         });
         plan.apply(&mut books)
+    }
+
+    /// Fills `successor`, a new episode object (made with `__new__`, its id, spaces and
+    /// mapping function set), with the chunk that `cut` returns when it keeps `lookback`
+    /// env steps of look-back, as the core's plan says: each agent's episode the rows it
+    /// keeps, its env-step map, what hangs at its end, `agent_t_started`, the module
+    /// mapping, the begin rewards and the counters.
+    ///
+    /// Args:
+    ///     successor: The new episode object.
+    ///     lookback: The look-back `cut` decided on.
+    ///
+    /// Returns:
+    ///     False, with nothing written, where the successor is no selection of the
+    ///     agents' rows (the caller then rebuilds it from the per-env-step reads).
+    #[pyo3(name = "_cut_books")]
+    fn cut_books(&self, successor: &Bound<'_, MultiAgentEpisodeCore>, lookback: usize) -> PyResult<bool> {
+        self.cut_into(successor, lookback)
     }
 
     /// Records one env step of all agents, in one native call (the runner's per-sub-env

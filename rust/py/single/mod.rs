@@ -122,6 +122,42 @@ impl SingleAgentEpisodePy {
         Ok(())
     }
 
+    /// What a multi-agent cut's plan needs of this episode.
+    pub fn cut_facts(&self) -> CutFacts {
+        let total = |f: &PyField| f.lookback() + f.len();
+        let c = &self.core;
+        CutFacts {
+            finalized: c.rewards.finalized || c.observations.finalized,
+            obs_lookback: c.observations.lookback(),
+            obs_total: total(&c.observations),
+            infos_total: total(&c.infos),
+            actions_total: total(&c.actions),
+            rewards_total: total(&c.rewards),
+            extra_totals: c.extra_model_outputs.iter().map(|(_, f)| total(f)).collect(),
+            t: c.t,
+            terminated: c.is_terminated,
+            truncated: c.is_truncated,
+        }
+    }
+
+    /// The extra model output keys, in the order they first appeared.
+    pub fn extra_key_names(&self) -> impl Iterator<Item = &str> {
+        self.core.extra_model_outputs.iter().map(|(k, _)| &**k)
+    }
+
+    /// Writes into `target`, a fresh episode object, the rows of this episode that a
+    /// multi-agent cut keeps of it ([`crate::episode::SingleAgentCore::select_rows`]).
+    pub fn select_rows_into(
+        &self,
+        target: &Bound<'_, SingleAgentEpisodePy>,
+        cut: &crate::episode::multi::AgentCut,
+    ) -> PyResult<()> {
+        let mut core =
+            self.core.select_rows(&cut.observations, &cut.actions, cut.extras, cut.lookback, cut.t_started);
+        (core.is_terminated, core.is_truncated) = (cut.terminated, cut.truncated);
+        Self::fill_target(target, core)
+    }
+
     /// Steps in the chunk.
     pub fn chunk_len(&self) -> usize {
         self.core.len()
@@ -878,4 +914,19 @@ fn missing_key(name: FieldName<'_>) -> PyErr {
         FieldName::Extra(k) => PyKeyError::new_err(k.to_string()),
         _ => PyKeyError::new_err(name.label()),
     }
+}
+
+/// The sizes of an agent episode's fields (look-back included) that a multi-agent cut's
+/// plan reads, and whether it was turned to numpy.
+pub struct CutFacts {
+    pub finalized: bool,
+    pub obs_lookback: usize,
+    pub obs_total: usize,
+    pub infos_total: usize,
+    pub actions_total: usize,
+    pub rewards_total: usize,
+    pub extra_totals: Vec<usize>,
+    pub t: i64,
+    pub terminated: bool,
+    pub truncated: bool,
 }
