@@ -413,6 +413,24 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
         return successor
 
     def _cut_rebuilt(self, len_lookback_buffer: int) -> MultiAgentEpisode:
+        """``cut`` in general: the successor that the per-env-step reads rebuild.
+
+        The core plans it from the structure of the kept env steps (which agent has an
+        observation, action or reward at each) and copies each agent's kept rows; where
+        the rebuild would be no such selection (numpy'd agents, data that does not line
+        up), the successor is rebuilt from the reads.
+        """
+        successor = type(self).__new__(type(self))
+        successor.id_ = self.id_
+        successor.agent_to_module_mapping_fn = self.agent_to_module_mapping_fn
+        successor.observation_space = self.observation_space
+        successor.action_space = self.action_space
+        if not self._cut_books(successor, len_lookback_buffer):
+            return self._cut_from_reads(len_lookback_buffer)
+        successor._custom_data = copy.deepcopy(self._custom_data) if self._custom_data else {}
+        return successor
+
+    def _cut_from_reads(self, len_lookback_buffer: int) -> MultiAgentEpisode:
         """``cut`` in general: the successor rebuilt from the per-env-step reads."""
         # Agents that finish exactly at this env step stay in the successor as done agent
         # episodes that start at their last step (RLlib 2.60 drops them, or restarts them
