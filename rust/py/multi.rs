@@ -555,8 +555,9 @@ impl MultiAgentEpisodeCore {
     /// Fills `successor`, a new episode object (made with `__new__`, its id, spaces and
     /// mapping function set), with the chunk that `cut` returns when it keeps `lookback`
     /// env steps of look-back, as the core's plan says: each agent's episode the rows it
-    /// keeps, its env-step map, what hangs at its end, `agent_t_started`, the module
-    /// mapping, the begin rewards and the counters.
+    /// keeps (a new object of its class, which must be `successor._agent_episode_cls`),
+    /// its env-step map, what hangs at its end, `agent_t_started`, the module mapping,
+    /// the begin rewards and the counters.
     ///
     /// Args:
     ///     successor: The new episode object.

@@ -18,16 +18,21 @@ struct Agent<'py> {
 }
 
 /// The plan of `episode`'s cut keeping `lookback` env steps, with its agents; `None`
-/// where there is none (the caller rebuilds).
+/// where there is none (the caller rebuilds). `agent_class`: the class the rebuild makes
+/// agent episodes of (the plan copies each agent's own, of that class only).
 fn plan<'py>(
     py: Python<'py>,
     episode: &MultiAgentEpisodeCore,
     lookback: usize,
+    agent_class: &Bound<'py, PyAny>,
 ) -> PyResult<Option<(CutPlan, Vec<Agent<'py>>)>> {
     let episodes = episode.agent_episodes.bind(py);
     let maps = episode.env_t_to_agent_t.bind(py);
     let mut agents = Vec::with_capacity(episodes.len());
     for (aid, eps) in episodes.iter() {
+        if !eps.get_type().is(agent_class) {
+            return Ok(None);
+        }
         let Ok(eps) = eps.cast_into::<SingleAgentEpisodePy>() else { return Ok(None) };
         let Some(map) = maps.get_item(&aid)? else { return Ok(None) };
         let Ok(map) = map.cast_into::<StepMapPy>() else { return Ok(None) };
@@ -136,7 +141,8 @@ impl MultiAgentEpisodeCore {
         lookback: usize,
     ) -> PyResult<bool> {
         let py = successor.py();
-        let Some((plan, agents)) = plan(py, self, lookback)? else { return Ok(false) };
+        let agent_class = successor.getattr(intern!(py, "_agent_episode_cls"))?;
+        let Some((plan, agents)) = plan(py, self, lookback, &agent_class)? else { return Ok(false) };
         {
             let mut s = successor.try_borrow_mut()?;
             s.env_t = self.env_t;

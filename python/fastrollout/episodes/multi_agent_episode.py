@@ -10,9 +10,9 @@ episodes, env-step maps and hanging data) lives in the native base class
 (``fastrollout._core.MultiAgentEpisodeCore``), under RLlib's attribute names. Recording an
 env step is its native ``add_env_step``, one call: the per-agent decisions come from the
 Rust core, and the agents' data goes straight into their native episodes and env-step
-maps (``fastrollout._core.StepMap``). ``concat_episode`` applies the core's plan to the
-books the same way. Reads, cuts and slices are composed here from the agents' native
-reads.
+maps (``fastrollout._core.StepMap``). ``concat_episode`` and ``cut`` apply the core's
+plans to the books the same way. Reads and slices are composed here from the agents'
+native reads.
 """
 
 from __future__ import annotations
@@ -418,9 +418,16 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
         The core plans it from the structure of the kept env steps (which agent has an
         observation, action or reward at each) and copies each agent's kept rows; where
         the rebuild would be no such selection (numpy'd agents, data that does not line
-        up), the successor is rebuilt from the reads.
+        up), the successor is rebuilt from the reads. So is that of a subclass whose own
+        constructor (or whose agent episode class's) must run.
         """
-        successor = type(self).__new__(type(self))
+        cls = type(self)
+        if (
+            cls.__init__ is not MultiAgentEpisode.__init__
+            or cls._agent_episode_cls.__init__ is not SingleAgentEpisode.__init__
+        ):
+            return self._cut_from_reads(len_lookback_buffer)
+        successor = cls.__new__(cls)
         successor.id_ = self.id_
         successor.agent_to_module_mapping_fn = self.agent_to_module_mapping_fn
         successor.observation_space = self.observation_space
@@ -497,13 +504,12 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
         When nothing hangs, no agent is numpy'd and every agent that is not done stepped
         at each of the ``lookback + 1`` last env steps (simultaneous agents, as a runner's
         chunks usually are), each agent's successor is its own episode's cut with the
-        same look-back and its env-step map is a plain run of agent steps. That is what the
-        general path builds from the per-env-step reads (about 250 µs at 8 agents),
-        without building them. Done agents are handled as the general path handles them:
-        one that finished at the last env step (having stepped at each kept one) stays as
-        a done agent, cut like a live one; one whose last step is the first kept env step
-        is dropped, from the module map too; one that finished before is left out. Any
-        other done agent takes the general path.
+        same look-back and its env-step map is a plain run of agent steps. That is what
+        the rebuild from the per-env-step reads gives. Done agents are handled as the
+        rebuild handles them: one that finished at the last env step (having stepped at
+        each kept one) stays as a done agent, cut like a live one; one whose last step is
+        the first kept env step is dropped, from the module map too; one that finished
+        before is left out. With any other done agent, there is no such successor.
         """
         episodes = self.agent_episodes
         maps = self.env_t_to_agent_t
