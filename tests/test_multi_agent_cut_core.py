@@ -225,6 +225,16 @@ def test_planned_cut_equals_the_rebuilt_cut(
     theirs, ep = copy.deepcopy(ep), copy.deepcopy(ep)
     planned = copy.deepcopy(ep)._cut_books(type(ep).__new__(type(ep)), lookback)
     count("cuts planned by the core" if planned else "cuts rebuilt from the reads")
+    if planned:
+        for what, seen in (
+            ("done agents", any(e.is_done for e in ep.agent_episodes.values())),
+            ("hanging actions", bool(ep._hanging_actions_end)),
+            ("look-back 0", lookback == 0),
+            ("look-back past the chunk", lookback > len(ep)),
+            ("earlier concats", any(c for _, _, c in before)),
+        ):
+            if seen:
+                count(f"planned cuts with {what}")
     expected = _outcome(lambda: rebuilt_cut(theirs, lookback))
     actual = _outcome(lambda: ep._cut_rebuilt(lookback))
     assert_same(_books(theirs), _books(ep), "the episode that was cut")
@@ -269,3 +279,28 @@ def test_turn_based_cut_is_planned() -> None:
         successor = ep._cut_rebuilt(k)
         assert ep._cut_books(type(ep).__new__(type(ep)), k)
         _assert_same_successors(rebuilt_cut(ep, k), successor)
+
+
+def test_subclass_constructors_run_in_a_cut() -> None:
+    """Subclasses with constructors of their own get the rebuild, which runs them."""
+    if not IS_FASTROLLOUT:
+        return
+    import fastrollout
+
+    made = []
+
+    class Counted(fastrollout.SingleAgentEpisode):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            made.append(kwargs.get("agent_id"))
+            super().__init__(*args, **kwargs)
+
+    class Episode(fastrollout.MultiAgentEpisode):
+        _agent_episode_cls = Counted
+
+    ep = Episode(id_="counted")
+    ep.add_env_reset(observations={"a": 0})
+    ep.add_env_step(observations={"b": 1}, actions={"a": 0}, rewards={"a": 1.0})
+    made.clear()
+    successor = ep.cut(len_lookback_buffer=1)
+    assert sorted(made) == ["a", "b"]
+    assert all(type(e) is Counted for e in successor.agent_episodes.values())
