@@ -77,6 +77,68 @@ def rebuilt_cut(ep: Any, len_lookback_buffer: int) -> Any:
     return successor
 
 
+def rebuilt_slice(ep: Any, slice_: builtins.slice, len_lookback_buffer: int | None = None) -> Any:
+    """The slice rebuilt from the per-env-step reads (the oracle); the episode's look-backs
+    must agree (``slice`` checks that first)."""
+    n = len(ep)
+    start, stop = slice_.start, slice_.stop
+    start = 0 if start is None else (max(n + start, 0) if start < 0 else min(start, n))
+    stop = n if stop is None else (max(n + stop, 0) if stop < 0 else min(stop, n))
+    lookbacks = set()
+    for eps in ep.agent_episodes.values():
+        lookbacks.add(eps._lookback("observations"))
+    ref_lookback = lookbacks.pop() if lookbacks else 0
+    terminateds: dict = {}
+    truncateds: dict = {}
+    agent_t_started: dict = {}
+    for aid, eps in ep.agent_episodes.items():
+        mapping = ep.env_t_to_agent_t[aid]
+        if stop < len(mapping) and mapping.get(stop) != "S" and len(eps) == mapping.get(stop):
+            terminateds[aid] = eps.is_terminated
+            truncateds[aid] = eps.is_truncated
+        if start < len(mapping):
+            for i in range(start, len(mapping)):
+                if mapping.get(i) != "S":
+                    agent_t_started[aid] = mapping.get(i)
+                    break
+    terminateds["__all__"] = all(terminateds.get(aid) for aid in ep.agent_episodes)
+    truncateds["__all__"] = all(truncateds.get(aid) for aid in ep.agent_episodes)
+    lb = len_lookback_buffer if len_lookback_buffer is not None else ref_lookback
+    if start - lb < 0 and ref_lookback < lb - start:
+        lb = ref_lookback + start
+    sliced = type(ep)(
+        id_=ep.id_,
+        observations=ep.get_observations(
+            builtins.slice(start - lb, stop + 1), neg_index_as_lookback=True, return_list=True
+        ),
+        observation_space=ep.observation_space,
+        actions=ep.get_actions(
+            builtins.slice(start - lb, stop), neg_index_as_lookback=True, return_list=True
+        ),
+        action_space=ep.action_space,
+        rewards=ep.get_rewards(
+            builtins.slice(start - lb, stop), neg_index_as_lookback=True, return_list=True
+        ),
+        extra_model_outputs=ep.get_extra_model_outputs(
+            indices=builtins.slice(start - lb, stop),
+            neg_index_as_lookback=True,
+            return_list=True,
+        ),
+        terminateds=terminateds,
+        truncateds=truncateds,
+        len_lookback_buffer=lb,
+        env_t_started=ep.env_t_started + start,
+        agent_episode_ids={aid: eps.id_ for aid, eps in ep.agent_episodes.items()},
+        agent_t_started=agent_t_started,
+        agent_module_ids=ep._agent_to_module_mapping,
+        agent_to_module_mapping_fn=ep.agent_to_module_mapping_fn,
+    )
+    if ep.is_numpy:
+        sliced.to_numpy()
+    sliced._observation_compression = ep._observation_compression
+    return sliced
+
+
 def _outcome(fn: Any) -> Any:
     try:
         return fn()
@@ -304,3 +366,79 @@ def test_subclass_constructors_run_in_a_cut() -> None:
     successor = ep.cut(len_lookback_buffer=1)
     assert sorted(made) == ["a", "b"]
     assert all(type(e) is Counted for e in successor.agent_episodes.values())
+
+
+@given(
+    cfg_seed=SEEDS,
+    plan_seed=SEEDS,
+    cut_at=st.one_of(st.none(), st.tuples(st.integers(0, 6), st.integers(0, 3))),
+    steps=st.integers(0, 10),
+    bounds=st.tuples(
+        st.one_of(st.none(), st.integers(-8, 8)), st.one_of(st.none(), st.integers(-8, 8))
+    ),
+    lookback=st.one_of(st.none(), st.integers(0, 5)),
+    numpy=st.sampled_from([False, False, False, True]),
+    more=st.integers(0, 4),
+)
+def test_planned_slice_equals_the_rebuilt_slice(
+    cfg_seed: int,
+    plan_seed: int,
+    cut_at: tuple[int, int] | None,
+    steps: int,
+    bounds: tuple[int | None, int | None],
+    lookback: int | None,
+    numpy: bool,
+    more: int,
+) -> None:
+    """``slice`` (the core's plan where it has one) gives the rebuilt slice."""
+    if not IS_FASTROLLOUT:
+        return
+    cfg = ScriptConfig.draw(np.random.default_rng(cfg_seed))
+    note(f"config: {cfg.describe()}")
+    planner = Planner(cfg, np.random.default_rng(plan_seed))
+    ep = MAEpisode(id_="slice-core", **cfg.space_kwargs())
+    observations, infos = planner.reset()
+    ep.add_env_reset(observations=observations, infos=infos)
+    if cut_at is not None:
+        _drive(planner, ep, cut_at[0])
+        if planner.done or ep.is_done:
+            return
+        ep = ep.cut(len_lookback_buffer=cut_at[1])
+    _drive(planner, ep, steps)
+    if numpy:
+        ep.to_numpy()
+    slice_ = builtins.slice(*bounds)
+    theirs, ep = copy.deepcopy(ep), copy.deepcopy(ep)
+    expected = _outcome(lambda: rebuilt_slice(theirs, slice_, lookback))
+    actual = _outcome(lambda: ep.slice(slice_, len_lookback_buffer=lookback))
+    if isinstance(actual, tuple) and actual[0] is ValueError:
+        return  # (slice checks the look-backs first: the oracle does not)
+    assert_same(_books(theirs), _books(ep), "the episode that was sliced")
+    if isinstance(expected, tuple) or isinstance(actual, tuple):
+        assert expected == actual
+        return
+    count("slices compared")
+    if ep.agent_episodes and ep.is_numpy is False:
+        n = len(ep)
+        start, stop, _ = slice_.indices(n)
+        probe = copy.deepcopy(theirs)
+        lb = actual._len_lookback_buffers
+        planned = probe._slice_books(
+            type(ep).__new__(type(ep)), start, stop, lb, probe._agent_to_module_mapping
+        )
+        count("slices planned by the core" if planned else "slices rebuilt from the reads")
+        if planned and actual._hanging_actions_end and stop < n:
+            count("planned slices with actions hanging inside the chunk")
+    _assert_same_successors(expected, actual)
+    for _ in range(more):
+        if planner.done or expected.is_done:
+            break
+        data = planner.step()
+        mine = copy.deepcopy(data)
+        e = _outcome(lambda d=data: expected.add_env_step(**d))
+        a = _outcome(lambda d=mine: actual.add_env_step(**d))
+        assert (e is None) == (a is None), (e, a)
+        if e is not None:
+            assert e == a
+            return
+    _assert_same_successors(expected, actual, ids=False)

@@ -93,6 +93,14 @@ class MultiAgentEpisodeCore:
     ) -> None: ...
     def _concat_books(self, other: MultiAgentEpisodeCore, agents: list[Any]) -> None: ...
     def _cut_books(self, successor: MultiAgentEpisodeCore, lookback: int) -> bool: ...
+    def _slice_books(
+        self,
+        sliced: MultiAgentEpisodeCore,
+        start: int,
+        stop: int,
+        lookback: int,
+        modules: dict[Any, Any],
+    ) -> bool: ...
 
 @final
 class StepMap:

@@ -724,8 +724,9 @@ impl<O: Clone, S> SingleAgentCore<O, S> {
         })
     }
 
-    /// A new episode of the rows `observations` (and infos) and `actions` (and rewards,
-    /// and extra outputs when `extras`; else it has no extra output keys) at absolute
+    /// A new episode of the rows `observations` (and infos; with `infos` false, empty
+    /// ones) and `actions` (and rewards, and extra outputs when `extras`; else it has no
+    /// extra output keys) at absolute
     /// positions, the first `lookback` of each look-back, starting at `t_started`: what
     /// the constructor makes from those items (a multi-agent cut's agent). Positions must
     /// lie in the fields.
@@ -735,9 +736,20 @@ impl<O: Clone, S> SingleAgentCore<O, S> {
         observations: &[usize],
         actions: &[usize],
         extras: bool,
+        infos: bool,
         lookback: usize,
         t_started: i64,
     ) -> SingleAgentCore<O, S> {
+        let infos = if infos {
+            self.infos.select(observations, lookback)
+        } else {
+            let mut empty = Field::sparse();
+            for _ in observations {
+                empty.push_sparse(None);
+            }
+            empty.set_lookback(lookback);
+            empty
+        };
         let extra_model_outputs = if extras {
             self.extra_model_outputs
                 .iter()
@@ -749,7 +761,7 @@ impl<O: Clone, S> SingleAgentCore<O, S> {
         let chunk = actions.len().saturating_sub(lookback) as i64;
         SingleAgentCore {
             observations: self.observations.select(observations, lookback),
-            infos: self.infos.select(observations, lookback),
+            infos,
             actions: self.actions.select(actions, lookback),
             rewards: self.rewards.select(actions, lookback),
             extra_model_outputs,

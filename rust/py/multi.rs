@@ -201,9 +201,9 @@ pub struct MultiAgentEpisodeCore {
     #[pyo3(get)]
     pub(crate) env_t_started: i64,
     #[pyo3(get)]
-    is_terminated: bool,
+    pub(crate) is_terminated: bool,
     #[pyo3(get)]
-    is_truncated: bool,
+    pub(crate) is_truncated: bool,
     /// Env steps of look-back at the start of this chunk.
     #[pyo3(get, name = "_len_lookback_buffers")]
     pub(crate) len_lookback_buffers: usize,
@@ -569,6 +569,33 @@ impl MultiAgentEpisodeCore {
     #[pyo3(name = "_cut_books")]
     fn cut_books(&self, successor: &Bound<'_, MultiAgentEpisodeCore>, lookback: usize) -> PyResult<bool> {
         self.cut_into(successor, lookback)
+    }
+
+    /// Fills `sliced`, a new episode object (made with `__new__`, its id, spaces and
+    /// mapping function set), with the episode `slice` returns for the env steps
+    /// `start:stop` (resolved, step 1) with `lookback` env steps of look-back, as the
+    /// core's plan says (see `_cut_books`).
+    ///
+    /// Args:
+    ///     sliced: The new episode object.
+    ///     start: The first env step of the slice (0 = this chunk's first).
+    ///     stop: The env step after its last.
+    ///     lookback: The look-back `slice` decided on.
+    ///     modules: The module mapping the agents' module ids come from.
+    ///
+    /// Returns:
+    ///     False, with nothing written, where the slice is no selection of the agents'
+    ///     rows (the caller then rebuilds it from the per-env-step reads).
+    #[pyo3(name = "_slice_books")]
+    fn slice_books(
+        &self,
+        sliced: &Bound<'_, MultiAgentEpisodeCore>,
+        start: usize,
+        stop: usize,
+        lookback: usize,
+        modules: &Bound<'_, PyDict>,
+    ) -> PyResult<bool> {
+        self.slice_into(sliced, start, stop, lookback, modules)
     }
 
     /// Records one env step of all agents, in one native call (the runner's per-sub-env

@@ -1,6 +1,6 @@
-//! The books' part of a multi-agent episode's general `cut`: the facts the core's
-//! [`plan_cut`] reads, gathered from the episode's dicts and agent episodes, and the plan
-//! applied to a new episode object.
+//! The books' part of a multi-agent episode's general `cut` and of its `slice`: the facts
+//! the core's [`plan_cut`] and [`plan_slice`] read, gathered from the episode's dicts and
+//! agent episodes, and the plan applied to a new episode object.
 
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -8,24 +8,37 @@ use pyo3::types::{PyDict, PyFloat, PySet};
 
 use super::multi::{MultiAgentEpisodeCore, StepMapPy};
 use super::single::SingleAgentEpisodePy;
-use crate::episode::multi::{plan_cut, CutAgent, CutInput, CutPlan, HangingExtras};
+use crate::episode::multi::{
+    plan_cut, plan_slice, ActionSource, CutAgent, CutInput, CutPlan, HangingExtras, RewardSum, SliceInput,
+};
 
-/// An agent of the chunk that is cut, as the binding holds it.
+/// An agent of the chunk, as the binding holds it.
 struct Agent<'py> {
     aid: Bound<'py, PyAny>,
     episode: Bound<'py, SingleAgentEpisodePy>,
     map: Bound<'py, StepMapPy>,
 }
 
-/// The plan of `episode`'s cut keeping `lookback` env steps, with its agents; `None`
-/// where there is none (the caller rebuilds). `agent_class`: the class the rebuild makes
-/// agent episodes of (the plan copies each agent's own, of that class only).
+/// A plan, the episode flags of a slice, and the agents it numbers.
+type Planned<'py> = (CutPlan, bool, bool, Vec<Agent<'py>>);
+
+/// What a plan is made for.
+enum Ask {
+    Cut { lookback: usize },
+    Slice { start: usize, stop: usize, lookback: usize },
+}
+
+/// The plan for `episode`, with its agents; `None` where there is none (the caller
+/// rebuilds). `agent_class`: the class the rebuild makes agent episodes of (the plan
+/// copies each agent's own, of that class only). `modules`: the module mapping the
+/// rebuild takes module ids from (`None`: each agent episode's).
 fn plan<'py>(
     py: Python<'py>,
     episode: &MultiAgentEpisodeCore,
-    lookback: usize,
+    ask: &Ask,
     agent_class: &Bound<'py, PyAny>,
-) -> PyResult<Option<(CutPlan, Vec<Agent<'py>>)>> {
+    modules: Option<&Bound<'py, PyDict>>,
+) -> PyResult<Option<Planned<'py>>> {
     let episodes = episode.agent_episodes.bind(py);
     let maps = episode.env_t_to_agent_t.bind(py);
     let mut agents = Vec::with_capacity(episodes.len());
@@ -56,6 +69,7 @@ fn plan<'py>(
     let step_maps: Vec<PyRef<'_, StepMapPy>> =
         agents.iter().map(|a| a.map.try_borrow()).collect::<Result<_, _>>()?;
     let mut facts = Vec::with_capacity(agents.len());
+    let mut lengths = Vec::with_capacity(agents.len());
     for (a, map) in agents.iter().zip(&step_maps) {
         let eps = a.episode.try_borrow()?;
         let f = eps.cut_facts();
@@ -63,6 +77,7 @@ fn plan<'py>(
             // The rebuild turns numpy'd data back into lists.
             return Ok(None);
         }
+        lengths.push(eps.chunk_len());
         let t = match t_started.get_item(&a.aid)? {
             None => None,
             Some(t) => match t.extract::<i64>() {
@@ -91,6 +106,10 @@ fn plan<'py>(
                 Err(_) => return Ok(None),
             },
         };
+        let module = match modules {
+            Some(m) => m.get_item(&a.aid)?,
+            None => Some(a.episode.getattr(intern!(py, "module_id"))?),
+        };
         facts.push(CutAgent {
             map: &map.map,
             t_started: t,
@@ -104,37 +123,59 @@ fn plan<'py>(
             actions_total: f.actions_total,
             rewards_total: f.rewards_total,
             extra_totals: f.extra_totals,
-            has_module: a.episode.getattr(intern!(py, "module_id"))?.is_truthy()?,
+            has_module: module.map(|m| m.is_truthy()).transpose()?.unwrap_or(false),
             hanging_action: hanging_actions.get_item(&a.aid)?.is_some_and(|v| !v.is_none()),
             hanging_extras: extras,
             hanging_reward: reward,
         });
     }
-    let plan = plan_cut(&CutInput { agents: facts, set_order, lookback });
+    let planned = match *ask {
+        Ask::Cut { lookback } => {
+            plan_cut(&CutInput { agents: facts, set_order, lookback }).map(|p| (p, false, false))
+        }
+        Ask::Slice { start, stop, lookback } => {
+            plan_slice(&SliceInput { agents: facts, set_order, start, stop, lookback, lengths })
+        }
+    };
     drop(step_maps);
-    Ok(plan.map(|p| (p, agents)))
+    Ok(planned.map(|(p, terminated, truncated)| (p, terminated, truncated, agents)))
 }
 
-/// The agent's hanging value of `field` (`key`) as the rebuild reads it: appended to the
-/// agent's field (converted as its items are).
-fn read_hanging<'py>(
+/// Item `index` (with `neg_index_as_lookback`) of the agent's `field` (`key`) as the
+/// rebuild reads it, `add_last` appended to the field (converted as its items are).
+fn read_item<'py>(
     eps: &Bound<'py, SingleAgentEpisodePy>,
     field: &str,
     key: Option<&str>,
-    value: &Bound<'py, PyAny>,
-    at: Option<usize>,
+    index: i64,
+    add_last: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let py = eps.py();
-    let len = match at {
-        Some(at) => at.into_pyobject(py)?.into_any(),
-        None => eps.call_method1(intern!(py, "_field_len"), (field, key))?,
-    };
-    eps.call_method1(intern!(py, "_get_ext"), (field, key, len, true, py.None(), false, value, false))
+    eps.call_method1(intern!(py, "_get_ext"), (field, key, index, true, py.None(), false, add_last, false))
+}
+
+/// The index (with `neg_index_as_lookback`) of the agent's `field` (`key`) that reads
+/// what `source` says: its row, or (with `hanging`) the item appended after its items.
+fn index_of(
+    eps: &Bound<'_, SingleAgentEpisodePy>,
+    field: &str,
+    key: Option<&str>,
+    row: Option<usize>,
+) -> PyResult<i64> {
+    let py = eps.py();
+    Ok(match row {
+        Some(p) => {
+            let lookback: i64 = eps.call_method1(intern!(py, "_lookback"), (field, key))?.extract()?;
+            i64::try_from(p).unwrap_or(i64::MAX) - lookback
+        }
+        None => eps.call_method1(intern!(py, "_field_len"), (field, key))?.extract()?,
+    })
 }
 
 impl MultiAgentEpisodeCore {
-    /// Fills `successor` (a new episode object) as the plan of this episode's cut says;
-    /// `false`, with nothing written, where there is no plan.
+    /// Fills `successor` (a new episode object) with this episode's cut that keeps
+    /// `lookback` env steps as the core's plan says; `false`, with nothing written,
+    /// where there is no plan.
     pub(crate) fn cut_into(
         &self,
         successor: &Bound<'_, MultiAgentEpisodeCore>,
@@ -142,7 +183,9 @@ impl MultiAgentEpisodeCore {
     ) -> PyResult<bool> {
         let py = successor.py();
         let agent_class = successor.getattr(intern!(py, "_agent_episode_cls"))?;
-        let Some((plan, agents)) = plan(py, self, lookback, &agent_class)? else { return Ok(false) };
+        let Some((plan, _, _, agents)) = plan(py, self, &Ask::Cut { lookback }, &agent_class, None)? else {
+            return Ok(false);
+        };
         {
             let mut s = successor.try_borrow_mut()?;
             s.env_t = self.env_t;
@@ -155,12 +198,84 @@ impl MultiAgentEpisodeCore {
                 .cast_into::<PyDict>()?
                 .unbind();
         }
-        let s = successor.try_borrow()?;
+        let modules = PyDict::new(py);
+        for (i, a) in agents.iter().enumerate() {
+            if !plan.gone.contains(&i) {
+                modules.set_item(&a.aid, a.episode.getattr(intern!(py, "module_id"))?)?;
+            }
+        }
+        self.apply(successor, &plan, &agents)?;
+        successor.setattr(intern!(py, "_agent_to_module_mapping"), modules)?;
+        Ok(true)
+    }
+
+    /// Fills `sliced` (a new episode object) with this episode's env steps `start:stop`
+    /// (resolved) and `lookback` env steps before them, as the core's plan says; `false`,
+    /// with nothing written, where there is no plan.
+    pub(crate) fn slice_into(
+        &self,
+        sliced: &Bound<'_, MultiAgentEpisodeCore>,
+        start: usize,
+        stop: usize,
+        lookback: usize,
+        modules: &Bound<'_, PyDict>,
+    ) -> PyResult<bool> {
+        let py = sliced.py();
+        let agent_class = sliced.getattr(intern!(py, "_agent_episode_cls"))?;
+        let ask = Ask::Slice { start, stop, lookback };
+        let Some((plan, terminated, truncated, agents)) = plan(py, self, &ask, &agent_class, Some(modules))?
+        else {
+            return Ok(false);
+        };
+        {
+            let mut s = sliced.try_borrow_mut()?;
+            s.env_t_started = self.env_t_started + i64::try_from(start).unwrap_or(0);
+            s.env_t = s.env_t_started + i64::try_from(plan.action_rows).unwrap_or(0)
+                - i64::try_from(lookback).unwrap_or(0);
+            s.len_lookback_buffers = lookback;
+            s.is_terminated = terminated;
+            s.is_truncated = truncated;
+        }
+        let mapping = modules.copy()?;
+        for &i in &plan.gone {
+            if mapping.contains(&agents[i].aid)? {
+                mapping.del_item(&agents[i].aid)?;
+            }
+        }
+        self.apply(sliced, &plan, &agents)?;
+        // The agents' module ids are the mapping's (their episodes' may differ).
+        for cut in &plan.agents {
+            let aid = &agents[cut.agent].aid;
+            let module = modules.as_any().get_item(aid)?;
+            sliced
+                .borrow()
+                .agent_episodes
+                .bind(py)
+                .as_any()
+                .get_item(aid)?
+                .setattr(intern!(py, "module_id"), module)?;
+        }
+        sliced.setattr(intern!(py, "_agent_to_module_mapping"), mapping)?;
+        Ok(true)
+    }
+
+    /// Writes the plan's books into `target`: each agent's episode of its rows, the
+    /// env-step maps, `agent_t_started` and what hangs at the end (read from rows or
+    /// from what hangs at this chunk's end); the agents the reads gave an
+    /// `agent_t_started` entry get theirs here too.
+    fn apply<'py>(
+        &self,
+        target: &Bound<'py, MultiAgentEpisodeCore>,
+        plan: &CutPlan,
+        agents: &[Agent<'py>],
+    ) -> PyResult<()> {
+        let py = target.py();
         let aid = |i: usize| &agents[i].aid;
         let our_t_started = self.agent_t_started.bind(py);
         for &i in &plan.t_started_read {
             our_t_started.set_item(aid(i), 0)?;
         }
+        let s = target.try_borrow()?;
         let episodes = s.agent_episodes.bind(py);
         for cut in &plan.agents {
             let old = &agents[cut.agent].episode;
@@ -169,8 +284,8 @@ impl MultiAgentEpisodeCore {
             episodes.set_item(aid(cut.agent), new)?;
         }
         let maps = s.env_t_to_agent_t.bind(py);
-        for (i, map) in plan.maps {
-            maps.set_item(aid(i), StepMapPy { map })?;
+        for (i, map) in &plan.maps {
+            maps.set_item(aid(*i), StepMapPy { map: map.clone() })?;
         }
         let t_started = s.agent_t_started.bind(py);
         for &(i, t) in &plan.t_started {
@@ -179,38 +294,59 @@ impl MultiAgentEpisodeCore {
         let (our_actions, our_extras) =
             (self.hanging_actions_end.bind(py), self.hanging_extra_model_outputs_end.bind(py));
         let (actions, extras) = (s.hanging_actions_end.bind(py), s.hanging_extra_model_outputs_end.bind(py));
-        for &i in &plan.hanging {
+        for &(i, source) in &plan.hanging {
             let (a, eps) = (aid(i), &agents[i].episode);
-            let action = our_actions.as_any().get_item(a)?;
-            actions.set_item(a, read_hanging(eps, "actions", None, &action, None)?)?;
+            let row = match source {
+                ActionSource::Row(p) => Some(p),
+                ActionSource::Hanging => None,
+            };
+            let hanging = |d: &Bound<'py, PyDict>| -> PyResult<Option<Bound<'py, PyAny>>> {
+                Ok(if row.is_some() { None } else { d.get_item(a)?.filter(|h| !h.is_none()) })
+            };
+            let action = hanging(our_actions)?;
+            actions.set_item(
+                a,
+                read_item(eps, "actions", None, index_of(eps, "actions", None, row)?, action.as_ref())?,
+            )?;
             // The outputs of the keys the agent stores (or, storing none, of those that
-            // hang), each read as appended to its field.
+            // hang), each read like the action.
             let outputs = PyDict::new(py);
-            if let Some(theirs) = our_extras.get_item(a)?.filter(|h| !h.is_none()) {
-                let mut keys: Vec<String> = eps.try_borrow()?.extra_key_names().map(str::to_owned).collect();
-                let stored = !keys.is_empty();
-                if !stored && theirs.is_truthy()? {
-                    keys = theirs.cast::<PyDict>()?.keys().extract()?;
+            let stored: Vec<String> = eps.try_borrow()?.extra_key_names().map(str::to_owned).collect();
+            let theirs = hanging(our_extras)?;
+            if !stored.is_empty() {
+                for key in &stored {
+                    let value = theirs.as_ref().map(|h| h.get_item(key)).transpose()?;
+                    let index = index_of(eps, "extra_model_outputs", Some(key), row)?;
+                    outputs.set_item(
+                        key,
+                        read_item(eps, "extra_model_outputs", Some(key), index, value.as_ref())?,
+                    )?;
                 }
+            } else if let Some(theirs) = theirs.filter(|h| h.is_truthy().unwrap_or(false)) {
+                let keys: Vec<String> = theirs.cast::<PyDict>()?.keys().extract()?;
                 for key in keys {
                     let value = theirs.get_item(&key)?;
-                    let at = if stored { None } else { Some(0) };
-                    outputs
-                        .set_item(&key, read_hanging(eps, "extra_model_outputs", Some(&key), &value, at)?)?;
+                    outputs.set_item(
+                        &key,
+                        read_item(eps, "extra_model_outputs", Some(&key), 0, Some(&value))?,
+                    )?;
                 }
             }
             extras.set_item(a, outputs)?;
         }
         let rewards = s.hanging_rewards_end.bind(py);
-        for &(i, r) in &plan.hanging_rewards {
-            rewards.set_item(aid(i), r)?;
+        for &(i, sum) in &plan.hanging_rewards {
+            let value = match sum {
+                RewardSum::Known(x) => PyFloat::new(py, x).into_any(),
+                RewardSum::Row(p) => {
+                    let eps = &agents[i].episode;
+                    let reward =
+                        read_item(eps, "rewards", None, index_of(eps, "rewards", None, Some(p))?, None)?;
+                    PyFloat::new(py, 0.0).add(reward)?
+                }
+            };
+            rewards.set_item(aid(i), value)?;
         }
-        drop(s);
-        let modules = PyDict::new(py);
-        for &i in &plan.modules {
-            modules.set_item(aid(i), agents[i].episode.getattr(intern!(py, "module_id"))?)?;
-        }
-        successor.setattr(intern!(py, "_agent_to_module_mapping"), modules)?;
-        Ok(true)
+        Ok(())
     }
 }

@@ -10,9 +10,10 @@ episodes, env-step maps and hanging data) lives in the native base class
 (``fastrollout._core.MultiAgentEpisodeCore``), under RLlib's attribute names. Recording an
 env step is its native ``add_env_step``, one call: the per-agent decisions come from the
 Rust core, and the agents' data goes straight into their native episodes and env-step
-maps (``fastrollout._core.StepMap``). ``concat_episode`` and ``cut`` apply the core's
-plans to the books the same way. Reads and slices are composed here from the agents'
-native reads.
+maps (``fastrollout._core.StepMap``). ``concat_episode``, ``cut`` and ``slice`` apply
+the core's plans to the books the same way (a cut or slice the plan does not cover is
+rebuilt from the per-env-step reads). Reads are composed here from the agents' native
+reads.
 """
 
 from __future__ import annotations
@@ -632,6 +633,22 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
         lb = len_lookback_buffer if len_lookback_buffer is not None else ref_lookback
         if start - lb < 0 and ref_lookback < lb - start:
             lb = ref_lookback + start
+        cls = type(self)
+        if (
+            cls.__init__ is MultiAgentEpisode.__init__
+            and cls._agent_episode_cls.__init__ is SingleAgentEpisode.__init__
+        ):
+            # The core's plan: each agent's rows of the slice (where it has none, the
+            # slice is rebuilt from the per-env-step reads below).
+            sliced = cls.__new__(cls)
+            sliced.id_ = self.id_
+            sliced.agent_to_module_mapping_fn = self.agent_to_module_mapping_fn
+            sliced.observation_space = self.observation_space
+            sliced.action_space = self.action_space
+            if self._slice_books(sliced, start, stop, lb, self._agent_to_module_mapping):
+                sliced._custom_data = {}
+                sliced._observation_compression = self._observation_compression
+                return sliced
         sliced = type(self)(
             id_=self.id_,
             observations=self.get_observations(

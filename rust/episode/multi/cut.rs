@@ -1,10 +1,10 @@
-//! The general `cut` of a multi-agent episode as a plan: which rows of each agent's
-//! episode the successor keeps, its env-step maps and what hangs at its end.
+//! The general `cut` and the `slice` of a multi-agent episode as plans: which rows of each
+//! agent's episode the new chunk keeps, its env-step maps and what hangs at its end.
 //!
-//! The successor is what RLlib's rebuild gives: the kept env steps read per env step, then
-//! the constructor's rules for agents given as per-env-step lists (`len_lookback_buffer=
-//! "auto"`), then the cut's own rules for done agents. [`plan_cut`] runs those rules over
-//! the structure (which agent has an observation, action or reward at each kept env step)
+//! The new chunk is what RLlib's rebuild gives: the kept env steps read per env step, then
+//! the constructor's rules for agents given as per-env-step lists, then the cut's own
+//! rules for done agents. [`plan_cut`] and [`plan_slice`] run those rules over the
+//! structure (which agent has an observation, action or reward at each kept env step)
 //! instead of over the values, so the binding copies rows instead of rebuilding agents.
 //! Where the rebuild would not be a selection of rows (or would fail), there is no plan
 //! and the caller rebuilds.
@@ -75,36 +75,41 @@ pub struct CutInput<'a> {
 /// `actions` (and rewards, and extra outputs when `extras`) of the agent's episode, the
 /// first `lookback` of each look-back.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[allow(clippy::struct_excessive_bools)] // independent facts about one agent's rows
 pub struct AgentCut {
     pub agent: usize,
     pub observations: Vec<usize>,
     pub actions: Vec<usize>,
     pub extras: bool,
+    /// Whether it keeps the infos of its observations (else it has empty ones).
+    pub infos: bool,
     pub lookback: usize,
     pub t_started: i64,
     pub terminated: bool,
     pub truncated: bool,
 }
 
-/// The plan of one cut: the successor's books, each in its dict order.
+/// The plan of one cut or slice: the new chunk's books, each in its dict order.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CutPlan {
     /// The successor's `_len_lookback_buffers` (its maps' look-back).
     pub len_lookback_buffers: usize,
+    /// The env steps with actions read (look-back included).
+    pub action_rows: usize,
     /// `agent_episodes`.
     pub agents: Vec<AgentCut>,
     /// `env_t_to_agent_t`: agent and map.
     pub maps: Vec<(usize, StepMap)>,
     /// `agent_t_started`.
     pub t_started: Vec<(usize, i64)>,
-    /// `_agent_to_module_mapping` (each agent keeps its module id).
-    pub modules: Vec<usize>,
-    /// `_hanging_actions_end` and `_hanging_extra_model_outputs_end`: the agents whose
-    /// hanging action (and its extra outputs, those of the keys their episode stores)
-    /// carries over.
-    pub hanging: Vec<usize>,
-    /// `_hanging_rewards_end`.
-    pub hanging_rewards: Vec<(usize, f64)>,
+    /// Agents that are in no book of the successor, nor in its module mapping.
+    pub gone: Vec<usize>,
+    /// `_hanging_actions_end` and `_hanging_extra_model_outputs_end`: each agent's
+    /// action (and its extra outputs, those of the keys its episode stores) from a row
+    /// of its episode or from what hangs at the chunk's end.
+    pub hanging: Vec<(usize, ActionSource)>,
+    /// `_hanging_rewards_end`: a value, or a row's reward (0.0 + it).
+    pub hanging_rewards: Vec<(usize, RewardSum)>,
     /// Agents without an `agent_t_started` entry whose reads give them one (0) in the
     /// episode that is cut, in the order the reads do.
     pub t_started_read: Vec<usize>,
@@ -112,7 +117,7 @@ pub struct CutPlan {
 
 /// Where an action (with its reward and extra outputs) of a kept env step comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Src {
+pub enum ActionSource {
     /// The episode's row.
     Row(usize),
     /// What hangs at the chunk's end.
@@ -122,7 +127,7 @@ enum Src {
 /// A reward sum of the rebuild (which starts at 0.0 and adds one term per kept env step):
 /// a known value, or one row of the episode (adding zeros keeps it).
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum Sum {
+pub enum RewardSum {
     Known(f64),
     Row(usize),
 }
@@ -135,13 +140,13 @@ enum Term {
     Row(usize),
 }
 
-impl Sum {
-    fn add(self, term: Term) -> Option<Sum> {
+impl RewardSum {
+    fn add(self, term: Term) -> Option<RewardSum> {
         match (self, term) {
-            (Sum::Known(x), Term::Zero) => Some(Sum::Known(x + 0.0)),
-            (Sum::Known(x), Term::Known(h)) => Some(Sum::Known(x + h)),
-            (Sum::Known(x), Term::Row(p)) => (x == 0.0).then_some(Sum::Row(p)),
-            (Sum::Row(p), Term::Zero) => Some(Sum::Row(p)),
+            (RewardSum::Known(x), Term::Zero) => Some(RewardSum::Known(x + 0.0)),
+            (RewardSum::Known(x), Term::Known(h)) => Some(RewardSum::Known(x + h)),
+            (RewardSum::Known(x), Term::Row(p)) => (x == 0.0).then_some(RewardSum::Row(p)),
+            (RewardSum::Row(p), Term::Zero) => Some(RewardSum::Row(p)),
             _ => None,
         }
     }
@@ -186,7 +191,7 @@ struct Reads {
     /// Per env step: the observation's position, if it observed.
     observations: Vec<Option<usize>>,
     /// Per env step with an action: the action's source, if it acted.
-    actions: Vec<Option<Src>>,
+    actions: Vec<Option<ActionSource>>,
     /// Per env step with an action: the reward read there.
     rewards: Vec<Term>,
 }
@@ -206,16 +211,9 @@ fn position(agent: &CutAgent<'_>, entry: i64) -> Option<usize> {
 /// The per-env-step reads of `get_observations`/`get_actions`/`get_rewards`/
 /// `get_extra_model_outputs` over the kept env steps; `None` where they would fail or
 /// read something other than whole rows.
-fn reads(agent: &CutAgent<'_>, lookback: usize) -> Option<Reads> {
-    let k = i64::try_from(lookback).ok()?;
-    let obs_index = Index::Slice { start: Some(-k - 1), stop: None, step: None };
-    let act_index = if k > 0 {
-        Index::Slice { start: Some(-k), stop: None, step: None }
-    } else {
-        Index::Slice { start: None, stop: Some(0), step: None }
-    };
-    let obs_entries = entries(agent.map.get(&obs_index, false, true, false).ok()?);
-    let act_entries = entries(agent.map.get(&act_index, false, true, true).ok()?);
+fn reads(agent: &CutAgent<'_>, obs_index: &Index, act_index: &Index, neg: bool) -> Option<Reads> {
+    let obs_entries = entries(agent.map.get(obs_index, neg, true, false).ok()?);
+    let act_entries = entries(agent.map.get(act_index, neg, true, true).ok()?);
     let mut observations = Vec::with_capacity(obs_entries.len());
     for entry in obs_entries {
         observations.push(match entry {
@@ -259,9 +257,9 @@ fn reads(agent: &CutAgent<'_>, lookback: usize) -> Option<Reads> {
         actions.push(if p == action_view {
             None
         } else if p < agent.actions_total {
-            Some(Src::Row(p))
+            Some(ActionSource::Row(p))
         } else if p == agent.actions_total && agent.hanging_action {
-            Some(Src::Hanging)
+            Some(ActionSource::Hanging)
         } else {
             return None;
         });
@@ -278,24 +276,281 @@ fn reads(agent: &CutAgent<'_>, lookback: usize) -> Option<Reads> {
     Some(Reads { observations, actions, rewards })
 }
 
+/// The successor's books as RLlib's constructor makes them from the per-env-step reads
+/// (`obs_index` for observations, `act_index` for actions, rewards and extra outputs),
+/// before the caller's own rules.
+struct Rebuild<'b, 'a> {
+    agents: &'b [CutAgent<'a>],
+    set_order: &'b [usize],
+    reads: Vec<Reads>,
+    rows: usize,
+    action_rows: usize,
+    /// The constructor's `len_lookback_buffer` (`None`: "auto", the action rows).
+    lookback: Option<usize>,
+    /// Its `agent_t_started`, `terminateds` and `truncateds`.
+    t_started: Vec<(usize, i64)>,
+    terminated: Vec<bool>,
+    truncated: Vec<bool>,
+    /// Agents the caller's reads gave an `agent_t_started` entry before these reads.
+    t_started_read: Vec<usize>,
+}
+
+/// What [`Rebuild::run`] made.
+struct Rebuilt {
+    len_lookback_buffers: usize,
+    action_rows: usize,
+    /// Per agent that observed (in that order): its observations' positions.
+    observed: Vec<(usize, Vec<usize>)>,
+    actions: Vec<Vec<usize>>,
+    done: Vec<bool>,
+    terminated: Vec<bool>,
+    lookbacks: Vec<i64>,
+    maps: Vec<(usize, Vec<Option<i64>>)>,
+    hanging: Ordered<ActionSource>,
+    rewards: Ordered<RewardSum>,
+    /// `agent_t_started` so far, and the agents the reads gave an entry in the episode
+    /// that was read.
+    t_started: Vec<(usize, i64)>,
+    t_started_read: Vec<usize>,
+}
+
+impl<'b, 'a> Rebuild<'b, 'a> {
+    /// The reads of the kept env steps; `None` where they fail or are no whole rows.
+    fn read(
+        agents: &'b [CutAgent<'a>],
+        obs_index: &Index,
+        act_index: &Index,
+        neg: bool,
+    ) -> Option<(Vec<Reads>, usize, usize)> {
+        if agents.is_empty() {
+            return None;
+        }
+        let reads: Vec<Reads> =
+            agents.iter().map(|a| reads(a, obs_index, act_index, neg)).collect::<Option<_>>()?;
+        let rows = reads[0].observations.len();
+        let action_rows = reads[0].actions.len();
+        if reads.iter().any(|r| r.observations.len() < rows || r.actions.len() < action_rows) {
+            return None;
+        }
+        Some((reads, rows, action_rows))
+    }
+
+    #[allow(clippy::too_many_lines)] // one pass of the constructor's rules, kept in its order
+    fn run(mut self) -> Option<Rebuilt> {
+        let (agents, reads, n) = (self.agents, &self.reads, self.agents.len());
+        let (rows, action_rows) = (self.rows, self.action_rows);
+        let lookback = self.lookback.unwrap_or(action_rows);
+        for idx in 0..rows {
+            for (i, r) in reads.iter().enumerate() {
+                let missing = agents[i].t_started.is_none() && !self.t_started_read.contains(&i);
+                if r.observations[idx].is_some() && missing {
+                    self.t_started_read.push(i);
+                }
+            }
+        }
+        let t_started_of =
+            |t_started: &[(usize, i64)], i: usize| t_started.iter().find(|(a, _)| *a == i).map(|(_, t)| *t);
+        // The agents' first agent steps: those with observations in the look-back count back
+        // (from their `agent_t_started`, which the `defaultdict` gives them, in the order
+        // of their first observations).
+        let mut current_t: Vec<Option<i64>> = vec![None; n];
+        let mut in_lookback_order: Vec<usize> = Vec::new();
+        for idx in 0..rows.min(lookback) {
+            for (i, r) in reads.iter().enumerate() {
+                if r.observations[idx].is_some() && !in_lookback_order.contains(&i) {
+                    in_lookback_order.push(i);
+                }
+            }
+        }
+        for &i in &in_lookback_order {
+            if t_started_of(&self.t_started, i).is_none() {
+                self.t_started.push((i, 0));
+            }
+        }
+        for i in 0..n {
+            let seen = &reads[i].observations;
+            let in_lookback = seen[..rows.min(lookback)].iter().filter(|o| o.is_some()).count();
+            if in_lookback > 0 {
+                let total = seen[..rows].iter().filter(|o| o.is_some()).count();
+                let base = t_started_of(&self.t_started, i).unwrap_or(0) - i64::try_from(in_lookback).ok()?;
+                current_t[i] = Some(if total > in_lookback { base } else { base + 1 });
+            }
+        }
+        let mut observed: Vec<(usize, Vec<usize>)> = Vec::new();
+        let mut observed_at: Vec<Option<usize>> = vec![None; n];
+        let mut actions: Vec<Vec<usize>> = vec![Vec::new(); n];
+        let mut maps: Vec<(usize, Vec<Option<i64>>)> = Vec::new();
+        let mut map_at: Vec<Option<usize>> = vec![None; n];
+        let mut lookbacks: Vec<i64> = vec![i64::try_from(lookback).ok()?; n];
+        let mut done = vec![false; n];
+        let mut hanging: Ordered<ActionSource> = Ordered::new();
+        let mut rewards: Ordered<RewardSum> = Ordered::new();
+        let mut in_row = vec![false; n];
+        let terminated = &mut self.terminated;
+        for idx in 0..rows {
+            for i in 0..n {
+                in_row[i] = reads[i].observations[idx].is_some();
+            }
+            for i in (0..n).filter(|&i| in_row[i]) {
+                let p = reads[i].observations[idx]?;
+                let slot = entry(&mut observed, &mut observed_at, i);
+                observed[slot].1.push(p);
+                if observed[slot].1.len() > 1 {
+                    // The action, its extra outputs and reward that waited for this observation.
+                    let (ActionSource::Row(a), RewardSum::Row(r)) = (hanging.remove(i)?, rewards.remove(i)?)
+                    else {
+                        return None;
+                    };
+                    if a != r {
+                        return None;
+                    }
+                    actions[i].push(a);
+                } else if map_at[i].is_none() {
+                    let m = entry(&mut maps, &mut map_at, i);
+                    maps[m].1.resize(idx, None);
+                    lookbacks[i] -= i64::try_from(idx).ok()?;
+                }
+                let acted = reads[i].actions.get(idx).copied().flatten();
+                if let Some(src) = acted {
+                    hanging.set(i, src);
+                    let sum = rewards.get(i).unwrap_or(RewardSum::Known(0.0));
+                    rewards.set(i, sum.add(reads[i].rewards[idx])?);
+                } else if terminated[i] || self.truncated[i] {
+                    done[i] = true;
+                } else if idx + 1 < rows {
+                    done[i] = true;
+                    terminated[i] = true;
+                }
+                let t = current_t[i].unwrap_or_else(|| t_started_of(&self.t_started, i).unwrap_or(0));
+                let m = entry(&mut maps, &mut map_at, i);
+                maps[m].1.push(Some(t));
+                current_t[i] = Some(t + 1);
+            }
+            for &i in self.set_order {
+                if in_row[i] || done[i] {
+                    continue;
+                }
+                let m = entry(&mut maps, &mut map_at, i);
+                maps[m].1.push(None);
+                if maps[m].1.len() <= lookback {
+                    lookbacks[i] -= 1;
+                }
+                let term = reads[i].rewards.get(idx).copied().unwrap_or(Term::Zero);
+                let sum = rewards.get(i).unwrap_or(RewardSum::Known(0.0));
+                rewards.set(i, sum.add(term)?);
+            }
+        }
+        // Maps of agents that never observed go.
+        maps.retain(|(i, _)| observed_at[*i].is_some());
+        let rebuilt = Rebuilt {
+            len_lookback_buffers: lookback,
+            action_rows,
+            observed,
+            actions,
+            done,
+            terminated: self.terminated,
+            lookbacks,
+            maps,
+            hanging,
+            rewards,
+            t_started: self.t_started,
+            t_started_read: self.t_started_read,
+        };
+        Some(rebuilt)
+    }
+}
+
+impl Rebuilt {
+    /// The plan: the agents the constructor keeps (`gone` marks those it drops, and
+    /// the caller's), each as its rows, and the books without the agents gone.
+    fn plan(
+        self,
+        agents: &[CutAgent<'_>],
+        truncated: &[bool],
+        infos: bool,
+        leave_out: impl Fn(usize, &[usize]) -> bool,
+        flags: impl Fn(usize, bool, bool) -> (bool, bool),
+    ) -> Option<CutPlan> {
+        let n = agents.len();
+        let mut t_started = self.t_started;
+        let mut gone = vec![false; n];
+        let mut kept: Vec<AgentCut> = Vec::new();
+        for (i, obs) in &self.observed {
+            let i = *i;
+            if obs.len() == 1 && self.done[i] {
+                gone[i] = true;
+                continue;
+            }
+            if !agents[i].has_module {
+                return None;
+            }
+            let taken = self.actions[i].len();
+            let lookback = usize::try_from(self.lookbacks[i].max(0)).ok()?.min(taken);
+            let (terminated, truncated) = flags(i, self.terminated[i], truncated[i]);
+            // (Its `agent_t_started`, which the `defaultdict` gives it.)
+            if !t_started.iter().any(|(a, _)| *a == i) {
+                t_started.push((i, 0));
+            }
+            kept.push(AgentCut {
+                agent: i,
+                observations: obs.clone(),
+                actions: self.actions[i].clone(),
+                extras: taken > 0 && !agents[i].extra_totals.is_empty(),
+                infos,
+                lookback,
+                t_started: t_started.iter().find(|(a, _)| *a == i).map_or(0, |(_, t)| *t),
+                terminated,
+                truncated,
+            });
+        }
+        let kept_ids: Vec<usize> = kept.iter().map(|a| a.agent).collect();
+        for (i, g) in gone.iter_mut().enumerate() {
+            *g |= leave_out(i, &kept_ids);
+        }
+        kept.retain(|a| !gone[a.agent]);
+        let mut maps = self.maps;
+        maps.retain(|(i, _)| !gone[*i]);
+        t_started.retain(|(i, _)| !gone[*i]);
+        let mut hanging = self.hanging;
+        hanging.0.retain(|(i, _)| !gone[*i]);
+        let mut rewards = self.rewards;
+        rewards.0.retain(|(i, _)| !gone[*i]);
+        Some(CutPlan {
+            len_lookback_buffers: self.len_lookback_buffers,
+            action_rows: self.action_rows,
+            agents: kept,
+            maps: maps
+                .into_iter()
+                .map(|(i, steps)| (i, StepMap::new(steps, self.len_lookback_buffers)))
+                .collect(),
+            t_started,
+            gone: (0..n).filter(|&i| gone[i]).collect(),
+            hanging: hanging.0,
+            hanging_rewards: rewards.0,
+            t_started_read: self.t_started_read,
+        })
+    }
+}
+
 /// The successor of a cut that keeps `lookback` env steps of look-back, or `None` where
 /// RLlib's rebuild is not a selection of each agent's rows (or fails): the caller then
 /// rebuilds. Agents that finish at the last env step stay, done; agents that finished
 /// before are left out (see `MultiAgentEpisode.cut`).
 #[must_use]
-#[allow(clippy::too_many_lines)] // one pass of the rebuild's rules, kept in its order
 pub fn plan_cut(input: &CutInput<'_>) -> Option<CutPlan> {
     let agents = &input.agents;
     let n = agents.len();
-    if n == 0 || input.set_order.len() != n {
+    if input.set_order.len() != n {
         return None;
     }
-    let reads: Vec<Reads> = agents.iter().map(|a| reads(a, input.lookback)).collect::<Option<_>>()?;
-    let rows = reads[0].observations.len();
-    let action_rows = reads[0].actions.len();
-    if reads.iter().any(|r| r.observations.len() < rows || r.actions.len() < action_rows) {
-        return None;
-    }
+    let k = i64::try_from(input.lookback).ok()?;
+    let obs_index = Index::Slice { start: Some(-k - 1), stop: None, step: None };
+    let act_index = if k > 0 {
+        Index::Slice { start: Some(-k), stop: None, step: None }
+    } else {
+        Index::Slice { start: None, stop: Some(0), step: None }
+    };
+    let (reads, rows, action_rows) = Rebuild::read(agents, &obs_index, &act_index, false)?;
     let any_reset = agents.iter().any(|a| a.is_reset);
     let mut t_started_read = Vec::new();
     // Agents that observed at the last env step and are done: kept, as if live.
@@ -310,162 +565,120 @@ pub fn plan_cut(input: &CutInput<'_>) -> Option<CutPlan> {
             finished[i] = a.done() && last;
         }
     }
-    for idx in 0..rows {
-        for (i, r) in reads.iter().enumerate() {
-            if r.observations[idx].is_some() && agents[i].t_started.is_none() && !t_started_read.contains(&i)
-            {
-                t_started_read.push(i);
-            }
-        }
-    }
-    let mut terminated: Vec<bool> = (0..n).map(|i| agents[i].terminated && !finished[i]).collect();
     let truncated: Vec<bool> = (0..n).map(|i| agents[i].truncated && !finished[i]).collect();
-    let mut t_started: Vec<(usize, i64)> =
-        (0..n).filter(|&i| !agents[i].done() || finished[i]).map(|i| (i, agents[i].t)).collect();
-    let t_started_of =
-        |t_started: &[(usize, i64)], i: usize| t_started.iter().find(|(a, _)| *a == i).map(|(_, t)| *t);
-
-    // The agents' first agent steps: those with observations in the look-back count back.
-    let n_r = i64::try_from(action_rows).ok()?;
-    let mut current_t: Vec<Option<i64>> = vec![None; n];
-    for i in 0..n {
-        let seen = &reads[i].observations;
-        let in_lookback = seen[..rows.min(action_rows)].iter().filter(|o| o.is_some()).count();
-        if in_lookback > 0 {
-            let total = seen[..rows].iter().filter(|o| o.is_some()).count();
-            let base = t_started_of(&t_started, i).unwrap_or(0) - i64::try_from(in_lookback).ok()?;
-            current_t[i] = Some(if total > in_lookback { base } else { base + 1 });
-        }
-    }
-
-    let mut observed: Vec<(usize, Vec<usize>)> = Vec::new(); // obs_per_agent
-    let mut observed_at: Vec<Option<usize>> = vec![None; n];
-    let mut actions: Vec<Vec<usize>> = vec![Vec::new(); n];
-    let mut maps: Vec<(usize, Vec<Option<i64>>)> = Vec::new();
-    let mut map_at: Vec<Option<usize>> = vec![None; n];
-    let mut lookbacks: Vec<i64> = vec![n_r; n];
-    let mut done = vec![false; n];
-    let mut hanging: Ordered<Src> = Ordered::new();
-    let mut rewards: Ordered<Sum> = Ordered::new();
-    let mut in_row = vec![false; n];
-    for idx in 0..rows {
-        for i in 0..n {
-            in_row[i] = reads[i].observations[idx].is_some();
-        }
-        for i in (0..n).filter(|&i| in_row[i]) {
-            let p = reads[i].observations[idx]?;
-            let slot = entry(&mut observed, &mut observed_at, i);
-            observed[slot].1.push(p);
-            if observed[slot].1.len() > 1 {
-                // The action, its extra outputs and reward that waited for this observation.
-                let (Src::Row(a), Sum::Row(r)) = (hanging.remove(i)?, rewards.remove(i)?) else {
-                    return None;
-                };
-                if a != r {
-                    return None;
-                }
-                actions[i].push(a);
-            } else if map_at[i].is_none() {
-                let m = entry(&mut maps, &mut map_at, i);
-                maps[m].1.resize(idx, None);
-                lookbacks[i] -= i64::try_from(idx).ok()?;
-            }
-            let acted = reads[i].actions.get(idx).copied().flatten();
-            if let Some(src) = acted {
-                hanging.set(i, src);
-                let sum = rewards.get(i).unwrap_or(Sum::Known(0.0));
-                rewards.set(i, sum.add(reads[i].rewards[idx])?);
-            } else if terminated[i] || truncated[i] {
-                done[i] = true;
-            } else if idx + 1 < rows {
-                done[i] = true;
-                terminated[i] = true;
-            }
-            let t = current_t[i].unwrap_or_else(|| t_started_of(&t_started, i).unwrap_or(0));
-            let m = entry(&mut maps, &mut map_at, i);
-            maps[m].1.push(Some(t));
-            current_t[i] = Some(t + 1);
-        }
-        for &i in &input.set_order {
-            if in_row[i] || done[i] {
-                continue;
-            }
-            let m = entry(&mut maps, &mut map_at, i);
-            maps[m].1.push(None);
-            if maps[m].1.len() <= action_rows {
-                lookbacks[i] -= 1;
-            }
-            let term = reads[i].rewards.get(idx).copied().unwrap_or(Term::Zero);
-            let sum = rewards.get(i).unwrap_or(Sum::Known(0.0));
-            rewards.set(i, sum.add(term)?);
-        }
-    }
-
-    // Maps of agents that never observed go; the rest get the successor's look-back.
-    maps.retain(|(i, _)| observed_at[*i].is_some());
-    let mut modules: Vec<usize> = (0..n).collect();
-    let mut kept: Vec<AgentCut> = Vec::new();
-    let mut gone = vec![false; n];
-    for (i, obs) in &observed {
-        let i = *i;
-        if obs.len() == 1 && done[i] {
-            gone[i] = true;
-            continue;
-        }
-        if !agents[i].has_module {
-            return None;
-        }
-        let taken = actions[i].len();
-        let lookback = usize::try_from(lookbacks[i].max(0)).ok()?.min(taken);
-        kept.push(AgentCut {
-            agent: i,
-            observations: obs.clone(),
-            actions: actions[i].clone(),
-            extras: taken > 0 && !agents[i].extra_totals.is_empty(),
-            lookback,
-            t_started: t_started_of(&t_started, i).unwrap_or(0),
-            terminated: if finished[i] { agents[i].terminated } else { terminated[i] },
-            truncated: if finished[i] { agents[i].truncated } else { truncated[i] },
-        });
-    }
-    // An agent that finished at the last env step gets its flags back, so it must be kept.
-    if (0..n).any(|i| finished[i] && !kept.iter().any(|a| a.agent == i)) {
-        return None;
-    }
-    // Agents that finished before the last env step are left out, wherever they are.
-    for agent in &kept {
-        let i = agent.agent;
-        if agents[i].done() && !finished[i] {
-            gone[i] = true;
-        }
-    }
-    kept.retain(|a| !gone[a.agent]);
-    maps.retain(|(i, _)| !gone[*i]);
-    modules.retain(|&i| !gone[i]);
-    t_started.retain(|(i, _)| !gone[*i]);
-    hanging.0.retain(|(i, _)| !gone[*i]);
-    rewards.0.retain(|(i, _)| !gone[*i]);
-    if hanging.0.iter().any(|(_, src)| *src != Src::Hanging) {
-        return None;
-    }
-    let hanging_rewards = rewards
-        .0
-        .iter()
-        .map(|&(i, sum)| match sum {
-            Sum::Known(x) => Some((i, x)),
-            Sum::Row(_) => None,
-        })
-        .collect::<Option<Vec<_>>>()?;
-    Some(CutPlan {
-        len_lookback_buffers: action_rows,
-        agents: kept,
-        maps: maps.into_iter().map(|(i, steps)| (i, StepMap::new(steps, action_rows))).collect(),
-        t_started,
-        modules,
-        hanging: hanging.0.into_iter().map(|(i, _)| i).collect(),
-        hanging_rewards,
+    let rebuild = Rebuild {
+        agents,
+        set_order: &input.set_order,
+        reads,
+        rows,
+        action_rows,
+        lookback: None,
+        t_started: (0..n).filter(|&i| !agents[i].done() || finished[i]).map(|i| (i, agents[i].t)).collect(),
+        terminated: (0..n).map(|i| agents[i].terminated && !finished[i]).collect(),
+        truncated: truncated.clone(),
         t_started_read,
-    })
+    };
+    let plan = rebuild.run()?.plan(
+        agents,
+        &truncated,
+        true,
+        // Agents that finished before the last env step are left out, wherever they are.
+        |i, kept| agents[i].done() && !finished[i] && kept.contains(&i),
+        // An agent that finished at the last env step gets its flags back.
+        |i, terminated, truncated| {
+            if finished[i] {
+                (agents[i].terminated, agents[i].truncated)
+            } else {
+                (terminated, truncated)
+            }
+        },
+    )?;
+    // (One that finished at the last env step must be kept, to get its flags back.)
+    if (0..n).any(|i| finished[i] && !plan.agents.iter().any(|a| a.agent == i)) {
+        return None;
+    }
+    // Only what hangs at the chunk's end can hang at the successor's.
+    let ends = plan.hanging.iter().all(|(_, s)| *s == ActionSource::Hanging)
+        && plan.hanging_rewards.iter().all(|(_, r)| matches!(r, RewardSum::Known(_)));
+    ends.then_some(plan)
+}
+
+/// The chunk that is sliced, as [`plan_slice`] reads it.
+#[derive(Clone, Debug)]
+pub struct SliceInput<'a> {
+    /// The agents with an episode, in the episode's order.
+    pub agents: Vec<CutAgent<'a>>,
+    /// The same agents in the order Python iterates the set of their ids.
+    pub set_order: Vec<usize>,
+    /// The env steps `start..stop` of the chunk (bounds already resolved) and the
+    /// look-back before `start`.
+    pub start: usize,
+    pub stop: usize,
+    pub lookback: usize,
+    /// Each agent's episode's steps in the chunk.
+    pub lengths: Vec<usize>,
+}
+
+/// The episode of a slice (`MultiAgentEpisode.slice`), or `None` where RLlib's rebuild
+/// is not a selection of each agent's rows (or fails). The slice's agents have no infos
+/// (the rebuild passes none), and an agent is done where `stop` is its last step.
+#[must_use]
+pub fn plan_slice(input: &SliceInput<'_>) -> Option<(CutPlan, bool, bool)> {
+    let agents = &input.agents;
+    let n = agents.len();
+    if input.set_order.len() != n || input.lengths.len() != n {
+        return None;
+    }
+    let (start, stop, lb) = (
+        i64::try_from(input.start).ok()?,
+        i64::try_from(input.stop).ok()?,
+        i64::try_from(input.lookback).ok()?,
+    );
+    let obs_index = Index::Slice { start: Some(start - lb), stop: Some(stop + 1), step: None };
+    let act_index = Index::Slice { start: Some(start - lb), stop: Some(stop), step: None };
+    let (reads, rows, action_rows) = Rebuild::read(agents, &obs_index, &act_index, true)?;
+    let mut terminated = vec![false; n];
+    let mut truncated = vec![false; n];
+    let mut ends_here = vec![false; n];
+    let mut t_started = Vec::new();
+    for (i, a) in agents.iter().enumerate() {
+        let map_len = a.map.len();
+        let at = |j: usize| -> Option<Option<i64>> {
+            match a.map.get(&Index::Int(i64::try_from(j).ok()?), false, false, false).ok()? {
+                MapRead::One(e) => Some(e),
+                MapRead::Many(_) => None,
+            }
+        };
+        if input.stop < map_len {
+            if let Some(t) = at(input.stop)? {
+                if i64::try_from(input.lengths[i]).ok()? == t {
+                    (terminated[i], truncated[i], ends_here[i]) = (a.terminated, a.truncated, true);
+                }
+            }
+        }
+        for j in input.start..map_len {
+            if let Some(t) = at(j)? {
+                t_started.push((i, t));
+                break;
+            }
+        }
+    }
+    let is_terminated = (0..n).all(|i| ends_here[i] && terminated[i]);
+    let is_truncated = (0..n).all(|i| ends_here[i] && truncated[i]);
+    let rebuild = Rebuild {
+        agents,
+        set_order: &input.set_order,
+        reads,
+        rows,
+        action_rows,
+        lookback: Some(input.lookback),
+        t_started,
+        terminated,
+        truncated: truncated.clone(),
+        t_started_read: Vec::new(),
+    };
+    let plan = rebuild.run()?.plan(agents, &truncated, false, |_, _| false, |_, t, u| (t, u))?;
+    Some((plan, is_terminated, is_truncated))
 }
 
 #[cfg(test)]
@@ -547,10 +760,40 @@ mod tests {
             plan.maps,
             vec![(1, StepMap::new(vec![Some(1), None], 1)), (0, StepMap::new(vec![None, Some(2)], 1))]
         );
-        assert_eq!(plan.hanging, vec![1]);
+        assert_eq!(plan.hanging, vec![(1, ActionSource::Hanging)]);
         // b's hanging reward carries over (0.0 + 0.5 + 0.0); a's skip adds a zero entry.
-        assert_eq!(plan.hanging_rewards, vec![(1, 0.5), (0, 0.0)]);
-        assert_eq!(plan.modules, vec![0, 1]);
+        assert_eq!(plan.hanging_rewards, vec![(1, RewardSum::Known(0.5)), (0, RewardSum::Known(0.0))]);
+        assert!(plan.gone.is_empty());
+    }
+
+    #[test]
+    fn a_slice_inside_the_chunk_hangs_the_actions_of_its_rows() {
+        // a observes at env steps 0, 2, 4; b at 1, 3. The slice 1..3 (no look-back).
+        let a_obs = [true, false, true, false, true];
+        let b_obs = [false, true, false, true, false];
+        let (a_map, b_map) = (map_of(&a_obs), map_of(&b_obs));
+        let input = SliceInput {
+            agents: vec![agent(&a_map, &a_obs), agent(&b_map, &b_obs)],
+            set_order: vec![0, 1],
+            start: 1,
+            stop: 3,
+            lookback: 0,
+            lengths: vec![2, 1],
+        };
+        let (plan, terminated, truncated) = plan_slice(&input).expect("a plan");
+        assert!(!terminated && !truncated);
+        assert_eq!(plan.action_rows, 2);
+        // b observes at 1 and 3 (acting in between, not after: the slice has no action
+        // at 3); a at 2, and its action (row 1) hangs, with that row's reward.
+        let (b, a) = (&plan.agents[0], &plan.agents[1]);
+        assert_eq!(
+            (b.agent, b.observations.clone(), b.actions.clone(), b.infos),
+            (1, vec![0, 1], vec![0], false)
+        );
+        assert_eq!((a.agent, a.observations.clone(), a.actions.clone()), (0, vec![1], vec![]));
+        assert_eq!(plan.hanging, vec![(0, ActionSource::Row(1))]);
+        assert_eq!(plan.hanging_rewards, vec![(0, RewardSum::Row(1))]);
+        assert_eq!(plan.t_started, vec![(0, 1), (1, 0)]);
     }
 
     #[test]
@@ -572,8 +815,8 @@ mod tests {
             (vec![2, 3], vec![2], 1, true)
         );
         // The done agent keeps its module and an empty hanging reward (its skips).
-        assert_eq!(plan.modules, vec![0, 1]);
-        assert_eq!(plan.hanging_rewards, vec![(1, 0.0)]);
+        assert!(plan.gone.is_empty());
+        assert_eq!(plan.hanging_rewards, vec![(1, RewardSum::Known(0.0))]);
         assert_eq!(plan.t_started, vec![(0, 3)]);
     }
 
@@ -631,7 +874,7 @@ mod tests {
                 let stepped: Vec<i64> = map.steps().iter().flatten().copied().collect();
                 prop_assert_eq!(stepped.len(), cut.observations.len());
                 // The hanging action carries over exactly when it hung.
-                prop_assert_eq!(plan.hanging.contains(&cut.agent), !obs[rows - 1]);
+                prop_assert_eq!(plan.hanging.contains(&(cut.agent, ActionSource::Hanging)), !obs[rows - 1]);
             }
             // Every map covers the kept env steps.
             prop_assert!(plan.maps.iter().all(|(_, m)| m.steps().len() == plan.maps[0].1.steps().len()));

@@ -8,7 +8,7 @@
 //! agent-step maps ([`StepMap`]), decides per agent what an env step records where
 //! ([`plan_agent_step`]), and turns a whole env step into one plan checked before anything
 //! is applied ([`plan_env_step`]), the plan of appending a chunk ([`plan_concat`]), and
-//! the plan of a cut ([`plan_cut`]).
+//! the plans of a cut and a slice ([`plan_cut`], [`plan_slice`]).
 
 mod agent;
 mod concat;
@@ -21,7 +21,10 @@ pub use concat::{
     plan_concat, AgentConcat, BeginReward, ConcatAgent, ConcatBooks, ConcatEnd, ConcatInput, ConcatMap,
     ConcatPart, ConcatPlan,
 };
-pub use cut::{plan_cut, AgentCut, CutAgent, CutInput, CutPlan, HangingExtras};
+pub use cut::{
+    plan_cut, plan_slice, ActionSource, AgentCut, CutAgent, CutInput, CutPlan, HangingExtras, RewardSum,
+    SliceInput,
+};
 pub use env_step::{
     episode_ends, plan_env_step, AgentOutcome, AgentStep, Books, EnvStep, EnvStepPlan, Hanging, MapWrite,
     Slot,

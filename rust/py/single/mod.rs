@@ -152,8 +152,14 @@ impl SingleAgentEpisodePy {
         target: &Bound<'_, SingleAgentEpisodePy>,
         cut: &crate::episode::multi::AgentCut,
     ) -> PyResult<()> {
-        let mut core =
-            self.core.select_rows(&cut.observations, &cut.actions, cut.extras, cut.lookback, cut.t_started);
+        let mut core = self.core.select_rows(
+            &cut.observations,
+            &cut.actions,
+            cut.extras,
+            cut.infos,
+            cut.lookback,
+            cut.t_started,
+        );
         (core.is_terminated, core.is_truncated) = (cut.terminated, cut.truncated);
         Self::fill_target(target, core)
     }
