@@ -1,6 +1,7 @@
 """``MultiAgentEpisode.cut(len_lookback_buffer=1)`` of a 100-env-step chunk: turn-based with
 2 agents, and simultaneous with 8 agents one of which has an action hanging (both take
-the general path). Prints the timeit minimum of 5 x 50 cuts, in µs per cut.
+the general path); and ``slice(slice(10, 60))`` of the same chunks. Prints the timeit
+minimum of 5 x 50 calls, in µs per call.
 
     PYTHONPATH=python python benches/multi_agent_cut.py [fastrollout|rllib]
 """
@@ -69,11 +70,12 @@ def main() -> None:
         ("simultaneous, 8 agents, one hanging", simultaneous_one_hanging),
     ):
         ep = make(cls)
-        best = (
-            min(timeit.repeat(lambda ep=ep: ep.cut(len_lookback_buffer=1), number=50, repeat=5))
-            / 50
-        )
-        print(f"{impl:12s} {name:40s} {best * 1e6:7.1f} µs")
+        for what, call in (
+            ("cut", lambda ep=ep: ep.cut(len_lookback_buffer=1)),
+            ("slice", lambda ep=ep: ep.slice(slice(10, 60))),
+        ):
+            best = min(timeit.repeat(call, number=50, repeat=5)) / 50
+            print(f"{impl:12s} {what:6s} {name:40s} {best * 1e6:7.1f} µs")
 
 
 if __name__ == "__main__":
