@@ -150,26 +150,23 @@ fn read_item<'py>(
     index: i64,
     add_last: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let py = eps.py();
-    eps.call_method1(intern!(py, "_get_ext"), (field, key, index, true, py.None(), false, add_last, false))
+    eps.try_borrow_mut()?.read_item(eps.py(), field, key, index, add_last)
 }
 
-/// The index (with `neg_index_as_lookback`) of the agent's `field` (`key`) that reads
-/// what `source` says: its row, or (with `hanging`) the item appended after its items.
+/// The index (with `neg_index_as_lookback`) of the agent's `field` (`key`) that reads its
+/// row `row` (absolute), or with `None` the item appended after its items.
 fn index_of(
     eps: &Bound<'_, SingleAgentEpisodePy>,
     field: &str,
     key: Option<&str>,
     row: Option<usize>,
 ) -> PyResult<i64> {
-    let py = eps.py();
-    Ok(match row {
-        Some(p) => {
-            let lookback: i64 = eps.call_method1(intern!(py, "_lookback"), (field, key))?.extract()?;
-            i64::try_from(p).unwrap_or(i64::MAX) - lookback
-        }
-        None => eps.call_method1(intern!(py, "_field_len"), (field, key))?.extract()?,
-    })
+    let (lookback, len) = eps.try_borrow()?.field_geometry(field, key)?;
+    let at = match row {
+        Some(p) => i64::try_from(p).unwrap_or(i64::MAX) - i64::try_from(lookback).unwrap_or(0),
+        None => i64::try_from(len).unwrap_or(i64::MAX),
+    };
+    Ok(at)
 }
 
 impl MultiAgentEpisodeCore {

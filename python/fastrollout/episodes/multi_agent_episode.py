@@ -615,21 +615,6 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
                 f"same size (got {sorted(lookbacks)})"
             )
         ref_lookback = lookbacks.pop() if lookbacks else 0
-        terminateds: dict = {}
-        truncateds: dict = {}
-        agent_t_started: dict = {}
-        for aid, eps in self.agent_episodes.items():
-            mapping = self.env_t_to_agent_t[aid]
-            if stop < len(mapping) and mapping.get(stop) != SKIP and len(eps) == mapping.get(stop):
-                terminateds[aid] = eps.is_terminated
-                truncateds[aid] = eps.is_truncated
-            if start < len(mapping):
-                for i in range(start, len(mapping)):
-                    if mapping.get(i) != SKIP:
-                        agent_t_started[aid] = mapping.get(i)
-                        break
-        terminateds["__all__"] = all(terminateds.get(aid) for aid in self.agent_episodes)
-        truncateds["__all__"] = all(truncateds.get(aid) for aid in self.agent_episodes)
         lb = len_lookback_buffer if len_lookback_buffer is not None else ref_lookback
         if start - lb < 0 and ref_lookback < lb - start:
             lb = ref_lookback + start
@@ -649,6 +634,21 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
                 sliced._custom_data = {}
                 sliced._observation_compression = self._observation_compression
                 return sliced
+        terminateds: dict = {}
+        truncateds: dict = {}
+        agent_t_started: dict = {}
+        for aid, eps in self.agent_episodes.items():
+            mapping = self.env_t_to_agent_t[aid]
+            if stop < len(mapping) and mapping.get(stop) != SKIP and len(eps) == mapping.get(stop):
+                terminateds[aid] = eps.is_terminated
+                truncateds[aid] = eps.is_truncated
+            if start < len(mapping):
+                for i in range(start, len(mapping)):
+                    if mapping.get(i) != SKIP:
+                        agent_t_started[aid] = mapping.get(i)
+                        break
+        terminateds["__all__"] = all(terminateds.get(aid) for aid in self.agent_episodes)
+        truncateds["__all__"] = all(truncateds.get(aid) for aid in self.agent_episodes)
         sliced = type(self)(
             id_=self.id_,
             observations=self.get_observations(

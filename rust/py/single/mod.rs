@@ -164,6 +164,28 @@ impl SingleAgentEpisodePy {
         Self::fill_target(target, core)
     }
 
+    /// Item `index` (with `neg_index_as_lookback`) of field `field` (`key`), with
+    /// `add_last` appended to the field first: what `_get_ext` reads (the hanging values
+    /// of a multi-agent cut or slice).
+    pub fn read_item<'py>(
+        &mut self,
+        py: Python<'py>,
+        field: &str,
+        key: Option<&str>,
+        index: i64,
+        add_last: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let index = index.into_pyobject(py)?.into_any();
+        self.get_ext(py, field, key, Some(&index), true, None, false, add_last, false)
+    }
+
+    /// A field's look-back and chunk length; `KeyError` for an extra model output key the
+    /// episode lacks.
+    pub fn field_geometry(&self, field: &str, key: Option<&str>) -> PyResult<(usize, usize)> {
+        let f = self.field(field_name(field, key)?)?;
+        Ok((f.lookback(), f.len()))
+    }
+
     /// Steps in the chunk.
     pub fn chunk_len(&self) -> usize {
         self.core.len()
