@@ -591,7 +591,7 @@ impl MultiAgentEpisodeCore {
         let terminateds = as_dict(terminateds)?;
         let truncateds = as_dict(truncateds)?;
         let extras = as_dict(extra_model_outputs)?;
-        let all = intern!(py, "__all__").clone().into_any();
+        let all = AllKey::new(py)?;
         // Shared borrow released at once: agents that join call back into Python code, which
         // may read the episode's attributes.
         let EpisodeState { dicts, env_t, env_t_started, lookback, is_done, compression } =
@@ -612,19 +612,19 @@ impl MultiAgentEpisodeCore {
         // with what each dict holds for them.
         let mut rows = Rows { rows: AgentVec::new(), index: None };
         for (aid, obs) in observations.iter() {
-            if is_all_key(&aid, &all)? {
+            if all.matches(&aid)? {
                 continue;
             }
             rows.push_first(&aid).observation = Some(obs).filter(|v| !v.is_none());
         }
         for (i, (aid, action)) in actions.iter().enumerate() {
-            if is_all_key(&aid, &all)? {
+            if !rows.is_at(&aid, i) && all.matches(&aid)? {
                 continue;
             }
             rows.entry(&aid, i)?.action = Some(action).filter(|v| !v.is_none());
         }
         for (i, (aid, reward)) in rewards.iter().enumerate() {
-            if is_all_key(&aid, &all)? {
+            if !rows.is_at(&aid, i) && all.matches(&aid)? {
                 continue;
             }
             let row = rows.entry(&aid, i)?;
@@ -637,7 +637,7 @@ impl MultiAgentEpisodeCore {
             let Some(flags) = flags else { continue };
             for (i, (aid, value)) in flags.iter().enumerate() {
                 let on = !value.is_none() && value.is_truthy()?;
-                if is_all_key(&aid, &all)? {
+                if all.matches(&aid)? {
                     if is_truncated {
                         all_truncated = on;
                     } else {
@@ -655,7 +655,7 @@ impl MultiAgentEpisodeCore {
         }
         if all_terminated || all_truncated {
             for (i, aid) in agent_episodes.keys().iter().enumerate() {
-                if !is_all_key(&aid, &all)? {
+                if !all.matches(&aid)? {
                     rows.entry(&aid, i)?;
                 }
             }
@@ -728,7 +728,7 @@ impl MultiAgentEpisodeCore {
             for d in &sources[1..] {
                 set = set.call_method1(intern!(py, "__or__"), (key_set(d)?,))?;
             }
-            let set = set.call_method1(intern!(py, "__sub__"), (PySet::new(py, [&all])?,))?;
+            let set = set.call_method1(intern!(py, "__sub__"), (PySet::new(py, [&all.key])?,))?;
             let position = PyDict::new(py);
             for (i, row) in rows.iter().enumerate() {
                 if !position.contains(&row.aid)? {
@@ -1306,6 +1306,11 @@ struct Rows<'py> {
 }
 
 impl<'py> Rows<'py> {
+    /// Whether `key` is the very id of row `i` (then it is an agent id, not `"__all__"`).
+    fn is_at(&self, key: &Bound<'py, PyAny>, i: usize) -> bool {
+        self.rows.get(i).is_some_and(|r| r.aid.is(key))
+    }
+
     fn find(&mut self, key: &Bound<'py, PyAny>, hint: usize) -> PyResult<Option<usize>> {
         if self.rows.get(hint).is_some_and(|r| r.aid.is(key)) {
             return Ok(Some(hint));
@@ -1352,29 +1357,44 @@ impl<'py> Rows<'py> {
 /// Per-agent values of one env step: inline up to 8 agents (no heap block per call).
 type AgentVec<T> = SmallVec<[T; 8]>;
 
-/// Whether `key` is `"__all__"` (identity, string comparison or type first: no rich
-/// compare for the usual str and int agent ids).
-fn is_all_key(key: &Bound<'_, PyAny>, all: &Bound<'_, PyAny>) -> PyResult<bool> {
-    if key.is(all) {
-        return Ok(true);
+/// The key `"__all__"` with its hash, to tell agent ids from it.
+struct AllKey<'py> {
+    key: Bound<'py, PyAny>,
+    hash: isize,
+}
+
+impl<'py> AllKey<'py> {
+    fn new(py: Python<'py>) -> PyResult<Self> {
+        let key = intern!(py, "__all__").clone().into_any();
+        let hash = key.hash()?;
+        Ok(AllKey { key, hash })
     }
-    if let Ok(s) = key.cast_exact::<PyString>() {
-        // The length (a field read) rules out most ids before their text is read.
-        // SAFETY: `s` is an exact `str` object, whose length field the macro reads.
-        #[cfg(not(feature = "abi3"))]
-        let len = unsafe { pyo3::ffi::PyUnicode_GET_LENGTH(s.as_ptr()) };
-        // The stable ABI hides the field: a call.
-        // SAFETY: `s` is a `str` object.
-        #[cfg(feature = "abi3")]
-        let len = unsafe { pyo3::ffi::PyUnicode_GetLength(s.as_ptr()) };
-        return Ok(len == 7 && s.to_str().is_ok_and(|s| s == "__all__"));
+
+    /// Whether `key` is `"__all__"` (identity, then for a `str` its cached hash and text,
+    /// for an `int` no: no rich compare for the usual str and int agent ids).
+    fn matches(&self, key: &Bound<'_, PyAny>) -> PyResult<bool> {
+        if key.is(&self.key) {
+            return Ok(true);
+        }
+        if let Ok(s) = key.cast_exact::<PyString>() {
+            // A dict key's hash is cached in the str object: reading it rules out every
+            // other id (reading the text of ids as long as "__all__" cost a twentieth of
+            // the record of an 8-agent step). -1: not computed yet.
+            // SAFETY: `s` is an exact `str` object, whose header is a `PyASCIIObject`.
+            #[cfg(not(feature = "abi3"))]
+            let hash = unsafe { (*s.as_ptr().cast::<pyo3::ffi::PyASCIIObject>()).hash };
+            // The stable ABI hides the field: a call.
+            #[cfg(feature = "abi3")]
+            let hash = s.hash()?;
+            return Ok((hash == -1 || hash == self.hash) && s.to_str().is_ok_and(|s| s == "__all__"));
+        }
+        // Int agent ids (a rich comparison with a str each, per dict and agent, cost about a
+        // twentieth of the record).
+        if key.is_exact_instance_of::<PyInt>() {
+            return Ok(false);
+        }
+        key.eq(&self.key)
     }
-    // Int agent ids (a rich comparison with a str each, per dict and agent, cost about a
-    // twentieth of the record).
-    if key.is_exact_instance_of::<PyInt>() {
-        return Ok(false);
-    }
-    key.eq(all)
 }
 
 /// Records the reset observations of a `MultiAgentEpisode`'s agents in one call: every
