@@ -579,10 +579,10 @@ impl<O: Clone, S> SingleAgentCore<O, S> {
     /// # Errors
     /// `Done`/`NotReset` as [`Self::add_step`]; `Item` if a field is missing, not typed,
     /// or a slice has the wrong size. Nothing is stored on error.
-    pub fn add_row_step(
+    pub fn add_row_step<B: AsRef<[u8]>, K: AsRef<str>>(
         &mut self,
-        leaves: &[&[u8]],
-        extra_keys: &[&str],
+        leaves: &[B],
+        extra_keys: &[K],
         info: Option<O>,
         terminated: bool,
         truncated: bool,
@@ -608,8 +608,8 @@ impl<O: Clone, S> SingleAgentCore<O, S> {
         let mut start = 0;
         for slot in 0..fields {
             let column = match slot {
-                0..=2 => self.row_column(slot, extra_keys),
-                k => self.extra_position(k - 3, extra_keys[k - 3]).and_then(|pos| {
+                0..=2 => self.row_column(slot, &[]),
+                k => self.extra_position(k - 3, extra_keys[k - 3].as_ref()).and_then(|pos| {
                     extra_at[k - 3] = pos;
                     match &self.extra_model_outputs[pos].1.storage {
                         Storage::Typed { column, .. } => Some(column),
@@ -622,9 +622,9 @@ impl<O: Clone, S> SingleAgentCore<O, S> {
             };
             let schema = column.schema();
             let end = start + schema.leaves.len();
-            let fits = leaves
-                .get(start..end)
-                .is_some_and(|item| item.iter().zip(&schema.leaves).all(|(b, l)| b.len() == l.item_bytes()));
+            let fits = leaves.get(start..end).is_some_and(|item| {
+                item.iter().zip(&schema.leaves).all(|(b, l)| b.as_ref().len() == l.item_bytes())
+            });
             if !fits {
                 return Err(EpisodeError::Item { field: row_field_label(slot, extra_keys) });
             }
@@ -972,12 +972,12 @@ fn same_str(a: &str, b: &str) -> bool {
     a.len() == b.len() && (a.as_ptr() == b.as_ptr() || a.bytes().eq(b.bytes()))
 }
 
-fn row_field_label(slot: usize, extra_keys: &[&str]) -> String {
+fn row_field_label<K: AsRef<str>>(slot: usize, extra_keys: &[K]) -> String {
     match slot {
         0 => FieldName::Observations.label(),
         1 => FieldName::Actions.label(),
         2 => FieldName::Rewards.label(),
-        k => FieldName::Extra(extra_keys.get(k - 3).unwrap_or(&"?")).label(),
+        k => FieldName::Extra(extra_keys.get(k - 3).map_or("?", AsRef::as_ref)).label(),
     }
 }
 

@@ -313,6 +313,7 @@ impl Small {
 }
 
 impl AsRef<[u8]> for Small {
+    #[inline]
     fn as_ref(&self) -> &[u8] {
         &self.bytes[..usize::from(self.len)]
     }
@@ -346,6 +347,7 @@ impl LeafBytes<'_> {
 }
 
 impl AsRef<[u8]> for LeafBytes<'_> {
+    #[inline]
     fn as_ref(&self) -> &[u8] {
         match self {
             LeafBytes::Owned(v) => v,

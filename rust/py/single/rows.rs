@@ -54,9 +54,6 @@ pub struct RowSteps<'py> {
 /// three one-leaf extras.
 pub(super) type RowLeaves<'py> = SmallVec<[LeafBytes<'py>; 48]>;
 
-/// The most leaves and extra keys of one row step kept on the stack while it is stored.
-pub(super) const ROW_LEAVES: usize = 8;
-
 impl RowSteps<'_> {
     /// Where the next step's leaves and keys start (for [`Self::finish`]).
     pub(super) fn mark(&self) -> (usize, usize) {
@@ -93,9 +90,7 @@ impl RowSteps<'_> {
     ) -> PyResult<()> {
         let (l0, k0) = self.starts(step);
         let (l1, k1) = self.ends[step];
-        let leaves: SmallVec<[&[u8]; ROW_LEAVES]> = self.leaves[l0..l1].iter().map(AsRef::as_ref).collect();
-        let keys: SmallVec<[&str; ROW_LEAVES]> = self.keys[k0..k1].iter().map(|k| &**k).collect();
-        episode.add_row_step(&leaves, &keys, info, terminated, truncated, now)
+        episode.add_row_step(&self.leaves[l0..l1], &self.keys[k0..k1], info, terminated, truncated, now)
     }
 }
 
@@ -224,10 +219,10 @@ impl SingleAgentEpisodePy {
     /// [`Self::fits_rows`] order; `info` is [`info_or_absent`]'s (decided by the caller
     /// before any bytes are borrowed, since reading a value's truth may run Python code).
     /// Nothing is stored on error.
-    pub fn add_row_step(
+    pub fn add_row_step<B: AsRef<[u8]>, K: AsRef<str>>(
         &mut self,
-        leaves: &[&[u8]],
-        extra_keys: &[&str],
+        leaves: &[B],
+        extra_keys: &[K],
         info: Option<PyObj>,
         terminated: bool,
         truncated: bool,
