@@ -618,16 +618,11 @@ impl MultiAgentEpisodeCore {
             rows.push_first(&aid).observation = Some(obs).filter(|v| !v.is_none());
         }
         for (i, (aid, action)) in actions.iter().enumerate() {
-            if !rows.is_at(&aid, i) && all.matches(&aid)? {
-                continue;
-            }
-            rows.entry(&aid, i)?.action = Some(action).filter(|v| !v.is_none());
+            let Some(row) = rows.agent_entry(&aid, i, &all)? else { continue };
+            row.action = Some(action).filter(|v| !v.is_none());
         }
         for (i, (aid, reward)) in rewards.iter().enumerate() {
-            if !rows.is_at(&aid, i) && all.matches(&aid)? {
-                continue;
-            }
-            let row = rows.entry(&aid, i)?;
+            let Some(row) = rows.agent_entry(&aid, i, &all)? else { continue };
             row.has_reward = true;
             row.reward = Some(reward).filter(|v| !v.is_none());
         }
@@ -667,7 +662,12 @@ impl MultiAgentEpisodeCore {
                 if value.is_none() {
                     continue;
                 }
-                if let Some(r) = rows.find(&aid, i)? {
+                let at = if rows.rows.get(i).is_some_and(|r| r.aid.is(&aid)) {
+                    Some(i)
+                } else {
+                    rows.find(&aid, i)?
+                };
+                if let Some(r) = at {
                     let row = &mut rows.rows[r];
                     if is_extra {
                         row.extra = Some(value);
@@ -677,12 +677,12 @@ impl MultiAgentEpisodeCore {
                 }
             }
         }
-        let rows = rows.rows;
+        let rows = &rows.rows;
 
         // Each mentioned agent's episode, and whether any agent joins now.
         let mut existing: AgentVec<Option<Bound<'py, SingleAgentEpisodePy>>> = AgentVec::new();
         let mut joins = false;
-        for row in &rows {
+        for row in rows {
             let eps = agent_episodes
                 .get_item(&row.aid)?
                 .map(Bound::cast_into::<SingleAgentEpisodePy>)
@@ -950,9 +950,9 @@ impl MultiAgentEpisodeCore {
             dicts: &dicts,
             observations,
             aids: (0..n).map(|k| &rows[at(k)].aid).collect(),
-            maps,
-            prepared: prepared_parts,
-            row_steps,
+            maps: &mut maps,
+            prepared: &mut prepared_parts,
+            row_steps: &row_steps,
             observed_with_map,
             now,
         };
@@ -1030,9 +1030,9 @@ struct DictBooks<'a, 'py> {
     dicts: &'a Dicts<'py>,
     observations: &'a Bound<'py, PyDict>,
     aids: AgentVec<&'a Bound<'py, PyAny>>,
-    maps: AgentVec<Option<Bound<'py, StepMapPy>>>,
-    prepared: AgentVec<Option<Prepared<'py>>>,
-    row_steps: RowSteps<'py>,
+    maps: &'a mut AgentVec<Option<Bound<'py, StepMapPy>>>,
+    prepared: &'a mut AgentVec<Option<Prepared<'py>>>,
+    row_steps: &'a RowSteps<'py>,
     /// Agents that observe now and have a map: when that is every map, no map needs a skip.
     observed_with_map: usize,
     now: f64,
@@ -1306,9 +1306,22 @@ struct Rows<'py> {
 }
 
 impl<'py> Rows<'py> {
-    /// Whether `key` is the very id of row `i` (then it is an agent id, not `"__all__"`).
-    fn is_at(&self, key: &Bound<'py, PyAny>, i: usize) -> bool {
-        self.rows.get(i).is_some_and(|r| r.aid.is(key))
+    /// The row of `key` ([`Self::entry`]), `None` for `"__all__"`. The usual case first:
+    /// `key` is the very id of row `hint` (then an agent id), found without a call.
+    #[inline]
+    fn agent_entry(
+        &mut self,
+        key: &Bound<'py, PyAny>,
+        hint: usize,
+        all: &AllKey<'_>,
+    ) -> PyResult<Option<&mut Row<'py>>> {
+        if self.rows.get(hint).is_some_and(|r| r.aid.is(key)) {
+            return Ok(Some(&mut self.rows[hint]));
+        }
+        if all.matches(key)? {
+            return Ok(None);
+        }
+        self.entry(key, hint).map(Some)
     }
 
     fn find(&mut self, key: &Bound<'py, PyAny>, hint: usize) -> PyResult<Option<usize>> {
