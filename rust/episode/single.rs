@@ -620,11 +620,11 @@ impl<O: Clone, S> SingleAgentCore<O, S> {
             let Some(column) = column else {
                 return Err(EpisodeError::Item { field: row_field_label(slot, extra_keys) });
             };
-            let schema = column.schema();
-            let end = start + schema.leaves.len();
-            let fits = leaves.get(start..end).is_some_and(|item| {
-                item.iter().zip(&schema.leaves).all(|(b, l)| b.as_ref().len() == l.item_bytes())
-            });
+            let sizes = column.schema().leaf_sizes();
+            let end = start + sizes.len();
+            let fits = leaves
+                .get(start..end)
+                .is_some_and(|item| item.iter().zip(sizes).all(|(b, &n)| b.as_ref().len() == n));
             if !fits {
                 return Err(EpisodeError::Item { field: row_field_label(slot, extra_keys) });
             }
