@@ -501,12 +501,19 @@ impl Column {
         if self.packed.as_ref().is_some_and(|p| p.closed) {
             self.reopen();
         }
-        for (buf, bytes) in self.leaves.iter_mut().zip(item) {
-            let bytes = bytes.as_ref();
+        let append = |buf: &mut Vec<u8>, bytes: &[u8]| {
             if buf.capacity() - buf.len() < bytes.len() {
                 buf.reserve(bytes.len().max(GROWTH_FLOOR_BYTES));
             }
             stream::extend(buf, bytes);
+        };
+        match (&mut self.leaves, item) {
+            (Leaves::One(buf), [bytes]) => append(buf, bytes.as_ref()),
+            (leaves, _) => {
+                for (buf, bytes) in leaves.iter_mut().zip(item) {
+                    append(buf, bytes.as_ref());
+                }
+            }
         }
         self.total += 1;
         if self.packed.is_some() {
