@@ -493,6 +493,16 @@ fn leaf_bytes<'py>(
             .cast_into::<PyUntypedArray>()?,
     };
     let given = array.dtype();
+    // The usual step first: numpy's own descriptor of the leaf's dtype (one object per
+    // builtin dtype), the leaf's shape, C layout; what the checks below accept, found
+    // without reading the dtype's kind and size.
+    if batch.is_none()
+        && given.is(descr)
+        && array.shape().iter().eq(leaf.shape.iter())
+        && array.is_c_contiguous()
+    {
+        return Ok(view_or_copy(array, leaf.item_bytes()));
+    }
     let fits = leaf.items_in(array.shape(), batch).is_some()
         && kind_of(&given).is_some_and(|kind| kind.casts_to(leaf.dtype.kind));
     if !fits {
@@ -501,29 +511,35 @@ fn leaf_bytes<'py>(
     // Identity first: numpy shares one descriptor object per builtin dtype, so the
     // common case skips the C-API equivalence call.
     if (given.is(descr) || given.is_equiv_to(descr)) && array.is_c_contiguous() {
-        // A small item is copied now (a few bytes), so that storing it reads no layout.
         let n = array.shape().iter().product::<usize>() * given.itemsize();
-        if n <= SMALL_BYTES {
-            // SAFETY: `array` is a live C-contiguous numpy array (checked just above), so its
-            // data pointer addresses `n` readable bytes (or is unused for `n == 0`); they
-            // are copied at once, with the thread attached and no Python code in between.
-            let bytes = unsafe {
-                let data = (*array.as_array_ptr()).fields.data.cast::<u8>();
-                if n == 0 || data.is_null() {
-                    &[][..]
-                } else {
-                    std::slice::from_raw_parts(data, n)
-                }
-            };
-            if let Some(small) = Small::new(bytes) {
-                return Ok(LeafBytes::Small(small));
-            }
-        }
-        return Ok(LeafBytes::Array(array));
+        return Ok(view_or_copy(array, n));
     }
     let cast =
         numpy(py)?.getattr("ascontiguousarray")?.call1((&array, descr))?.cast_into::<PyUntypedArray>()?;
     Ok(LeafBytes::Array(cast))
+}
+
+/// `array` (live, C-contiguous, `n` bytes) as leaf bytes: a small item (up to
+/// [`SMALL_BYTES`]) copied now, so that storing it reads no layout; a view otherwise.
+fn view_or_copy(array: Bound<'_, PyUntypedArray>, n: usize) -> LeafBytes<'_> {
+    if n <= SMALL_BYTES {
+        // SAFETY: `array` is a live C-contiguous numpy array of `n` bytes (the caller's
+        // contract), so its data pointer addresses `n` readable bytes (or is unused for
+        // `n == 0`); they are copied at once, with the thread attached and no Python code
+        // in between.
+        let bytes = unsafe {
+            let data = (*array.as_array_ptr()).fields.data.cast::<u8>();
+            if n == 0 || data.is_null() {
+                &[][..]
+            } else {
+                std::slice::from_raw_parts(data, n)
+            }
+        };
+        if let Some(small) = Small::new(bytes) {
+            return LeafBytes::Small(small);
+        }
+    }
+    LeafBytes::Array(array)
 }
 
 /// Flattens `value` by `spec` into one byte buffer per leaf.
