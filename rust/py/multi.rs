@@ -1103,7 +1103,13 @@ impl Books for DictBooks<'_, '_> {
     }
 
     fn push_map(&mut self, i: usize, step: Option<i64>, count: usize) -> PyResult<()> {
-        self.map(i)?.borrow_mut().map.extend(std::iter::repeat_n(step, count));
+        let map = &mut self.map(i)?.borrow_mut().map;
+        // One entry (every step of an agent) without the iterator's reserve.
+        if count == 1 {
+            map.push(step);
+        } else {
+            map.extend(std::iter::repeat_n(step, count));
+        }
         Ok(())
     }
 
