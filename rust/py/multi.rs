@@ -862,9 +862,12 @@ impl MultiAgentEpisodeCore {
                         Source::Hanging => hanging_extras.get_item(aid)?,
                         _ => row.extra.clone(),
                     };
-                    // The runner's scatter hands an agent's row of its module's outputs.
-                    let extras_rows =
-                        extras_value.as_ref().and_then(|v| v.cast::<AgentOutputsPy>().ok().cloned());
+                    // The runner's scatter hands an agent's row of its module's outputs (a
+                    // plain dict is told apart first, without the subtype walk).
+                    let extras_rows = extras_value
+                        .as_ref()
+                        .filter(|v| !v.is_exact_instance_of::<PyDict>())
+                        .and_then(|v| v.cast::<AgentOutputsPy>().ok().cloned());
                     let extras_dict =
                         if extras_rows.is_some() { None } else { as_dict(extras_value.as_ref())? };
                     let hanging_reward = if outcome.add_hanging_reward {
