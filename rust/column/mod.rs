@@ -787,9 +787,9 @@ impl Column {
 }
 
 /// The least a full leaf buffer grows by when an item is pushed. `Vec`'s doubling alone
-/// starts at 8 bytes: a column of 4-byte items reallocated 7 times on its way to 100 items
-/// (about 700 instructions each, 3% of a multi-agent step's record); from 64 bytes, 4
-/// times. Bigger items grow as before (doubling wins).
+/// starts at 8 bytes: a column of 4-byte items grew 7 times on its way to 100 items (about
+/// 700 instructions each, 3% of a multi-agent step's record); from 64 bytes, 4 times.
+/// Bigger items grow as before (doubling wins).
 pub const GROWTH_FLOOR_BYTES: usize = 64;
 
 /// The most [`Column::reserve`] adds to one buffer (a guessed episode length times a big
