@@ -501,8 +501,19 @@ impl Column {
         if self.packed.as_ref().is_some_and(|p| p.closed) {
             self.reopen();
         }
-        for (buf, bytes) in self.leaves.iter_mut().zip(item) {
-            stream::extend(buf, bytes.as_ref());
+        let append = |buf: &mut Vec<u8>, bytes: &[u8]| {
+            if buf.capacity() - buf.len() < bytes.len() {
+                buf.reserve(bytes.len().max(GROWTH_FLOOR_BYTES));
+            }
+            stream::extend(buf, bytes);
+        };
+        match (&mut self.leaves, item) {
+            (Leaves::One(buf), [bytes]) => append(buf, bytes.as_ref()),
+            (leaves, _) => {
+                for (buf, bytes) in leaves.iter_mut().zip(item) {
+                    append(buf, bytes.as_ref());
+                }
+            }
         }
         self.total += 1;
         if self.packed.is_some() {
@@ -775,6 +786,12 @@ impl Column {
     }
 }
 
+/// The least a full leaf buffer grows by when an item is pushed. `Vec`'s doubling alone
+/// starts at 8 bytes: a column of 4-byte items grew 7 times on its way to 100 items (about
+/// 700 instructions each, 3% of a multi-agent step's record); from 64 bytes, 4 times.
+/// Bigger items grow as before (doubling wins).
+pub const GROWTH_FLOOR_BYTES: usize = 64;
+
 /// The most [`Column::reserve`] adds to one buffer (a guessed episode length times a big
 /// item could otherwise ask for gigabytes at once).
 pub const MAX_RESERVE_BYTES: usize = 256 * 1024 * 1024;
@@ -875,6 +892,18 @@ mod tests {
         }
         assert_eq!(c.capacity_bytes(), cap, "steady state reuses the storage");
         assert_eq!(c.leaf_bytes(0).as_ptr(), ptr);
+    }
+
+    #[test]
+    fn a_push_grows_a_small_buffer_by_the_floor_at_least() {
+        let mut c = Column::new(Schema::new(vec![Leaf::new(DType::F32, vec![])]));
+        c.push(&[1f32.to_ne_bytes()]).unwrap();
+        assert!(c.leaves[0].capacity() >= GROWTH_FLOOR_BYTES);
+        for v in 2..=40 {
+            c.push(&[(v as f32).to_ne_bytes()]).unwrap();
+        }
+        assert_eq!(c.len(), 40);
+        assert_eq!(c.item(0, 39)[..], 40f32.to_ne_bytes());
     }
 
     #[test]

@@ -522,22 +522,23 @@ impl<O: Clone, S> SingleAgentCore<O, S> {
         }
     }
 
-    /// The field of slot `slot` of a row step: 0 observations, 1 actions, 2 rewards,
-    /// `3 + j` extra `extra_keys[j]`.
-    fn row_field_mut(&mut self, slot: usize, extra_keys: &[&str]) -> Option<&mut Field<O, S>> {
-        Some(match slot {
+    /// The typed column of field `slot` of a row step, the extras at their positions in
+    /// `extra_model_outputs` (`extra_at[slot - 3]`), for writing.
+    fn row_column_at_mut(&mut self, slot: usize, extra_at: &[usize]) -> Option<&mut Column> {
+        let field = match slot {
             0 => &mut self.observations,
             1 => &mut self.actions,
             2 => &mut self.rewards,
-            k => {
-                let j = k - 3;
-                let pos = self.extra_position(j, extra_keys.get(j)?)?;
-                &mut self.extra_model_outputs[pos].1
-            }
-        })
+            k => &mut self.extra_model_outputs.get_mut(*extra_at.get(k - 3)?)?.1,
+        };
+        match &mut field.storage {
+            Storage::Typed { column, .. } => Some(column),
+            _ => None,
+        }
     }
 
-    /// The typed column of field `slot` of a row step (see [`Self::row_field_mut`]).
+    /// The typed column of field `slot` of a row step: 0 observations, 1 actions, 2
+    /// rewards, `3 + j` extra `extra_keys[j]`.
     fn row_column(&self, slot: usize, extra_keys: &[&str]) -> Option<&Column> {
         let field = match slot {
             0 => &self.observations,
@@ -578,10 +579,10 @@ impl<O: Clone, S> SingleAgentCore<O, S> {
     /// # Errors
     /// `Done`/`NotReset` as [`Self::add_step`]; `Item` if a field is missing, not typed,
     /// or a slice has the wrong size. Nothing is stored on error.
-    pub fn add_row_step(
+    pub fn add_row_step<B: AsRef<[u8]>, K: AsRef<str>>(
         &mut self,
-        leaves: &[&[u8]],
-        extra_keys: &[&str],
+        leaves: &[B],
+        extra_keys: &[K],
         info: Option<O>,
         terminated: bool,
         truncated: bool,
@@ -593,17 +594,39 @@ impl<O: Clone, S> SingleAgentCore<O, S> {
             return Err(EpisodeError::NotReset);
         }
         let fields = 3 + extra_keys.len();
+        // Each extra's position, found once by the check and used by the store (inline for
+        // up to eight extras: no heap block per step).
+        let mut inline = [0usize; 8];
+        let mut heap = Vec::new();
+        let extra_at: &mut [usize] = if let Some(at) = inline.get_mut(..extra_keys.len()) {
+            at
+        } else {
+            heap.resize(extra_keys.len(), 0);
+            &mut heap
+        };
         // Check every field first (sizes against the columns), then store.
         let mut start = 0;
         for slot in 0..fields {
-            let Some(column) = self.row_column(slot, extra_keys) else {
+            let field = match slot {
+                0 => Some(&self.observations),
+                1 => Some(&self.actions),
+                2 => Some(&self.rewards),
+                k => self.extra_position(k - 3, extra_keys[k - 3].as_ref()).map(|pos| {
+                    extra_at[k - 3] = pos;
+                    &self.extra_model_outputs[pos].1
+                }),
+            };
+            let Some(Field { storage: Storage::Typed { column, .. }, .. }) = field else {
                 return Err(EpisodeError::Item { field: row_field_label(slot, extra_keys) });
             };
-            let schema = column.schema();
-            let end = start + schema.leaves.len();
-            let fits = leaves
-                .get(start..end)
-                .is_some_and(|item| item.iter().zip(&schema.leaves).all(|(b, l)| b.len() == l.item_bytes()));
+            let sizes = column.schema().leaf_sizes();
+            let end = start + sizes.len();
+            let fits = match (leaves.get(start..end), sizes) {
+                // One leaf (the usual field) without the zip.
+                (Some([b]), [n]) => b.as_ref().len() == *n,
+                (Some(item), _) => item.iter().zip(sizes).all(|(b, &n)| b.as_ref().len() == n),
+                (None, _) => false,
+            };
             if !fits {
                 return Err(EpisodeError::Item { field: row_field_label(slot, extra_keys) });
             }
@@ -614,9 +637,7 @@ impl<O: Clone, S> SingleAgentCore<O, S> {
         }
         let mut start = 0;
         for slot in 0..fields {
-            if let Some(Field { storage: Storage::Typed { column, .. }, .. }) =
-                self.row_field_mut(slot, extra_keys)
-            {
+            if let Some(column) = self.row_column_at_mut(slot, extra_at) {
                 let end = start + column.schema().leaves.len();
                 column.push_unchecked(&leaves[start..end]);
                 start = end;
@@ -1000,15 +1021,26 @@ fn extend<O: Clone, S>(mine: &mut Field<O, S>, other: &Field<O, S>, to_object: &
 /// share their bytes (the address settles it), and glibc's vectorized `memcmp` costs
 /// ~80 ns per call on short inputs on the machines measured here (see `schema::Leaf`).
 fn same_str(a: &str, b: &str) -> bool {
-    a.len() == b.len() && (a.as_ptr() == b.as_ptr() || a.bytes().eq(b.bytes()))
+    if a.len() != b.len() {
+        return false;
+    }
+    if a.as_ptr() == b.as_ptr() {
+        return true;
+    }
+    // Eight bytes at a time (an extra key is looked up twice per agent and step; a byte
+    // loop took about 50 instructions for "action_logp").
+    let (a, b) = (a.as_bytes().chunks_exact(8), b.as_bytes().chunks_exact(8));
+    let (a_rest, b_rest) = (a.remainder(), b.remainder());
+    let word = |c: &[u8]| u64::from_ne_bytes(c.try_into().unwrap_or_default());
+    a.zip(b).all(|(x, y)| word(x) == word(y)) && a_rest.iter().eq(b_rest.iter())
 }
 
-fn row_field_label(slot: usize, extra_keys: &[&str]) -> String {
+fn row_field_label<K: AsRef<str>>(slot: usize, extra_keys: &[K]) -> String {
     match slot {
         0 => FieldName::Observations.label(),
         1 => FieldName::Actions.label(),
         2 => FieldName::Rewards.label(),
-        k => FieldName::Extra(extra_keys.get(k - 3).unwrap_or(&"?")).label(),
+        k => FieldName::Extra(extra_keys.get(k - 3).map_or("?", AsRef::as_ref)).label(),
     }
 }
 
@@ -1216,6 +1248,48 @@ mod tests {
         e.add_row_step(&row, &["logp", "vf"], None, false, false).unwrap();
         assert_eq!(read(e.extra("logp").unwrap()), vec![4.0]);
         assert_eq!(read(e.extra("vf").unwrap()), vec![5.0]);
+    }
+
+    #[test]
+    fn same_str_compares_the_text() {
+        let long = String::from("action_dist_inputs");
+        for (a, b, same) in [
+            ("action_logp", "action_logp", true),
+            ("action_logp", "action_logq", false),
+            ("action_logp", "bction_logp", false),
+            ("vf", "vf", true),
+            ("vf", "vg", false),
+            ("", "", true),
+            ("vf_preds", "vf_predz", false),
+            ("vf", "vf_", false),
+        ] {
+            assert_eq!(same_str(a, &String::from(b)), same, "{a:?} {b:?}");
+        }
+        assert!(same_str(&long, &long));
+    }
+
+    #[test]
+    fn row_steps_store_more_extras_than_fit_inline() {
+        let mut e = new_episode();
+        let scalar = Schema::new(vec![Leaf::new(DType::F32, vec![])]);
+        let keys: Vec<String> = (0..10).map(|k| format!("x{k}")).collect();
+        for k in keys.iter().rev() {
+            e.extra_model_outputs.push((k.as_str().into(), Field::typed(scalar.clone(), false)));
+        }
+        e.extra_model_outputs.retain(|(k, _)| &**k != "logp");
+        let bytes: Vec<[u8; 4]> = (0..13).map(|v| (v as f32).to_ne_bytes()).collect();
+        let row: Vec<&[u8]> = bytes.iter().map(<[u8; 4]>::as_slice).collect();
+        let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        e.add_row_step(&row, &key_refs, None, false, false).unwrap();
+        for (j, k) in keys.iter().enumerate() {
+            assert_eq!(read(e.extra(k).unwrap()), vec![(3 + j) as f32], "{k}");
+        }
+        // A missing key among them stores nothing.
+        let before = e.clone();
+        let mut missing = key_refs.clone();
+        missing[9] = "nope";
+        assert!(matches!(e.add_row_step(&row, &missing, None, false, false), Err(EpisodeError::Item { .. })));
+        assert_eq!(e, before);
     }
 
     fn read(field: &Field<String>) -> Vec<f32> {

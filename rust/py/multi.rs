@@ -637,7 +637,7 @@ impl MultiAgentEpisodeCore {
         let terminateds = as_dict(terminateds)?;
         let truncateds = as_dict(truncateds)?;
         let extras = as_dict(extra_model_outputs)?;
-        let all = intern!(py, "__all__").clone().into_any();
+        let all = AllKey::new(py)?;
         // Shared borrow released at once: agents that join call back into Python code, which
         // may read the episode's attributes.
         let EpisodeState { dicts, env_t, env_t_started, lookback, is_done, compression } =
@@ -658,22 +658,17 @@ impl MultiAgentEpisodeCore {
         // with what each dict holds for them.
         let mut rows = Rows { rows: AgentVec::new(), index: None };
         for (aid, obs) in observations.iter() {
-            if is_all_key(&aid, &all)? {
+            if all.matches(&aid)? {
                 continue;
             }
             rows.push_first(&aid).observation = Some(obs).filter(|v| !v.is_none());
         }
         for (i, (aid, action)) in actions.iter().enumerate() {
-            if is_all_key(&aid, &all)? {
-                continue;
-            }
-            rows.entry(&aid, i)?.action = Some(action).filter(|v| !v.is_none());
+            let Some(row) = rows.agent_entry(&aid, i, &all)? else { continue };
+            row.action = Some(action).filter(|v| !v.is_none());
         }
         for (i, (aid, reward)) in rewards.iter().enumerate() {
-            if is_all_key(&aid, &all)? {
-                continue;
-            }
-            let row = rows.entry(&aid, i)?;
+            let Some(row) = rows.agent_entry(&aid, i, &all)? else { continue };
             row.has_reward = true;
             row.reward = Some(reward).filter(|v| !v.is_none());
         }
@@ -683,7 +678,7 @@ impl MultiAgentEpisodeCore {
             let Some(flags) = flags else { continue };
             for (i, (aid, value)) in flags.iter().enumerate() {
                 let on = !value.is_none() && value.is_truthy()?;
-                if is_all_key(&aid, &all)? {
+                if all.matches(&aid)? {
                     if is_truncated {
                         all_truncated = on;
                     } else {
@@ -701,7 +696,7 @@ impl MultiAgentEpisodeCore {
         }
         if all_terminated || all_truncated {
             for (i, aid) in agent_episodes.keys().iter().enumerate() {
-                if !is_all_key(&aid, &all)? {
+                if !all.matches(&aid)? {
                     rows.entry(&aid, i)?;
                 }
             }
@@ -713,7 +708,12 @@ impl MultiAgentEpisodeCore {
                 if value.is_none() {
                     continue;
                 }
-                if let Some(r) = rows.find(&aid, i)? {
+                let at = if rows.rows.get(i).is_some_and(|r| r.aid.is(&aid)) {
+                    Some(i)
+                } else {
+                    rows.find(&aid, i)?
+                };
+                if let Some(r) = at {
                     let row = &mut rows.rows[r];
                     if is_extra {
                         row.extra = Some(value);
@@ -723,12 +723,12 @@ impl MultiAgentEpisodeCore {
                 }
             }
         }
-        let rows = rows.rows;
+        let rows = &rows.rows;
 
         // Each mentioned agent's episode, and whether any agent joins now.
         let mut existing: AgentVec<Option<Bound<'py, SingleAgentEpisodePy>>> = AgentVec::new();
         let mut joins = false;
-        for row in &rows {
+        for row in rows {
             let eps = agent_episodes
                 .get_item(&row.aid)?
                 .map(Bound::cast_into::<SingleAgentEpisodePy>)
@@ -774,7 +774,7 @@ impl MultiAgentEpisodeCore {
             for d in &sources[1..] {
                 set = set.call_method1(intern!(py, "__or__"), (key_set(d)?,))?;
             }
-            let set = set.call_method1(intern!(py, "__sub__"), (PySet::new(py, [&all])?,))?;
+            let set = set.call_method1(intern!(py, "__sub__"), (PySet::new(py, [&all.key])?,))?;
             let position = PyDict::new(py);
             for (i, row) in rows.iter().enumerate() {
                 if !position.contains(&row.aid)? {
@@ -908,9 +908,12 @@ impl MultiAgentEpisodeCore {
                         Source::Hanging => hanging_extras.get_item(aid)?,
                         _ => row.extra.clone(),
                     };
-                    // The runner's scatter hands an agent's row of its module's outputs.
-                    let extras_rows =
-                        extras_value.as_ref().and_then(|v| v.cast::<AgentOutputsPy>().ok().cloned());
+                    // The runner's scatter hands an agent's row of its module's outputs (a
+                    // plain dict is told apart first, without the subtype walk).
+                    let extras_rows = extras_value
+                        .as_ref()
+                        .filter(|v| !v.is_exact_instance_of::<PyDict>())
+                        .and_then(|v| v.cast::<AgentOutputsPy>().ok().cloned());
                     let extras_dict =
                         if extras_rows.is_some() { None } else { as_dict(extras_value.as_ref())? };
                     let hanging_reward = if outcome.add_hanging_reward {
@@ -996,9 +999,9 @@ impl MultiAgentEpisodeCore {
             dicts: &dicts,
             observations,
             aids: (0..n).map(|k| &rows[at(k)].aid).collect(),
-            maps,
-            prepared: prepared_parts,
-            row_steps,
+            maps: &mut maps,
+            prepared: &mut prepared_parts,
+            row_steps: &row_steps,
             observed_with_map,
             now,
         };
@@ -1076,9 +1079,9 @@ struct DictBooks<'a, 'py> {
     dicts: &'a Dicts<'py>,
     observations: &'a Bound<'py, PyDict>,
     aids: AgentVec<&'a Bound<'py, PyAny>>,
-    maps: AgentVec<Option<Bound<'py, StepMapPy>>>,
-    prepared: AgentVec<Option<Prepared<'py>>>,
-    row_steps: RowSteps<'py>,
+    maps: &'a mut AgentVec<Option<Bound<'py, StepMapPy>>>,
+    prepared: &'a mut AgentVec<Option<Prepared<'py>>>,
+    row_steps: &'a RowSteps<'py>,
     /// Agents that observe now and have a map: when that is every map, no map needs a skip.
     observed_with_map: usize,
     now: f64,
@@ -1149,7 +1152,13 @@ impl Books for DictBooks<'_, '_> {
     }
 
     fn push_map(&mut self, i: usize, step: Option<i64>, count: usize) -> PyResult<()> {
-        self.map(i)?.borrow_mut().map.extend(std::iter::repeat_n(step, count));
+        let map = &mut self.map(i)?.borrow_mut().map;
+        // One entry (every step of an agent) without the iterator's reserve.
+        if count == 1 {
+            map.push(step);
+        } else {
+            map.extend(std::iter::repeat_n(step, count));
+        }
         Ok(())
     }
 
@@ -1352,6 +1361,24 @@ struct Rows<'py> {
 }
 
 impl<'py> Rows<'py> {
+    /// The row of `key` ([`Self::entry`]), `None` for `"__all__"`. The usual case first:
+    /// `key` is the very id of row `hint` (then an agent id), found without a call.
+    #[inline]
+    fn agent_entry(
+        &mut self,
+        key: &Bound<'py, PyAny>,
+        hint: usize,
+        all: &AllKey<'_>,
+    ) -> PyResult<Option<&mut Row<'py>>> {
+        if self.rows.get(hint).is_some_and(|r| r.aid.is(key)) {
+            return Ok(Some(&mut self.rows[hint]));
+        }
+        if all.matches(key)? {
+            return Ok(None);
+        }
+        self.entry(key, hint).map(Some)
+    }
+
     fn find(&mut self, key: &Bound<'py, PyAny>, hint: usize) -> PyResult<Option<usize>> {
         if self.rows.get(hint).is_some_and(|r| r.aid.is(key)) {
             return Ok(Some(hint));
@@ -1398,29 +1425,44 @@ impl<'py> Rows<'py> {
 /// Per-agent values of one env step: inline up to 8 agents (no heap block per call).
 type AgentVec<T> = SmallVec<[T; 8]>;
 
-/// Whether `key` is `"__all__"` (identity, string comparison or type first: no rich
-/// compare for the usual str and int agent ids).
-fn is_all_key(key: &Bound<'_, PyAny>, all: &Bound<'_, PyAny>) -> PyResult<bool> {
-    if key.is(all) {
-        return Ok(true);
+/// The key `"__all__"` with its hash, to tell agent ids from it.
+struct AllKey<'py> {
+    key: Bound<'py, PyAny>,
+    hash: isize,
+}
+
+impl<'py> AllKey<'py> {
+    fn new(py: Python<'py>) -> PyResult<Self> {
+        let key = intern!(py, "__all__").clone().into_any();
+        let hash = key.hash()?;
+        Ok(AllKey { key, hash })
     }
-    if let Ok(s) = key.cast_exact::<PyString>() {
-        // The length (a field read) rules out most ids before their text is read.
-        // SAFETY: `s` is an exact `str` object, whose length field the macro reads.
-        #[cfg(not(feature = "abi3"))]
-        let len = unsafe { pyo3::ffi::PyUnicode_GET_LENGTH(s.as_ptr()) };
-        // The stable ABI hides the field: a call.
-        // SAFETY: `s` is a `str` object.
-        #[cfg(feature = "abi3")]
-        let len = unsafe { pyo3::ffi::PyUnicode_GetLength(s.as_ptr()) };
-        return Ok(len == 7 && s.to_str().is_ok_and(|s| s == "__all__"));
+
+    /// Whether `key` is `"__all__"` (identity, then for a `str` its cached hash and text,
+    /// for an `int` no: no rich compare for the usual str and int agent ids).
+    fn matches(&self, key: &Bound<'_, PyAny>) -> PyResult<bool> {
+        if key.is(&self.key) {
+            return Ok(true);
+        }
+        if let Ok(s) = key.cast_exact::<PyString>() {
+            // A dict key's hash is cached in the str object: reading it rules out every
+            // other id (reading the text of ids as long as "__all__" cost a twentieth of
+            // the record of an 8-agent step). -1: not computed yet.
+            // SAFETY: `s` is an exact `str` object, whose header is a `PyASCIIObject`.
+            #[cfg(not(feature = "abi3"))]
+            let hash = unsafe { (*s.as_ptr().cast::<pyo3::ffi::PyASCIIObject>()).hash };
+            // The stable ABI hides the field: a call.
+            #[cfg(feature = "abi3")]
+            let hash = s.hash()?;
+            return Ok((hash == -1 || hash == self.hash) && s.to_str().is_ok_and(|s| s == "__all__"));
+        }
+        // Int agent ids (a rich comparison with a str each, per dict and agent, cost about a
+        // twentieth of the record).
+        if key.is_exact_instance_of::<PyInt>() {
+            return Ok(false);
+        }
+        key.eq(&self.key)
     }
-    // Int agent ids (a rich comparison with a str each, per dict and agent, cost about a
-    // twentieth of the record).
-    if key.is_exact_instance_of::<PyInt>() {
-        return Ok(false);
-    }
-    key.eq(all)
 }
 
 /// Records the reset observations of a `MultiAgentEpisode`'s agents in one call: every

@@ -288,6 +288,35 @@ pub enum LeafBytes<'py> {
     Array(Bound<'py, PyUntypedArray>),
     /// A converted scalar, kept inline (no allocation per step and field).
     Scalar(Inline),
+    /// A small item (up to [`SMALL_BYTES`]) copied when converted, kept inline.
+    Small(Small),
+}
+
+/// The most bytes of a [`LeafBytes::Small`] item: a float32[4] observation (CartPole's),
+/// in no more room than the `Vec` of an owned item takes.
+pub const SMALL_BYTES: usize = 16;
+
+/// Up to [`SMALL_BYTES`] bytes held inline.
+#[derive(Clone, Copy)]
+pub struct Small {
+    bytes: [u8; SMALL_BYTES],
+    len: u8,
+}
+
+impl Small {
+    /// A copy of `b`; `None` if it is longer than [`SMALL_BYTES`].
+    fn new(b: &[u8]) -> Option<Small> {
+        let mut bytes = [0u8; SMALL_BYTES];
+        bytes.get_mut(..b.len())?.copy_from_slice(b);
+        Some(Small { bytes, len: b.len() as u8 })
+    }
+}
+
+impl AsRef<[u8]> for Small {
+    #[inline]
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes[..usize::from(self.len)]
+    }
 }
 
 impl LeafBytes<'_> {
@@ -296,6 +325,7 @@ impl LeafBytes<'_> {
             LeafBytes::Owned(v) => v,
             LeafBytes::Array(a) => array_bytes(&a),
             LeafBytes::Scalar(b) => b.as_ref().to_vec(),
+            LeafBytes::Small(b) => b.as_ref().to_vec(),
         }
     }
 
@@ -307,17 +337,22 @@ impl LeafBytes<'_> {
         Some(LeafBytes::copied(self.as_ref().get(i * width..(i + 1) * width)?))
     }
 
-    /// A copy of `b`: inline for up to 8 bytes, else on the heap.
+    /// A copy of `b`: inline for up to [`SMALL_BYTES`] bytes, else on the heap.
     pub(crate) fn copied(b: &[u8]) -> LeafBytes<'static> {
-        Inline::new(b).map_or_else(|| LeafBytes::Owned(b.to_vec()), LeafBytes::Scalar)
+        if let Some(scalar) = Inline::new(b) {
+            return LeafBytes::Scalar(scalar);
+        }
+        Small::new(b).map_or_else(|| LeafBytes::Owned(b.to_vec()), LeafBytes::Small)
     }
 }
 
 impl AsRef<[u8]> for LeafBytes<'_> {
+    #[inline]
     fn as_ref(&self) -> &[u8] {
         match self {
             LeafBytes::Owned(v) => v,
             LeafBytes::Scalar(b) => b.as_ref(),
+            LeafBytes::Small(b) => b.as_ref(),
             LeafBytes::Array(a) => {
                 // The array's layout is read now, not when the view was made: a reshape or
                 // resize in between changes the length (the column then rejects the item)
@@ -458,6 +493,16 @@ fn leaf_bytes<'py>(
             .cast_into::<PyUntypedArray>()?,
     };
     let given = array.dtype();
+    // The usual step first: numpy's own descriptor of the leaf's dtype (one object per
+    // builtin dtype), the leaf's shape, C layout; what the checks below accept, found
+    // without reading the dtype's kind and size.
+    if batch.is_none()
+        && given.is(descr)
+        && array.shape().iter().eq(leaf.shape.iter())
+        && array.is_c_contiguous()
+    {
+        return Ok(view_or_copy(array, leaf.item_bytes()));
+    }
     let fits = leaf.items_in(array.shape(), batch).is_some()
         && kind_of(&given).is_some_and(|kind| kind.casts_to(leaf.dtype.kind));
     if !fits {
@@ -466,11 +511,35 @@ fn leaf_bytes<'py>(
     // Identity first: numpy shares one descriptor object per builtin dtype, so the
     // common case skips the C-API equivalence call.
     if (given.is(descr) || given.is_equiv_to(descr)) && array.is_c_contiguous() {
-        return Ok(LeafBytes::Array(array));
+        let n = array.shape().iter().product::<usize>() * given.itemsize();
+        return Ok(view_or_copy(array, n));
     }
     let cast =
         numpy(py)?.getattr("ascontiguousarray")?.call1((&array, descr))?.cast_into::<PyUntypedArray>()?;
     Ok(LeafBytes::Array(cast))
+}
+
+/// `array` (live, C-contiguous, `n` bytes) as leaf bytes: a small item (up to
+/// [`SMALL_BYTES`]) copied now, so that storing it reads no layout; a view otherwise.
+fn view_or_copy(array: Bound<'_, PyUntypedArray>, n: usize) -> LeafBytes<'_> {
+    if n <= SMALL_BYTES {
+        // SAFETY: `array` is a live C-contiguous numpy array of `n` bytes (the caller's
+        // contract), so its data pointer addresses `n` readable bytes (or is unused for
+        // `n == 0`); they are copied at once, with the thread attached and no Python code
+        // in between.
+        let bytes = unsafe {
+            let data = (*array.as_array_ptr()).fields.data.cast::<u8>();
+            if n == 0 || data.is_null() {
+                &[][..]
+            } else {
+                std::slice::from_raw_parts(data, n)
+            }
+        };
+        if let Some(small) = Small::new(bytes) {
+            return LeafBytes::Small(small);
+        }
+    }
+    LeafBytes::Array(array)
 }
 
 /// Flattens `value` by `spec` into one byte buffer per leaf.
@@ -484,6 +553,17 @@ pub fn to_leaves(
     field: &dyn Fn() -> String,
 ) -> PyResult<Vec<Vec<u8>>> {
     Ok(to_leaf_views(spec, value, batch, field)?.into_vec().into_iter().map(LeafBytes::into_owned).collect())
+}
+
+/// The bytes of `value` for a spec of one leaf (a Box, Discrete or scalar field), as
+/// [`to_leaf_views`] gives them for one item; `None` for a spec of several leaves.
+pub fn one_leaf_view<'py>(
+    spec: &Spec,
+    value: &Bound<'py, PyAny>,
+    field: &dyn Fn() -> String,
+) -> Option<PyResult<LeafBytes<'py>>> {
+    let Tree::Leaf(0) = spec.tree else { return None };
+    Some(leaf_bytes(value, &spec.schema.leaves[0], spec.descrs[0].bind(value.py()), None, field))
 }
 
 /// [`to_leaves`] without copying leaves that are already numpy arrays of the right dtype

@@ -200,12 +200,22 @@ impl Leaf {
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct Schema {
     pub leaves: Vec<Leaf>,
+    /// Bytes in one item of each leaf ([`Leaf::item_bytes`]), computed once: every stored
+    /// step checks its items' sizes against them.
+    sizes: Vec<usize>,
 }
 
 impl Schema {
     #[must_use]
     pub fn new(leaves: Vec<Leaf>) -> Schema {
-        Schema { leaves }
+        let sizes = leaves.iter().map(Leaf::item_bytes).collect();
+        Schema { leaves, sizes }
+    }
+
+    /// Bytes in one item of each leaf, in leaf order.
+    #[must_use]
+    pub fn leaf_sizes(&self) -> &[usize] {
+        &self.sizes
     }
 
     /// Bytes of one whole item across all leaves.
@@ -218,6 +228,18 @@ impl Schema {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn leaf_sizes_are_the_leaves_item_bytes() {
+        let schema = Schema::new(vec![
+            Leaf::new(DType::F32, vec![4]),
+            Leaf::new(DType::I64, vec![]),
+            Leaf::new(DType::F64, vec![2, 3]),
+        ]);
+        assert_eq!(schema.leaf_sizes(), &[16, 8, 48]);
+        assert_eq!(schema.item_bytes(), 72);
+        assert!(Schema::default().leaf_sizes().is_empty());
+    }
 
     #[test]
     fn read_int_covers_all_int_widths() {

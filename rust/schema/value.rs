@@ -100,6 +100,7 @@ impl Inline {
 }
 
 impl AsRef<[u8]> for Inline {
+    #[inline]
     fn as_ref(&self) -> &[u8] {
         &self.bytes[..usize::from(self.len)]
     }

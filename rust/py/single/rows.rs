@@ -2,6 +2,7 @@
 //! columns (a vector env's batches, a module's outputs), stored without per-item conversion.
 
 use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedStr;
 use pyo3::types::{PyDict, PyString};
 use smallvec::SmallVec;
 
@@ -42,7 +43,9 @@ pub enum ExtraOutputs<'a, 'py> {
 #[derive(Default)]
 pub struct RowSteps<'py> {
     leaves: RowLeaves<'py>,
-    keys: SmallVec<[Bound<'py, PyString>; 24]>,
+    /// The extras' keys, their text read once (for the lookup of their columns when
+    /// converted and when stored).
+    keys: SmallVec<[PyBackedStr; 24]>,
     /// Per step, where its leaves and its extras' keys end.
     ends: SmallVec<[(usize, usize); 8]>,
 }
@@ -50,9 +53,6 @@ pub struct RowSteps<'py> {
 /// [`RowSteps`]' leaves: room for eight steps of an observation, an action, a reward and
 /// three one-leaf extras.
 pub(super) type RowLeaves<'py> = SmallVec<[LeafBytes<'py>; 48]>;
-
-/// The most leaves and extra keys of one row step kept on the stack while it is stored.
-pub(super) const ROW_LEAVES: usize = 8;
 
 impl RowSteps<'_> {
     /// Where the next step's leaves and keys start (for [`Self::finish`]).
@@ -90,12 +90,7 @@ impl RowSteps<'_> {
     ) -> PyResult<()> {
         let (l0, k0) = self.starts(step);
         let (l1, k1) = self.ends[step];
-        let leaves: SmallVec<[&[u8]; ROW_LEAVES]> = self.leaves[l0..l1].iter().map(AsRef::as_ref).collect();
-        let keys = self.keys[k0..k1]
-            .iter()
-            .map(|k| k.to_str())
-            .collect::<PyResult<SmallVec<[&str; ROW_LEAVES]>>>()?;
-        episode.add_row_step(&leaves, &keys, info, terminated, truncated, now)
+        episode.add_row_step(&self.leaves[l0..l1], &self.keys[k0..k1], info, terminated, truncated, now)
     }
 }
 
@@ -142,7 +137,8 @@ impl SingleAgentEpisodePy {
             let push_dict = |steps: &mut RowSteps<'py>, d: &Bound<'py, PyDict>| -> PyResult<bool> {
                 for (k, v) in d.iter() {
                     let Ok(k) = k.cast_into::<PyString>() else { return Ok(false) };
-                    if !self.push_row_bytes(&mut steps.leaves, FieldName::Extra(k.to_str()?), &v) {
+                    let k = PyBackedStr::try_from(k)?;
+                    if !self.push_row_bytes(&mut steps.leaves, FieldName::Extra(&k), &v) {
                         return Ok(false);
                     }
                     steps.keys.push(k);
@@ -154,13 +150,13 @@ impl SingleAgentEpisodePy {
                 Some(ExtraOutputs::Dict(d)) => push_dict(steps, d),
                 Some(ExtraOutputs::Rows(r)) => {
                     for column in r.columns() {
-                        let k = column.name.bind(py);
-                        let Some(spec) = self.row_spec(FieldName::Extra(k.to_str()?)) else {
+                        let k = PyBackedStr::try_from(column.name.bind(py).clone())?;
+                        let Some(spec) = self.row_spec(FieldName::Extra(&k)) else {
                             return Ok(false);
                         };
                         let Some(bytes) = r.row_bytes(py, column, spec) else { return Ok(false) };
                         steps.leaves.push(bytes);
-                        steps.keys.push(k.clone());
+                        steps.keys.push(k);
                     }
                     r.constants(py).map_or(Ok(true), |c| push_dict(steps, c))
                 }
@@ -178,6 +174,9 @@ impl SingleAgentEpisodePy {
         value: &Bound<'py, PyAny>,
     ) -> bool {
         let Some(spec) = self.row_spec(name) else { return false };
+        if let Some(view) = spec::one_leaf_view(spec, value, &|| name.label()) {
+            return view.map(|v| leaves.push(v)).is_ok();
+        }
         let Ok(views) = spec::to_leaf_views(spec, value, None, &|| name.label()) else { return false };
         match views {
             Leaves::One(view) => leaves.push(view),
@@ -220,10 +219,10 @@ impl SingleAgentEpisodePy {
     /// [`Self::fits_rows`] order; `info` is [`info_or_absent`]'s (decided by the caller
     /// before any bytes are borrowed, since reading a value's truth may run Python code).
     /// Nothing is stored on error.
-    pub fn add_row_step(
+    pub fn add_row_step<B: AsRef<[u8]>, K: AsRef<str>>(
         &mut self,
-        leaves: &[&[u8]],
-        extra_keys: &[&str],
+        leaves: &[B],
+        extra_keys: &[K],
         info: Option<PyObj>,
         terminated: bool,
         truncated: bool,
