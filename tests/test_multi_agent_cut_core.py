@@ -1,7 +1,7 @@
-"""Differential test: ``MultiAgentEpisode.cut``'s general path (the core's plan, which
-copies each agent's kept rows) against the rebuild of the successor from the per-env-step
-reads through the constructor (``rebuilt_cut`` below, the general path as it was before
-the core planned it: the oracle).
+"""Differential test: ``MultiAgentEpisode.cut``'s general path and ``slice`` (the core's
+plans, which copy each agent's kept rows) against the rebuild from the per-env-step reads
+through the constructor (``_cut_from_reads``, ``_slice_from_reads``: what both do where
+the core has no plan, and did before it planned them; the oracle).
 
 Random episodes come from ``_ma_scripts.Planner`` (turn-based, simultaneous and random
 movers, agents joining late and finishing at any step, hanging actions and rewards, extra
@@ -27,116 +27,15 @@ SEEDS = st.integers(0, 2**32 - 1)
 
 
 def rebuilt_cut(ep: Any, len_lookback_buffer: int) -> Any:
-    """The successor rebuilt from the per-env-step reads (the oracle)."""
-    stepped = ep.get_agents_that_stepped() if ep.is_reset else set()
-    finished = {
-        aid: (ep.agent_episodes[aid].is_terminated, ep.agent_episodes[aid].is_truncated)
-        for aid in stepped
-        if ep.agent_episodes[aid].is_done
-    }
-    terminateds = ep.get_terminateds()
-    truncateds = ep.get_truncateds()
-    for aid in finished:
-        terminateds[aid] = truncateds[aid] = False
-    obs_and_infos = builtins.slice(-len_lookback_buffer - 1, None)
-    rest = (
-        builtins.slice(-len_lookback_buffer, None)
-        if len_lookback_buffer > 0
-        else builtins.slice(None, 0)
-    )
-    successor = type(ep)(
-        id_=ep.id_,
-        observations=ep.get_observations(indices=obs_and_infos, return_list=True),
-        observation_space=ep.observation_space,
-        infos=ep.get_infos(indices=obs_and_infos, return_list=True),
-        actions=ep.get_actions(indices=rest, return_list=True),
-        action_space=ep.action_space,
-        rewards=ep.get_rewards(indices=rest, return_list=True),
-        extra_model_outputs=ep.get_extra_model_outputs(key=None, indices=rest, return_list=True),
-        terminateds=terminateds,
-        truncateds=truncateds,
-        env_t_started=ep.env_t,
-        agent_t_started={
-            aid: eps.t
-            for aid, eps in ep.agent_episodes.items()
-            if not eps.is_done or aid in finished
-        },
-        agent_episode_ids=ep.agent_episode_ids,
-        agent_module_ids={aid: eps.module_id for aid, eps in ep.agent_episodes.items()},
-        agent_to_module_mapping_fn=ep.agent_to_module_mapping_fn,
-        len_lookback_buffer="auto",
-    )
-    for aid, (terminated, truncated) in finished.items():
-        successor.agent_episodes[aid].is_terminated = terminated
-        successor.agent_episodes[aid].is_truncated = truncated
-    for aid, eps in ep.agent_episodes.items():
-        if eps.is_done and aid not in finished and aid in successor.agent_episodes:
-            successor._del_agent(aid)
-    successor._hanging_rewards_begin = ep._hanging_rewards_end.copy()
-    successor._custom_data = copy.deepcopy(ep._custom_data) if ep._custom_data else {}
-    return successor
+    """The successor rebuilt from the per-env-step reads through the constructor (the
+    oracle: the general path where the core has no plan)."""
+    return ep._cut_from_reads(len_lookback_buffer)
 
 
 def rebuilt_slice(ep: Any, slice_: builtins.slice, len_lookback_buffer: int | None = None) -> Any:
-    """The slice rebuilt from the per-env-step reads (the oracle); the episode's look-backs
-    must agree (``slice`` checks that first)."""
-    n = len(ep)
-    start, stop = slice_.start, slice_.stop
-    start = 0 if start is None else (max(n + start, 0) if start < 0 else min(start, n))
-    stop = n if stop is None else (max(n + stop, 0) if stop < 0 else min(stop, n))
-    lookbacks = set()
-    for eps in ep.agent_episodes.values():
-        lookbacks.add(eps._lookback("observations"))
-    ref_lookback = lookbacks.pop() if lookbacks else 0
-    terminateds: dict = {}
-    truncateds: dict = {}
-    agent_t_started: dict = {}
-    for aid, eps in ep.agent_episodes.items():
-        mapping = ep.env_t_to_agent_t[aid]
-        if stop < len(mapping) and mapping.get(stop) != "S" and len(eps) == mapping.get(stop):
-            terminateds[aid] = eps.is_terminated
-            truncateds[aid] = eps.is_truncated
-        if start < len(mapping):
-            for i in range(start, len(mapping)):
-                if mapping.get(i) != "S":
-                    agent_t_started[aid] = mapping.get(i)
-                    break
-    terminateds["__all__"] = all(terminateds.get(aid) for aid in ep.agent_episodes)
-    truncateds["__all__"] = all(truncateds.get(aid) for aid in ep.agent_episodes)
-    lb = len_lookback_buffer if len_lookback_buffer is not None else ref_lookback
-    if start - lb < 0 and ref_lookback < lb - start:
-        lb = ref_lookback + start
-    sliced = type(ep)(
-        id_=ep.id_,
-        observations=ep.get_observations(
-            builtins.slice(start - lb, stop + 1), neg_index_as_lookback=True, return_list=True
-        ),
-        observation_space=ep.observation_space,
-        actions=ep.get_actions(
-            builtins.slice(start - lb, stop), neg_index_as_lookback=True, return_list=True
-        ),
-        action_space=ep.action_space,
-        rewards=ep.get_rewards(
-            builtins.slice(start - lb, stop), neg_index_as_lookback=True, return_list=True
-        ),
-        extra_model_outputs=ep.get_extra_model_outputs(
-            indices=builtins.slice(start - lb, stop),
-            neg_index_as_lookback=True,
-            return_list=True,
-        ),
-        terminateds=terminateds,
-        truncateds=truncateds,
-        len_lookback_buffer=lb,
-        env_t_started=ep.env_t_started + start,
-        agent_episode_ids={aid: eps.id_ for aid, eps in ep.agent_episodes.items()},
-        agent_t_started=agent_t_started,
-        agent_module_ids=ep._agent_to_module_mapping,
-        agent_to_module_mapping_fn=ep.agent_to_module_mapping_fn,
-    )
-    if ep.is_numpy:
-        sliced.to_numpy()
-    sliced._observation_compression = ep._observation_compression
-    return sliced
+    """The slice rebuilt from the per-env-step reads (the oracle), after ``slice``'s own
+    checks and bounds."""
+    return ep._slice_from_reads(*ep._slice_bounds(slice_, len_lookback_buffer))
 
 
 def _outcome(fn: Any) -> Any:
@@ -222,6 +121,34 @@ def _without_ids(books: dict) -> dict:
     return books
 
 
+def _assert_go_on_alike(planner: Planner, expected: Any, actual: Any, more: int) -> None:
+    """Both episodes take up to `more` further env steps alike (or refuse one alike)."""
+    for _ in range(more):
+        if planner.done or expected.is_done:
+            break
+        data = planner.step()
+        mine = copy.deepcopy(data)
+        e = _outcome(lambda d=data: expected.add_env_step(**d))
+        a = _outcome(lambda d=mine: actual.add_env_step(**d))
+        assert (e is None) == (a is None), (e, a)
+        if e is not None:
+            assert e == a
+            return
+    # Agents that join now get random episode ids.
+    _assert_same_successors(expected, actual, ids=False)
+
+
+def _reset_episode(cfg_seed: int, plan_seed: int, id_: str) -> tuple[Planner, Any]:
+    """A random script's planner and a new episode that took its reset."""
+    cfg = ScriptConfig.draw(np.random.default_rng(cfg_seed))
+    note(f"config: {cfg.describe()}")
+    planner = Planner(cfg, np.random.default_rng(plan_seed))
+    ep = MAEpisode(id_=id_, **cfg.space_kwargs())
+    observations, infos = planner.reset()
+    ep.add_env_reset(observations=observations, infos=infos)
+    return planner, ep
+
+
 def _drive(planner: Planner, ep: Any, steps: int) -> Any:
     for _ in range(steps):
         if planner.done:
@@ -253,12 +180,7 @@ def test_planned_cut_equals_the_rebuilt_cut(
     """The general path's successor is the rebuilt one, and both go on alike."""
     if not IS_FASTROLLOUT:
         return
-    cfg = ScriptConfig.draw(np.random.default_rng(cfg_seed))
-    note(f"config: {cfg.describe()}")
-    planner = Planner(cfg, np.random.default_rng(plan_seed))
-    ep = MAEpisode(id_="cut-core", **cfg.space_kwargs())
-    observations, infos = planner.reset()
-    ep.add_env_reset(observations=observations, infos=infos)
+    planner, ep = _reset_episode(cfg_seed, plan_seed, "cut-core")
     # Earlier chunks: cut after some steps, then either go on with the successor or
     # step the successor and append it again.
     for n, lookback, concat in before:
@@ -308,19 +230,7 @@ def test_planned_cut_equals_the_rebuilt_cut(
     if custom:
         assert actual.custom_data is not ep.custom_data
         assert actual.custom_data["note"] is not ep.custom_data["note"]
-    for _ in range(more):
-        if planner.done or expected.is_done:
-            break
-        data = planner.step()
-        mine = copy.deepcopy(data)
-        e = _outcome(lambda d=data: expected.add_env_step(**d))
-        a = _outcome(lambda d=mine: actual.add_env_step(**d))
-        assert (e is None) == (a is None), (e, a)
-        if e is not None:
-            assert e == a
-            return
-    # Agents that join now get random episode ids.
-    _assert_same_successors(expected, actual, ids=False)
+    _assert_go_on_alike(planner, expected, actual, more)
 
 
 def test_turn_based_cut_is_planned() -> None:
@@ -393,12 +303,7 @@ def test_planned_slice_equals_the_rebuilt_slice(
     """``slice`` (the core's plan where it has one) gives the rebuilt slice."""
     if not IS_FASTROLLOUT:
         return
-    cfg = ScriptConfig.draw(np.random.default_rng(cfg_seed))
-    note(f"config: {cfg.describe()}")
-    planner = Planner(cfg, np.random.default_rng(plan_seed))
-    ep = MAEpisode(id_="slice-core", **cfg.space_kwargs())
-    observations, infos = planner.reset()
-    ep.add_env_reset(observations=observations, infos=infos)
+    planner, ep = _reset_episode(cfg_seed, plan_seed, "slice-core")
     if cut_at is not None:
         _drive(planner, ep, cut_at[0])
         if planner.done or ep.is_done:
@@ -412,7 +317,7 @@ def test_planned_slice_equals_the_rebuilt_slice(
     expected = _outcome(lambda: rebuilt_slice(theirs, slice_, lookback))
     actual = _outcome(lambda: ep.slice(slice_, len_lookback_buffer=lookback))
     if isinstance(actual, tuple) and actual[0] is ValueError:
-        return  # (slice checks the look-backs first: the oracle does not)
+        return  # (look-backs that differ: both refuse the slice)
     assert_same(_books(theirs), _books(ep), "the episode that was sliced")
     if isinstance(expected, tuple) or isinstance(actual, tuple):
         assert expected == actual
@@ -430,15 +335,4 @@ def test_planned_slice_equals_the_rebuilt_slice(
         if planned and actual._hanging_actions_end and stop < n:
             count("planned slices with actions hanging inside the chunk")
     _assert_same_successors(expected, actual)
-    for _ in range(more):
-        if planner.done or expected.is_done:
-            break
-        data = planner.step()
-        mine = copy.deepcopy(data)
-        e = _outcome(lambda d=data: expected.add_env_step(**d))
-        a = _outcome(lambda d=mine: actual.add_env_step(**d))
-        assert (e is None) == (a is None), (e, a)
-        if e is not None:
-            assert e == a
-            return
-    _assert_same_successors(expected, actual, ids=False)
+    _assert_go_on_alike(planner, expected, actual, more)

@@ -595,6 +595,34 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
             NotImplementedError: For a step other than 1.
             ValueError: If the agent episodes' look-backs differ.
         """
+        start, stop, lb = self._slice_bounds(slice_, len_lookback_buffer)
+        cls = type(self)
+        if (
+            cls.__init__ is MultiAgentEpisode.__init__
+            and cls._agent_episode_cls.__init__ is SingleAgentEpisode.__init__
+        ):
+            # The core's plan: each agent's rows of the slice (where it has none, the
+            # slice is rebuilt from the per-env-step reads below).
+            sliced = cls.__new__(cls)
+            sliced.id_ = self.id_
+            sliced.agent_to_module_mapping_fn = self.agent_to_module_mapping_fn
+            sliced.observation_space = self.observation_space
+            sliced.action_space = self.action_space
+            if self._slice_books(sliced, start, stop, lb, self._agent_to_module_mapping):
+                sliced._custom_data = {}
+                sliced._observation_compression = self._observation_compression
+                return sliced
+        return self._slice_from_reads(start, stop, lb)
+
+    def _slice_bounds(
+        self, slice_: builtins.slice, len_lookback_buffer: int | None
+    ) -> tuple[int, int, int]:
+        """``slice``'s env steps ``start:stop`` (resolved) and its look-back.
+
+        Raises:
+            NotImplementedError: For a step other than 1.
+            ValueError: If the agent episodes' look-backs differ.
+        """
         if slice_.step not in (1, None):
             raise NotImplementedError(
                 f"MultiAgentEpisode.slice supports only step 1, not {slice_.step}"
@@ -618,22 +646,19 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
         lb = len_lookback_buffer if len_lookback_buffer is not None else ref_lookback
         if start - lb < 0 and ref_lookback < lb - start:
             lb = ref_lookback + start
-        cls = type(self)
-        if (
-            cls.__init__ is MultiAgentEpisode.__init__
-            and cls._agent_episode_cls.__init__ is SingleAgentEpisode.__init__
-        ):
-            # The core's plan: each agent's rows of the slice (where it has none, the
-            # slice is rebuilt from the per-env-step reads below).
-            sliced = cls.__new__(cls)
-            sliced.id_ = self.id_
-            sliced.agent_to_module_mapping_fn = self.agent_to_module_mapping_fn
-            sliced.observation_space = self.observation_space
-            sliced.action_space = self.action_space
-            if self._slice_books(sliced, start, stop, lb, self._agent_to_module_mapping):
-                sliced._custom_data = {}
-                sliced._observation_compression = self._observation_compression
-                return sliced
+        return start, stop, lb
+
+    def _slice_from_reads(self, start: int, stop: int, lb: int) -> MultiAgentEpisode:
+        """``slice`` rebuilt from the per-env-step reads.
+
+        Args:
+            start: The first env step (resolved by ``_slice_bounds``).
+            stop: The env step after the last.
+            lb: The env steps of look-back before ``start``.
+
+        Returns:
+            The new episode.
+        """
         terminateds: dict = {}
         truncateds: dict = {}
         agent_t_started: dict = {}
