@@ -602,7 +602,7 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
             and cls._agent_episode_cls.__init__ is SingleAgentEpisode.__init__
         ):
             # The core's plan: each agent's rows of the slice (where it has none, the
-            # slice is rebuilt from the per-env-step reads below).
+            # slice is rebuilt from the per-env-step reads: `_slice_from_reads`).
             sliced = cls.__new__(cls)
             sliced.id_ = self.id_
             sliced.agent_to_module_mapping_fn = self.agent_to_module_mapping_fn
