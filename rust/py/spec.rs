@@ -19,7 +19,9 @@ use super::errors::SpaceMismatchError;
 use crate::column::{Column, Pos};
 use crate::episode::Leaves;
 use crate::intern::Interner;
-use crate::schema::{DType, Expected, Got, Inline, Kind, Leaf, Mismatch, OneHot, Scalar, Schema};
+use crate::schema::{
+    DType, Expected, Got, Inline, Kind, Leaf, Mismatch, OneHot, Scalar, Schema, INLINE_BYTES,
+};
 
 /// The nesting of a field's items, keyed by the Python dict keys.
 pub type Tree = crate::schema::Tree<Py<PyAny>>;
@@ -286,37 +288,9 @@ fn canonical_descr(descr: &Bound<'_, PyArrayDescr>) -> PyResult<Py<PyArrayDescr>
 pub enum LeafBytes<'py> {
     Owned(Vec<u8>),
     Array(Bound<'py, PyUntypedArray>),
-    /// A converted scalar, kept inline (no allocation per step and field).
-    Scalar(Inline),
-    /// A small item (up to [`SMALL_BYTES`]) copied when converted, kept inline.
-    Small(Small),
-}
-
-/// The most bytes of a [`LeafBytes::Small`] item: a float32[4] observation (CartPole's),
-/// in no more room than the `Vec` of an owned item takes.
-pub const SMALL_BYTES: usize = 16;
-
-/// Up to [`SMALL_BYTES`] bytes held inline.
-#[derive(Clone, Copy)]
-pub struct Small {
-    bytes: [u8; SMALL_BYTES],
-    len: u8,
-}
-
-impl Small {
-    /// A copy of `b`; `None` if it is longer than [`SMALL_BYTES`].
-    fn new(b: &[u8]) -> Option<Small> {
-        let mut bytes = [0u8; SMALL_BYTES];
-        bytes.get_mut(..b.len())?.copy_from_slice(b);
-        Some(Small { bytes, len: b.len() as u8 })
-    }
-}
-
-impl AsRef<[u8]> for Small {
-    #[inline]
-    fn as_ref(&self) -> &[u8] {
-        &self.bytes[..usize::from(self.len)]
-    }
+    /// A small item (a converted scalar, or an array of up to [`INLINE_BYTES`] copied when
+    /// converted), kept inline: no allocation per step and field.
+    Inline(Inline),
 }
 
 impl LeafBytes<'_> {
@@ -324,25 +298,21 @@ impl LeafBytes<'_> {
         match self {
             LeafBytes::Owned(v) => v,
             LeafBytes::Array(a) => array_bytes(&a),
-            LeafBytes::Scalar(b) => b.as_ref().to_vec(),
-            LeafBytes::Small(b) => b.as_ref().to_vec(),
+            LeafBytes::Inline(b) => b.as_ref().to_vec(),
         }
     }
 
     /// Row `i` of this view of a batch whose rows are `width` bytes, copied (inline for
-    /// up to 8 bytes: the column then copies it once more into its buffer, a few bytes for
+    /// up to [`INLINE_BYTES`]: the column then copies it once more into its buffer, a few bytes for
     /// vector items); `None` where the view holds no such row. An array view reads its
     /// live layout here, so a row past a buffer that changed since is refused, never read.
     pub(crate) fn row(&self, i: usize, width: usize) -> Option<LeafBytes<'static>> {
         Some(LeafBytes::copied(self.as_ref().get(i * width..(i + 1) * width)?))
     }
 
-    /// A copy of `b`: inline for up to [`SMALL_BYTES`] bytes, else on the heap.
+    /// A copy of `b`: inline for up to [`INLINE_BYTES`], else on the heap.
     pub(crate) fn copied(b: &[u8]) -> LeafBytes<'static> {
-        if let Some(scalar) = Inline::new(b) {
-            return LeafBytes::Scalar(scalar);
-        }
-        Small::new(b).map_or_else(|| LeafBytes::Owned(b.to_vec()), LeafBytes::Small)
+        Inline::new(b).map_or_else(|| LeafBytes::Owned(b.to_vec()), LeafBytes::Inline)
     }
 }
 
@@ -351,8 +321,7 @@ impl AsRef<[u8]> for LeafBytes<'_> {
     fn as_ref(&self) -> &[u8] {
         match self {
             LeafBytes::Owned(v) => v,
-            LeafBytes::Scalar(b) => b.as_ref(),
-            LeafBytes::Small(b) => b.as_ref(),
+            LeafBytes::Inline(b) => b.as_ref(),
             LeafBytes::Array(a) => {
                 // The array's layout is read now, not when the view was made: a reshape or
                 // resize in between changes the length (the column then rejects the item)
@@ -481,7 +450,7 @@ fn leaf_bytes<'py>(
     // cost of rewards, actions and log-probs).
     if batch.is_none() && leaf.shape.is_empty() {
         if let Some(bytes) = host_scalar(value)?.and_then(|(s, size)| s.encode(size, leaf.dtype)) {
-            return Ok(LeafBytes::Scalar(bytes));
+            return Ok(LeafBytes::Inline(bytes));
         }
     }
     let array = match value.cast::<PyUntypedArray>() {
@@ -520,9 +489,9 @@ fn leaf_bytes<'py>(
 }
 
 /// `array` (live, C-contiguous, `n` bytes) as leaf bytes: a small item (up to
-/// [`SMALL_BYTES`]) copied now, so that storing it reads no layout; a view otherwise.
+/// [`INLINE_BYTES`]) copied now, so that storing it reads no layout; a view otherwise.
 fn view_or_copy(array: Bound<'_, PyUntypedArray>, n: usize) -> LeafBytes<'_> {
-    if n <= SMALL_BYTES {
+    if n <= INLINE_BYTES {
         // SAFETY: `array` is a live C-contiguous numpy array of `n` bytes (the caller's
         // contract), so its data pointer addresses `n` readable bytes (or is unused for
         // `n == 0`); they are copied at once, with the thread attached and no Python code
@@ -535,8 +504,8 @@ fn view_or_copy(array: Bound<'_, PyUntypedArray>, n: usize) -> LeafBytes<'_> {
                 std::slice::from_raw_parts(data, n)
             }
         };
-        if let Some(small) = Small::new(bytes) {
-            return LeafBytes::Small(small);
+        if let Some(small) = Inline::new(bytes) {
+            return LeafBytes::Inline(small);
         }
     }
     LeafBytes::Array(array)

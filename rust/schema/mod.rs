@@ -11,7 +11,7 @@ pub mod tree;
 pub mod value;
 
 pub use tree::Tree;
-pub use value::{Expected, Got, Inline, Mismatch, PyShape, Scalar};
+pub use value::{Expected, Got, Inline, Mismatch, PyShape, Scalar, INLINE_BYTES};
 
 /// The kind of a numpy dtype, as far as the core needs to know it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

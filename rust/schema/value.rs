@@ -81,19 +81,23 @@ impl fmt::Display for Leaf {
     }
 }
 
-/// The bytes of a scalar of at most 8 bytes, held inline (actions, rewards and log-probs of
-/// every step: no heap block per step and field).
+/// The most bytes an [`Inline`] holds: a float32[4] observation (CartPole's), in no more
+/// room than the `Vec` of an owned item takes.
+pub const INLINE_BYTES: usize = 16;
+
+/// The bytes of a small item held inline: a scalar (actions, rewards and log-probs of every
+/// step) or a small array, up to [`INLINE_BYTES`] (no heap block per step and field).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Inline {
-    bytes: [u8; 8],
+    bytes: [u8; INLINE_BYTES],
     len: u8,
 }
 
 impl Inline {
-    /// A copy of `b`; `None` if it is longer than 8 bytes.
+    /// A copy of `b`; `None` if it is longer than [`INLINE_BYTES`].
     #[must_use]
     pub fn new(b: &[u8]) -> Option<Inline> {
-        let mut bytes = [0u8; 8];
+        let mut bytes = [0u8; INLINE_BYTES];
         bytes.get_mut(..b.len())?.copy_from_slice(b);
         Some(Inline { bytes, len: b.len() as u8 })
     }
@@ -275,10 +279,10 @@ mod tests {
     }
 
     #[test]
-    fn inline_holds_up_to_eight_bytes() {
+    fn inline_holds_up_to_sixteen_bytes() {
         assert_eq!(Inline::new(&[1, 2, 3]).map(|i| i.as_ref().to_vec()), Some(vec![1, 2, 3]));
-        assert_eq!(Inline::new(&[7; 8]).map(|i| i.as_ref().len()), Some(8));
-        assert_eq!(Inline::new(&[0; 9]), None);
+        assert_eq!(Inline::new(&[7; 16]).map(|i| i.as_ref().len()), Some(16));
+        assert_eq!(Inline::new(&[0; 17]), None);
         assert_eq!(Inline::new(&[]).map(|i| i.as_ref().len()), Some(0));
     }
 
