@@ -6,7 +6,7 @@ pub mod read;
 pub mod single;
 
 pub use field::{Conversion, Field, FieldSpec, Item, Leaves, Storage, TypedItem};
-pub use single::{EpisodeError, FieldName, SingleAgentCore, Step, ToObject};
+pub use single::{EpisodeError, EpisodeSizes, FieldName, SingleAgentCore, Step, ToObject};
 
 use std::sync::Arc;
 

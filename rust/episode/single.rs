@@ -122,6 +122,29 @@ pub struct Step<'a, O, B = Vec<u8>, S = ()> {
     pub truncated: bool,
 }
 
+/// An episode's field sizes (items, look-back included), `t` and done flags.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EpisodeSizes {
+    pub t: i64,
+    pub terminated: bool,
+    pub truncated: bool,
+    pub obs_lookback: usize,
+    pub obs_total: usize,
+    pub infos_total: usize,
+    pub actions_total: usize,
+    pub rewards_total: usize,
+    /// Items per extra model output key, in the episode's key order.
+    pub extra_totals: Vec<usize>,
+}
+
+impl EpisodeSizes {
+    /// Whether the episode is terminated or truncated.
+    #[must_use]
+    pub fn done(&self) -> bool {
+        self.terminated || self.truncated
+    }
+}
+
 /// The fields and counters of a single-agent episode (`S`: the host's spec of a field's
 /// items, see [`Field`]).
 #[derive(Debug, PartialEq)]
@@ -743,6 +766,24 @@ impl<O: Clone, S> SingleAgentCore<O, S> {
             is_terminated: false,
             is_truncated: false,
         })
+    }
+
+    /// The fields' sizes (look-back included), `t` and the done flags: what a multi-agent
+    /// cut's plan reads of an agent's episode.
+    #[must_use]
+    pub fn sizes(&self) -> EpisodeSizes {
+        let total = |f: &Field<O, S>| f.lookback() + f.len();
+        EpisodeSizes {
+            t: self.t,
+            terminated: self.is_terminated,
+            truncated: self.is_truncated,
+            obs_lookback: self.observations.lookback(),
+            obs_total: total(&self.observations),
+            infos_total: total(&self.infos),
+            actions_total: total(&self.actions),
+            rewards_total: total(&self.rewards),
+            extra_totals: self.extra_model_outputs.iter().map(|(_, f)| total(f)).collect(),
+        }
     }
 
     /// A new episode of the rows `observations` (and infos; with `infos` false, empty

@@ -72,8 +72,7 @@ fn plan<'py>(
     let mut lengths = Vec::with_capacity(agents.len());
     for (a, map) in agents.iter().zip(&step_maps) {
         let eps = a.episode.try_borrow()?;
-        let f = eps.cut_facts();
-        if f.finalized {
+        if eps.any_finalized() {
             // The rebuild turns numpy'd data back into lists.
             return Ok(None);
         }
@@ -114,15 +113,7 @@ fn plan<'py>(
             map: &map.map,
             t_started: t,
             is_reset: eps.is_reset(),
-            t: f.t,
-            terminated: f.terminated,
-            truncated: f.truncated,
-            obs_lookback: f.obs_lookback,
-            obs_total: f.obs_total,
-            infos_total: f.infos_total,
-            actions_total: f.actions_total,
-            rewards_total: f.rewards_total,
-            extra_totals: f.extra_totals,
+            episode: eps.sizes(),
             has_module: module.map(|m| m.is_truthy()).transpose()?.unwrap_or(false),
             hanging_action: hanging_actions.get_item(&a.aid)?.is_some_and(|v| !v.is_none()),
             hanging_extras: extras,

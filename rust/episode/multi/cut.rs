@@ -10,6 +10,7 @@
 //! and the caller rebuilds.
 
 use crate::column::Index;
+use crate::episode::EpisodeSizes;
 
 use super::step_map::{MapRead, StepMap};
 
@@ -33,19 +34,9 @@ pub struct CutAgent<'a> {
     /// `agent_t_started`, if the agent has an entry (the episode reads 0 otherwise, and
     /// its `defaultdict` then holds the 0).
     pub t_started: Option<i64>,
-    /// Its episode: whether it holds an observation in this chunk, its `t`, flags, the
-    /// observations' look-back, and every field's items (look-back included).
+    /// Its episode: whether it holds an observation in this chunk, and its sizes.
     pub is_reset: bool,
-    pub t: i64,
-    pub terminated: bool,
-    pub truncated: bool,
-    pub obs_lookback: usize,
-    pub obs_total: usize,
-    pub infos_total: usize,
-    pub actions_total: usize,
-    pub rewards_total: usize,
-    /// Items per extra model output key, in the episode's key order.
-    pub extra_totals: Vec<usize>,
+    pub episode: EpisodeSizes,
     /// Its module id is set (a falsy one sends the rebuild to the mapping function).
     pub has_module: bool,
     /// What hangs at the chunk's end: an action (not `None`), its extra outputs, a reward.
@@ -56,7 +47,7 @@ pub struct CutAgent<'a> {
 
 impl CutAgent<'_> {
     fn done(&self) -> bool {
-        self.terminated || self.truncated
+        self.episode.done()
     }
 }
 
@@ -205,7 +196,8 @@ fn entries(read: MapRead) -> Vec<Option<i64>> {
 
 /// Position in the agent's fields (look-back included) of its agent step `entry`.
 fn position(agent: &CutAgent<'_>, entry: i64) -> Option<usize> {
-    usize::try_from(entry - agent.t_started.unwrap_or(0) + i64::try_from(agent.obs_lookback).ok()?).ok()
+    usize::try_from(entry - agent.t_started.unwrap_or(0) + i64::try_from(agent.episode.obs_lookback).ok()?)
+        .ok()
 }
 
 /// The per-env-step reads of `get_observations`/`get_actions`/`get_rewards`/
@@ -220,17 +212,17 @@ fn reads(agent: &CutAgent<'_>, obs_index: &Index, act_index: &Index, neg: bool) 
             None => None,
             Some(e) => {
                 let p = position(agent, e)?;
-                (p < agent.obs_total && p < agent.infos_total).then_some(p)?;
+                (p < agent.episode.obs_total && p < agent.episode.infos_total).then_some(p)?;
                 Some(p)
             }
         });
     }
     // Extra outputs follow the actions row for row, or are absent: anything else is no
     // selection of rows.
-    let keys = !agent.extra_totals.is_empty();
+    let keys = !agent.episode.extra_totals.is_empty();
     if keys {
         let hanging_extras = agent.hanging_extras != HangingExtras::Absent;
-        let aligned = agent.extra_totals.iter().all(|&n| n == agent.actions_total)
+        let aligned = agent.episode.extra_totals.iter().all(|&n| n == agent.episode.actions_total)
             && hanging_extras == agent.hanging_action
             && (!agent.hanging_action || agent.hanging_extras == HangingExtras::Holds { all_keys: true });
         if !aligned {
@@ -240,8 +232,8 @@ fn reads(agent: &CutAgent<'_>, obs_index: &Index, act_index: &Index, neg: bool) 
     // Without keys of its own, an agent's hanging outputs read as an item appended to
     // empty fields: only its first agent step can be read.
     let only_hanging_extras = !keys && matches!(agent.hanging_extras, HangingExtras::Holds { .. });
-    let action_view = agent.actions_total + usize::from(agent.hanging_action);
-    let reward_view = agent.rewards_total + usize::from(agent.hanging_reward.is_some());
+    let action_view = agent.episode.actions_total + usize::from(agent.hanging_action);
+    let reward_view = agent.episode.rewards_total + usize::from(agent.hanging_reward.is_some());
     let mut actions = Vec::with_capacity(act_entries.len());
     let mut rewards = Vec::with_capacity(act_entries.len());
     for entry in act_entries {
@@ -256,18 +248,18 @@ fn reads(agent: &CutAgent<'_>, obs_index: &Index, act_index: &Index, neg: bool) 
         }
         actions.push(if p == action_view {
             None
-        } else if p < agent.actions_total {
+        } else if p < agent.episode.actions_total {
             Some(ActionSource::Row(p))
-        } else if p == agent.actions_total && agent.hanging_action {
+        } else if p == agent.episode.actions_total && agent.hanging_action {
             Some(ActionSource::Hanging)
         } else {
             return None;
         });
         rewards.push(if p == reward_view {
             Term::Zero
-        } else if p < agent.rewards_total {
+        } else if p < agent.episode.rewards_total {
             Term::Row(p)
-        } else if let (true, Some(h)) = (p == agent.rewards_total, agent.hanging_reward) {
+        } else if let (true, Some(h)) = (p == agent.episode.rewards_total, agent.hanging_reward) {
             Term::Known(h)
         } else {
             return None;
@@ -495,7 +487,7 @@ impl Rebuilt {
                 agent: i,
                 observations: obs.clone(),
                 actions: self.actions[i].clone(),
-                extras: taken > 0 && !agents[i].extra_totals.is_empty(),
+                extras: taken > 0 && !agents[i].episode.extra_totals.is_empty(),
                 infos,
                 lookback,
                 t_started: t_started.iter().find(|(a, _)| *a == i).map_or(0, |(_, t)| *t),
@@ -565,7 +557,7 @@ pub fn plan_cut(input: &CutInput<'_>) -> Option<CutPlan> {
             finished[i] = a.done() && last;
         }
     }
-    let truncated: Vec<bool> = (0..n).map(|i| agents[i].truncated && !finished[i]).collect();
+    let truncated: Vec<bool> = (0..n).map(|i| agents[i].episode.truncated && !finished[i]).collect();
     let rebuild = Rebuild {
         agents,
         set_order: &input.set_order,
@@ -573,8 +565,11 @@ pub fn plan_cut(input: &CutInput<'_>) -> Option<CutPlan> {
         rows,
         action_rows,
         lookback: None,
-        t_started: (0..n).filter(|&i| !agents[i].done() || finished[i]).map(|i| (i, agents[i].t)).collect(),
-        terminated: (0..n).map(|i| agents[i].terminated && !finished[i]).collect(),
+        t_started: (0..n)
+            .filter(|&i| !agents[i].done() || finished[i])
+            .map(|i| (i, agents[i].episode.t))
+            .collect(),
+        terminated: (0..n).map(|i| agents[i].episode.terminated && !finished[i]).collect(),
         truncated: truncated.clone(),
         t_started_read,
     };
@@ -587,7 +582,7 @@ pub fn plan_cut(input: &CutInput<'_>) -> Option<CutPlan> {
         // An agent that finished at the last env step gets its flags back.
         |i, terminated, truncated| {
             if finished[i] {
-                (agents[i].terminated, agents[i].truncated)
+                (agents[i].episode.terminated, agents[i].episode.truncated)
             } else {
                 (terminated, truncated)
             }
@@ -652,7 +647,8 @@ pub fn plan_slice(input: &SliceInput<'_>) -> Option<(CutPlan, bool, bool)> {
         if input.stop < map_len {
             if let Some(t) = at(input.stop)? {
                 if i64::try_from(input.lengths[i]).ok()? == t {
-                    (terminated[i], truncated[i], ends_here[i]) = (a.terminated, a.truncated, true);
+                    (terminated[i], truncated[i], ends_here[i]) =
+                        (a.episode.terminated, a.episode.truncated, true);
                 }
             }
         }
@@ -697,15 +693,15 @@ mod tests {
             map,
             t_started: Some(0),
             is_reset: n_obs > 0,
-            t: i64::try_from(stored).unwrap(),
-            terminated: false,
-            truncated: false,
-            obs_lookback: 0,
-            obs_total: n_obs,
-            infos_total: n_obs,
-            actions_total: stored,
-            rewards_total: stored,
-            extra_totals: vec![stored],
+            episode: EpisodeSizes {
+                t: i64::try_from(stored).unwrap(),
+                obs_total: n_obs,
+                infos_total: n_obs,
+                actions_total: stored,
+                rewards_total: stored,
+                extra_totals: vec![stored],
+                ..EpisodeSizes::default()
+            },
             has_module: true,
             hanging_action: hangs,
             hanging_extras: if hangs {
@@ -803,7 +799,7 @@ mod tests {
         let done_obs = [true, true, false, false];
         let done_map = map_of(&done_obs);
         let mut done = agent(&done_map, &done_obs);
-        (done.terminated, done.hanging_action, done.hanging_reward) = (true, false, None);
+        (done.episode.terminated, done.hanging_action, done.hanging_reward) = (true, false, None);
         done.hanging_extras = HangingExtras::Absent;
         let input =
             CutInput { agents: vec![agent(&live, &live_obs), done], set_order: vec![0, 1], lookback: 1 };
@@ -825,7 +821,7 @@ mod tests {
         let obs = [true, true, false];
         let map = map_of(&obs);
         let mut a = agent(&map, &obs);
-        a.extra_totals = vec![0];
+        a.episode.extra_totals = vec![0];
         assert!(plan_cut(&CutInput { agents: vec![a], set_order: vec![0], lookback: 2 }).is_none());
         assert!(plan_cut(&CutInput { agents: vec![], set_order: vec![], lookback: 0 }).is_none());
     }

@@ -122,22 +122,15 @@ impl SingleAgentEpisodePy {
         Ok(())
     }
 
-    /// What a multi-agent cut's plan needs of this episode.
-    pub fn cut_facts(&self) -> CutFacts {
-        let total = |f: &PyField| f.lookback() + f.len();
-        let c = &self.core;
-        CutFacts {
-            finalized: c.rewards.finalized || c.observations.finalized,
-            obs_lookback: c.observations.lookback(),
-            obs_total: total(&c.observations),
-            infos_total: total(&c.infos),
-            actions_total: total(&c.actions),
-            rewards_total: total(&c.rewards),
-            extra_totals: c.extra_model_outputs.iter().map(|(_, f)| total(f)).collect(),
-            t: c.t,
-            terminated: c.is_terminated,
-            truncated: c.is_truncated,
-        }
+    /// The fields' sizes, `t` and done flags (what a multi-agent cut's plan reads).
+    pub fn sizes(&self) -> crate::episode::EpisodeSizes {
+        self.core.sizes()
+    }
+
+    /// Whether any field was turned to numpy (a multi-agent cut's rebuild turns them back
+    /// into lists).
+    pub fn any_finalized(&self) -> bool {
+        self.core.rewards.finalized || self.core.observations.finalized
     }
 
     /// The extra model output keys, in the order they first appeared.
@@ -942,19 +935,4 @@ fn missing_key(name: FieldName<'_>) -> PyErr {
         FieldName::Extra(k) => PyKeyError::new_err(k.to_string()),
         _ => PyKeyError::new_err(name.label()),
     }
-}
-
-/// The sizes of an agent episode's fields (look-back included) that a multi-agent cut's
-/// plan reads, and whether it was turned to numpy.
-pub struct CutFacts {
-    pub finalized: bool,
-    pub obs_lookback: usize,
-    pub obs_total: usize,
-    pub infos_total: usize,
-    pub actions_total: usize,
-    pub rewards_total: usize,
-    pub extra_totals: Vec<usize>,
-    pub t: i64,
-    pub terminated: bool,
-    pub truncated: bool,
 }
