@@ -708,12 +708,7 @@ impl MultiAgentEpisodeCore {
                 if value.is_none() {
                     continue;
                 }
-                let at = if rows.rows.get(i).is_some_and(|r| r.aid.is(&aid)) {
-                    Some(i)
-                } else {
-                    rows.find(&aid, i)?
-                };
-                if let Some(r) = at {
+                if let Some(r) = rows.find(&aid, i)? {
                     let row = &mut rows.rows[r];
                     if is_extra {
                         row.extra = Some(value);
@@ -1379,10 +1374,19 @@ impl<'py> Rows<'py> {
         self.entry(key, hint).map(Some)
     }
 
+    /// The row of `key`: row `hint` when it holds this very id (the usual case, inline),
+    /// else looked up.
+    #[inline]
     fn find(&mut self, key: &Bound<'py, PyAny>, hint: usize) -> PyResult<Option<usize>> {
         if self.rows.get(hint).is_some_and(|r| r.aid.is(key)) {
             return Ok(Some(hint));
         }
+        self.look_up(key)
+    }
+
+    /// The row of `key` by equality (an index of the rows, made on first use).
+    #[inline(never)]
+    fn look_up(&mut self, key: &Bound<'py, PyAny>) -> PyResult<Option<usize>> {
         let py = key.py();
         let index = if let Some(d) = &self.index {
             d
