@@ -20,7 +20,7 @@ import numpy as np
 from hypothesis import given, note
 from hypothesis import strategies as st
 
-from _helpers import IS_FASTROLLOUT, MAEpisode, assert_same, count
+from _helpers import MAEpisode, assert_same, count, fastrollout_only
 from _ma_scripts import Planner, ScriptConfig, assert_same_ma
 
 SEEDS = st.integers(0, 2**32 - 1)
@@ -157,6 +157,7 @@ def _drive(planner: Planner, ep: Any, steps: int) -> Any:
     return ep
 
 
+@fastrollout_only
 @given(
     cfg_seed=SEEDS,
     plan_seed=SEEDS,
@@ -178,8 +179,6 @@ def test_planned_cut_equals_the_rebuilt_cut(
     more: int,
 ) -> None:
     """The general path's successor is the rebuilt one, and both go on alike."""
-    if not IS_FASTROLLOUT:
-        return
     planner, ep = _reset_episode(cfg_seed, plan_seed, "cut-core")
     # Earlier chunks: cut after some steps, then either go on with the successor or
     # step the successor and append it again.
@@ -233,10 +232,9 @@ def test_planned_cut_equals_the_rebuilt_cut(
     _assert_go_on_alike(planner, expected, actual, more)
 
 
+@fastrollout_only
 def test_turn_based_cut_is_planned() -> None:
     """A turn-based chunk (one agent's action hangs at each cut) takes the core's plan."""
-    if not IS_FASTROLLOUT:
-        return
     ep = MAEpisode(id_="turns")
     ep.add_env_reset(observations={"a": 0})
     for t in range(1, 11):
@@ -253,10 +251,9 @@ def test_turn_based_cut_is_planned() -> None:
         _assert_same_successors(rebuilt_cut(ep, k), successor)
 
 
+@fastrollout_only
 def test_subclass_constructors_run_in_a_cut() -> None:
     """Subclasses with constructors of their own get the rebuild, which runs them."""
-    if not IS_FASTROLLOUT:
-        return
     import fastrollout
 
     made = []
@@ -278,6 +275,7 @@ def test_subclass_constructors_run_in_a_cut() -> None:
     assert all(type(e) is Counted for e in successor.agent_episodes.values())
 
 
+@fastrollout_only
 @given(
     cfg_seed=SEEDS,
     plan_seed=SEEDS,
@@ -301,8 +299,6 @@ def test_planned_slice_equals_the_rebuilt_slice(
     more: int,
 ) -> None:
     """``slice`` (the core's plan where it has one) gives the rebuilt slice."""
-    if not IS_FASTROLLOUT:
-        return
     planner, ep = _reset_episode(cfg_seed, plan_seed, "slice-core")
     if cut_at is not None:
         _drive(planner, ep, cut_at[0])
