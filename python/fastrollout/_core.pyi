@@ -23,7 +23,6 @@ __all__ = [
     "multi_agent_add_env_reset",
     "multi_agent_record_steps",
     "native_heap_bytes",
-    "resolve_index",
     "single_agent_record_vector_step",
     "wait_ready",
 ]
@@ -45,13 +44,6 @@ def gae_segments(
 def native_heap_bytes() -> int:
     """Bytes in the extension's live heap blocks (not in the C heap's statistics)."""
 
-def resolve_index(
-    total: int,
-    lookback: int,
-    indices: Any = None,
-    neg_index_as_lookback: bool = False,
-    fill: bool = False,
-) -> int | list[int | None] | None: ...
 def multi_agent_add_env_reset(
     episode: MultiAgentEpisodeCore,
     observations: dict[Any, Any],

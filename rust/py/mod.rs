@@ -34,8 +34,6 @@ mod _core {
     #[pymodule_export]
     use super::errors::SpaceMismatchError;
     #[pymodule_export]
-    use super::index::resolve_index;
-    #[pymodule_export]
     use super::metrics::MetricsStorePy;
     #[pymodule_export]
     use super::metrics::StatsSnapshotPy;
