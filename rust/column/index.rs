@@ -95,6 +95,15 @@ impl Geometry {
         self.len() == 0
     }
 
+    /// The index (counted from the chunk's first item, negative ones reading look-back, as
+    /// with RLlib's `neg_index_as_lookback`) that reads absolute item `pos`; for `None`,
+    /// the index just past the items, which reads an item appended for the read.
+    #[must_use]
+    pub fn index_of(self, pos: Option<usize>) -> i64 {
+        let int = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        pos.map_or_else(|| int(self.len()), |p| int(p) - int(self.lookback))
+    }
+
     /// Resolves `index` to storage positions.
     ///
     /// `fill` says whether the caller supplies a fill value: with it, out-of-range ints and
@@ -297,6 +306,15 @@ mod tests {
 
     fn at(v: &[usize]) -> Vec<Pos> {
         v.iter().map(|&p| Pos::At(p)).collect()
+    }
+
+    #[test]
+    fn index_of_counts_from_the_first_item_after_the_lookback() {
+        let g = Geometry::new(5, 2);
+        assert_eq!((g.index_of(Some(0)), g.index_of(Some(2)), g.index_of(Some(4))), (-2, 0, 2));
+        // Past the items: where an appended item is read.
+        assert_eq!(g.index_of(None), 3);
+        assert_eq!(Geometry::new(0, 0).index_of(None), 0);
     }
 
     fn slice(g: Geometry, a: Option<i64>, b: Option<i64>, s: Option<i64>, neg: bool, fill: bool) -> Vec<Pos> {

@@ -19,8 +19,8 @@ struct Agent<'py> {
     map: Bound<'py, StepMapPy>,
 }
 
-/// A plan, the episode flags of a slice, and the agents it numbers.
-type Planned<'py> = (CutPlan, bool, bool, Vec<Agent<'py>>);
+/// A plan and the agents it numbers.
+type Planned<'py> = (CutPlan, Vec<Agent<'py>>);
 
 /// What a plan is made for.
 enum Ask {
@@ -122,14 +122,20 @@ fn plan<'py>(
     }
     let planned = match *ask {
         Ask::Cut { lookback } => {
-            plan_cut(&CutInput { agents: facts, set_order, lookback }).map(|p| (p, false, false))
+            plan_cut(&CutInput { agents: facts, set_order, lookback, env_t: episode.env_t })
         }
-        Ask::Slice { start, stop, lookback } => {
-            plan_slice(&SliceInput { agents: facts, set_order, start, stop, lookback, lengths })
-        }
+        Ask::Slice { start, stop, lookback } => plan_slice(&SliceInput {
+            agents: facts,
+            set_order,
+            env_t_started: episode.env_t_started,
+            start,
+            stop,
+            lookback,
+            lengths,
+        }),
     };
     drop(step_maps);
-    Ok(planned.map(|(p, terminated, truncated)| (p, terminated, truncated, agents)))
+    Ok(planned.map(|p| (p, agents)))
 }
 
 /// Item `index` (with `neg_index_as_lookback`) of the agent's `field` (`key`) as the
@@ -152,12 +158,7 @@ fn index_of(
     key: Option<&str>,
     row: Option<usize>,
 ) -> PyResult<i64> {
-    let (lookback, len) = eps.try_borrow()?.field_geometry(field, key)?;
-    let at = match row {
-        Some(p) => i64::try_from(p).unwrap_or(i64::MAX) - i64::try_from(lookback).unwrap_or(0),
-        None => i64::try_from(len).unwrap_or(i64::MAX),
-    };
-    Ok(at)
+    Ok(eps.try_borrow()?.field_geometry(field, key)?.index_of(row))
 }
 
 impl MultiAgentEpisodeCore {
@@ -171,14 +172,12 @@ impl MultiAgentEpisodeCore {
     ) -> PyResult<bool> {
         let py = successor.py();
         let agent_class = successor.getattr(intern!(py, "_agent_episode_cls"))?;
-        let Some((plan, _, _, agents)) = plan(py, self, &Ask::Cut { lookback }, &agent_class, None)? else {
+        let Some((plan, agents)) = plan(py, self, &Ask::Cut { lookback }, &agent_class, None)? else {
             return Ok(false);
         };
         {
             let mut s = successor.try_borrow_mut()?;
-            s.env_t = self.env_t;
-            s.env_t_started = self.env_t;
-            s.len_lookback_buffers = plan.len_lookback_buffers;
+            s.set_counters(&plan);
             s.hanging_rewards_begin = self
                 .hanging_rewards_end
                 .bind(py)
@@ -211,19 +210,10 @@ impl MultiAgentEpisodeCore {
         let py = sliced.py();
         let agent_class = sliced.getattr(intern!(py, "_agent_episode_cls"))?;
         let ask = Ask::Slice { start, stop, lookback };
-        let Some((plan, terminated, truncated, agents)) = plan(py, self, &ask, &agent_class, Some(modules))?
-        else {
+        let Some((plan, agents)) = plan(py, self, &ask, &agent_class, Some(modules))? else {
             return Ok(false);
         };
-        {
-            let mut s = sliced.try_borrow_mut()?;
-            s.env_t_started = self.env_t_started + i64::try_from(start).unwrap_or(0);
-            s.env_t = s.env_t_started + i64::try_from(plan.action_rows).unwrap_or(0)
-                - i64::try_from(lookback).unwrap_or(0);
-            s.len_lookback_buffers = lookback;
-            s.is_terminated = terminated;
-            s.is_truncated = truncated;
-        }
+        sliced.try_borrow_mut()?.set_counters(&plan);
         let mapping = modules.copy()?;
         for &i in &plan.gone {
             if mapping.contains(&agents[i].aid)? {
@@ -245,6 +235,14 @@ impl MultiAgentEpisodeCore {
         }
         sliced.setattr(intern!(py, "_agent_to_module_mapping"), mapping)?;
         Ok(true)
+    }
+
+    /// Sets the new chunk's counters, flags and look-back from `plan`.
+    fn set_counters(&mut self, plan: &CutPlan) {
+        let c = plan.counters;
+        (self.env_t_started, self.env_t, self.is_terminated, self.is_truncated) =
+            (c.env_t_started, c.env_t, c.is_terminated, c.is_truncated);
+        self.len_lookback_buffers = plan.len_lookback_buffers;
     }
 
     /// Writes the plan's books into `target`: each agent's episode of its rows, the

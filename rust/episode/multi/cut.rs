@@ -60,6 +60,8 @@ pub struct CutInput<'a> {
     pub set_order: Vec<usize>,
     /// The env steps of look-back the successor keeps.
     pub lookback: usize,
+    /// The chunk's `env_t` (where the successor starts).
+    pub env_t: i64,
 }
 
 /// One agent of the successor: its episode is the rows `observations` (and infos) and
@@ -83,6 +85,8 @@ pub struct AgentCut {
 /// The plan of one cut or slice: the new chunk's books, each in its dict order.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CutPlan {
+    /// The new chunk's env-step counters and flags.
+    pub counters: Counters,
     /// The successor's `_len_lookback_buffers` (its maps' look-back).
     pub len_lookback_buffers: usize,
     /// The env steps with actions read (look-back included).
@@ -104,6 +108,15 @@ pub struct CutPlan {
     /// Agents without an `agent_t_started` entry whose reads give them one (0) in the
     /// episode that is cut, in the order the reads do.
     pub t_started_read: Vec<usize>,
+}
+
+/// The env-step counters and episode flags of a cut's successor or of a slice.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub env_t_started: i64,
+    pub env_t: i64,
+    pub is_terminated: bool,
+    pub is_truncated: bool,
 }
 
 /// Where an action (with its reward and extra outputs) of a kept env step comes from.
@@ -508,6 +521,7 @@ impl Rebuilt {
         let mut rewards = self.rewards;
         rewards.0.retain(|(i, _)| !gone[*i]);
         Some(CutPlan {
+            counters: Counters::default(),
             len_lookback_buffers: self.len_lookback_buffers,
             action_rows: self.action_rows,
             agents: kept,
@@ -595,7 +609,9 @@ pub fn plan_cut(input: &CutInput<'_>) -> Option<CutPlan> {
     // Only what hangs at the chunk's end can hang at the successor's.
     let ends = plan.hanging.iter().all(|(_, s)| *s == ActionSource::Hanging)
         && plan.hanging_rewards.iter().all(|(_, r)| matches!(r, RewardSum::Known(_)));
-    ends.then_some(plan)
+    // The successor starts where the chunk ends, not done.
+    let counters = Counters { env_t_started: input.env_t, env_t: input.env_t, ..Counters::default() };
+    ends.then_some(CutPlan { counters, ..plan })
 }
 
 /// The chunk that is sliced, as [`plan_slice`] reads it.
@@ -605,6 +621,8 @@ pub struct SliceInput<'a> {
     pub agents: Vec<CutAgent<'a>>,
     /// The same agents in the order Python iterates the set of their ids.
     pub set_order: Vec<usize>,
+    /// The chunk's `env_t_started`.
+    pub env_t_started: i64,
     /// The env steps `start..stop` of the chunk (bounds already resolved) and the
     /// look-back before `start`.
     pub start: usize,
@@ -618,7 +636,7 @@ pub struct SliceInput<'a> {
 /// is not a selection of each agent's rows (or fails). The slice's agents have no infos
 /// (the rebuild passes none), and an agent is done where `stop` is its last step.
 #[must_use]
-pub fn plan_slice(input: &SliceInput<'_>) -> Option<(CutPlan, bool, bool)> {
+pub fn plan_slice(input: &SliceInput<'_>) -> Option<CutPlan> {
     let agents = &input.agents;
     let n = agents.len();
     if input.set_order.len() != n || input.lengths.len() != n {
@@ -674,7 +692,11 @@ pub fn plan_slice(input: &SliceInput<'_>) -> Option<(CutPlan, bool, bool)> {
         t_started_read: Vec::new(),
     };
     let plan = rebuild.run()?.plan(agents, &truncated, false, |_, _| false, |_, t, u| (t, u))?;
-    Some((plan, is_terminated, is_truncated))
+    // The slice starts `start` env steps into the chunk and spans its action rows past the
+    // look-back.
+    let env_t_started = input.env_t_started.checked_add(start)?;
+    let env_t = env_t_started.checked_add(i64::try_from(plan.action_rows).ok()?)?.checked_sub(lb)?;
+    Some(CutPlan { counters: Counters { env_t_started, env_t, is_terminated, is_truncated }, ..plan })
 }
 
 #[cfg(test)]
@@ -737,9 +759,15 @@ mod tests {
             agents: vec![agent(&a_map, &a_obs), agent(&b_map, &b_obs)],
             set_order: vec![1, 0],
             lookback: 1,
+            env_t: 4,
         };
         let plan = plan_cut(&input).expect("a plan");
         assert_eq!(plan.len_lookback_buffers, 1);
+        // The successor starts at the chunk's end, not done.
+        assert_eq!(
+            plan.counters,
+            Counters { env_t_started: 4, env_t: 4, is_terminated: false, is_truncated: false }
+        );
         // In the order of their first kept observation.
         let (b, a) = (&plan.agents[0], &plan.agents[1]);
         // b's observation at env step 3 is the first kept; a's at 4 is the only one.
@@ -771,14 +799,19 @@ mod tests {
         let input = SliceInput {
             agents: vec![agent(&a_map, &a_obs), agent(&b_map, &b_obs)],
             set_order: vec![0, 1],
+            env_t_started: 10,
             start: 1,
             stop: 3,
             lookback: 0,
             lengths: vec![2, 1],
         };
-        let (plan, terminated, truncated) = plan_slice(&input).expect("a plan");
-        assert!(!terminated && !truncated);
+        let plan = plan_slice(&input).expect("a plan");
         assert_eq!(plan.action_rows, 2);
+        // Env steps 11..13 of the episode: two action rows, no look-back.
+        assert_eq!(
+            plan.counters,
+            Counters { env_t_started: 11, env_t: 13, is_terminated: false, is_truncated: false }
+        );
         // b observes at 1 and 3 (acting in between, not after: the slice has no action
         // at 3); a at 2, and its action (row 1) hangs, with that row's reward.
         let (b, a) = (&plan.agents[0], &plan.agents[1]);
@@ -801,8 +834,12 @@ mod tests {
         let mut done = agent(&done_map, &done_obs);
         (done.episode.terminated, done.hanging_action, done.hanging_reward) = (true, false, None);
         done.hanging_extras = HangingExtras::Absent;
-        let input =
-            CutInput { agents: vec![agent(&live, &live_obs), done], set_order: vec![0, 1], lookback: 1 };
+        let input = CutInput {
+            agents: vec![agent(&live, &live_obs), done],
+            set_order: vec![0, 1],
+            lookback: 1,
+            env_t: 3,
+        };
         let plan = plan_cut(&input).expect("a plan");
         assert_eq!(plan.agents.len(), 1);
         let kept = &plan.agents[0];
@@ -822,8 +859,8 @@ mod tests {
         let map = map_of(&obs);
         let mut a = agent(&map, &obs);
         a.episode.extra_totals = vec![0];
-        assert!(plan_cut(&CutInput { agents: vec![a], set_order: vec![0], lookback: 2 }).is_none());
-        assert!(plan_cut(&CutInput { agents: vec![], set_order: vec![], lookback: 0 }).is_none());
+        assert!(plan_cut(&CutInput { agents: vec![a], set_order: vec![0], lookback: 2, env_t: 0 }).is_none());
+        assert!(plan_cut(&CutInput { agents: vec![], set_order: vec![], lookback: 0, env_t: 0 }).is_none());
     }
 
     fn chunk() -> impl Strategy<Value = Vec<Vec<bool>>> {
@@ -851,7 +888,7 @@ mod tests {
             if reversed {
                 set_order.reverse();
             }
-            let plan = plan_cut(&CutInput { agents, set_order, lookback }).expect("a plan for live agents");
+            let plan = plan_cut(&CutInput { agents, set_order, lookback, env_t: 0 }).expect("a plan for live agents");
             let rows = observed[0].len();
             // (Env steps before the chunk's first read as skips.)
             prop_assert_eq!(plan.len_lookback_buffers, lookback);

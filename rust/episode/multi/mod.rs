@@ -22,8 +22,8 @@ pub use concat::{
     ConcatPart, ConcatPlan,
 };
 pub use cut::{
-    plan_cut, plan_slice, ActionSource, AgentCut, CutAgent, CutInput, CutPlan, HangingExtras, RewardSum,
-    SliceInput,
+    plan_cut, plan_slice, ActionSource, AgentCut, Counters, CutAgent, CutInput, CutPlan, HangingExtras,
+    RewardSum, SliceInput,
 };
 pub use env_step::{
     episode_ends, plan_env_step, AgentOutcome, AgentStep, Books, EnvStep, EnvStepPlan, Hanging, MapWrite,

@@ -20,7 +20,7 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 
 use super::object::PyObj;
 use super::spec::{self, Spec};
-use crate::column::PackedParts;
+use crate::column::{Geometry, PackedParts};
 use crate::episode::read::{self, WriteValues};
 use crate::episode::{Conversion, Field, FieldName, Item, SingleAgentCore, Storage, TypedItem};
 use crate::py::errors::{column_error, episode_error, index_error, EpisodeStateError, SpaceMismatchError};
@@ -174,9 +174,8 @@ impl SingleAgentEpisodePy {
 
     /// A field's look-back and chunk length; `KeyError` for an extra model output key the
     /// episode lacks.
-    pub fn field_geometry(&self, field: &str, key: Option<&str>) -> PyResult<(usize, usize)> {
-        let f = self.field(field_name(field, key)?)?;
-        Ok((f.lookback(), f.len()))
+    pub fn field_geometry(&self, field: &str, key: Option<&str>) -> PyResult<Geometry> {
+        Ok(self.field(field_name(field, key)?)?.geometry())
     }
 
     /// Steps in the chunk.
