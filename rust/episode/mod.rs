@@ -1,10 +1,12 @@
 //! Episodes: the bookkeeping of one agent's trajectory over typed fields.
 
+pub mod clock;
 pub mod field;
 pub mod multi;
 pub mod read;
 pub mod single;
 
+pub use clock::{perf_counter, StepTimes};
 pub use field::{Conversion, Field, FieldSpec, Item, Leaves, Storage, TypedItem};
 pub use single::{EpisodeError, EpisodeSizes, FieldName, SingleAgentCore, Step, ToObject};
 
