@@ -3,6 +3,7 @@
 pub mod clock;
 pub mod field;
 pub mod multi;
+pub mod packed;
 pub mod read;
 pub mod single;
 
