@@ -70,6 +70,12 @@ pub enum EpisodeError {
     },
     /// A column operation's error (a write's count, an item's layout).
     Column(ColumnError),
+    /// A copy of a blank episode asked of one that holds data.
+    NotBlank,
+    /// Compression set on a field without a typed column (`field`: its host name).
+    NoTypedColumn {
+        field: &'static str,
+    },
 }
 
 impl fmt::Display for EpisodeError {
@@ -107,6 +113,14 @@ impl fmt::Display for EpisodeError {
             }
             EpisodeError::NoData { field } => write!(f, "cannot set the {field}: the field holds no data"),
             EpisodeError::Column(e) => e.fmt(f),
+            EpisodeError::NotBlank => {
+                f.write_str("_blank_into: the episode holds data; only a blank episode is copied this way")
+            }
+            EpisodeError::NoTypedColumn { field } => write!(
+                f,
+                "_set_compression: the {field} field holds no typed column (give its space, or add data \
+                 that fits one, first)"
+            ),
         }
     }
 }

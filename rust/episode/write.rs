@@ -190,6 +190,36 @@ impl<O: Clone, S: FieldSpec> SingleAgentCore<O, S> {
         field.pop(index).ok_or(EpisodeError::PopOutOfRange { index, total, field: name.host_name() })
     }
 
+    /// Stores field `name`'s typed column compressed in blocks of `rows` items (`None`:
+    /// uncompressed); reads are unchanged either way.
+    ///
+    /// Errors: [`EpisodeError::MissingKey`], and [`EpisodeError::NoTypedColumn`] for a
+    /// field without a typed column (no space and no data yet, or objects).
+    pub fn set_field_compression(
+        &mut self,
+        name: FieldName<'_>,
+        rows: Option<usize>,
+    ) -> Result<(), EpisodeError> {
+        match &mut self.require_mut(name)?.storage {
+            Storage::Typed { column, .. } => {
+                column.set_compression(rows);
+                Ok(())
+            }
+            _ => Err(EpisodeError::NoTypedColumn { field: name.host_name() }),
+        }
+    }
+
+    /// A copy of this episode while nothing is recorded in it: its layouts and specs (a
+    /// runner's next episode, without inferring them from the spaces again).
+    ///
+    /// Errors: [`EpisodeError::NotBlank`] if the episode was reset.
+    pub fn blank_copy(&self) -> Result<SingleAgentCore<O, S>, EpisodeError> {
+        if self.is_reset() {
+            return Err(EpisodeError::NotBlank);
+        }
+        Ok(self.clone())
+    }
+
     /// Before a read of field `name` (`plan`) hands out infos, makes the absent ones
     /// (`make`) in this episode, so that later reads hand out the same objects (positions
     /// past the stored items, a view's added one, are skipped). Returns whether any was
@@ -532,6 +562,33 @@ mod tests {
         assert!(core.share_read_infos(FieldName::Infos, &plan(&[0, 2, 9]), &mut make));
         assert!(!core.share_read_infos(FieldName::Infos, &plan(&[0, 2]), &mut make), "made once");
         assert_eq!(texts(&core.infos), vec!["new1", "", "new2"]);
+    }
+
+    #[test]
+    fn compression_needs_a_typed_column() {
+        let mut core = episode(4);
+        assert_eq!(core.set_field_compression(FieldName::Observations, Some(2)), Ok(()));
+        assert_eq!(core.observations.compression(), Some(2));
+        let err = core.set_field_compression(FieldName::Infos, Some(2)).unwrap_err();
+        assert_eq!(err, EpisodeError::NoTypedColumn { field: "infos" });
+        assert!(err.to_string().starts_with("_set_compression: the infos field holds no typed column"));
+        assert_eq!(
+            Core::default().set_field_compression(FieldName::Extra("k"), None),
+            Err(EpisodeError::MissingKey("k".into()))
+        );
+        assert_eq!(
+            Core::default().set_field_compression(FieldName::Actions, Some(2)),
+            Err(EpisodeError::NoTypedColumn { field: "actions" }),
+            "an untyped field is refused (a multi-agent setting goes through Field::set_compression)"
+        );
+    }
+
+    #[test]
+    fn only_a_blank_episode_is_copied_blank() {
+        let mut blank = Core::default();
+        blank.observations.spec = Some(Arc::new(Space(true)));
+        assert_eq!(blank.blank_copy().as_ref(), Ok(&blank));
+        assert_eq!(episode(0).blank_copy(), Err(EpisodeError::NotBlank));
     }
 
     #[test]

@@ -39,7 +39,9 @@ pub fn episode_error(e: &EpisodeError) -> PyErr {
         EpisodeError::DoesNotFit { .. } => SpaceMismatchError::new_err(e.to_string()),
         EpisodeError::MissingKey(key) => PyKeyError::new_err(key.clone()),
         EpisodeError::PopOutOfRange { .. } => PyIndexError::new_err(e.to_string()),
-        EpisodeError::NoObservations | EpisodeError::NoData { .. } => PyValueError::new_err(e.to_string()),
+        EpisodeError::NoObservations | EpisodeError::NoData { .. } | EpisodeError::NoTypedColumn { .. } => {
+            PyValueError::new_err(e.to_string())
+        }
         _ => EpisodeStateError::new_err(e.to_string()),
     }
 }

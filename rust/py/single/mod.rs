@@ -23,10 +23,8 @@ use super::spec::{self, Spec};
 use crate::episode::packed;
 pub use crate::episode::perf_counter;
 use crate::episode::read::{self, WriteValues};
-use crate::episode::{
-    EpisodeError, Field, FieldName, SingleAgentCore, SplitBatch, StepTimes, Storage, TypedItem,
-};
-use crate::py::errors::{column_error, episode_error, index_error, EpisodeStateError};
+use crate::episode::{EpisodeError, Field, FieldName, SingleAgentCore, SplitBatch, StepTimes, TypedItem};
+use crate::py::errors::{column_error, episode_error, index_error};
 use crate::py::index::to_index;
 use writes::{convert, split_rows, typed_set_leaves};
 
@@ -282,13 +280,7 @@ impl SingleAgentEpisodePy {
     #[pyo3(signature = (field, rows, key=None))]
     #[pyo3(name = "_set_compression")]
     fn set_compression(&mut self, field: &str, rows: Option<usize>, key: Option<&str>) -> PyResult<()> {
-        if let Storage::Typed { column, .. } = &mut self.field_mut(field_name(field, key)?)?.storage {
-            column.set_compression(rows);
-            return Ok(());
-        }
-        Err(PyValueError::new_err(format!(
-            "_set_compression: the {field} field holds no typed column (give its space, or add data that fits one, first)"
-        )))
+        Ok(self.core.set_field_compression(field_name(field, key)?, rows)?)
     }
 
     /// A compressed field's items as they are stored, for pickling and copies: a dict of
@@ -480,12 +472,7 @@ impl SingleAgentEpisodePy {
     ///     EpisodeStateError: If this episode was already reset.
     #[pyo3(name = "_blank_into")]
     fn blank_into(&self, target: &Bound<'_, SingleAgentEpisodePy>) -> PyResult<()> {
-        if self.core.is_reset() {
-            return Err(EpisodeStateError::new_err(
-                "_blank_into: the episode holds data; only a blank episode is copied this way",
-            ));
-        }
-        Self::fill_target(target, self.core.clone())
+        Self::fill_target(target, self.core.blank_copy()?)
     }
 
     /// Writes the successor chunk of `cut(len_lookback_buffer)` into `target`, a fresh
