@@ -451,7 +451,7 @@ impl<O: Clone, S> SingleAgentCore<O, S> {
         if obs != infos {
             return bad(format!("validate: {obs} observations but {infos} infos"));
         }
-        let steps = obs.saturating_sub(1);
+        let steps = self.steps_observed();
         if obs == 0 && (actions != 0 || rewards != 0) || obs > 0 && (actions != steps || rewards != steps) {
             return bad(format!(
                 "validate: {obs} observations/infos need {steps} actions and rewards, \

@@ -19,7 +19,7 @@ pub enum SplitBatch {
     Items,
 }
 
-impl<O: Clone, S: FieldSpec> SingleAgentCore<O, S> {
+impl<O: Clone, S> SingleAgentCore<O, S> {
     /// The field `name`.
     ///
     /// Errors: [`EpisodeError::MissingKey`] for an extra model output key the episode lacks.
@@ -50,6 +50,7 @@ impl<O: Clone, S: FieldSpec> SingleAgentCore<O, S> {
         mut to_object: impl ToObject<O, S>,
     ) -> Result<(), E>
     where
+        S: FieldSpec,
         I: IntoIterator<Item = V>,
         B: AsRef<[u8]>,
         E: From<EpisodeError>,
@@ -137,7 +138,10 @@ impl<O: Clone, S: FieldSpec> SingleAgentCore<O, S> {
         typed: impl FnOnce(&S) -> Result<Vec<Vec<u8>>, E>,
         objects: impl FnOnce(SplitBatch) -> Result<Vec<O>, E>,
         to_object: impl ToObject<O, S>,
-    ) -> Result<(), E> {
+    ) -> Result<(), E>
+    where
+        S: FieldSpec,
+    {
         let count = |n: usize| ColumnError::check_set_len(positions.len(), n).map_err(EpisodeError::from);
         if let Some(n) = given {
             count(n)?;
