@@ -1,8 +1,9 @@
 //! Writes into a single-agent episode's fields outside the recorded steps: items appended
 //! (`extend`), an extra model output put in whole, items overwritten (`set`), one removed
-//! (`pop`), and the infos a read hands out made first. The host converts its values as the
-//! core says ([`Conversion`]); what is a batch, when a field turns into objects and which
-//! counts must agree is decided here.
+//! (`pop`), and the infos a read hands out made first; with them the checks of a field's
+//! compression setting and of a blank copy. The host converts its values as the core says
+//! ([`Conversion`]); what is a batch, when a field turns into objects and which counts
+//! must agree is decided here.
 
 use super::field::{Conversion, Field, FieldSpec, Item, Storage};
 use super::read::ReadPlan;
