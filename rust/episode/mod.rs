@@ -1,12 +1,17 @@
 //! Episodes: the bookkeeping of one agent's trajectory over typed fields.
 
+pub mod clock;
 pub mod field;
 pub mod multi;
+pub mod packed;
 pub mod read;
 pub mod single;
+pub mod write;
 
+pub use clock::{perf_counter, StepTimes};
 pub use field::{Conversion, Field, FieldSpec, Item, Leaves, Storage, TypedItem};
 pub use single::{EpisodeError, EpisodeSizes, FieldName, SingleAgentCore, Step, ToObject};
+pub use write::SplitBatch;
 
 use std::sync::Arc;
 

@@ -9,7 +9,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use super::field::{Field, Item, Storage, TypedItem};
-use crate::column::{Column, Index, IndexError, Resolved};
+use crate::column::{Column, ColumnError, Index, IndexError, Resolved};
 use crate::schema::Schema;
 
 /// Errors of episode operations.
@@ -37,6 +37,45 @@ pub enum EpisodeError {
         field: String,
     },
     Index(IndexError),
+    /// A host value that its field does not take (the field's column is of another
+    /// layout); `field` is the field's label ([`FieldName::label`]).
+    DoesNotFit {
+        field: String,
+    },
+    /// `to_numpy` of an episode without any observation.
+    NoObservations,
+    /// A field the episode lacks (only extra model outputs can be missing).
+    MissingKey(String),
+    /// `set_extra_model_outputs` of a key the episode lacks (RLlib asserts it exists).
+    NoExtraToSet {
+        key: String,
+    },
+    /// Extra model outputs put in whole whose items after the look-back are not one per
+    /// step of the episode.
+    ExtraLength {
+        key: String,
+        items: usize,
+        lookback: usize,
+        steps: usize,
+    },
+    /// `pop` of an item that is not stored (`field`: the field's host name).
+    PopOutOfRange {
+        index: i64,
+        total: usize,
+        field: &'static str,
+    },
+    /// A write into a field that holds no items it could overwrite (`field`: its label).
+    NoData {
+        field: String,
+    },
+    /// A column operation's error (a write's count, an item's layout).
+    Column(ColumnError),
+    /// A copy of a blank episode asked of one that holds data.
+    NotBlank,
+    /// Compression set on a field without a typed column (`field`: its host name).
+    NoTypedColumn {
+        field: &'static str,
+    },
 }
 
 impl fmt::Display for EpisodeError {
@@ -56,6 +95,32 @@ impl fmt::Display for EpisodeError {
             EpisodeError::Inconsistent(m) | EpisodeError::NotContinuation(m) => f.write_str(m),
             EpisodeError::Item { field } => write!(f, "the {field} item does not fit its column"),
             EpisodeError::Index(e) => e.fmt(f),
+            EpisodeError::DoesNotFit { field } => write!(f, "{field} does not fit its column"),
+            EpisodeError::NoObservations => {
+                f.write_str("to_numpy: the episode holds no observations (call add_env_reset first)")
+            }
+            EpisodeError::MissingKey(key) => f.write_str(key),
+            EpisodeError::NoExtraToSet { key } => {
+                write!(f, "set_extra_model_outputs: there is no extra model output {key:?} to set")
+            }
+            EpisodeError::ExtraLength { key, items, lookback, steps } => write!(
+                f,
+                "extra_model_outputs[{key:?}]: {items} items after a look-back of {lookback}, but the \
+                 episode has {steps} steps"
+            ),
+            EpisodeError::PopOutOfRange { index, total, field } => {
+                write!(f, "pop index {index} out of range for {total} stored items of the {field}")
+            }
+            EpisodeError::NoData { field } => write!(f, "cannot set the {field}: the field holds no data"),
+            EpisodeError::Column(e) => e.fmt(f),
+            EpisodeError::NotBlank => {
+                f.write_str("_blank_into: the episode holds data; only a blank episode is copied this way")
+            }
+            EpisodeError::NoTypedColumn { field } => write!(
+                f,
+                "_set_compression: the {field} field holds no typed column (give its space, or add data \
+                 that fits one, first)"
+            ),
         }
     }
 }
@@ -65,6 +130,12 @@ impl std::error::Error for EpisodeError {}
 impl From<IndexError> for EpisodeError {
     fn from(e: IndexError) -> Self {
         EpisodeError::Index(e)
+    }
+}
+
+impl From<ColumnError> for EpisodeError {
+    fn from(e: ColumnError) -> Self {
+        EpisodeError::Column(e)
     }
 }
 
@@ -90,6 +161,18 @@ impl<'a> FieldName<'a> {
             ("extra_model_outputs", Some(k)) => FieldName::Extra(k),
             _ => return None,
         })
+    }
+
+    /// The host's name of the field (what [`Self::parse`] takes).
+    #[must_use]
+    pub fn host_name(self) -> &'static str {
+        match self {
+            FieldName::Observations => "observations",
+            FieldName::Infos => "infos",
+            FieldName::Actions => "actions",
+            FieldName::Rewards => "rewards",
+            FieldName::Extra(_) => "extra_model_outputs",
+        }
     }
 
     /// How messages name one item of the field ("observation", "extra model output \"k\"").
@@ -272,7 +355,13 @@ impl<O: Clone, S> SingleAgentCore<O, S> {
     /// Also gives back every buffer's spare capacity: a numpy'd chunk is what a runner
     /// hands out and a learner holds, usually without appending to it again (appending
     /// still works, growing the buffers anew).
+    ///
+    /// Errors: [`EpisodeError::NoObservations`] if the episode holds no observation (not
+    /// even in its look-back), then the errors of [`Self::validate`]; nothing changes then.
     pub fn to_numpy(&mut self) -> Result<(), EpisodeError> {
+        if self.observations.geometry().total == 0 {
+            return Err(EpisodeError::NoObservations);
+        }
         self.validate()?;
         self.shrink_to_fit();
         self.observations.finalized = true;
@@ -362,7 +451,7 @@ impl<O: Clone, S> SingleAgentCore<O, S> {
         if obs != infos {
             return bad(format!("validate: {obs} observations but {infos} infos"));
         }
-        let steps = obs.saturating_sub(1);
+        let steps = self.steps_observed();
         if obs == 0 && (actions != 0 || rewards != 0) || obs > 0 && (actions != steps || rewards != steps) {
             return bad(format!(
                 "validate: {obs} observations/infos need {steps} actions and rewards, \

@@ -4,7 +4,7 @@
 //! written against RLlib (`except AssertionError`, `except ValueError`) keeps working.
 
 use pyo3::create_exception;
-use pyo3::exceptions::{PyAssertionError, PyIndexError, PyValueError};
+use pyo3::exceptions::{PyAssertionError, PyIndexError, PyKeyError, PyValueError};
 use pyo3::types::PyAnyMethods;
 use pyo3::{PyErr, Python};
 
@@ -35,7 +35,20 @@ pub fn index_error(e: &IndexError) -> PyErr {
 pub fn episode_error(e: &EpisodeError) -> PyErr {
     match e {
         EpisodeError::Index(i) => index_error(i),
+        EpisodeError::Column(c) => column_error(c),
+        EpisodeError::DoesNotFit { .. } => SpaceMismatchError::new_err(e.to_string()),
+        EpisodeError::MissingKey(key) => PyKeyError::new_err(key.clone()),
+        EpisodeError::PopOutOfRange { .. } => PyIndexError::new_err(e.to_string()),
+        EpisodeError::NoObservations | EpisodeError::NoData { .. } | EpisodeError::NoTypedColumn { .. } => {
+            PyValueError::new_err(e.to_string())
+        }
         _ => EpisodeStateError::new_err(e.to_string()),
+    }
+}
+
+impl From<EpisodeError> for PyErr {
+    fn from(e: EpisodeError) -> PyErr {
+        episode_error(&e)
     }
 }
 

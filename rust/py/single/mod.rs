@@ -14,18 +14,20 @@ mod writes;
 pub use rows::{ExtraOutputs, LengthGuess, RowSteps};
 pub use writes::{Input, PreparedReset, PreparedStep};
 
-use pyo3::exceptions::{PyIndexError, PyKeyError, PyValueError};
+use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
 use super::object::PyObj;
 use super::spec::{self, Spec};
-use crate::column::{Geometry, PackedParts};
+use crate::column::Geometry;
+use crate::episode::packed;
+pub use crate::episode::perf_counter;
 use crate::episode::read::{self, WriteValues};
-use crate::episode::{Conversion, Field, FieldName, Item, SingleAgentCore, Storage, TypedItem};
-use crate::py::errors::{column_error, episode_error, index_error, EpisodeStateError, SpaceMismatchError};
+use crate::episode::{EpisodeError, Field, FieldName, SingleAgentCore, SplitBatch, StepTimes, TypedItem};
+use crate::py::errors::{column_error, episode_error, index_error};
 use crate::py::index::to_index;
-use writes::{check_set_len, prepare, split_rows, typed_set_leaves};
+use writes::{convert, split_rows, typed_set_leaves};
 
 /// The core episode with Python objects and numpy specs.
 type Core = SingleAgentCore<PyObj, Spec>;
@@ -70,39 +72,24 @@ fn empty_info(py: Python<'_>) -> PyObj {
 #[pyclass(name = "SingleAgentEpisodeCore", module = "fastrollout._core", subclass)]
 pub struct SingleAgentEpisodePy {
     core: Core,
-    /// `time.perf_counter()` values (CLOCK_MONOTONIC) of the first and the last step.
-    #[pyo3(get, set, name = "_start_time")]
-    start_time: Option<f64>,
-    #[pyo3(get, set, name = "_last_step_time")]
-    last_step_time: Option<f64>,
-}
-
-/// Seconds on the clock `time.perf_counter()` reads (CLOCK_MONOTONIC on Linux), so the
-/// values stored in states compare with Python's.
-pub fn perf_counter() -> f64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes one timespec into the valid, exclusively borrowed `ts`.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
-    if rc == 0 {
-        ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
-    } else {
-        0.0
-    }
+    /// `time.perf_counter()` values of the start and the last step (`_start_time`,
+    /// `_last_step_time`).
+    times: StepTimes,
 }
 
 impl SingleAgentEpisodePy {
     /// An episode core holding nothing (what `__new__` makes).
     fn blank() -> Self {
-        SingleAgentEpisodePy { core: Core::default(), start_time: None, last_step_time: None }
+        SingleAgentEpisodePy { core: Core::default(), times: StepTimes::default() }
     }
 
     /// The field `name`; `KeyError` for an extra model output key the episode lacks.
     fn field(&self, name: FieldName<'_>) -> PyResult<&PyField> {
-        self.core.field(name).ok_or_else(|| missing_key(name))
+        Ok(self.core.require(name)?)
     }
 
     fn field_mut(&mut self, name: FieldName<'_>) -> PyResult<&mut PyField> {
-        self.core.field_mut(name).ok_or_else(|| missing_key(name))
+        Ok(self.core.require_mut(name)?)
     }
 
     /// Stores the observations compressed in blocks of `rows` items (`None`: uncompressed),
@@ -117,8 +104,7 @@ impl SingleAgentEpisodePy {
     fn fill_target(target: &Bound<'_, SingleAgentEpisodePy>, core: Core) -> PyResult<()> {
         let mut t = target.try_borrow_mut()?;
         t.core = core;
-        t.start_time = None;
-        t.last_step_time = None;
+        t.times = StepTimes::default();
         Ok(())
     }
 
@@ -294,13 +280,7 @@ impl SingleAgentEpisodePy {
     #[pyo3(signature = (field, rows, key=None))]
     #[pyo3(name = "_set_compression")]
     fn set_compression(&mut self, field: &str, rows: Option<usize>, key: Option<&str>) -> PyResult<()> {
-        if let Storage::Typed { column, .. } = &mut self.field_mut(field_name(field, key)?)?.storage {
-            column.set_compression(rows);
-            return Ok(());
-        }
-        Err(PyValueError::new_err(format!(
-            "_set_compression: the {field} field holds no typed column (give its space, or add data that fits one, first)"
-        )))
+        Ok(self.core.set_field_compression(field_name(field, key)?, rows)?)
     }
 
     /// A compressed field's items as they are stored, for pickling and copies: a dict of
@@ -316,16 +296,21 @@ impl SingleAgentEpisodePy {
     ) -> PyResult<Option<Bound<'py, PyDict>>> {
         let Some(p) = self.field(field_name(field, key)?)?.packed_parts() else { return Ok(None) };
         let bytes = |b: &Vec<u8>| PyBytes::new(py, b);
-        let blocks: Vec<Vec<Bound<'py, PyBytes>>> =
-            p.blocks.iter().map(|l| l.iter().map(bytes).collect()).collect();
         let state = PyDict::new(py);
-        state.set_item("rows", p.rows)?;
-        state.set_item("sealed", p.sealed)?;
-        state.set_item("closed", p.closed)?;
-        state.set_item("blocks", blocks)?;
-        state.set_item("raw", p.raw.iter().map(bytes).collect::<Vec<_>>())?;
-        state.set_item("total", p.total)?;
-        state.set_item("lookback", p.lookback)?;
+        for (name, entry) in packed::entries(&p) {
+            match entry {
+                packed::Entry::Count(n) => state.set_item(name, n)?,
+                packed::Entry::Flag(b) => state.set_item(name, b)?,
+                packed::Entry::Blocks(leaves) => {
+                    let blocks: Vec<Vec<Bound<'py, PyBytes>>> =
+                        leaves.iter().map(|l| l.iter().map(bytes).collect()).collect();
+                    state.set_item(name, blocks)?;
+                }
+                packed::Entry::Raw(leaves) => {
+                    state.set_item(name, leaves.iter().map(bytes).collect::<Vec<_>>())?;
+                }
+            }
+        }
         Ok(Some(state))
     }
 
@@ -345,16 +330,7 @@ impl SingleAgentEpisodePy {
         finalized: bool,
         key: Option<&str>,
     ) -> PyResult<()> {
-        let get = |k: &str| state.as_any().get_item(k);
-        let parts = PackedParts {
-            rows: get("rows")?.extract()?,
-            sealed: get("sealed")?.extract()?,
-            closed: get("closed")?.extract()?,
-            blocks: get("blocks")?.extract()?,
-            raw: get("raw")?.extract()?,
-            total: get("total")?.extract()?,
-            lookback: get("lookback")?.extract()?,
-        };
+        let parts = packed::from_state(&PackedDict(state))?;
         let f = self.field_mut(field_name(field, key)?)?;
         f.set_packed_parts(parts).map_err(|e| column_error(&e))?;
         f.finalized = finalized;
@@ -399,14 +375,8 @@ impl SingleAgentEpisodePy {
     ///     KeyError: For an unknown extra model output key.
     #[pyo3(name = "_pop", signature = (field, index=-1, key=None))]
     fn pop(&mut self, field: &str, index: i64, key: Option<&str>) -> PyResult<()> {
-        let f = self.field_mut(field_name(field, key)?)?;
-        let total = f.geometry().total;
-        match f.pop(index) {
-            Some(_) => Ok(()),
-            None => Err(pyo3::exceptions::PyIndexError::new_err(format!(
-                "pop index {index} out of range for {total} stored items of the {field}"
-            ))),
-        }
+        self.core.pop(field_name(field, key)?, index)?;
+        Ok(())
     }
 
     /// Removes the extra model output `key`.
@@ -418,7 +388,7 @@ impl SingleAgentEpisodePy {
         if self.core.remove_extra(key) {
             Ok(())
         } else {
-            Err(PyKeyError::new_err(key.to_string()))
+            Err(EpisodeError::MissingKey(key.to_string()).into())
         }
     }
 
@@ -475,12 +445,7 @@ impl SingleAgentEpisodePy {
     /// holds no observation at all.
     #[allow(clippy::wrong_self_convention)] // RLlib's method name
     fn to_numpy(mut slf: PyRefMut<'_, Self>) -> PyResult<PyRefMut<'_, Self>> {
-        if slf.core.observations.geometry().total == 0 {
-            return Err(PyValueError::new_err(
-                "to_numpy: the episode holds no observations (call add_env_reset first)",
-            ));
-        }
-        slf.core.to_numpy().map_err(|e| episode_error(&e))?;
+        slf.core.to_numpy()?;
         Ok(slf)
     }
 
@@ -507,12 +472,7 @@ impl SingleAgentEpisodePy {
     ///     EpisodeStateError: If this episode was already reset.
     #[pyo3(name = "_blank_into")]
     fn blank_into(&self, target: &Bound<'_, SingleAgentEpisodePy>) -> PyResult<()> {
-        if self.core.is_reset() {
-            return Err(EpisodeStateError::new_err(
-                "_blank_into: the episode holds data; only a blank episode is copied this way",
-            ));
-        }
-        Self::fill_target(target, self.core.clone())
+        Self::fill_target(target, self.core.blank_copy()?)
     }
 
     /// Writes the successor chunk of `cut(len_lookback_buffer)` into `target`, a fresh
@@ -544,9 +504,6 @@ impl SingleAgentEpisodePy {
         step: Option<i64>,
         len_lookback_buffer: Option<usize>,
     ) -> PyResult<()> {
-        if step == Some(0) {
-            return Err(PyValueError::new_err("slice step cannot be zero"));
-        }
         let core = self.core.slice_sharing_infos(start, stop, step, len_lookback_buffer, || empty_info(py));
         let core = core.map_err(|e| episode_error(&e))?;
         Self::fill_target(target, core)
@@ -674,12 +631,7 @@ impl SingleAgentEpisodePy {
         at_indices: Option<&Bound<'_, PyAny>>,
         neg_index_as_lookback: bool,
     ) -> PyResult<()> {
-        if self.core.extra(key).is_none() {
-            // RLlib asserts the key exists before setting (reads raise KeyError instead).
-            return Err(EpisodeStateError::new_err(format!(
-                "set_extra_model_outputs: there is no extra model output {key:?} to set"
-            )));
-        }
+        self.core.check_set_extra(key)?;
         self.set("extra_model_outputs", new_data, Some(key), at_indices, neg_index_as_lookback)
     }
 
@@ -717,10 +669,27 @@ impl SingleAgentEpisodePy {
 
     /// Seconds between the reset (or first step) and the last step; 0.0 before a step.
     fn get_duration_s(&self) -> f64 {
-        match (self.start_time, self.last_step_time) {
-            (Some(start), Some(last)) => last - start,
-            _ => 0.0,
-        }
+        self.times.duration_s()
+    }
+
+    #[getter(_start_time)]
+    fn start_time(&self) -> Option<f64> {
+        self.times.start
+    }
+
+    #[setter(_start_time)]
+    fn set_start_time(&mut self, value: Option<f64>) {
+        self.times.start = value;
+    }
+
+    #[getter(_last_step_time)]
+    fn last_step_time(&self) -> Option<f64> {
+        self.times.last_step
+    }
+
+    #[setter(_last_step_time)]
+    fn set_last_step_time(&mut self, value: Option<f64>) {
+        self.times.last_step = value;
     }
 
     /// Appends `data` (a list of items, or a batch: an ndarray / dict of ndarrays with the
@@ -735,29 +704,7 @@ impl SingleAgentEpisodePy {
         data: &Bound<'_, PyAny>,
         key: Option<&str>,
     ) -> PyResult<()> {
-        let name = field_name(field, key)?;
-        if let FieldName::Extra(k) = name {
-            self.core.extra_or_insert(k);
-        }
-        // A Python list holds items; anything else (an array, or a dict/tuple of arrays for
-        // a nested space) is a batch with the items on its first axis, as RLlib's buffers
-        // hold them once numpy'd.
-        let is_list = data.cast::<PyList>().is_ok();
-        let items: Vec<Bound<'_, PyAny>> =
-            if is_list { data.try_iter()?.collect::<PyResult<_>>()? } else { split_rows(data)? };
-        for item in &items {
-            let item = match name {
-                FieldName::Infos => Item::Object(PyObj(item.clone().unbind())),
-                _ => prepare(item, self.field(name)?, name)?,
-            };
-            if !self.field_mut(name)?.push(item, |t| to_object(py, t)) {
-                return Err(does_not_fit(name));
-            }
-        }
-        if !is_list && name != FieldName::Infos {
-            self.field_mut(name)?.finalized = true;
-        }
-        Ok(())
+        extend_core(&mut self.core, py, field_name(field, key)?, data)
     }
 
     /// Makes `data` (a list of items, or a batch: an array or a dict/tuple of arrays with
@@ -776,22 +723,11 @@ impl SingleAgentEpisodePy {
         data: &Bound<'_, PyAny>,
         lookback: usize,
     ) -> PyResult<()> {
-        // Built in a scratch episode, with the same conversions as `_extend`'s.
-        let mut scratch = SingleAgentEpisodePy::blank();
-        scratch.extend(py, "extra_model_outputs", data, Some(key))?;
-        let mut field = scratch.field(FieldName::Extra(key))?.clone();
-        field.set_lookback(lookback);
-        let steps = self.core.observations.len().saturating_sub(1);
-        if field.len() != steps {
-            return Err(EpisodeStateError::new_err(format!(
-                "extra_model_outputs[{key:?}]: {} items after a look-back of {}, but the \
-                 episode has {steps} steps",
-                field.len(),
-                field.lookback()
-            )));
-        }
-        *self.core.extra_or_insert(key) = field;
-        Ok(())
+        // Converted in a scratch episode, as `_extend` converts.
+        let mut scratch = Core::default();
+        extend_core(&mut scratch, py, FieldName::Extra(key), data)?;
+        let field = std::mem::take(scratch.extra_or_insert(key));
+        Ok(self.core.put_extra(key, field, lookback)?)
     }
 
     /// Reads a field with RLlib's index semantics.
@@ -853,9 +789,10 @@ impl SingleAgentEpisodePy {
             read::plan_write(self.field(name)?, &to_index(at_indices)?, neg_index_as_lookback, is_list)
                 .map_err(|e| index_error(&e))?;
         let positions = plan.positions;
-        // The new items, one Python value each (or one batch).
-        let mut values: Option<Vec<Bound<'_, PyAny>>> = match plan.values {
-            WriteValues::One => Some(vec![new_data.clone()]),
+        // The new items, one Python value each (or one batch), and how many the data holds
+        // where it says.
+        let (values, given): (Option<Vec<Bound<'_, PyAny>>>, Option<usize>) = match plan.values {
+            WriteValues::One => (Some(vec![new_data.clone()]), None),
             WriteValues::PerItem => {
                 let vals = (0..positions.len()).map(|i| new_data.get_item(i)).collect::<PyResult<Vec<_>>>();
                 let vals = vals.map_err(|_| {
@@ -865,73 +802,70 @@ impl SingleAgentEpisodePy {
                         new_data.repr().map(|r| r.to_string()).unwrap_or_default()
                     ))
                 })?;
-                if let Ok(n) = new_data.len() {
-                    check_set_len(positions.len(), n)?;
-                }
-                Some(vals)
+                (Some(vals), new_data.len().ok())
             }
-            WriteValues::Batch => None,
+            WriteValues::Batch => (None, None),
         };
-        let f = self.field(name)?;
-        let strict = match f.conversion() {
-            Conversion::Bytes { strict, .. } => Some(strict),
-            _ => None,
+        let py = new_data.py();
+        let selected = positions.len();
+        let typed = |spec: &Spec| typed_set_leaves(spec, values.as_deref(), new_data, selected, name);
+        // Data that is not one value per position: a batch split into rows as `_extend`
+        // splits it, or a sequence of items.
+        let objects = |split: SplitBatch| -> PyResult<Vec<PyObj>> {
+            let values = match (values.clone(), split) {
+                (Some(v), _) => v,
+                (None, SplitBatch::Rows) => split_rows(new_data)?,
+                (None, SplitBatch::Items) => new_data.try_iter()?.collect::<PyResult<_>>()?,
+            };
+            Ok(values.into_iter().map(|v| PyObj(v.unbind())).collect())
         };
-        if let (Some(strict), Some(spec)) = (strict, f.spec.clone()) {
-            match typed_set_leaves(&spec, values.as_deref(), new_data, positions.len(), name) {
-                Ok(leaves) => {
-                    let Storage::Typed { column, .. } = &mut self.field_mut(name)?.storage else {
-                        return Err(PyValueError::new_err("internal error: typed field changed"));
-                    };
-                    let refs: Vec<&[u8]> = leaves.iter().map(Vec::as_slice).collect();
-                    return column.overwrite_many(&positions, &refs).map_err(|e| column_error(&e));
-                }
-                Err(e) if strict => return Err(e),
-                Err(_) => {
-                    // A value that does not fit the layout inferred from the first item
-                    // (a float into ints, another shape): the field keeps Python objects
-                    // from now on, as `add_env_step` does with such a value. The values
-                    // are counted first: a wrong number of them changes nothing.
-                    let vals = match values {
-                        Some(v) => v,
-                        None if is_list => new_data.try_iter()?.collect::<PyResult<Vec<_>>>()?,
-                        None => split_rows(new_data)?,
-                    };
-                    check_set_len(positions.len(), vals.len())?;
-                    self.field_mut(name)?.make_objects(|t| to_object(new_data.py(), t));
-                    values = Some(vals);
-                }
-            }
-        }
-        if !matches!(self.field(name)?.storage, Storage::Objects { .. } | Storage::Sparse { .. }) {
-            if positions.is_empty() {
-                return Ok(());
-            }
-            let label = name.label();
-            return Err(PyValueError::new_err(format!("cannot set the {label}: the field holds no data")));
-        }
-        let vals = match values {
-            Some(v) => v,
-            None => new_data.try_iter()?.collect::<PyResult<Vec<_>>>()?,
-        };
-        check_set_len(positions.len(), vals.len())?;
-        let f = self.field_mut(name)?;
-        for (p, v) in positions.iter().zip(vals) {
-            f.set_object(*p, PyObj(v.unbind()));
-        }
-        Ok(())
+        self.core.set_items(name, &positions, given, typed, objects, |t| to_object(py, t))
     }
 }
 
-/// The `SpaceMismatchError` for an item that its field's column does not take.
-fn does_not_fit(name: FieldName<'_>) -> PyErr {
-    SpaceMismatchError::new_err(format!("{} does not fit its column", name.label()))
+/// Appends `data` (a Python list of items, or a batch) to field `name` of `core`.
+fn extend_core(
+    core: &mut Core,
+    py: Python<'_>,
+    name: FieldName<'_>,
+    data: &Bound<'_, PyAny>,
+) -> PyResult<()> {
+    // A Python list holds items; anything else (an array, or a dict/tuple of arrays for a
+    // nested space) is a batch with the items on its first axis, as RLlib's buffers hold
+    // them once numpy'd.
+    let batch = data.cast::<PyList>().is_err();
+    let values = || -> PyResult<Vec<Bound<'_, PyAny>>> {
+        if batch {
+            split_rows(data)
+        } else {
+            data.try_iter()?.collect()
+        }
+    };
+    core.extend(name, batch, values, |v, c| convert(&v, c, name), |t| to_object(py, t))
 }
 
-/// The `KeyError` for a field the episode lacks (only extra model outputs can be missing).
-fn missing_key(name: FieldName<'_>) -> PyErr {
-    match name {
-        FieldName::Extra(k) => PyKeyError::new_err(k.to_string()),
-        _ => PyKeyError::new_err(name.label()),
+/// A packed field's state as the dict `_packed_state` returns.
+struct PackedDict<'a, 'py>(&'a Bound<'py, PyDict>);
+
+impl PackedDict<'_, '_> {
+    /// Entry `key`; `KeyError` if the dict lacks it.
+    fn get<T: for<'a, 'py> FromPyObject<'a, 'py, Error = PyErr>>(&self, key: &str) -> PyResult<T> {
+        self.0.as_any().get_item(key)?.extract()
+    }
+}
+
+impl packed::State for PackedDict<'_, '_> {
+    type Error = PyErr;
+    fn count(&self, key: &'static str) -> PyResult<usize> {
+        self.get(key)
+    }
+    fn flag(&self, key: &'static str) -> PyResult<bool> {
+        self.get(key)
+    }
+    fn blocks(&self, key: &'static str) -> PyResult<Vec<Vec<Vec<u8>>>> {
+        self.get(key)
+    }
+    fn raw(&self, key: &'static str) -> PyResult<Vec<Vec<u8>>> {
+        self.get(key)
     }
 }

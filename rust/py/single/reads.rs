@@ -6,10 +6,10 @@ use pyo3::prelude::*;
 use pyo3::types::PyList;
 
 use super::writes::prepare;
-use super::{does_not_fit, empty_info, to_object, FieldName, PyField, SingleAgentEpisodePy};
+use super::{empty_info, to_object, FieldName, PyField, SingleAgentEpisodePy};
 use crate::column::{Column, Pos, Resolved};
 use crate::episode::read::{self, BatchFill, FillSpec, Form, LeafDtype, ReadArgs, ReadError, ReadPlan};
-use crate::episode::{Field, Storage};
+use crate::episode::{EpisodeError, Field, Storage};
 use crate::py::errors::index_error;
 use crate::py::index::to_index;
 use crate::py::spec::{self, Spec};
@@ -46,11 +46,11 @@ impl SingleAgentEpisodePy {
         add_last: Option<&Bound<'_, PyAny>>,
         ignore_last: bool,
     ) -> PyResult<PyField> {
-        let mut view = self.core.view(name, ignore_last).ok_or_else(|| super::missing_key(name))?;
+        let mut view = self.core.view(name, ignore_last).ok_or(EpisodeError::MissingKey(name.label()))?;
         if let Some(value) = add_last {
             let item = prepare(value, &view, name)?;
             if !view.push(item, |t| to_object(py, t)) {
-                return Err(does_not_fit(name));
+                return Err(EpisodeError::DoesNotFit { field: name.label() }.into());
             }
         }
         Ok(view)
@@ -189,13 +189,8 @@ impl SingleAgentEpisodePy {
         let mut viewed = view(self)?;
         let plan =
             self.plan_read(name, viewed.as_ref().map_or_else(|| self.field_or(name, empty), Ok)?, &args)?;
-        if name == FieldName::Infos {
-            // A view's absent infos are made in this episode (positions past its items are
-            // skipped), then seen through a new view.
-            self.core.infos.materialize(&plan.stored_positions(), || empty_info(py));
-            if viewed.is_some() {
-                viewed = view(self)?;
-            }
+        if self.core.share_read_infos(name, &plan, || empty_info(py)) && viewed.is_some() {
+            viewed = view(self)?;
         }
         Self::execute(py, viewed.as_ref().map_or_else(|| self.field_or(name, empty), Ok)?, &plan, fill)
     }

@@ -8,9 +8,9 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
 
-use super::{info_or_absent, perf_counter, to_object, FieldName, PyField, SingleAgentEpisodePy};
+use super::{info_or_absent, to_object, FieldName, PyField, SingleAgentEpisodePy};
 use crate::column::ColumnError;
-use crate::episode::{Conversion, Field, Item, Step};
+use crate::episode::{perf_counter, Conversion, Field, Item, Step};
 use crate::py::errors::{column_error, episode_error};
 use crate::py::object::PyObj;
 use crate::py::spec::{self, LeafBytes, Spec};
@@ -24,9 +24,18 @@ pub(super) fn prepare<'py>(
     field: &PyField,
     name: FieldName<'_>,
 ) -> PyResult<PyItem<'py>> {
+    convert(value, field.conversion(), name)
+}
+
+/// Converts one value as `conversion` says (`name`: the field, for messages).
+pub(super) fn convert<'py>(
+    value: &Bound<'py, PyAny>,
+    conversion: Conversion<'_, Spec>,
+    name: FieldName<'_>,
+) -> PyResult<PyItem<'py>> {
     let object = || Item::Object(PyObj(value.clone().unbind()));
     let views = |spec: &Spec| spec::to_leaf_views(spec, value, None, &|| name.label());
-    match field.conversion() {
+    match conversion {
         Conversion::Object => Ok(object()),
         Conversion::Bytes { spec, strict } => match views(spec) {
             Ok(leaves) => Ok(Item::Bytes(leaves)),
@@ -219,7 +228,7 @@ impl SingleAgentEpisodePy {
         self.core
             .add_reset(prepared.0, info_or_absent(infos), |t| to_object(py, t))
             .map_err(|e| episode_error(&e))?;
-        self.start_time = Some(perf_counter());
+        self.times.reset(perf_counter());
         Ok(())
     }
 
@@ -312,7 +321,6 @@ impl SingleAgentEpisodePy {
 
     /// Records `now` as the last step's time (and the start's, at the first step).
     pub(super) fn stamp_step(&mut self, now: f64) {
-        self.last_step_time = Some(now);
-        self.start_time.get_or_insert(now);
+        self.times.step(now);
     }
 }
