@@ -35,12 +35,14 @@ pub enum MetricsError {
     Value(String),
     /// A key that is not there (Python `KeyError`).
     Key(String),
+    /// An argument of the wrong kind (Python `TypeError`).
+    Type(String),
 }
 
 impl std::fmt::Display for MetricsError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            MetricsError::Value(m) | MetricsError::Key(m) => f.write_str(m),
+            MetricsError::Value(m) | MetricsError::Key(m) | MetricsError::Type(m) => f.write_str(m),
         }
     }
 }

@@ -415,7 +415,7 @@ impl<T: Clone> Store<T> {
         }
         let with_key = |path: &[KeyPart], e: MetricsError| match e {
             MetricsError::Value(m) => MetricsError::Value(format!("key {}: {m}", key_repr(path))),
-            other @ MetricsError::Key(_) => other,
+            other @ (MetricsError::Key(_) | MetricsError::Type(_)) => other,
         };
         for (path, config, incoming) in &groups {
             let checked = match self.find(path) {

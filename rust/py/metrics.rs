@@ -36,6 +36,7 @@ impl From<MetricsError> for PyErr {
         match e {
             MetricsError::Value(m) => PyValueError::new_err(m),
             MetricsError::Key(m) => PyKeyError::new_err(m),
+            MetricsError::Type(m) => PyTypeError::new_err(m),
         }
     }
 }
@@ -129,27 +130,9 @@ impl RawOptions<'_, '_> {
             .map(PyAnyMethods::extract::<String>)
             .transpose()
             .map_err(|_| PyTypeError::new_err("reduce must be a str naming the reduction method"))?;
-        let window = given(self.window)
-            .map(|w| {
-                if w.is_instance_of::<PyBool>() {
-                    Err(PyTypeError::new_err("window must be an int"))
-                } else if let Ok(i) = w.extract::<i64>() {
-                    Ok(WindowArg::Int(i))
-                } else if let Ok(f) = w.extract::<f64>() {
-                    Ok(WindowArg::Float(f))
-                } else {
-                    Err(PyTypeError::new_err(format!("window must be an int, got {}", w.get_type().name()?)))
-                }
-            })
-            .transpose()?;
+        let window = given(self.window).map(window_arg).transpose()?;
         let ema_coeff = given(self.ema_coeff).map(PyAnyMethods::extract::<f64>).transpose()?;
-        let percentiles = match given(self.percentiles) {
-            None => None,
-            Some(p) if p.is_instance_of::<PyBool>() => p.is_truthy()?.then_some(PercentilesArg::Default),
-            Some(p) => Some(PercentilesArg::List(p.extract::<Vec<f64>>().map_err(|_| {
-                PyTypeError::new_err("percentiles must be a list of numbers in [0, 100] or True")
-            })?)),
-        };
+        let percentiles = given(self.percentiles).map(percentiles_arg).transpose()?;
         let flag = |o: Option<&Bound<'_, PyAny>>| given(o).map(PyAnyMethods::is_truthy).transpose();
         Ok(Config::resolve(&Options {
             reduce,
@@ -160,6 +143,28 @@ impl RawOptions<'_, '_> {
             clear_on_reduce: flag(self.clear_on_reduce)?,
         })?)
     }
+}
+
+fn window_arg(w: &Bound<'_, PyAny>) -> PyResult<WindowArg> {
+    if let Ok(b) = w.cast::<PyBool>() {
+        Ok(WindowArg::Bool(b.is_true()))
+    } else if let Ok(i) = w.extract::<i64>() {
+        Ok(WindowArg::Int(i))
+    } else if let Ok(f) = w.extract::<f64>() {
+        Ok(WindowArg::Float(f))
+    } else {
+        Err(PyTypeError::new_err(format!("window must be an int, got {}", w.get_type().name()?)))
+    }
+}
+
+fn percentiles_arg(p: &Bound<'_, PyAny>) -> PyResult<PercentilesArg> {
+    if let Ok(b) = p.cast::<PyBool>() {
+        return Ok(PercentilesArg::Bool(b.is_true()));
+    }
+    let list = p.extract::<Vec<f64>>();
+    Ok(PercentilesArg::List(
+        list.map_err(|_| PyTypeError::new_err("percentiles must be a list of numbers in [0, 100] or True"))?,
+    ))
 }
 
 fn is_torch_tensor(v: &Bound<'_, PyAny>) -> bool {
