@@ -1,59 +1,9 @@
 //! What one stat's `reduce()` returns (a snapshot: its configuration and reduced payload),
-//! how snapshots read as numbers, and the fields of the checkpoint state of stats and
-//! snapshots.
+//! how snapshots read as numbers, and their checkpoint state.
 
 use super::config::{Config, Reduce};
-use super::stat::{peek_payload, Payload, Peeked, Stat, StatState};
-
-/// A field of a stat's or a snapshot's state besides its configuration (and its name there).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StateField {
-    Values,
-    Value,
-    Count,
-    Merged,
-    Item,
-    Items,
-}
-
-impl StateField {
-    /// Every field, in the state's order: a stat's state carries them all.
-    pub const ALL: [StateField; 6] = [
-        StateField::Values,
-        StateField::Value,
-        StateField::Count,
-        StateField::Merged,
-        StateField::Item,
-        StateField::Items,
-    ];
-
-    /// The field's key in the state.
-    #[must_use]
-    pub fn name(self) -> &'static str {
-        match self {
-            StateField::Values => "values",
-            StateField::Value => "value",
-            StateField::Count => "count",
-            StateField::Merged => "merged",
-            StateField::Item => "item",
-            StateField::Items => "items",
-        }
-    }
-
-    /// The fields the state of a snapshot of `reduce` carries (its payload, no more).
-    #[must_use]
-    pub fn of_snapshot(reduce: Reduce) -> &'static [StateField] {
-        match reduce {
-            Reduce::Min | Reduce::Max | Reduce::Sum | Reduce::Ema | Reduce::LifetimeSum => {
-                &[StateField::Value]
-            }
-            Reduce::Mean => &[StateField::Value, StateField::Count],
-            Reduce::Percentiles => &[StateField::Values],
-            Reduce::Item => &[StateField::Item],
-            Reduce::ItemSeries => &[StateField::Items],
-        }
-    }
-}
+use super::stat::{peek_payload, Payload, Peeked, Stat};
+use super::state::StatState;
 
 /// One stat's reduction: what `MetricsLogger.reduce()` returns per key and `aggregate()`
 /// merges (RLlib: the reduced Stats clone).
@@ -97,7 +47,7 @@ impl<T: Clone> Snapshot<T> {
         }
     }
 
-    /// The checkpoint state: configuration and payload fields ([`StateField::of_snapshot`]).
+    /// The checkpoint state: configuration and payload fields ([`super::StateField::of_snapshot`]).
     #[must_use]
     pub fn to_state(&self) -> StatState<T> {
         let mut st = StatState::new(self.config.clone(), self.is_root, self.is_leaf);
@@ -210,16 +160,6 @@ mod tests {
         assert_eq!(p.to_state().values, vec![1.0, 2.0, 3.0]);
         let items = Snapshot { payload: Payload::Items(vec![7, 8]), ..mean_of(&[]) };
         assert_eq!(items.to_state().items, vec![7, 8]);
-    }
-
-    #[test]
-    fn snapshot_fields_follow_the_reduction() {
-        assert_eq!(StateField::of_snapshot(Reduce::Mean), &[StateField::Value, StateField::Count]);
-        assert_eq!(StateField::of_snapshot(Reduce::LifetimeSum), &[StateField::Value]);
-        assert_eq!(StateField::of_snapshot(Reduce::Percentiles), &[StateField::Values]);
-        assert_eq!(StateField::of_snapshot(Reduce::ItemSeries), &[StateField::Items]);
-        let names: Vec<&str> = StateField::ALL.iter().map(|f| f.name()).collect();
-        assert_eq!(names, ["values", "value", "count", "merged", "item", "items"]);
     }
 
     #[test]

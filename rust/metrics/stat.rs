@@ -11,6 +11,7 @@
 use std::collections::VecDeque;
 
 use super::config::{Config, Reduce};
+use super::state::StatState;
 use super::window::{percentile, Ring, SortedValues};
 use super::{value_err, MetricsError};
 
@@ -165,42 +166,6 @@ enum Data<T> {
         items: VecDeque<T>,
         window: Option<usize>,
     },
-}
-
-/// A stat's content, for checkpoints (`get_state` / `set_state`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct StatState<T> {
-    pub config: Config,
-    pub is_root: bool,
-    pub is_leaf: bool,
-    /// Windowed values (oldest first), or percentile values.
-    pub values: Vec<f64>,
-    /// Running value: min/max/sum/mean accumulator, EMA, lifetime sum.
-    pub value: f64,
-    /// Weight behind `value` (min/max/sum/mean accumulators).
-    pub count: f64,
-    /// Aggregating EMA: (incoming count, non-NaN sum, non-NaN count).
-    pub merged: Option<(f64, f64, f64)>,
-    pub item: Option<T>,
-    pub items: Vec<T>,
-}
-
-impl<T> StatState<T> {
-    /// The state of an empty stat: no values, a NaN running value, no items.
-    #[must_use]
-    pub fn new(config: Config, is_root: bool, is_leaf: bool) -> StatState<T> {
-        StatState {
-            config,
-            is_root,
-            is_leaf,
-            values: Vec::new(),
-            value: f64::NAN,
-            count: 0.0,
-            merged: None,
-            item: None,
-            items: Vec::new(),
-        }
-    }
 }
 
 /// `(percentile, value)` pairs of ascending `sorted` for the configured `percentiles`.

@@ -8,7 +8,8 @@ use std::collections::HashMap;
 
 use super::config::Config;
 use super::snapshot::Snapshot;
-use super::stat::{Payload, Stat, StatState, Throughput};
+use super::stat::{Payload, Stat, Throughput};
+use super::state::StatState;
 use super::MetricsError;
 
 /// One part of a nested key.

@@ -25,8 +25,9 @@ use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use super::object::PyObj;
 use crate::metrics::store::{key_repr, Found};
 use crate::metrics::{
-    check_key, Arith, Config, Deferred, DeprecatedOptions, KeyPart, MetricsError, Options, Peeked,
-    PercentilesArg, Reduce, Snapshot, Stat, StatState, StateField, Store, Throughput, Tree, Value, WindowArg,
+    check_key, Arith, Config, Deferred, DeprecatedOptions, FieldSource, FieldValue, KeyPart, MetricsError,
+    Options, Peeked, PercentilesArg, Reduce, Snapshot, Stat, StatState, StateField, Store, Throughput, Tree,
+    Value, WindowArg,
 };
 
 type PyStat = Stat<PyObj>;
@@ -248,70 +249,63 @@ fn percentile_key(py: Python<'_>, p: f64) -> PyResult<Bound<'_, PyAny>> {
     }
 }
 
-fn req<'py>(d: &Bound<'py, PyDict>, k: &str) -> PyResult<Bound<'py, PyAny>> {
-    d.get_item(k)?.ok_or_else(|| PyKeyError::new_err(format!("state is missing {k:?}")))
-}
-
-/// A state as a dict: the configuration, `is_root`, `is_leaf`, then `fields`.
+/// A state as a dict of its named fields (the layout is the core's `StatState::to_fields`).
 fn state_dict<'py>(
     py: Python<'py>,
-    st: &StatState<PyObj>,
-    fields: &[StateField],
+    fields: Vec<(&str, FieldValue<'_, PyObj>)>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let (d, c) = (PyDict::new(py), &st.config);
-    d.set_item("reduce", c.reduce.name())?;
-    d.set_item("window", c.window)?;
-    d.set_item("ema_coeff", c.ema_coeff)?;
-    d.set_item("percentiles", c.percentiles.as_slice())?;
-    d.set_item("with_throughput", c.with_throughput)?;
-    d.set_item("is_root", st.is_root)?;
-    d.set_item("is_leaf", st.is_leaf)?;
-    for &f in fields {
-        match f {
-            StateField::Values => d.set_item(f.name(), st.values.as_slice()),
-            StateField::Value => d.set_item(f.name(), st.value),
-            StateField::Count => d.set_item(f.name(), st.count),
-            StateField::Merged => d.set_item(f.name(), st.merged),
-            StateField::Item => d.set_item(f.name(), obj_or_none(py, st.item.as_ref())),
-            StateField::Items => d.set_item(f.name(), objs_list(py, &st.items)?),
+    let d = PyDict::new(py);
+    for (name, v) in fields {
+        match v {
+            FieldValue::Str(s) => d.set_item(name, s),
+            FieldValue::Window(w) => d.set_item(name, w),
+            FieldValue::Float(f) => d.set_item(name, f),
+            FieldValue::Floats(fs) => d.set_item(name, fs),
+            FieldValue::Flag(b) => d.set_item(name, b),
+            FieldValue::Merged(m) => d.set_item(name, m),
+            FieldValue::Item(i) => d.set_item(name, obj_or_none(py, i)),
+            FieldValue::Items(items) => d.set_item(name, objs_list(py, items)?),
         }?;
     }
     Ok(d)
 }
 
-/// A state from its dict (see `state_dict`), with the fields its reduction has.
-fn state_from(
-    d: &Bound<'_, PyDict>,
-    fields: fn(Reduce) -> &'static [StateField],
-) -> PyResult<StatState<PyObj>> {
-    let name: String = req(d, "reduce")?.extract()?;
-    let config = Config::from_state(
-        &name,
-        req(d, "window")?.extract()?,
-        req(d, "ema_coeff")?.extract()?,
-        req(d, "percentiles")?.extract()?,
-        req(d, "with_throughput")?.extract()?,
-    )?;
-    let fields = fields(config.reduce);
-    let mut st = StatState::new(config, req(d, "is_root")?.extract()?, req(d, "is_leaf")?.extract()?);
-    for &f in fields {
-        let v = req(d, f.name())?;
-        match f {
-            StateField::Values => st.values = v.extract()?,
-            StateField::Value => st.value = v.extract()?,
-            StateField::Count => st.count = v.extract()?,
-            StateField::Merged => st.merged = v.extract()?,
-            StateField::Item => st.item = (!v.is_none()).then(|| PyObj(v.unbind())),
-            StateField::Items => {
-                st.items = v.try_iter()?.map(|o| Ok(PyObj(o?.unbind()))).collect::<PyResult<_>>()?;
-            }
-        }
+/// A state's dict (see `state_dict`), read field by field by `StatState::from_fields`.
+struct StateDict<'a, 'py>(&'a Bound<'py, PyDict>);
+
+impl StateDict<'_, '_> {
+    fn req(&self, k: &str) -> PyResult<Bound<'_, PyAny>> {
+        self.0.get_item(k)?.ok_or_else(|| PyKeyError::new_err(format!("state is missing {k:?}")))
     }
-    Ok(st)
 }
 
-fn all_fields(_: Reduce) -> &'static [StateField] {
-    &StateField::ALL
+impl FieldSource<PyObj> for StateDict<'_, '_> {
+    type Error = PyErr;
+    fn str(&self, name: &'static str) -> PyResult<String> {
+        self.req(name)?.extract()
+    }
+    fn window(&self, name: &'static str) -> PyResult<Option<usize>> {
+        self.req(name)?.extract()
+    }
+    fn float(&self, name: &'static str) -> PyResult<f64> {
+        self.req(name)?.extract()
+    }
+    fn floats(&self, name: &'static str) -> PyResult<Vec<f64>> {
+        self.req(name)?.extract()
+    }
+    fn flag(&self, name: &'static str) -> PyResult<bool> {
+        self.req(name)?.extract()
+    }
+    fn merged(&self, name: &'static str) -> PyResult<Option<(f64, f64, f64)>> {
+        self.req(name)?.extract()
+    }
+    fn item(&self, name: &'static str) -> PyResult<Option<PyObj>> {
+        let v = self.req(name)?;
+        Ok((!v.is_none()).then(|| PyObj(v.unbind())))
+    }
+    fn items(&self, name: &'static str) -> PyResult<Vec<PyObj>> {
+        self.req(name)?.try_iter()?.map(|o| Ok(PyObj(o?.unbind()))).collect()
+    }
 }
 
 /// What one stat's `reduce()` returned: its configuration and reduced content.
@@ -479,13 +473,14 @@ impl StatsSnapshotPy {
 
     /// The snapshot as a dict of plain Python values.
     fn get_state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        state_dict(py, &self.0.to_state(), StateField::of_snapshot(self.0.config.reduce))
+        state_dict(py, self.0.to_state().to_fields(StateField::of_snapshot(self.0.config.reduce)))
     }
 
     /// A snapshot from `get_state()`'s dict.
     #[staticmethod]
     fn from_state(state: &Bound<'_, PyDict>) -> PyResult<StatsSnapshotPy> {
-        Ok(StatsSnapshotPy(Snapshot::from_state(state_from(state, StateField::of_snapshot)?)))
+        let st = StatState::from_fields(&StateDict(state), StateField::of_snapshot)?;
+        Ok(StatsSnapshotPy(Snapshot::from_state(st)))
     }
 
     fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (Bound<'py, PyDict>,))> {
@@ -881,7 +876,7 @@ impl MetricsStorePy {
         };
         let list = PyList::empty(py);
         for (path, st) in &states {
-            list.append((key_tuple(py, path)?, state_dict(py, st, &StateField::ALL)?))?;
+            list.append((key_tuple(py, path)?, state_dict(py, st.to_fields(&StateField::ALL))?))?;
         }
         let d = PyDict::new(py);
         d.set_item("stats", list)?;
@@ -894,7 +889,7 @@ impl MetricsStorePy {
         let mut states = Vec::new();
         for e in state.get_item("stats")?.try_iter()? {
             let (k, d): (Bound<'_, PyAny>, Bound<'_, PyDict>) = e?.extract()?;
-            states.push((key_path(&k)?, state_from(&d, all_fields)?));
+            states.push((key_path(&k)?, StatState::from_fields(&StateDict(&d), StateField::of_stat)?));
         }
         let store = Store::from_states(states, t)?;
         let old = {
