@@ -27,7 +27,7 @@ pub use config::{
 };
 pub use deferred::Deferred;
 pub use snapshot::{Arith, Snapshot};
-pub use stat::{Payload, Peeked, Stat, Throughput, Value};
+pub use stat::{now, Payload, Peeked, PercentileKey, Stat, Throughput, Value};
 pub use state::{FieldSource, FieldValue, StatState, StateField};
 pub use store::{check_key, KeyPart, Node, Store, Tree};
 

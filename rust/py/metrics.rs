@@ -13,21 +13,20 @@
 //! cannot deadlock with one waiting for it.
 
 use std::ffi::CString;
-use std::sync::{Mutex, OnceLock};
-use std::time::Instant;
+use std::sync::Mutex;
 
 use pyo3::exceptions::{PyDeprecationWarning, PyKeyError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::pyclass::CompareOp;
 use pyo3::sync::MutexExt;
-use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
+use pyo3::types::{IntoPyDict, PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
 use super::object::PyObj;
 use crate::metrics::store::{key_repr, Found};
 use crate::metrics::{
-    check_key, Arith, Config, Deferred, DeprecatedOptions, FieldSource, FieldValue, KeyPart, MetricsError,
-    Options, Peeked, PercentilesArg, Reduce, Snapshot, Stat, StatState, StateField, Store, Throughput, Tree,
-    Value, WindowArg,
+    check_key, now, Arith, Config, Deferred, DeprecatedOptions, FieldSource, FieldValue, KeyPart,
+    MetricsError, Options, Peeked, PercentileKey, PercentilesArg, Reduce, Snapshot, Stat, StatState,
+    StateField, Store, Throughput, Tree, Value, WindowArg,
 };
 
 type PyStat = Stat<PyObj>;
@@ -40,12 +39,6 @@ impl From<MetricsError> for PyErr {
             MetricsError::Type(m) => PyTypeError::new_err(m),
         }
     }
-}
-
-/// Seconds on a monotonic clock (the throughput clock).
-fn now() -> f64 {
-    static EPOCH: OnceLock<Instant> = OnceLock::new();
-    EPOCH.get_or_init(Instant::now).elapsed().as_secs_f64()
 }
 
 /// Flattens a key (str, int, or nested tuples/lists of them) into a key path.
@@ -240,13 +233,11 @@ fn obj_or_none<'py>(py: Python<'py>, o: Option<&PyObj>) -> Bound<'py, PyAny> {
     o.map_or_else(|| py.None().into_bound(py), |o| o.0.bind(py).clone())
 }
 
-/// Percentile keys as the user wrote them: 50 for 50, 99.9 for 99.9.
 fn percentile_key(py: Python<'_>, p: f64) -> PyResult<Bound<'_, PyAny>> {
-    if p.fract() == 0.0 {
-        Ok((p as i64).into_pyobject(py)?.into_any())
-    } else {
-        Ok(PyFloat::new(py, p).into_any())
-    }
+    Ok(match PercentileKey::of(p) {
+        PercentileKey::Int(i) => i.into_pyobject(py)?.into_any(),
+        PercentileKey::Float(f) => PyFloat::new(py, f).into_any(),
+    })
 }
 
 /// A state as a dict of its named fields (the layout is the core's `StatState::to_fields`).
@@ -907,13 +898,6 @@ impl MetricsStorePy {
 fn throughput_py(py: Python<'_>, tp: Throughput) -> PyResult<Bound<'_, PyAny>> {
     Ok(match tp {
         Throughput::Sum(v) => PyFloat::new(py, v).into_any(),
-        Throughput::Lifetime { since_last_reduce, since_last_restore } => {
-            let d = PyDict::new(py);
-            d.set_item("throughput_since_last_reduce", since_last_reduce)?;
-            if let Some(r) = since_last_restore {
-                d.set_item("throughput_since_last_restore", r)?;
-            }
-            d.into_any()
-        }
+        Throughput::Lifetime { .. } => tp.entries().into_py_dict(py)?.into_any(),
     })
 }
