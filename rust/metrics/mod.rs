@@ -26,7 +26,7 @@ pub use config::{
     Config, DeprecatedOptions, Options, PercentilesArg, Reduce, WindowArg, DEFAULT_PERCENTILES,
 };
 pub use deferred::Deferred;
-pub use snapshot::{Arith, Snapshot};
+pub use snapshot::{Arith, Compare, Comparison, Snapshot};
 pub use stat::{now, Payload, Peeked, PercentileKey, Stat, Throughput, Value};
 pub use state::{FieldSource, FieldValue, StatState, StateField};
 pub use store::{check_key, KeyPart, Node, Store, Tree};

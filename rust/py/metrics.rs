@@ -24,8 +24,8 @@ use pyo3::types::{IntoPyDict, PyBool, PyDict, PyFloat, PyInt, PyList, PyString, 
 use super::object::PyObj;
 use crate::metrics::store::{key_repr, Found};
 use crate::metrics::{
-    check_key, now, Arith, Config, Deferred, DeprecatedOptions, FieldSource, FieldValue, KeyPart,
-    MetricsError, Options, Peeked, PercentileKey, PercentilesArg, Reduce, Snapshot, Stat, StatState,
+    check_key, now, Arith, Compare, Comparison, Config, Deferred, DeprecatedOptions, FieldSource, FieldValue,
+    KeyPart, MetricsError, Options, Peeked, PercentileKey, PercentilesArg, Reduce, Snapshot, Stat, StatState,
     StateField, Store, Throughput, Tree, Value, WindowArg,
 };
 
@@ -309,21 +309,32 @@ pub struct StatsSnapshotPy(Snapshot<PyObj>);
 impl StatsSnapshotPy {
     /// The snapshot as one number, if it is one (an item: if it converts to a float).
     fn number(&self, py: Python<'_>) -> Option<f64> {
-        self.0.number(|item| item.0.bind(py).extract::<f64>().ok())
-    }
-
-    fn not_a_number(&self) -> PyErr {
-        PyValueError::new_err(format!("a reduce='{}' result is not a single number", self.reduce_method()))
+        self.0.number(|item| item_number(py, item))
     }
 
     /// `op` of the two numbers as a float (`reflected`: `other op self`), or
     /// `NotImplemented` unless both are numbers.
     fn arithmetic(&self, other: &Bound<'_, PyAny>, op: Arith, reflected: bool) -> Py<PyAny> {
         let py = other.py();
-        match (self.number(py), other_number(other)) {
-            (Some(a), Some(b)) => PyFloat::new(py, op.apply(a, b, reflected)).into_any().unbind(),
-            _ => py.NotImplemented(),
+        match op.of(self.number(py), other_number(other), reflected) {
+            Some(v) => PyFloat::new(py, v).into_any().unbind(),
+            None => py.NotImplemented(),
         }
+    }
+}
+
+fn item_number(py: Python<'_>, item: &PyObj) -> Option<f64> {
+    item.0.bind(py).extract::<f64>().ok()
+}
+
+fn compare(op: CompareOp) -> Compare {
+    match op {
+        CompareOp::Lt => Compare::Lt,
+        CompareOp::Le => Compare::Le,
+        CompareOp::Eq => Compare::Eq,
+        CompareOp::Ne => Compare::Ne,
+        CompareOp::Gt => Compare::Gt,
+        CompareOp::Ge => Compare::Ge,
     }
 }
 
@@ -370,13 +381,11 @@ impl StatsSnapshotPy {
     }
 
     fn __float__(&self, py: Python<'_>) -> PyResult<f64> {
-        self.number(py).ok_or_else(|| self.not_a_number())
+        Ok(self.0.float(|item| item_number(py, item))?)
     }
 
     fn __int__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        if self.number(py).is_none() {
-            return Err(self.not_a_number());
-        }
+        self.__float__(py)?;
         // int() of the value itself, so an int item stays exact.
         py.get_type::<PyInt>().call1((self.peek(py, true)?,))
     }
@@ -385,19 +394,18 @@ impl StatsSnapshotPy {
     /// result that is not a number (percentiles, an item series) compares its peeked value.
     fn __richcmp__(&self, other: &Bound<'_, PyAny>, op: CompareOp) -> PyResult<Py<PyAny>> {
         let py = other.py();
-        if let (Some(a), Some(b)) = (self.number(py), other_number(other)) {
-            let holds = a.partial_cmp(&b).map_or(matches!(op, CompareOp::Ne), |ord| op.matches(ord));
-            return Ok(PyBool::new(py, holds).to_owned().into_any().unbind());
-        }
-        if !matches!(op, CompareOp::Eq | CompareOp::Ne) {
-            return Ok(py.NotImplemented());
-        }
-        let theirs = match other.cast::<StatsSnapshotPy>() {
-            Ok(s) => s.get().peek(py, true)?,
-            Err(_) => other.clone(),
+        let holds = match compare(op).of(self.number(py), other_number(other)) {
+            Comparison::Holds(holds) => holds,
+            Comparison::Unsupported => return Ok(py.NotImplemented()),
+            Comparison::ByValue { equal } => {
+                let theirs = match other.cast::<StatsSnapshotPy>() {
+                    Ok(s) => s.get().peek(py, true)?,
+                    Err(_) => other.clone(),
+                };
+                self.peek(py, true)?.eq(theirs)? == equal
+            }
         };
-        let equal = self.peek(py, true)?.eq(theirs)?;
-        Ok(PyBool::new(py, equal == matches!(op, CompareOp::Eq)).to_owned().into_any().unbind())
+        Ok(PyBool::new(py, holds).to_owned().into_any().unbind())
     }
 
     fn __add__(&self, other: &Bound<'_, PyAny>) -> Py<PyAny> {
