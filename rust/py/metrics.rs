@@ -1,7 +1,8 @@
 //! `MetricsStorePy`: the native part of `fastrollout.MetricsLogger`, and `StatsSnapshotPy`,
 //! what its `reduce()` returns and `aggregate()` takes. The rules (option resolution,
-//! reductions, aggregation, throughputs, state layout, which values wait to be converted)
-//! are the core's (`crate::metrics`); this module converts Python values and maps errors.
+//! reductions, aggregation, throughputs, state layout, a snapshot's number, arithmetic and
+//! comparisons, which values wait to be converted) are the core's (`crate::metrics`); this
+//! module converts Python values and maps errors.
 //!
 //! `log_value` is the hot call: a key seen before is found through a dict keyed by the
 //! Python key object itself (one hash of an already-hashed str), so logging a float is one
@@ -139,6 +140,7 @@ impl RawOptions<'_, '_> {
     }
 }
 
+/// The `window` argument as given (a bool stays one: the core rejects it).
 fn window_arg(w: &Bound<'_, PyAny>) -> PyResult<WindowArg> {
     if let Ok(b) = w.cast::<PyBool>() {
         Ok(WindowArg::Bool(b.is_true()))
@@ -151,14 +153,14 @@ fn window_arg(w: &Bound<'_, PyAny>) -> PyResult<WindowArg> {
     }
 }
 
+/// The `percentiles` argument as given: a bool, or a list of numbers.
 fn percentiles_arg(p: &Bound<'_, PyAny>) -> PyResult<PercentilesArg> {
     if let Ok(b) = p.cast::<PyBool>() {
         return Ok(PercentilesArg::Bool(b.is_true()));
     }
-    let list = p.extract::<Vec<f64>>();
-    Ok(PercentilesArg::List(
-        list.map_err(|_| PyTypeError::new_err("percentiles must be a list of numbers in [0, 100] or True"))?,
-    ))
+    p.extract::<Vec<f64>>()
+        .map(PercentilesArg::List)
+        .map_err(|_| PyTypeError::new_err("percentiles must be a list of numbers in [0, 100] or True"))
 }
 
 fn is_torch_tensor(v: &Bound<'_, PyAny>) -> bool {
@@ -233,6 +235,7 @@ fn obj_or_none<'py>(py: Python<'py>, o: Option<&PyObj>) -> Bound<'py, PyAny> {
     o.map_or_else(|| py.None().into_bound(py), |o| o.0.bind(py).clone())
 }
 
+/// A percentile's key in a compiled peek: an int or a float, as the core says.
 fn percentile_key(py: Python<'_>, p: f64) -> PyResult<Bound<'_, PyAny>> {
     Ok(match PercentileKey::of(p) {
         PercentileKey::Int(i) => i.into_pyobject(py)?.into_any(),
