@@ -76,13 +76,15 @@ impl Reduce {
 pub enum WindowArg {
     Int(i64),
     Float(f64),
+    /// `True` / `False`: an int to Python, but no window (a type error).
+    Bool(bool),
 }
 
 /// The `percentiles` argument as given.
 #[derive(Debug, Clone, PartialEq)]
 pub enum PercentilesArg {
-    /// `True`: the default percentiles.
-    Default,
+    /// `True`: the default percentiles; `False`: as if not given.
+    Bool(bool),
     List(Vec<f64>),
 }
 
@@ -132,7 +134,12 @@ impl Config {
     /// `reduce="sum"` with `clear_on_reduce=False` is a lifetime sum. Options that do not
     /// belong to the reduction are errors (RLlib raises for them too, some as a
     /// `TypeError` deep inside a Stats constructor; here each gets a message that names it).
+    /// A bool window is a type error, checked first; `percentiles=False` is no percentiles.
     pub fn resolve(opts: &Options) -> Result<Config, MetricsError> {
+        let bool_window = || MetricsError::Type("window must be an int".into());
+        if let Some(WindowArg::Bool(_)) = opts.window {
+            return Err(bool_window());
+        }
         let mut reduce = match opts.reduce.as_deref() {
             None if opts.window.is_some() => Reduce::Mean,
             None => Reduce::Ema,
@@ -166,6 +173,7 @@ impl Config {
                 WindowArg::Float(f) => {
                     return value_err(format!("window must be a positive int (or float('inf')), got {f}"))
                 }
+                WindowArg::Bool(_) => return Err(bool_window()),
             };
         }
         if let Some(c) = opts.ema_coeff {
@@ -184,7 +192,7 @@ impl Config {
                 _ => return value_err(format!("ema_coeff is not supported for reduce='{r}'")),
             }
         }
-        if let Some(p) = &opts.percentiles {
+        if let Some(p) = opts.percentiles.as_ref().filter(|p| **p != PercentilesArg::Bool(false)) {
             if reduce != Reduce::Percentiles {
                 return value_err(format!(
                     "percentiles is only supported for reduce='percentiles', not reduce='{r}'"
@@ -297,7 +305,7 @@ mod tests {
             Options { ema_coeff: Some(0.1), ..opts(Some("mean")) },
             Options { ema_coeff: Some(1.5), ..opts(Some("ema")) },
             Options { ema_coeff: Some(0.1), ..opts(Some("max")) },
-            Options { percentiles: Some(PercentilesArg::Default), ..opts(Some("mean")) },
+            Options { percentiles: Some(PercentilesArg::Bool(true)), ..opts(Some("mean")) },
             Options { percentiles: Some(PercentilesArg::List(vec![101.0])), ..opts(Some("percentiles")) },
             Options { with_throughput: Some(true), ..opts(Some("mean")) },
             opts(Some("median")),
@@ -309,7 +317,7 @@ mod tests {
 
     #[test]
     fn percentiles_default_and_list() {
-        let o = Options { percentiles: Some(PercentilesArg::Default), ..opts(Some("percentiles")) };
+        let o = Options { percentiles: Some(PercentilesArg::Bool(true)), ..opts(Some("percentiles")) };
         assert_eq!(Config::resolve(&o).unwrap().percentiles, DEFAULT_PERCENTILES.to_vec());
         let o = Options {
             percentiles: Some(PercentilesArg::List(vec![10.0, 99.9])),
@@ -318,6 +326,22 @@ mod tests {
         assert_eq!(Config::resolve(&o).unwrap().percentiles, vec![10.0, 99.9]);
         let o = Options { window: Some(WindowArg::Float(f64::INFINITY)), ..opts(Some("max")) };
         assert_eq!(Config::resolve(&o).unwrap().window, None);
+    }
+
+    #[test]
+    fn bool_arguments() {
+        // A bool window is a type error, even before the reduction's name is checked.
+        for reduce in [Some("mean"), Some("median"), None] {
+            let o = Options { window: Some(WindowArg::Bool(true)), ..opts(reduce) };
+            assert_eq!(Config::resolve(&o), Err(MetricsError::Type("window must be an int".into())));
+        }
+        // percentiles=False is no percentiles: no error for other reductions, defaults kept.
+        let o = Options { percentiles: Some(PercentilesArg::Bool(false)), ..opts(Some("mean")) };
+        assert_eq!(Config::resolve(&o).unwrap().reduce, Reduce::Mean);
+        let o = Options { percentiles: Some(PercentilesArg::Bool(false)), ..opts(Some("percentiles")) };
+        assert_eq!(Config::resolve(&o).unwrap().percentiles, DEFAULT_PERCENTILES.to_vec());
+        let o = Options { percentiles: Some(PercentilesArg::Bool(true)), ..opts(Some("mean")) };
+        assert!(matches!(Config::resolve(&o), Err(MetricsError::Value(_))));
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! - [`stat`]: one statistic: push, peek, reduce (what a logger sends up), merge (what an
 //!   aggregating logger does with the reductions of n loggers), throughput and state;
 //! - [`snapshot`]: what a stat's `reduce()` returns, as a number and as checkpoint state;
+//! - [`state`]: the checkpoint state of stats and snapshots, as named fields;
 //! - [`store`]: nested keys (tuples of strings/ints) mapped to stats; aggregation, throughputs
 //!   and checkpoints over keys;
 //! - [`deferred`]: logged values converted to numbers in a batch at the next read.
@@ -17,6 +18,7 @@ pub mod config;
 pub mod deferred;
 pub mod snapshot;
 pub mod stat;
+pub mod state;
 pub mod store;
 pub mod window;
 
@@ -24,8 +26,9 @@ pub use config::{
     Config, DeprecatedOptions, Options, PercentilesArg, Reduce, WindowArg, DEFAULT_PERCENTILES,
 };
 pub use deferred::Deferred;
-pub use snapshot::{Arith, Snapshot, StateField};
-pub use stat::{Payload, Peeked, Stat, StatState, Throughput, Value};
+pub use snapshot::{Arith, Compare, Comparison, Snapshot};
+pub use stat::{now, Payload, Peeked, PercentileKey, Stat, Throughput, Value};
+pub use state::{FieldSource, FieldValue, StatState, StateField};
 pub use store::{check_key, KeyPart, Node, Store, Tree};
 
 /// An error from the metrics core. The variant says which Python exception it becomes.
@@ -35,12 +38,14 @@ pub enum MetricsError {
     Value(String),
     /// A key that is not there (Python `KeyError`).
     Key(String),
+    /// An argument of the wrong kind (Python `TypeError`).
+    Type(String),
 }
 
 impl std::fmt::Display for MetricsError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            MetricsError::Value(m) | MetricsError::Key(m) => f.write_str(m),
+            MetricsError::Value(m) | MetricsError::Key(m) | MetricsError::Type(m) => f.write_str(m),
         }
     }
 }

@@ -1,59 +1,10 @@
 //! What one stat's `reduce()` returns (a snapshot: its configuration and reduced payload),
-//! how snapshots read as numbers, and the fields of the checkpoint state of stats and
-//! snapshots.
+//! how snapshots read as numbers, and their checkpoint state.
 
 use super::config::{Config, Reduce};
-use super::stat::{peek_payload, Payload, Peeked, Stat, StatState};
-
-/// A field of a stat's or a snapshot's state besides its configuration (and its name there).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StateField {
-    Values,
-    Value,
-    Count,
-    Merged,
-    Item,
-    Items,
-}
-
-impl StateField {
-    /// Every field, in the state's order: a stat's state carries them all.
-    pub const ALL: [StateField; 6] = [
-        StateField::Values,
-        StateField::Value,
-        StateField::Count,
-        StateField::Merged,
-        StateField::Item,
-        StateField::Items,
-    ];
-
-    /// The field's key in the state.
-    #[must_use]
-    pub fn name(self) -> &'static str {
-        match self {
-            StateField::Values => "values",
-            StateField::Value => "value",
-            StateField::Count => "count",
-            StateField::Merged => "merged",
-            StateField::Item => "item",
-            StateField::Items => "items",
-        }
-    }
-
-    /// The fields the state of a snapshot of `reduce` carries (its payload, no more).
-    #[must_use]
-    pub fn of_snapshot(reduce: Reduce) -> &'static [StateField] {
-        match reduce {
-            Reduce::Min | Reduce::Max | Reduce::Sum | Reduce::Ema | Reduce::LifetimeSum => {
-                &[StateField::Value]
-            }
-            Reduce::Mean => &[StateField::Value, StateField::Count],
-            Reduce::Percentiles => &[StateField::Values],
-            Reduce::Item => &[StateField::Item],
-            Reduce::ItemSeries => &[StateField::Items],
-        }
-    }
-}
+use super::stat::{peek_payload, Payload, Peeked, Stat};
+use super::state::StatState;
+use super::MetricsError;
 
 /// One stat's reduction: what `MetricsLogger.reduce()` returns per key and `aggregate()`
 /// merges (RLlib: the reduced Stats clone).
@@ -97,7 +48,18 @@ impl<T: Clone> Snapshot<T> {
         }
     }
 
-    /// The checkpoint state: configuration and payload fields ([`StateField::of_snapshot`]).
+    /// [`Snapshot::number`], or the error for a result that is not one number (Python's
+    /// `float()` / `int()` of a snapshot).
+    pub fn float(&self, item_number: impl FnOnce(&T) -> Option<f64>) -> Result<f64, MetricsError> {
+        self.number(item_number).ok_or_else(|| {
+            MetricsError::Value(format!(
+                "a reduce='{}' result is not a single number",
+                self.config.reduce.name()
+            ))
+        })
+    }
+
+    /// The checkpoint state: configuration and payload fields ([`super::StateField::of_snapshot`]).
     #[must_use]
     pub fn to_state(&self) -> StatState<T> {
         let mut st = StatState::new(self.config.clone(), self.is_root, self.is_leaf);
@@ -148,6 +110,59 @@ impl Arith {
             Arith::Add => x + y,
             Arith::Sub => x - y,
             Arith::Mul => x * y,
+        }
+    }
+
+    /// [`Arith::apply`] when both operands are numbers; `None` otherwise (Python:
+    /// `NotImplemented`, so the other operand may try).
+    #[must_use]
+    pub fn of(self, a: Option<f64>, b: Option<f64>, reflected: bool) -> Option<f64> {
+        Some(self.apply(a?, b?, reflected))
+    }
+}
+
+/// A rich comparison of a snapshot with another value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compare {
+    Lt,
+    Le,
+    Eq,
+    Ne,
+    Gt,
+    Ge,
+}
+
+/// What a comparison of a snapshot comes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Comparison {
+    /// Both are numbers: whether the comparison holds (IEEE: NaN is only `!=`).
+    Holds(bool),
+    /// `==` / `!=` of a result that is not a number: compare the peeked values, and the
+    /// comparison holds when their equality is `equal`.
+    ByValue { equal: bool },
+    /// An ordering of a result that is not a number (Python: `NotImplemented`).
+    Unsupported,
+}
+
+impl Compare {
+    /// Compares as RLlib's Stats do, by number (`float(self) < float(other)`); `a` is the
+    /// snapshot's number, `b` the other value's, `None` where one is not a number.
+    #[must_use]
+    // Exact, as Python compares floats.
+    #[allow(clippy::float_cmp)]
+    pub fn of(self, a: Option<f64>, b: Option<f64>) -> Comparison {
+        match (a, b, self) {
+            (Some(a), Some(b), _) => Comparison::Holds(match self {
+                Compare::Lt => a < b,
+                Compare::Le => a <= b,
+                Compare::Eq => a == b,
+                Compare::Ne => a != b,
+                Compare::Gt => a > b,
+                Compare::Ge => a >= b,
+            }),
+            (_, _, Compare::Eq) => Comparison::ByValue { equal: true },
+            (_, _, Compare::Ne) => Comparison::ByValue { equal: false },
+            _ => Comparison::Unsupported,
         }
     }
 }
@@ -213,21 +228,41 @@ mod tests {
     }
 
     #[test]
-    fn snapshot_fields_follow_the_reduction() {
-        assert_eq!(StateField::of_snapshot(Reduce::Mean), &[StateField::Value, StateField::Count]);
-        assert_eq!(StateField::of_snapshot(Reduce::LifetimeSum), &[StateField::Value]);
-        assert_eq!(StateField::of_snapshot(Reduce::Percentiles), &[StateField::Values]);
-        assert_eq!(StateField::of_snapshot(Reduce::ItemSeries), &[StateField::Items]);
-        let names: Vec<&str> = StateField::ALL.iter().map(|f| f.name()).collect();
-        assert_eq!(names, ["values", "value", "count", "merged", "item", "items"]);
-    }
-
-    #[test]
     fn arithmetic_and_reflection() {
         assert_eq!(Arith::Sub.apply(5.0, 2.0, false), 3.0);
         assert_eq!(Arith::Sub.apply(5.0, 2.0, true), -3.0);
         assert_eq!(Arith::Add.apply(1.5, 2.0, true), 3.5);
         assert_eq!(Arith::Mul.apply(3.0, 2.0, false), 6.0);
         assert!(Arith::Add.apply(f64::NAN, 1.0, false).is_nan());
+    }
+
+    #[test]
+    fn arithmetic_needs_two_numbers() {
+        assert_eq!(Arith::Sub.of(Some(5.0), Some(2.0), true), Some(-3.0));
+        assert_eq!(Arith::Add.of(None, Some(2.0), false), None);
+        assert_eq!(Arith::Mul.of(Some(2.0), None, true), None);
+    }
+
+    #[test]
+    fn comparisons_by_number_then_by_value() {
+        assert_eq!(Compare::Lt.of(Some(1.0), Some(2.0)), Comparison::Holds(true));
+        assert_eq!(Compare::Ge.of(Some(1.0), Some(2.0)), Comparison::Holds(false));
+        assert_eq!(Compare::Eq.of(Some(2.0), Some(2.0)), Comparison::Holds(true));
+        let nan = Some(f64::NAN);
+        for op in [Compare::Lt, Compare::Le, Compare::Eq, Compare::Gt, Compare::Ge] {
+            assert_eq!(op.of(nan, nan), Comparison::Holds(false), "{op:?}");
+        }
+        assert_eq!(Compare::Ne.of(nan, Some(1.0)), Comparison::Holds(true));
+        assert_eq!(Compare::Eq.of(None, Some(1.0)), Comparison::ByValue { equal: true });
+        assert_eq!(Compare::Ne.of(Some(1.0), None), Comparison::ByValue { equal: false });
+        assert_eq!(Compare::Lt.of(None, Some(1.0)), Comparison::Unsupported);
+    }
+
+    #[test]
+    fn float_of_a_result_that_is_no_number_is_an_error() {
+        assert_eq!(mean_of(&[1.0, 2.0]).float(|_| None), Ok(1.5));
+        let sorted = Snapshot::<i32> { payload: Payload::Sorted(vec![1.0]), ..mean_of(&[]) };
+        let e = MetricsError::Value("a reduce='mean' result is not a single number".into());
+        assert_eq!(sorted.float(|_| None), Err(e));
     }
 }

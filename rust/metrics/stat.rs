@@ -9,8 +9,11 @@
 //! averages the means, so a runner with one episode counts as much as one with a hundred).
 
 use std::collections::VecDeque;
+use std::sync::OnceLock;
+use std::time::Instant;
 
 use super::config::{Config, Reduce};
+use super::state::StatState;
 use super::window::{percentile, Ring, SortedValues};
 use super::{value_err, MetricsError};
 
@@ -129,6 +132,25 @@ pub enum Peeked<'a, T> {
     Items(Vec<&'a T>),
 }
 
+/// The key of a percentile in a compiled peek, as the user wrote it: 50 for 50, 99.9 for 99.9.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum PercentileKey {
+    Int(i64),
+    Float(f64),
+}
+
+impl PercentileKey {
+    /// An integral percentile is an int key, any other a float key.
+    #[must_use]
+    pub fn of(p: f64) -> PercentileKey {
+        if p.fract() == 0.0 {
+            PercentileKey::Int(p as i64)
+        } else {
+            PercentileKey::Float(p)
+        }
+    }
+}
+
 /// A value to log: a number, or an item for `reduce="item"` / `"item_series"`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Value<T> {
@@ -144,6 +166,29 @@ pub enum Throughput {
     /// `reduce="lifetime_sum"`: growth per second since the last reduce and (root only)
     /// since the last restore.
     Lifetime { since_last_reduce: f64, since_last_restore: Option<f64> },
+}
+
+impl Throughput {
+    /// A lifetime sum's rates under the names `peek(throughput=True)` gives them (since the
+    /// last restore only at a root); empty for a sum, whose throughput is one number.
+    #[must_use]
+    pub fn entries(&self) -> Vec<(&'static str, f64)> {
+        match *self {
+            Throughput::Sum(_) => Vec::new(),
+            Throughput::Lifetime { since_last_reduce, since_last_restore } => {
+                let mut out = vec![("throughput_since_last_reduce", since_last_reduce)];
+                out.extend(since_last_restore.map(|r| ("throughput_since_last_restore", r)));
+                out
+            }
+        }
+    }
+}
+
+/// Seconds on a monotonic clock, from its first reading in the process: the throughput clock.
+#[must_use]
+pub fn now() -> f64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_secs_f64()
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -165,42 +210,6 @@ enum Data<T> {
         items: VecDeque<T>,
         window: Option<usize>,
     },
-}
-
-/// A stat's content, for checkpoints (`get_state` / `set_state`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct StatState<T> {
-    pub config: Config,
-    pub is_root: bool,
-    pub is_leaf: bool,
-    /// Windowed values (oldest first), or percentile values.
-    pub values: Vec<f64>,
-    /// Running value: min/max/sum/mean accumulator, EMA, lifetime sum.
-    pub value: f64,
-    /// Weight behind `value` (min/max/sum/mean accumulators).
-    pub count: f64,
-    /// Aggregating EMA: (incoming count, non-NaN sum, non-NaN count).
-    pub merged: Option<(f64, f64, f64)>,
-    pub item: Option<T>,
-    pub items: Vec<T>,
-}
-
-impl<T> StatState<T> {
-    /// The state of an empty stat: no values, a NaN running value, no items.
-    #[must_use]
-    pub fn new(config: Config, is_root: bool, is_leaf: bool) -> StatState<T> {
-        StatState {
-            config,
-            is_root,
-            is_leaf,
-            values: Vec::new(),
-            value: f64::NAN,
-            count: 0.0,
-            merged: None,
-            item: None,
-            items: Vec::new(),
-        }
-    }
 }
 
 /// `(percentile, value)` pairs of ascending `sorted` for the configured `percentiles`.
@@ -929,6 +938,32 @@ mod tests {
         assert!(ps.iter().all(|(_, v)| v.is_none()));
         let mut l = leaf(Reduce::Max, None);
         assert!(l.peek(true, true).is_err());
+    }
+
+    #[test]
+    fn percentile_keys_keep_the_written_kind() {
+        assert_eq!(PercentileKey::of(50.0), PercentileKey::Int(50));
+        assert_eq!(PercentileKey::of(0.0), PercentileKey::Int(0));
+        assert_eq!(PercentileKey::of(99.9), PercentileKey::Float(99.9));
+    }
+
+    #[test]
+    fn throughput_entries_name_the_rates() {
+        assert_eq!(Throughput::Sum(2.0).entries(), vec![]);
+        let root = Throughput::Lifetime { since_last_reduce: 1.0, since_last_restore: Some(2.0) };
+        assert_eq!(
+            root.entries(),
+            vec![("throughput_since_last_reduce", 1.0), ("throughput_since_last_restore", 2.0)]
+        );
+        let leaf = Throughput::Lifetime { since_last_reduce: 3.0, since_last_restore: None };
+        assert_eq!(leaf.entries(), vec![("throughput_since_last_reduce", 3.0)]);
+    }
+
+    #[test]
+    fn clock_is_monotonic() {
+        let a = now();
+        let b = now();
+        assert!(a >= 0.0 && b >= a);
     }
 
     #[test]

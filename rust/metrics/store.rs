@@ -8,7 +8,8 @@ use std::collections::HashMap;
 
 use super::config::Config;
 use super::snapshot::Snapshot;
-use super::stat::{Payload, Stat, StatState, Throughput};
+use super::stat::{Payload, Stat, Throughput};
+use super::state::StatState;
 use super::MetricsError;
 
 /// One part of a nested key.
@@ -415,7 +416,7 @@ impl<T: Clone> Store<T> {
         }
         let with_key = |path: &[KeyPart], e: MetricsError| match e {
             MetricsError::Value(m) => MetricsError::Value(format!("key {}: {m}", key_repr(path))),
-            other @ MetricsError::Key(_) => other,
+            other @ (MetricsError::Key(_) | MetricsError::Type(_)) => other,
         };
         for (path, config, incoming) in &groups {
             let checked = match self.find(path) {

@@ -1,7 +1,8 @@
 //! `MetricsStorePy`: the native part of `fastrollout.MetricsLogger`, and `StatsSnapshotPy`,
 //! what its `reduce()` returns and `aggregate()` takes. The rules (option resolution,
-//! reductions, aggregation, throughputs, state layout, which values wait to be converted)
-//! are the core's (`crate::metrics`); this module converts Python values and maps errors.
+//! reductions, aggregation, throughputs, state layout, a snapshot's number, arithmetic and
+//! comparisons, which values wait to be converted) are the core's (`crate::metrics`); this
+//! module converts Python values and maps errors.
 //!
 //! `log_value` is the hot call: a key seen before is found through a dict keyed by the
 //! Python key object itself (one hash of an already-hashed str), so logging a float is one
@@ -13,20 +14,20 @@
 //! cannot deadlock with one waiting for it.
 
 use std::ffi::CString;
-use std::sync::{Mutex, OnceLock};
-use std::time::Instant;
+use std::sync::Mutex;
 
 use pyo3::exceptions::{PyDeprecationWarning, PyKeyError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::pyclass::CompareOp;
 use pyo3::sync::MutexExt;
-use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
+use pyo3::types::{IntoPyDict, PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
 use super::object::PyObj;
 use crate::metrics::store::{key_repr, Found};
 use crate::metrics::{
-    check_key, Arith, Config, Deferred, DeprecatedOptions, KeyPart, MetricsError, Options, Peeked,
-    PercentilesArg, Reduce, Snapshot, Stat, StatState, StateField, Store, Throughput, Tree, Value, WindowArg,
+    check_key, now, Arith, Compare, Comparison, Config, Deferred, DeprecatedOptions, FieldSource, FieldValue,
+    KeyPart, MetricsError, Options, Peeked, PercentileKey, PercentilesArg, Reduce, Snapshot, Stat, StatState,
+    StateField, Store, Throughput, Tree, Value, WindowArg,
 };
 
 type PyStat = Stat<PyObj>;
@@ -36,14 +37,9 @@ impl From<MetricsError> for PyErr {
         match e {
             MetricsError::Value(m) => PyValueError::new_err(m),
             MetricsError::Key(m) => PyKeyError::new_err(m),
+            MetricsError::Type(m) => PyTypeError::new_err(m),
         }
     }
-}
-
-/// Seconds on a monotonic clock (the throughput clock).
-fn now() -> f64 {
-    static EPOCH: OnceLock<Instant> = OnceLock::new();
-    EPOCH.get_or_init(Instant::now).elapsed().as_secs_f64()
 }
 
 /// Flattens a key (str, int, or nested tuples/lists of them) into a key path.
@@ -129,27 +125,9 @@ impl RawOptions<'_, '_> {
             .map(PyAnyMethods::extract::<String>)
             .transpose()
             .map_err(|_| PyTypeError::new_err("reduce must be a str naming the reduction method"))?;
-        let window = given(self.window)
-            .map(|w| {
-                if w.is_instance_of::<PyBool>() {
-                    Err(PyTypeError::new_err("window must be an int"))
-                } else if let Ok(i) = w.extract::<i64>() {
-                    Ok(WindowArg::Int(i))
-                } else if let Ok(f) = w.extract::<f64>() {
-                    Ok(WindowArg::Float(f))
-                } else {
-                    Err(PyTypeError::new_err(format!("window must be an int, got {}", w.get_type().name()?)))
-                }
-            })
-            .transpose()?;
+        let window = given(self.window).map(window_arg).transpose()?;
         let ema_coeff = given(self.ema_coeff).map(PyAnyMethods::extract::<f64>).transpose()?;
-        let percentiles = match given(self.percentiles) {
-            None => None,
-            Some(p) if p.is_instance_of::<PyBool>() => p.is_truthy()?.then_some(PercentilesArg::Default),
-            Some(p) => Some(PercentilesArg::List(p.extract::<Vec<f64>>().map_err(|_| {
-                PyTypeError::new_err("percentiles must be a list of numbers in [0, 100] or True")
-            })?)),
-        };
+        let percentiles = given(self.percentiles).map(percentiles_arg).transpose()?;
         let flag = |o: Option<&Bound<'_, PyAny>>| given(o).map(PyAnyMethods::is_truthy).transpose();
         Ok(Config::resolve(&Options {
             reduce,
@@ -160,6 +138,29 @@ impl RawOptions<'_, '_> {
             clear_on_reduce: flag(self.clear_on_reduce)?,
         })?)
     }
+}
+
+/// The `window` argument as given (a bool stays one: the core rejects it).
+fn window_arg(w: &Bound<'_, PyAny>) -> PyResult<WindowArg> {
+    if let Ok(b) = w.cast::<PyBool>() {
+        Ok(WindowArg::Bool(b.is_true()))
+    } else if let Ok(i) = w.extract::<i64>() {
+        Ok(WindowArg::Int(i))
+    } else if let Ok(f) = w.extract::<f64>() {
+        Ok(WindowArg::Float(f))
+    } else {
+        Err(PyTypeError::new_err(format!("window must be an int, got {}", w.get_type().name()?)))
+    }
+}
+
+/// The `percentiles` argument as given: a bool, or a list of numbers.
+fn percentiles_arg(p: &Bound<'_, PyAny>) -> PyResult<PercentilesArg> {
+    if let Ok(b) = p.cast::<PyBool>() {
+        return Ok(PercentilesArg::Bool(b.is_true()));
+    }
+    p.extract::<Vec<f64>>()
+        .map(PercentilesArg::List)
+        .map_err(|_| PyTypeError::new_err("percentiles must be a list of numbers in [0, 100] or True"))
 }
 
 fn is_torch_tensor(v: &Bound<'_, PyAny>) -> bool {
@@ -234,79 +235,71 @@ fn obj_or_none<'py>(py: Python<'py>, o: Option<&PyObj>) -> Bound<'py, PyAny> {
     o.map_or_else(|| py.None().into_bound(py), |o| o.0.bind(py).clone())
 }
 
-/// Percentile keys as the user wrote them: 50 for 50, 99.9 for 99.9.
+/// A percentile's key in a compiled peek: an int or a float, as the core says.
 fn percentile_key(py: Python<'_>, p: f64) -> PyResult<Bound<'_, PyAny>> {
-    if p.fract() == 0.0 {
-        Ok((p as i64).into_pyobject(py)?.into_any())
-    } else {
-        Ok(PyFloat::new(py, p).into_any())
-    }
+    Ok(match PercentileKey::of(p) {
+        PercentileKey::Int(i) => i.into_pyobject(py)?.into_any(),
+        PercentileKey::Float(f) => PyFloat::new(py, f).into_any(),
+    })
 }
 
-fn req<'py>(d: &Bound<'py, PyDict>, k: &str) -> PyResult<Bound<'py, PyAny>> {
-    d.get_item(k)?.ok_or_else(|| PyKeyError::new_err(format!("state is missing {k:?}")))
-}
-
-/// A state as a dict: the configuration, `is_root`, `is_leaf`, then `fields`.
+/// A state as a dict of its named fields (the layout is the core's `StatState::to_fields`).
 fn state_dict<'py>(
     py: Python<'py>,
-    st: &StatState<PyObj>,
-    fields: &[StateField],
+    fields: Vec<(&str, FieldValue<'_, PyObj>)>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let (d, c) = (PyDict::new(py), &st.config);
-    d.set_item("reduce", c.reduce.name())?;
-    d.set_item("window", c.window)?;
-    d.set_item("ema_coeff", c.ema_coeff)?;
-    d.set_item("percentiles", c.percentiles.as_slice())?;
-    d.set_item("with_throughput", c.with_throughput)?;
-    d.set_item("is_root", st.is_root)?;
-    d.set_item("is_leaf", st.is_leaf)?;
-    for &f in fields {
-        match f {
-            StateField::Values => d.set_item(f.name(), st.values.as_slice()),
-            StateField::Value => d.set_item(f.name(), st.value),
-            StateField::Count => d.set_item(f.name(), st.count),
-            StateField::Merged => d.set_item(f.name(), st.merged),
-            StateField::Item => d.set_item(f.name(), obj_or_none(py, st.item.as_ref())),
-            StateField::Items => d.set_item(f.name(), objs_list(py, &st.items)?),
+    let d = PyDict::new(py);
+    for (name, v) in fields {
+        match v {
+            FieldValue::Str(s) => d.set_item(name, s),
+            FieldValue::Window(w) => d.set_item(name, w),
+            FieldValue::Float(f) => d.set_item(name, f),
+            FieldValue::Floats(fs) => d.set_item(name, fs),
+            FieldValue::Flag(b) => d.set_item(name, b),
+            FieldValue::Merged(m) => d.set_item(name, m),
+            FieldValue::Item(i) => d.set_item(name, obj_or_none(py, i)),
+            FieldValue::Items(items) => d.set_item(name, objs_list(py, items)?),
         }?;
     }
     Ok(d)
 }
 
-/// A state from its dict (see `state_dict`), with the fields its reduction has.
-fn state_from(
-    d: &Bound<'_, PyDict>,
-    fields: fn(Reduce) -> &'static [StateField],
-) -> PyResult<StatState<PyObj>> {
-    let name: String = req(d, "reduce")?.extract()?;
-    let config = Config::from_state(
-        &name,
-        req(d, "window")?.extract()?,
-        req(d, "ema_coeff")?.extract()?,
-        req(d, "percentiles")?.extract()?,
-        req(d, "with_throughput")?.extract()?,
-    )?;
-    let fields = fields(config.reduce);
-    let mut st = StatState::new(config, req(d, "is_root")?.extract()?, req(d, "is_leaf")?.extract()?);
-    for &f in fields {
-        let v = req(d, f.name())?;
-        match f {
-            StateField::Values => st.values = v.extract()?,
-            StateField::Value => st.value = v.extract()?,
-            StateField::Count => st.count = v.extract()?,
-            StateField::Merged => st.merged = v.extract()?,
-            StateField::Item => st.item = (!v.is_none()).then(|| PyObj(v.unbind())),
-            StateField::Items => {
-                st.items = v.try_iter()?.map(|o| Ok(PyObj(o?.unbind()))).collect::<PyResult<_>>()?;
-            }
-        }
+/// A state's dict (see `state_dict`), read field by field by `StatState::from_fields`.
+struct StateDict<'a, 'py>(&'a Bound<'py, PyDict>);
+
+impl StateDict<'_, '_> {
+    fn req(&self, k: &str) -> PyResult<Bound<'_, PyAny>> {
+        self.0.get_item(k)?.ok_or_else(|| PyKeyError::new_err(format!("state is missing {k:?}")))
     }
-    Ok(st)
 }
 
-fn all_fields(_: Reduce) -> &'static [StateField] {
-    &StateField::ALL
+impl FieldSource<PyObj> for StateDict<'_, '_> {
+    type Error = PyErr;
+    fn str(&self, name: &'static str) -> PyResult<String> {
+        self.req(name)?.extract()
+    }
+    fn window(&self, name: &'static str) -> PyResult<Option<usize>> {
+        self.req(name)?.extract()
+    }
+    fn float(&self, name: &'static str) -> PyResult<f64> {
+        self.req(name)?.extract()
+    }
+    fn floats(&self, name: &'static str) -> PyResult<Vec<f64>> {
+        self.req(name)?.extract()
+    }
+    fn flag(&self, name: &'static str) -> PyResult<bool> {
+        self.req(name)?.extract()
+    }
+    fn merged(&self, name: &'static str) -> PyResult<Option<(f64, f64, f64)>> {
+        self.req(name)?.extract()
+    }
+    fn item(&self, name: &'static str) -> PyResult<Option<PyObj>> {
+        let v = self.req(name)?;
+        Ok((!v.is_none()).then(|| PyObj(v.unbind())))
+    }
+    fn items(&self, name: &'static str) -> PyResult<Vec<PyObj>> {
+        self.req(name)?.try_iter()?.map(|o| Ok(PyObj(o?.unbind()))).collect()
+    }
 }
 
 /// What one stat's `reduce()` returned: its configuration and reduced content.
@@ -319,21 +312,32 @@ pub struct StatsSnapshotPy(Snapshot<PyObj>);
 impl StatsSnapshotPy {
     /// The snapshot as one number, if it is one (an item: if it converts to a float).
     fn number(&self, py: Python<'_>) -> Option<f64> {
-        self.0.number(|item| item.0.bind(py).extract::<f64>().ok())
-    }
-
-    fn not_a_number(&self) -> PyErr {
-        PyValueError::new_err(format!("a reduce='{}' result is not a single number", self.reduce_method()))
+        self.0.number(|item| item_number(py, item))
     }
 
     /// `op` of the two numbers as a float (`reflected`: `other op self`), or
     /// `NotImplemented` unless both are numbers.
     fn arithmetic(&self, other: &Bound<'_, PyAny>, op: Arith, reflected: bool) -> Py<PyAny> {
         let py = other.py();
-        match (self.number(py), other_number(other)) {
-            (Some(a), Some(b)) => PyFloat::new(py, op.apply(a, b, reflected)).into_any().unbind(),
-            _ => py.NotImplemented(),
+        match op.of(self.number(py), other_number(other), reflected) {
+            Some(v) => PyFloat::new(py, v).into_any().unbind(),
+            None => py.NotImplemented(),
         }
+    }
+}
+
+fn item_number(py: Python<'_>, item: &PyObj) -> Option<f64> {
+    item.0.bind(py).extract::<f64>().ok()
+}
+
+fn compare(op: CompareOp) -> Compare {
+    match op {
+        CompareOp::Lt => Compare::Lt,
+        CompareOp::Le => Compare::Le,
+        CompareOp::Eq => Compare::Eq,
+        CompareOp::Ne => Compare::Ne,
+        CompareOp::Gt => Compare::Gt,
+        CompareOp::Ge => Compare::Ge,
     }
 }
 
@@ -380,13 +384,11 @@ impl StatsSnapshotPy {
     }
 
     fn __float__(&self, py: Python<'_>) -> PyResult<f64> {
-        self.number(py).ok_or_else(|| self.not_a_number())
+        Ok(self.0.float(|item| item_number(py, item))?)
     }
 
     fn __int__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        if self.number(py).is_none() {
-            return Err(self.not_a_number());
-        }
+        self.__float__(py)?;
         // int() of the value itself, so an int item stays exact.
         py.get_type::<PyInt>().call1((self.peek(py, true)?,))
     }
@@ -395,19 +397,18 @@ impl StatsSnapshotPy {
     /// result that is not a number (percentiles, an item series) compares its peeked value.
     fn __richcmp__(&self, other: &Bound<'_, PyAny>, op: CompareOp) -> PyResult<Py<PyAny>> {
         let py = other.py();
-        if let (Some(a), Some(b)) = (self.number(py), other_number(other)) {
-            let holds = a.partial_cmp(&b).map_or(matches!(op, CompareOp::Ne), |ord| op.matches(ord));
-            return Ok(PyBool::new(py, holds).to_owned().into_any().unbind());
-        }
-        if !matches!(op, CompareOp::Eq | CompareOp::Ne) {
-            return Ok(py.NotImplemented());
-        }
-        let theirs = match other.cast::<StatsSnapshotPy>() {
-            Ok(s) => s.get().peek(py, true)?,
-            Err(_) => other.clone(),
+        let holds = match compare(op).of(self.number(py), other_number(other)) {
+            Comparison::Holds(holds) => holds,
+            Comparison::Unsupported => return Ok(py.NotImplemented()),
+            Comparison::ByValue { equal } => {
+                let theirs = match other.cast::<StatsSnapshotPy>() {
+                    Ok(s) => s.get().peek(py, true)?,
+                    Err(_) => other.clone(),
+                };
+                self.peek(py, true)?.eq(theirs)? == equal
+            }
         };
-        let equal = self.peek(py, true)?.eq(theirs)?;
-        Ok(PyBool::new(py, equal == matches!(op, CompareOp::Eq)).to_owned().into_any().unbind())
+        Ok(PyBool::new(py, holds).to_owned().into_any().unbind())
     }
 
     fn __add__(&self, other: &Bound<'_, PyAny>) -> Py<PyAny> {
@@ -474,13 +475,14 @@ impl StatsSnapshotPy {
 
     /// The snapshot as a dict of plain Python values.
     fn get_state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        state_dict(py, &self.0.to_state(), StateField::of_snapshot(self.0.config.reduce))
+        state_dict(py, self.0.to_state().to_fields(StateField::of_snapshot(self.0.config.reduce)))
     }
 
     /// A snapshot from `get_state()`'s dict.
     #[staticmethod]
     fn from_state(state: &Bound<'_, PyDict>) -> PyResult<StatsSnapshotPy> {
-        Ok(StatsSnapshotPy(Snapshot::from_state(state_from(state, StateField::of_snapshot)?)))
+        let st = StatState::from_fields(&StateDict(state), StateField::of_snapshot)?;
+        Ok(StatsSnapshotPy(Snapshot::from_state(st)))
     }
 
     fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (Bound<'py, PyDict>,))> {
@@ -876,7 +878,7 @@ impl MetricsStorePy {
         };
         let list = PyList::empty(py);
         for (path, st) in &states {
-            list.append((key_tuple(py, path)?, state_dict(py, st, &StateField::ALL)?))?;
+            list.append((key_tuple(py, path)?, state_dict(py, st.to_fields(&StateField::ALL))?))?;
         }
         let d = PyDict::new(py);
         d.set_item("stats", list)?;
@@ -889,7 +891,7 @@ impl MetricsStorePy {
         let mut states = Vec::new();
         for e in state.get_item("stats")?.try_iter()? {
             let (k, d): (Bound<'_, PyAny>, Bound<'_, PyDict>) = e?.extract()?;
-            states.push((key_path(&k)?, state_from(&d, all_fields)?));
+            states.push((key_path(&k)?, StatState::from_fields(&StateDict(&d), StateField::of_stat)?));
         }
         let store = Store::from_states(states, t)?;
         let old = {
@@ -907,13 +909,6 @@ impl MetricsStorePy {
 fn throughput_py(py: Python<'_>, tp: Throughput) -> PyResult<Bound<'_, PyAny>> {
     Ok(match tp {
         Throughput::Sum(v) => PyFloat::new(py, v).into_any(),
-        Throughput::Lifetime { since_last_reduce, since_last_restore } => {
-            let d = PyDict::new(py);
-            d.set_item("throughput_since_last_reduce", since_last_reduce)?;
-            if let Some(r) = since_last_restore {
-                d.set_item("throughput_since_last_restore", r)?;
-            }
-            d.into_any()
-        }
+        Throughput::Lifetime { .. } => tp.entries().into_py_dict(py)?.into_any(),
     })
 }
