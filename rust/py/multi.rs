@@ -719,15 +719,21 @@ impl MultiAgentEpisodeCore {
             }
         }
 
-        // Each mentioned agent's episode, and whether any agent joins now.
-        let mut joins = false;
-        for row in &mut rows.rows {
-            row.episode = agent_episodes
-                .get_item(&row.aid)?
-                .map(Bound::cast_into::<SingleAgentEpisodePy>)
-                .transpose()?;
-            joins |= row.episode.is_none();
-        }
+        // Each mentioned agent's episode, and whether any agent joins now; its step map
+        // and `agent_t_started` entry (converted where the plan reads them).
+        read_in_dict_order(agent_episodes, &mut rows.rows, |row, eps| {
+            row.episode = Some(eps.cast_into::<SingleAgentEpisodePy>()?);
+            Ok(())
+        })?;
+        let joins = rows.rows.iter().any(|row| row.episode.is_none());
+        read_in_dict_order(step_maps, &mut rows.rows, |row, map| {
+            row.step_map = Some(map);
+            Ok(())
+        })?;
+        read_in_dict_order(t_started, &mut rows.rows, |row, t| {
+            row.t_started = Some(t);
+            Ok(())
+        })?;
         let rows = &rows.rows;
 
         // The episode ends when `__all__` says so or every live agent is flagged now.
@@ -804,7 +810,7 @@ impl MultiAgentEpisodeCore {
             let held_episode = row.episode.as_ref().map(Bound::try_borrow).transpose()?;
             let (has_episode, episode_done, agent_len) =
                 held_episode.as_ref().map_or((false, false, 0), |e| (true, e.done(), e.chunk_len()));
-            let step_map = step_maps.get_item(aid)?.map(Bound::cast_into::<StepMapPy>).transpose()?;
+            let step_map = row.step_map.clone().map(Bound::cast_into::<StepMapPy>).transpose()?;
             if row.observation.is_some() && step_map.is_some() {
                 observed_with_map += 1;
             }
@@ -831,7 +837,7 @@ impl MultiAgentEpisodeCore {
                     has_hanging_action: hanging_action.is_some(),
                 },
                 agent_len,
-                t_started: t_started.get_item(aid)?.map(|v| v.extract::<i64>()).transpose()?,
+                t_started: row.t_started.as_ref().map(|t| t.extract::<i64>()).transpose()?,
             });
             rewards.push(match &row.reward {
                 Some(r) => r.extract::<f64>().map_err(|_| {
@@ -1338,8 +1344,11 @@ struct Row<'py> {
     extra: Option<Bound<'py, PyAny>>,
     terminated: bool,
     truncated: bool,
-    /// The agent's episode before the step, if it has one (filled after the dicts are read).
+    /// The agent's episode, step map and `agent_t_started` entry before the step, where
+    /// it has them (read after the step's dicts).
     episode: Option<Bound<'py, SingleAgentEpisodePy>>,
+    step_map: Option<Bound<'py, PyAny>>,
+    t_started: Option<Bound<'py, PyAny>>,
 }
 
 impl<'py> Row<'py> {
@@ -1355,8 +1364,35 @@ impl<'py> Row<'py> {
             terminated: false,
             truncated: false,
             episode: None,
+            step_map: None,
+            t_started: None,
         }
     }
+}
+
+/// Calls `found(row, dict[row.aid])` for each of `rows` whose agent `dict` holds, in row
+/// order. The dict is walked while its keys are the rows' very ids in the same order (the
+/// usual case: an episode's dicts list its agents in the order its steps do), which costs
+/// about half a lookup; the rows from the first that differs are looked up.
+fn read_in_dict_order<'py>(
+    dict: &Bound<'py, PyDict>,
+    rows: &mut [Row<'py>],
+    mut found: impl FnMut(&mut Row<'py>, Bound<'py, PyAny>) -> PyResult<()>,
+) -> PyResult<()> {
+    let mut walked = 0;
+    for (key, value) in dict.iter() {
+        match rows.get_mut(walked) {
+            Some(row) if row.aid.is(&key) => found(row, value)?,
+            _ => break,
+        }
+        walked += 1;
+    }
+    for row in &mut rows[walked..] {
+        if let Some(value) = dict.get_item(&row.aid)? {
+            found(row, value)?;
+        }
+    }
+    Ok(())
 }
 
 /// The agents an env step mentions, in first-seen order, found by key.
