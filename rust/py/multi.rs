@@ -837,7 +837,7 @@ impl MultiAgentEpisodeCore {
                     has_hanging_action: hanging_action.is_some(),
                 },
                 agent_len,
-                t_started: row.t_started.as_ref().map(|t| t.extract::<i64>()).transpose()?,
+                t_started: row.t_started.as_ref().map(PyAnyMethods::extract::<i64>).transpose()?,
             });
             rewards.push(match &row.reward {
                 Some(r) => r.extract::<f64>().map_err(|_| {
@@ -1371,20 +1371,32 @@ impl<'py> Row<'py> {
 }
 
 /// Calls `found(row, dict[row.aid])` for each of `rows` whose agent `dict` holds, in row
-/// order. The dict is walked while its keys are the rows' very ids in the same order (the
-/// usual case: an episode's dicts list its agents in the order its steps do), which costs
-/// about half a lookup; the rows from the first that differs are looked up.
+/// order (`found` must not run Python code). The dict is walked while its keys are the
+/// rows' very ids in the same order (the usual case: an episode's dicts list its agents in
+/// the order its steps do), which costs about half a lookup; the rows from the first that
+/// differs are looked up.
 fn read_in_dict_order<'py>(
     dict: &Bound<'py, PyDict>,
     rows: &mut [Row<'py>],
     mut found: impl FnMut(&mut Row<'py>, Bound<'py, PyAny>) -> PyResult<()>,
 ) -> PyResult<()> {
+    let py = dict.py();
     let mut walked = 0;
-    for (key, value) in dict.iter() {
-        match rows.get_mut(walked) {
-            Some(row) if row.aid.is(&key) => found(row, value)?,
-            _ => break,
+    let mut pos: pyo3::ffi::Py_ssize_t = 0;
+    let (mut key, mut value) = (std::ptr::null_mut(), std::ptr::null_mut());
+    // The C-API walk: only pointers are compared, without the references and size checks
+    // of pyo3's iterator (no Python code runs during the walk, so the dict cannot change).
+    while let Some(row) = rows.get_mut(walked) {
+        // SAFETY: `dict` is a live dict and the out-pointers are valid locals; the key and
+        // value it sets are borrowed references, valid while the dict is not changed.
+        if unsafe { pyo3::ffi::PyDict_Next(dict.as_ptr(), &raw mut pos, &raw mut key, &raw mut value) } == 0
+            || key != row.aid.as_ptr()
+        {
+            break;
         }
+        // SAFETY: `value` is a borrowed reference the dict holds (see above); a new
+        // reference is taken.
+        found(row, unsafe { Bound::from_borrowed_ptr(py, value) })?;
         walked += 1;
     }
     for row in &mut rows[walked..] {
