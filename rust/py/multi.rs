@@ -718,37 +718,43 @@ impl MultiAgentEpisodeCore {
                 }
             }
         }
+
+        // Each mentioned agent's episode, and whether any agent joins now; its step map
+        // and `agent_t_started` entry (converted where the plan reads them).
+        read_in_dict_order(agent_episodes, &mut rows.rows, |row, eps| {
+            row.episode = Some(eps.cast_into::<SingleAgentEpisodePy>()?);
+            Ok(())
+        })?;
+        let joins = rows.rows.iter().any(|row| row.episode.is_none());
+        read_in_dict_order(step_maps, &mut rows.rows, |row, map| {
+            row.step_map = Some(map);
+            Ok(())
+        })?;
+        read_in_dict_order(t_started, &mut rows.rows, |row, t| {
+            row.t_started = Some(t);
+            Ok(())
+        })?;
         let rows = &rows.rows;
 
-        // Each mentioned agent's episode, and whether any agent joins now.
-        let mut existing: AgentVec<Option<Bound<'py, SingleAgentEpisodePy>>> = AgentVec::new();
-        let mut joins = false;
-        for row in rows {
-            let eps = agent_episodes
-                .get_item(&row.aid)?
-                .map(Bound::cast_into::<SingleAgentEpisodePy>)
-                .transpose()?;
-            joins |= eps.is_none();
-            existing.push(eps);
-        }
-
         // The episode ends when `__all__` says so or every live agent is flagged now.
-        let mut live_flagged: AgentVec<bool> = AgentVec::new();
-        for (aid, eps) in agent_episodes.iter() {
+        let mut every_live_flagged = true;
+        for (j, (aid, eps)) in agent_episodes.iter().enumerate() {
             if eps.cast::<SingleAgentEpisodePy>()?.borrow().done() {
                 continue;
             }
-            // Only the flags of agents this step mentions can be set.
-            let flagged = match rows.iter().position(|r| r.aid.is(&aid)) {
-                Some(i) => rows[i].terminated || rows[i].truncated,
+            // Only the flags of agents this step mentions can be set (agents are usually
+            // mentioned in the order of their episodes: row `j` first).
+            let row = rows.get(j).filter(|r| r.aid.is(&aid)).or_else(|| rows.iter().find(|r| r.aid.is(&aid)));
+            let flagged = match row {
+                Some(r) => r.terminated || r.truncated,
                 None => flag(terminateds.as_ref(), &aid)? || flag(truncateds.as_ref(), &aid)?,
             };
-            live_flagged.push(flagged);
             if !flagged {
+                every_live_flagged = false;
                 break;
             }
         }
-        let (is_terminated, is_truncated) = episode_ends(all_terminated, all_truncated, live_flagged);
+        let (is_terminated, is_truncated) = episode_ends(all_terminated, all_truncated, [every_live_flagged]);
 
         // Agents that join take their place in `agent_episodes` in the order RLlib visits
         // them: that of the Python set it builds from the same dicts with the same set
@@ -794,19 +800,17 @@ impl MultiAgentEpisodeCore {
         let have_hanging_actions = !hanging_actions.is_empty();
         let mut steps: AgentVec<AgentStep> = AgentVec::new();
         let mut rewards: AgentVec<f64> = AgentVec::new();
-        let mut maps: AgentVec<Option<Bound<'py, StepMapPy>>> = AgentVec::new();
-        let mut held: AgentVec<Option<PyRef<'py, SingleAgentEpisodePy>>> = AgentVec::new();
-        let mut hanging: AgentVec<Option<Bound<'py, PyAny>>> = AgentVec::new();
+        let mut parts: AgentVec<Part<'py>> = AgentVec::new();
         let mut observed_with_map = 0usize;
         for k in 0..n {
             let row = &rows[at(k)];
             let aid = &row.aid;
             // One shared borrow of an agent's episode serves its plan input and its step's
             // conversion (each borrow and release is an atomic read-modify-write).
-            let held_episode = existing[at(k)].as_ref().map(Bound::try_borrow).transpose()?;
+            let held_episode = row.episode.as_ref().map(Bound::try_borrow).transpose()?;
             let (has_episode, episode_done, agent_len) =
                 held_episode.as_ref().map_or((false, false, 0), |e| (true, e.done(), e.chunk_len()));
-            let step_map = step_maps.get_item(aid)?.map(Bound::cast_into::<StepMapPy>).transpose()?;
+            let step_map = row.step_map.clone().map(Bound::cast_into::<StepMapPy>).transpose()?;
             if row.observation.is_some() && step_map.is_some() {
                 observed_with_map += 1;
             }
@@ -833,7 +837,7 @@ impl MultiAgentEpisodeCore {
                     has_hanging_action: hanging_action.is_some(),
                 },
                 agent_len,
-                t_started: t_started.get_item(aid)?.map(|v| v.extract::<i64>()).transpose()?,
+                t_started: row.t_started.as_ref().map(PyAnyMethods::extract::<i64>).transpose()?,
             });
             rewards.push(match &row.reward {
                 Some(r) => r.extract::<f64>().map_err(|_| {
@@ -845,9 +849,7 @@ impl MultiAgentEpisodeCore {
                 })?,
                 None => 0.0,
             });
-            maps.push(step_map);
-            held.push(held_episode);
-            hanging.push(hanging_action);
+            parts.push(Part { map: step_map, held: held_episode, hanging: hanging_action, prepared: None });
         }
         let plan = plan_env_step(
             &EnvStep {
@@ -864,15 +866,16 @@ impl MultiAgentEpisodeCore {
 
         // The values each part records, converted; nothing is stored yet.
         let mut new_agent_episode: Option<Bound<'py, PyAny>> = None;
-        let mut prepared_parts: AgentVec<Option<Prepared<'py>>> = AgentVec::new();
         let mut row_steps = RowSteps::default();
-        for (k, outcome) in plan.agents.iter().enumerate() {
+        for ((k, outcome), part) in plan.agents.iter().enumerate().zip(&mut parts) {
             let row = &rows[at(k)];
             let aid = &row.aid;
-            let existing = &existing[at(k)];
+            let existing = &row.episode;
             let reward = rewards[k];
-            let hanging_action = &hanging[k];
-            let mut held_episode = held[k].take();
+            let hanging_action = &part.hanging;
+            // Every shared borrow is released by the end of this loop, before the episodes
+            // are written.
+            let mut held_episode = part.held.take();
             let mut agent_episode = || -> PyResult<Bound<'py, SingleAgentEpisodePy>> {
                 if let Some(e) = existing {
                     return Ok(e.clone());
@@ -981,11 +984,8 @@ impl MultiAgentEpisodeCore {
                 },
                 AgentPlan::AddReward { .. } | AgentPlan::Drop => Prepared::Nothing,
             };
-            prepared_parts.push(Some(prepared));
+            part.prepared = Some(prepared);
         }
-
-        // Every shared borrow is released before the episodes are written.
-        drop(held);
 
         // The step's time, for `get_duration_s` (the clock of Python's `time.perf_counter`),
         // of the episode and of the agents that step.
@@ -993,9 +993,9 @@ impl MultiAgentEpisodeCore {
         let mut books = DictBooks {
             dicts: &dicts,
             observations,
-            aids: (0..n).map(|k| &rows[at(k)].aid).collect(),
-            maps: &mut maps,
-            prepared: &mut prepared_parts,
+            rows,
+            order: order.as_deref(),
+            parts: &mut parts,
             row_steps: &row_steps,
             observed_with_map,
             now,
@@ -1067,28 +1067,46 @@ enum Prepared<'py> {
     Nothing,
 }
 
+/// One agent of an env step's plan, as the binding carries it from the plan's input to
+/// the plan's application.
+struct Part<'py> {
+    /// The agent's step map, if it had one (made when the plan writes it otherwise).
+    map: Option<Bound<'py, StepMapPy>>,
+    /// The shared borrow of the agent's episode for the plan and the conversion (taken
+    /// and released during the conversion).
+    held: Option<PyRef<'py, SingleAgentEpisodePy>>,
+    /// Its hanging action, if any.
+    hanging: Option<Bound<'py, PyAny>>,
+    /// The values its record stores, converted.
+    prepared: Option<Prepared<'py>>,
+}
+
 /// RLlib's dicts on the Python episode as one env step's plan writes them (the core's
-/// [`Books`]): agent `i` is `aids[i]`, with its map if it had one and the values
-/// converted for its record.
+/// [`Books`]): agent `i` is the row `order[i]` (`i` without an order), with its part.
 struct DictBooks<'a, 'py> {
     dicts: &'a Dicts<'py>,
     observations: &'a Bound<'py, PyDict>,
-    aids: AgentVec<&'a Bound<'py, PyAny>>,
-    maps: &'a mut AgentVec<Option<Bound<'py, StepMapPy>>>,
-    prepared: &'a mut AgentVec<Option<Prepared<'py>>>,
+    rows: &'a [Row<'py>],
+    order: Option<&'a [usize]>,
+    parts: &'a mut AgentVec<Part<'py>>,
     row_steps: &'a RowSteps<'py>,
     /// Agents that observe now and have a map: when that is every map, no map needs a skip.
     observed_with_map: usize,
     now: f64,
 }
 
-impl<'py> DictBooks<'_, 'py> {
+impl<'a, 'py> DictBooks<'a, 'py> {
+    fn aid(&self, i: usize) -> &'a Bound<'py, PyAny> {
+        &self.rows[self.order.map_or(i, |o| o[i])].aid
+    }
+
     fn map(&mut self, i: usize) -> PyResult<Bound<'py, StepMapPy>> {
-        if let Some(m) = &self.maps[i] {
+        if let Some(m) = &self.parts[i].map {
             return Ok(m.clone());
         }
-        let m = step_map_of(self.aids[i].py(), &self.dicts.step_maps, self.aids[i])?;
-        self.maps[i] = Some(m.clone());
+        let aid = self.aid(i);
+        let m = step_map_of(aid.py(), &self.dicts.step_maps, aid)?;
+        self.parts[i].map = Some(m.clone());
         Ok(m)
     }
 }
@@ -1108,9 +1126,9 @@ impl Books for DictBooks<'_, '_> {
     }
 
     fn record(&mut self, i: usize, outcome: &AgentOutcome) -> PyResult<()> {
-        let aid = self.aids[i];
+        let aid = self.aid(i);
         let py = aid.py();
-        match self.prepared[i].take() {
+        match self.parts[i].prepared.take() {
             Some(Prepared::Step { episode: eps, step, is_new }) => {
                 let mut e = eps.borrow_mut();
                 match step {
@@ -1163,23 +1181,23 @@ impl Books for DictBooks<'_, '_> {
     }
 
     fn set_t_started(&mut self, i: usize, t: i64) -> PyResult<()> {
-        self.dicts.t_started.set_item(self.aids[i], t)
+        self.dicts.t_started.set_item(self.aid(i), t)
     }
 
     fn remove(&mut self, i: usize, slot: Slot) -> PyResult<()> {
-        self.dicts.remove(self.aids[i], slot)
+        self.dicts.remove(self.aid(i), slot)
     }
 
     fn set_reward(&mut self, i: usize, slot: Slot, reward: f64) -> PyResult<()> {
-        self.dicts.slot(slot).set_item(self.aids[i], reward)
+        self.dicts.slot(slot).set_item(self.aid(i), reward)
     }
 
     fn add_reward(&mut self, i: usize, slot: Slot, reward: f64) -> PyResult<()> {
-        self.dicts.add_reward(self.aids[i], slot, reward)
+        self.dicts.add_reward(self.aid(i), slot, reward)
     }
 
     fn mark_dropped(&mut self, i: usize) -> PyResult<()> {
-        self.dicts.dropped.add(self.aids[i])
+        self.dicts.dropped.add(self.aid(i))
     }
 }
 
@@ -1326,6 +1344,11 @@ struct Row<'py> {
     extra: Option<Bound<'py, PyAny>>,
     terminated: bool,
     truncated: bool,
+    /// The agent's episode, step map and `agent_t_started` entry before the step, where
+    /// it has them (read after the step's dicts).
+    episode: Option<Bound<'py, SingleAgentEpisodePy>>,
+    step_map: Option<Bound<'py, PyAny>>,
+    t_started: Option<Bound<'py, PyAny>>,
 }
 
 impl<'py> Row<'py> {
@@ -1340,8 +1363,48 @@ impl<'py> Row<'py> {
             extra: None,
             terminated: false,
             truncated: false,
+            episode: None,
+            step_map: None,
+            t_started: None,
         }
     }
+}
+
+/// Calls `found(row, dict[row.aid])` for each of `rows` whose agent `dict` holds, in row
+/// order (`found` must not run Python code). The dict is walked while its keys are the
+/// rows' very ids in the same order (the usual case: an episode's dicts list its agents in
+/// the order its steps do), which costs about half a lookup; the rows from the first that
+/// differs are looked up.
+fn read_in_dict_order<'py>(
+    dict: &Bound<'py, PyDict>,
+    rows: &mut [Row<'py>],
+    mut found: impl FnMut(&mut Row<'py>, Bound<'py, PyAny>) -> PyResult<()>,
+) -> PyResult<()> {
+    let py = dict.py();
+    let mut walked = 0;
+    let mut pos: pyo3::ffi::Py_ssize_t = 0;
+    let (mut key, mut value) = (std::ptr::null_mut(), std::ptr::null_mut());
+    // The C-API walk: only pointers are compared, without the references and size checks
+    // of pyo3's iterator (no Python code runs during the walk, so the dict cannot change).
+    while let Some(row) = rows.get_mut(walked) {
+        // SAFETY: `dict` is a live dict and the out-pointers are valid locals; the key and
+        // value it sets are borrowed references, valid while the dict is not changed.
+        if unsafe { pyo3::ffi::PyDict_Next(dict.as_ptr(), &raw mut pos, &raw mut key, &raw mut value) } == 0
+            || key != row.aid.as_ptr()
+        {
+            break;
+        }
+        // SAFETY: `value` is a borrowed reference the dict holds (see above); a new
+        // reference is taken.
+        found(row, unsafe { Bound::from_borrowed_ptr(py, value) })?;
+        walked += 1;
+    }
+    for row in &mut rows[walked..] {
+        if let Some(value) = dict.get_item(&row.aid)? {
+            found(row, value)?;
+        }
+    }
+    Ok(())
 }
 
 /// The agents an env step mentions, in first-seen order, found by key.
