@@ -15,7 +15,6 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyInt, PyList, PySet, PyString, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
-use smallvec::SmallVec;
 
 use super::errors::{index_error, with_prefix};
 use super::index::to_index;
@@ -25,9 +24,9 @@ use super::single::{
     info_or_absent, perf_counter, ExtraOutputs, PreparedReset, PreparedStep, RowSteps, SingleAgentEpisodePy,
 };
 use crate::episode::multi::{
-    episode_ends, plan_concat, plan_env_step, AgentOutcome, AgentPlan, AgentStep, AgentStepError,
-    AgentStepInput, BeginReward, Books, ConcatAgent, ConcatBooks, ConcatInput, CutPart, EnvStep, MapRead,
-    Slot, Source, StepMap,
+    plan_concat, plan_env_step, AgentIds, AgentOutcome, AgentPlan, AgentStep, AgentStepError, AgentStepInput,
+    AgentVec, BeginReward, Books, ConcatAgent, ConcatBooks, ConcatInput, CutPart, EnvStep, MapRead, Mention,
+    Mentions, Slot, Source, StepMap,
 };
 
 /// RLlib's skip tag in env-step maps.
@@ -637,7 +636,6 @@ impl MultiAgentEpisodeCore {
         let terminateds = as_dict(terminateds)?;
         let truncateds = as_dict(truncateds)?;
         let extras = as_dict(extra_model_outputs)?;
-        let all = AllKey::new(py)?;
         // Shared borrow released at once: agents that join call back into Python code, which
         // may read the episode's attributes.
         let EpisodeState { dicts, env_t, env_t_started, lookback, is_done, compression } =
@@ -653,108 +651,67 @@ impl MultiAgentEpisodeCore {
             ));
         }
 
-        // The agents this env step mentions: observations, actions, rewards, terminateds,
-        // truncateds and (on `__all__`) every agent with an episode, first in dict order;
-        // with what each dict holds for them.
-        let mut rows = Rows { rows: AgentVec::new(), index: None };
+        // The agents this env step mentions, with what each dict holds for them (the
+        // core's rules; the dicts are walked here, in the order the core reads them).
+        let mut ids = PyIds { all: AllKey::new(py)?, index: None };
+        let mut rows: Rows<'py> = Mentions::default();
+        let given = |v: Bound<'py, PyAny>| Some(v).filter(|v| !v.is_none());
         for (aid, obs) in observations.iter() {
-            if all.matches(&aid)? {
-                continue;
-            }
-            rows.push_first(&aid).observation = Some(obs).filter(|v| !v.is_none());
+            rows.observation(&mut ids, &aid, given(obs))?;
         }
         for (i, (aid, action)) in actions.iter().enumerate() {
-            let Some(row) = rows.agent_entry(&aid, i, &all)? else { continue };
-            row.action = Some(action).filter(|v| !v.is_none());
+            rows.action(&mut ids, &aid, i, given(action))?;
         }
         for (i, (aid, reward)) in rewards.iter().enumerate() {
-            let Some(row) = rows.agent_entry(&aid, i, &all)? else { continue };
-            row.has_reward = true;
-            row.reward = Some(reward).filter(|v| !v.is_none());
+            rows.reward(&mut ids, &aid, i, given(reward))?;
         }
-        let mut all_terminated = false;
-        let mut all_truncated = false;
-        for (flags, is_truncated) in [(terminateds.as_ref(), false), (truncateds.as_ref(), true)] {
+        for (flags, truncated) in [(terminateds.as_ref(), false), (truncateds.as_ref(), true)] {
             let Some(flags) = flags else { continue };
             for (i, (aid, value)) in flags.iter().enumerate() {
                 let on = !value.is_none() && value.is_truthy()?;
-                if all.matches(&aid)? {
-                    if is_truncated {
-                        all_truncated = on;
-                    } else {
-                        all_terminated = on;
-                    }
-                    continue;
-                }
-                let row = rows.entry(&aid, i)?;
-                if is_truncated {
-                    row.truncated = on;
-                } else {
-                    row.terminated = on;
-                }
+                rows.flag(&mut ids, &aid, i, on, truncated)?;
             }
         }
-        if all_terminated || all_truncated {
+        if rows.all_flagged() {
             for (i, aid) in agent_episodes.keys().iter().enumerate() {
-                if !all.matches(&aid)? {
-                    rows.entry(&aid, i)?;
-                }
+                rows.named(&mut ids, &aid, i)?;
             }
         }
-        // Infos and extra model outputs count only for agents mentioned elsewhere.
-        for (dict, is_extra) in [(infos.as_ref(), false), (extras.as_ref(), true)] {
-            let Some(dict) = dict else { continue };
-            for (i, (aid, value)) in dict.iter().enumerate() {
-                if value.is_none() {
-                    continue;
-                }
-                if let Some(r) = rows.find(&aid, i)? {
-                    let row = &mut rows.rows[r];
-                    if is_extra {
-                        row.extra = Some(value);
-                    } else {
-                        row.info = Some(value);
-                    }
-                }
+        if let Some(infos) = &infos {
+            for (i, (aid, info)) in infos.iter().enumerate() {
+                rows.info(&mut ids, &aid, i, given(info))?;
             }
         }
+        if let Some(extras) = &extras {
+            for (i, (aid, extra)) in extras.iter().enumerate() {
+                rows.extra(&mut ids, &aid, i, given(extra))?;
+            }
+        }
+        let (all, all_flagged) = (ids.all, rows.all_flagged());
 
         // Each mentioned agent's episode, and whether any agent joins now; its step map
         // and `agent_t_started` entry (converted where the plan reads them).
         read_in_dict_order(agent_episodes, &mut rows.rows, |row, eps| {
-            row.episode = Some(eps.cast_into::<SingleAgentEpisodePy>()?);
+            row.host.episode = Some(eps.cast_into::<SingleAgentEpisodePy>()?);
             Ok(())
         })?;
-        let joins = rows.rows.iter().any(|row| row.episode.is_none());
+        let joins = rows.rows.iter().any(|row| row.host.episode.is_none());
         read_in_dict_order(step_maps, &mut rows.rows, |row, map| {
-            row.step_map = Some(map);
+            row.host.step_map = Some(map);
             Ok(())
         })?;
         read_in_dict_order(t_started, &mut rows.rows, |row, t| {
-            row.t_started = Some(t);
+            row.host.t_started = Some(t);
             Ok(())
         })?;
-        let rows = &rows.rows;
 
-        // The episode ends when `__all__` says so or every live agent is flagged now.
-        let mut every_live_flagged = true;
-        for (j, (aid, eps)) in agent_episodes.iter().enumerate() {
-            if eps.cast::<SingleAgentEpisodePy>()?.borrow().done() {
-                continue;
-            }
-            // Only the flags of agents this step mentions can be set (agents are usually
-            // mentioned in the order of their episodes: row `j` first).
-            let row = rows.get(j).filter(|r| r.aid.is(&aid)).or_else(|| rows.iter().find(|r| r.aid.is(&aid)));
-            let flagged = match row {
-                Some(r) => r.terminated || r.truncated,
-                None => flag(terminateds.as_ref(), &aid)? || flag(truncateds.as_ref(), &aid)?,
-            };
-            if !flagged {
-                every_live_flagged = false;
-                break;
-            }
-        }
-        let (is_terminated, is_truncated) = episode_ends(all_terminated, all_truncated, [every_live_flagged]);
+        let (is_terminated, is_truncated) = rows.episode_ends::<PyIds<'py>, PyErr>(
+            agent_episodes
+                .iter()
+                .map(|(aid, eps)| Ok((aid, eps.cast::<SingleAgentEpisodePy>()?.borrow().done()))),
+            |aid| Ok(flag(terminateds.as_ref(), aid)? || flag(truncateds.as_ref(), aid)?),
+        )?;
+        let rows = &rows.rows;
 
         // Agents that join take their place in `agent_episodes` in the order RLlib visits
         // them: that of the Python set it builds from the same dicts with the same set
@@ -768,7 +725,7 @@ impl MultiAgentEpisodeCore {
                 rewards,
                 terminateds.as_ref().unwrap_or(&empty),
                 truncateds.as_ref().unwrap_or(&empty),
-                if all_terminated || all_truncated { agent_episodes } else { &empty },
+                if all_flagged { agent_episodes } else { &empty },
             ];
             let key_set = |d: &Bound<'py, PyDict>| PySet::new(py, d.keys());
             let mut set = key_set(sources[0])?.into_any();
@@ -778,8 +735,8 @@ impl MultiAgentEpisodeCore {
             let set = set.call_method1(intern!(py, "__sub__"), (PySet::new(py, [&all.key])?,))?;
             let position = PyDict::new(py);
             for (i, row) in rows.iter().enumerate() {
-                if !position.contains(&row.aid)? {
-                    position.set_item(&row.aid, i)?;
+                if !position.contains(&row.id)? {
+                    position.set_item(&row.id, i)?;
                 }
             }
             let mut order = Vec::with_capacity(rows.len());
@@ -804,13 +761,13 @@ impl MultiAgentEpisodeCore {
         let mut observed_with_map = 0usize;
         for k in 0..n {
             let row = &rows[at(k)];
-            let aid = &row.aid;
+            let aid = &row.id;
             // One shared borrow of an agent's episode serves its plan input and its step's
             // conversion (each borrow and release is an atomic read-modify-write).
-            let held_episode = row.episode.as_ref().map(Bound::try_borrow).transpose()?;
+            let held_episode = row.host.episode.as_ref().map(Bound::try_borrow).transpose()?;
             let (has_episode, episode_done, agent_len) =
                 held_episode.as_ref().map_or((false, false, 0), |e| (true, e.done(), e.chunk_len()));
-            let step_map = row.step_map.clone().map(Bound::cast_into::<StepMapPy>).transpose()?;
+            let step_map = row.host.step_map.clone().map(Bound::cast_into::<StepMapPy>).transpose()?;
             if row.observation.is_some() && step_map.is_some() {
                 observed_with_map += 1;
             }
@@ -820,24 +777,15 @@ impl MultiAgentEpisodeCore {
                 None
             };
             steps.push(AgentStep {
-                input: AgentStepInput {
-                    has_observation: row.observation.is_some(),
-                    has_action: row.action.is_some(),
-                    has_reward: row.has_reward,
-                    has_any_data: row.observation.is_some()
-                        || row.action.is_some()
-                        || row.reward.is_some()
-                        || row.info.is_some()
-                        || row.extra.is_some(),
-                    terminated: row.terminated,
-                    truncated: row.truncated,
+                input: row.step_input(AgentStepInput {
                     has_episode,
                     episode_done,
                     has_step_map: step_map.is_some(),
                     has_hanging_action: hanging_action.is_some(),
-                },
+                    ..AgentStepInput::default()
+                }),
                 agent_len,
-                t_started: row.t_started.as_ref().map(PyAnyMethods::extract::<i64>).transpose()?,
+                t_started: row.host.t_started.as_ref().map(PyAnyMethods::extract::<i64>).transpose()?,
             });
             rewards.push(match &row.reward {
                 Some(r) => r.extract::<f64>().map_err(|_| {
@@ -862,15 +810,15 @@ impl MultiAgentEpisodeCore {
             },
             &rewards,
         )
-        .map_err(|(k, e)| agent_error(&rows[at(k)].aid, e))?;
+        .map_err(|(k, e)| agent_error(&rows[at(k)].id, e))?;
 
         // The values each part records, converted; nothing is stored yet.
         let mut new_agent_episode: Option<Bound<'py, PyAny>> = None;
         let mut row_steps = RowSteps::default();
         for ((k, outcome), part) in plan.agents.iter().enumerate().zip(&mut parts) {
             let row = &rows[at(k)];
-            let aid = &row.aid;
-            let existing = &row.episode;
+            let aid = &row.id;
+            let existing = &row.host.episode;
             let reward = rewards[k];
             let hanging_action = &part.hanging;
             // Every shared borrow is released by the end of this loop, before the episodes
@@ -1097,7 +1045,7 @@ struct DictBooks<'a, 'py> {
 
 impl<'a, 'py> DictBooks<'a, 'py> {
     fn aid(&self, i: usize) -> &'a Bound<'py, PyAny> {
-        &self.rows[self.order.map_or(i, |o| o[i])].aid
+        &self.rows[self.order.map_or(i, |o| o[i])].id
     }
 
     fn map(&mut self, i: usize) -> PyResult<Bound<'py, StepMapPy>> {
@@ -1332,45 +1280,22 @@ fn as_dict<'py>(value: Option<&Bound<'py, PyAny>>) -> PyResult<Option<Bound<'py,
     }
 }
 
-/// One agent that an env step mentions, with what the step holds for it.
-struct Row<'py> {
-    aid: Bound<'py, PyAny>,
-    observation: Option<Bound<'py, PyAny>>,
-    action: Option<Bound<'py, PyAny>>,
-    reward: Option<Bound<'py, PyAny>>,
-    /// The agent is a key of the rewards dict (its value may be None).
-    has_reward: bool,
-    info: Option<Bound<'py, PyAny>>,
-    extra: Option<Bound<'py, PyAny>>,
-    terminated: bool,
-    truncated: bool,
-    /// The agent's episode, step map and `agent_t_started` entry before the step, where
-    /// it has them (read after the step's dicts).
+/// What the record keeps for an agent the env step mentions: its episode, step map and
+/// `agent_t_started` entry before the step, where it has them (read after the step's dicts).
+#[derive(Default)]
+struct Held<'py> {
     episode: Option<Bound<'py, SingleAgentEpisodePy>>,
     step_map: Option<Bound<'py, PyAny>>,
     t_started: Option<Bound<'py, PyAny>>,
 }
 
-impl<'py> Row<'py> {
-    fn new(aid: Bound<'py, PyAny>) -> Self {
-        Row {
-            aid,
-            observation: None,
-            action: None,
-            reward: None,
-            has_reward: false,
-            info: None,
-            extra: None,
-            terminated: false,
-            truncated: false,
-            episode: None,
-            step_map: None,
-            t_started: None,
-        }
-    }
-}
+/// One agent an env step mentions ([`Mention`]), with what the record keeps for it.
+type Row<'py> = Mention<Bound<'py, PyAny>, Bound<'py, PyAny>, Held<'py>>;
 
-/// Calls `found(row, dict[row.aid])` for each of `rows` whose agent `dict` holds, in row
+/// The agents an env step mentions ([`Mentions`]).
+type Rows<'py> = Mentions<Bound<'py, PyAny>, Bound<'py, PyAny>, Held<'py>>;
+
+/// Calls `found(row, dict[row.id])` for each of `rows` whose agent `dict` holds, in row
 /// order (`found` must not run Python code). The dict is walked while its keys are the
 /// rows' very ids in the same order (the usual case: an episode's dicts list its agents in
 /// the order its steps do), which costs about half a lookup; the rows from the first that
@@ -1390,7 +1315,7 @@ fn read_in_dict_order<'py>(
         // SAFETY: `dict` is a live dict and the out-pointers are valid locals; the key and
         // value it sets are borrowed references, valid while the dict is not changed.
         if unsafe { pyo3::ffi::PyDict_Next(dict.as_ptr(), &raw mut pos, &raw mut key, &raw mut value) } == 0
-            || key != row.aid.as_ptr()
+            || key != row.id.as_ptr()
         {
             break;
         }
@@ -1400,97 +1325,61 @@ fn read_in_dict_order<'py>(
         walked += 1;
     }
     for row in &mut rows[walked..] {
-        if let Some(value) = dict.get_item(&row.aid)? {
+        if let Some(value) = dict.get_item(&row.id)? {
             found(row, value)?;
         }
     }
     Ok(())
 }
 
-/// The agents an env step mentions, in first-seen order, found by key.
-///
-/// The first dict (observations) fills the rows without lookups: a dict's keys are
-/// unique. Later dicts usually list the same agent-id objects in the same order, so a key
-/// is first compared by identity with the row at the same position (no hashing); only
-/// when that fails is a dict from agent id to row built and used (Python's key equality).
-struct Rows<'py> {
-    rows: AgentVec<Row<'py>>,
+/// Python agent ids told apart for [`Mentions`]: by identity first (no call), then by
+/// Python's key equality through a dict from id to row, made on first use.
+struct PyIds<'py> {
+    all: AllKey<'py>,
     index: Option<Bound<'py, PyDict>>,
 }
 
-impl<'py> Rows<'py> {
-    /// The row of `key` ([`Self::entry`]), `None` for `"__all__"`. The usual case first:
-    /// `key` is the very id of row `hint` (then an agent id), found without a call.
+impl<'py> AgentIds<Bound<'py, PyAny>> for PyIds<'py> {
+    type Error = PyErr;
+
     #[inline]
-    fn agent_entry(
-        &mut self,
-        key: &Bound<'py, PyAny>,
-        hint: usize,
-        all: &AllKey<'_>,
-    ) -> PyResult<Option<&mut Row<'py>>> {
-        if self.rows.get(hint).is_some_and(|r| r.aid.is(key)) {
-            return Ok(Some(&mut self.rows[hint]));
-        }
-        if all.matches(key)? {
-            return Ok(None);
-        }
-        self.entry(key, hint).map(Some)
+    fn same(a: &Bound<'py, PyAny>, b: &Bound<'py, PyAny>) -> bool {
+        a.is(b)
     }
 
-    /// The row of `key`: row `hint` when it holds this very id (the usual case, inline),
-    /// else looked up.
     #[inline]
-    fn find(&mut self, key: &Bound<'py, PyAny>, hint: usize) -> PyResult<Option<usize>> {
-        if self.rows.get(hint).is_some_and(|r| r.aid.is(key)) {
-            return Ok(Some(hint));
-        }
-        self.look_up(key)
+    fn is_all(&mut self, id: &Bound<'py, PyAny>) -> PyResult<bool> {
+        self.all.matches(id)
     }
 
-    /// The row of `key` by equality (an index of the rows, made on first use).
     #[inline(never)]
-    fn look_up(&mut self, key: &Bound<'py, PyAny>) -> PyResult<Option<usize>> {
-        let py = key.py();
+    fn find<V, H>(
+        &mut self,
+        rows: &[Mention<Bound<'py, PyAny>, V, H>],
+        id: &Bound<'py, PyAny>,
+    ) -> PyResult<Option<usize>> {
         let index = if let Some(d) = &self.index {
             d
         } else {
-            let d = PyDict::new(py);
-            for (i, r) in self.rows.iter().enumerate() {
+            let d = PyDict::new(id.py());
+            for (i, r) in rows.iter().enumerate() {
                 // The first row of equal keys wins, as with `dict.setdefault`.
-                if !d.contains(&r.aid)? {
-                    d.set_item(&r.aid, i)?;
+                if !d.contains(&r.id)? {
+                    d.set_item(&r.id, i)?;
                 }
             }
             self.index.insert(d)
         };
-        index.get_item(key)?.map(|v| v.extract::<usize>()).transpose()
+        index.get_item(id)?.map(|v| v.extract::<usize>()).transpose()
     }
 
-    /// A new row for `key`, for the keys of the first dict only (no row can equal it).
-    fn push_first(&mut self, key: &Bound<'py, PyAny>) -> &mut Row<'py> {
-        self.rows.push(Row::new(key.clone()));
-        let last = self.rows.len() - 1;
-        &mut self.rows[last]
-    }
-
-    /// The row of `key`, appended if the step has not mentioned the agent yet.
-    fn entry(&mut self, key: &Bound<'py, PyAny>, hint: usize) -> PyResult<&mut Row<'py>> {
-        let i = if let Some(i) = self.find(key, hint)? {
-            i
-        } else {
-            let i = self.rows.len();
-            if let Some(d) = &self.index {
-                d.set_item(key, i)?;
-            }
-            self.rows.push(Row::new(key.clone()));
-            i
-        };
-        Ok(&mut self.rows[i])
+    fn added(&mut self, id: &Bound<'py, PyAny>, at: usize) -> PyResult<()> {
+        match &self.index {
+            Some(d) => d.set_item(id, at),
+            None => Ok(()),
+        }
     }
 }
-
-/// Per-agent values of one env step: inline up to 8 agents (no heap block per call).
-type AgentVec<T> = SmallVec<[T; 8]>;
 
 /// The key `"__all__"` with its hash, to tell agent ids from it.
 struct AllKey<'py> {

@@ -7,12 +7,14 @@
 //! - a value of `None` counts as not given, except that an agent whose key is in the
 //!   rewards dict "has a reward" whatever its value ([`Mention::has_reward`]).
 //!
-//! Generic over the id type `K` and the value type `V`: the binding walks the Python
-//! dicts, and tells ids apart through [`AgentIds`].
+//! Generic over the id type `K`, the value type `V` and what the host keeps per agent `H`
+//! (its books' entries): the binding walks the Python dicts, and tells ids apart through
+//! [`AgentIds`].
 
 use smallvec::SmallVec;
 
 use super::agent::AgentStepInput;
+use super::env_step::episode_ends;
 
 /// Per-agent values of one env step: inline up to eight agents (no heap block per step).
 pub type AgentVec<T> = SmallVec<[T; 8]>;
@@ -31,11 +33,11 @@ pub trait AgentIds<K> {
     /// Where comparing the id fails.
     fn is_all(&mut self, id: &K) -> Result<bool, Self::Error>;
 
-    /// The position of the first of `ids` equal to `id`.
+    /// The position of the first of `rows` whose id equals `id`.
     ///
     /// # Errors
     /// Where comparing ids fails.
-    fn find(&mut self, ids: &[Mention<K, impl Sized>], id: &K) -> Result<Option<usize>, Self::Error>;
+    fn find<V, H>(&mut self, rows: &[Mention<K, V, H>], id: &K) -> Result<Option<usize>, Self::Error>;
 
     /// `id` was appended at position `at` of the ids [`Self::find`] is given.
     ///
@@ -46,7 +48,7 @@ pub trait AgentIds<K> {
 
 /// One agent an env step mentions, with what the step gives it.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Mention<K, V> {
+pub struct Mention<K, V, H = ()> {
     pub id: K,
     pub observation: Option<V>,
     pub action: Option<V>,
@@ -57,9 +59,11 @@ pub struct Mention<K, V> {
     pub extra: Option<V>,
     pub terminated: bool,
     pub truncated: bool,
+    /// What the host keeps for the agent (the core does not read it).
+    pub host: H,
 }
 
-impl<K, V> Mention<K, V> {
+impl<K, V, H: Default> Mention<K, V, H> {
     fn new(id: K) -> Self {
         Mention {
             id,
@@ -71,12 +75,14 @@ impl<K, V> Mention<K, V> {
             extra: None,
             terminated: false,
             truncated: false,
+            host: H::default(),
         }
     }
 
     /// The step's part of the agent's plan input; `book` gives the agent's own facts
     /// (episode, step map, hanging action), its step fields are replaced.
     #[must_use]
+    #[inline]
     pub fn step_input(&self, book: AgentStepInput) -> AgentStepInput {
         AgentStepInput {
             has_observation: self.observation.is_some(),
@@ -102,24 +108,25 @@ impl<K, V> Mention<K, V> {
 /// entry's position in its dict as a hint: the row at that position usually holds the very
 /// same id.
 #[derive(Clone, Debug)]
-pub struct Mentions<K, V> {
-    pub rows: AgentVec<Mention<K, V>>,
+pub struct Mentions<K, V, H = ()> {
+    pub rows: AgentVec<Mention<K, V, H>>,
     pub all_terminated: bool,
     pub all_truncated: bool,
 }
 
-impl<K, V> Default for Mentions<K, V> {
+impl<K, V, H> Default for Mentions<K, V, H> {
     fn default() -> Self {
         Mentions { rows: AgentVec::new(), all_terminated: false, all_truncated: false }
     }
 }
 
-impl<K: Clone, V> Mentions<K, V> {
+impl<K: Clone, V, H: Default> Mentions<K, V, H> {
     /// An entry of the observations dict, read first: its ids are distinct, so each
     /// agent gets a new row.
     ///
     /// # Errors
     /// Where [`AgentIds::is_all`] fails.
+    #[inline]
     pub fn observation<I: AgentIds<K>>(
         &mut self,
         ids: &mut I,
@@ -138,6 +145,7 @@ impl<K: Clone, V> Mentions<K, V> {
     ///
     /// # Errors
     /// Where telling the id apart fails.
+    #[inline]
     pub fn action<I: AgentIds<K>>(
         &mut self,
         ids: &mut I,
@@ -155,6 +163,7 @@ impl<K: Clone, V> Mentions<K, V> {
     ///
     /// # Errors
     /// Where telling the id apart fails.
+    #[inline]
     pub fn reward<I: AgentIds<K>>(
         &mut self,
         ids: &mut I,
@@ -174,6 +183,7 @@ impl<K: Clone, V> Mentions<K, V> {
     ///
     /// # Errors
     /// Where telling the id apart fails.
+    #[inline]
     pub fn flag<I: AgentIds<K>>(
         &mut self,
         ids: &mut I,
@@ -193,6 +203,7 @@ impl<K: Clone, V> Mentions<K, V> {
     /// Whether `"__all__"` ends the episode at this step; then every agent with an
     /// episode is mentioned ([`Self::named`]).
     #[must_use]
+    #[inline]
     pub fn all_flagged(&self) -> bool {
         self.all_terminated || self.all_truncated
     }
@@ -202,6 +213,7 @@ impl<K: Clone, V> Mentions<K, V> {
     ///
     /// # Errors
     /// Where telling the id apart fails.
+    #[inline]
     pub fn named<I: AgentIds<K>>(&mut self, ids: &mut I, id: &K, hint: usize) -> Result<(), I::Error> {
         self.agent(ids, id, hint).map(drop)
     }
@@ -210,6 +222,7 @@ impl<K: Clone, V> Mentions<K, V> {
     ///
     /// # Errors
     /// Where telling the id apart fails.
+    #[inline]
     pub fn info<I: AgentIds<K>>(
         &mut self,
         ids: &mut I,
@@ -229,6 +242,7 @@ impl<K: Clone, V> Mentions<K, V> {
     ///
     /// # Errors
     /// Where telling the id apart fails.
+    #[inline]
     pub fn extra<I: AgentIds<K>>(
         &mut self,
         ids: &mut I,
@@ -248,7 +262,8 @@ impl<K: Clone, V> Mentions<K, V> {
     /// `agents` gives each agent with an episode and whether that episode is done, in the
     /// episode's order; `flagged` whether an agent this step does not mention is flagged
     /// (by a flag dict entry that named no row). The walk stops at the first live agent
-    /// that is not flagged.
+    /// that is not flagged. (Agents are usually mentioned in the order of their episodes:
+    /// the `j`-th agent is looked for in row `j` first.)
     ///
     /// # Errors
     /// Where `agents` or `flagged` fail.
@@ -258,12 +273,13 @@ impl<K: Clone, V> Mentions<K, V> {
         mut flagged: impl FnMut(&K) -> Result<bool, E>,
     ) -> Result<(bool, bool), E> {
         let mut every_live_agent_flagged = true;
-        for agent in agents {
+        for (j, agent) in agents.into_iter().enumerate() {
             let (id, done) = agent?;
             if done {
                 continue;
             }
-            let on = match self.rows.iter().find(|r| I::same(&r.id, &id)) {
+            let row = self.rows.get(j).filter(|r| I::same(&r.id, &id));
+            let on = match row.or_else(|| self.rows.iter().find(|r| I::same(&r.id, &id))) {
                 Some(r) => r.terminated || r.truncated,
                 None => flagged(&id)?,
             };
@@ -272,10 +288,10 @@ impl<K: Clone, V> Mentions<K, V> {
                 break;
             }
         }
-        Ok((self.all_terminated || every_live_agent_flagged, self.all_truncated))
+        Ok(episode_ends(self.all_terminated, self.all_truncated, [every_live_agent_flagged]))
     }
 
-    /// The row of agent `id`; `None` for `"__all__"`. The usual case first: `id` is the
+    /// The row of agent `id`; `None` for `"__all__"`. The usual case inline: `id` is the
     /// very id of row `hint` (then an agent), found without a call.
     #[inline]
     fn agent<I: AgentIds<K>>(
@@ -283,10 +299,21 @@ impl<K: Clone, V> Mentions<K, V> {
         ids: &mut I,
         id: &K,
         hint: usize,
-    ) -> Result<Option<&mut Mention<K, V>>, I::Error> {
+    ) -> Result<Option<&mut Mention<K, V, H>>, I::Error> {
         if self.rows.get(hint).is_some_and(|r| I::same(&r.id, id)) {
             return Ok(Some(&mut self.rows[hint]));
         }
+        self.other_agent(ids, id)
+    }
+
+    /// [`Self::agent`] where the hint fails: `"__all__"`, a row found by equality, or a
+    /// new row.
+    #[inline(never)]
+    fn other_agent<I: AgentIds<K>>(
+        &mut self,
+        ids: &mut I,
+        id: &K,
+    ) -> Result<Option<&mut Mention<K, V, H>>, I::Error> {
         if ids.is_all(id)? {
             return Ok(None);
         }
@@ -331,13 +358,13 @@ mod tests {
         fn is_all(&mut self, id: &&'static str) -> Result<bool, ()> {
             Ok(*id == "__all__")
         }
-        fn find(
+        fn find<V, H>(
             &mut self,
-            ids: &[Mention<&'static str, impl Sized>],
+            rows: &[Mention<&'static str, V, H>],
             id: &&'static str,
         ) -> Result<Option<usize>, ()> {
             self.finds += 1;
-            Ok(ids.iter().position(|r| r.id == *id))
+            Ok(rows.iter().position(|r| r.id == *id))
         }
         fn added(&mut self, _: &&'static str, _: usize) -> Result<(), ()> {
             Ok(())
