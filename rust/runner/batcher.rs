@@ -88,8 +88,10 @@ impl<A> Batcher<A> {
         agent: A,
         item: &[B],
     ) -> Result<(), BatchError> {
-        let agents = self.agents.get_mut(row).ok_or(BatchError::NoRow { row })?;
-        let (_, batch) = self.modules.get_mut(module).ok_or(BatchError::StaleIndex)?;
+        // `let else`, not `ok_or`: an eager error would be dropped on every push (a call:
+        // `BatchError` holds strings).
+        let Some(agents) = self.agents.get_mut(row) else { return Err(BatchError::NoRow { row }) };
+        let Some((_, batch)) = self.modules.get_mut(module) else { return Err(BatchError::StaleIndex) };
         batch.push(row, agents.len(), item)?;
         agents.push(agent);
         Ok(())
@@ -124,7 +126,7 @@ impl<A> Batcher<A> {
 
     /// Checks that a module's output column `output` has `rows` rows, one per batch row.
     pub fn check_output(&self, module: usize, output: &str, rows: usize) -> Result<(), BatchError> {
-        let (id, batch) = self.modules.get(module).ok_or(BatchError::StaleIndex)?;
+        let Some((id, batch)) = self.modules.get(module) else { return Err(BatchError::StaleIndex) };
         if rows == batch.len() {
             return Ok(());
         }

@@ -119,7 +119,11 @@ impl<B: AsRef<[u8]>> FieldBytes<B> {
 /// Row `i` of a leaf whose rows are `width` bytes (`None`: a constant, every row).
 fn leaf_row(bytes: &[u8], width: Option<usize>, i: usize) -> Result<&[u8], BatchError> {
     match width {
-        Some(w) => bytes.get(i * w..(i + 1) * w).ok_or(BatchError::NoRow { row: i }),
+        // Not `ok_or`: an eager error would be dropped on every row read (a call).
+        Some(w) => match bytes.get(i * w..(i + 1) * w) {
+            Some(row) => Ok(row),
+            None => Err(BatchError::NoRow { row: i }),
+        },
         None => Ok(bytes),
     }
 }
