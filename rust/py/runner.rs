@@ -31,12 +31,22 @@ use crate::runner::step::{
     same_layout, step_results, vector_info_keys, FastStep, FieldBytes, FieldRows, StepField,
 };
 use crate::runner::tally::Tally;
-use crate::runner::{BatchError, EnvIndices};
+use crate::runner::{BatchError, EnvIndices, IndexEntry};
 
 /// A batch bookkeeping error as Python's `ValueError`.
 #[allow(clippy::needless_pass_by_value)] // the shape `map_err` takes
 fn value_error(e: BatchError) -> PyErr {
     PyValueError::new_err(e.to_string())
+}
+
+/// A batch bookkeeping error as Python's `TypeError` or `ValueError`, as it says.
+#[allow(clippy::needless_pass_by_value)] // the shape `map_err` takes
+fn batch_error(e: BatchError) -> PyErr {
+    if e.is_type_error() {
+        PyTypeError::new_err(e.to_string())
+    } else {
+        PyValueError::new_err(e.to_string())
+    }
 }
 
 /// `repr(value)`, or nothing where it raises (for messages).
@@ -345,17 +355,13 @@ fn unbatch_infos<'py>(
 /// included) or given twice, and `TypeError` for what is not integers (a bool mask too).
 fn env_indices(value: Option<&Bound<'_, PyAny>>, num_envs: usize) -> PyResult<EnvIndices> {
     let Some(value) = value.filter(|v| !v.is_none()) else { return Ok(EnvIndices::all(num_envs)) };
-    let not_ints = |what: String| {
-        PyTypeError::new_err(format!(
-            "env_indices must be a sequence of ints or a 1-D integer numpy array, got {what}"
-        ))
-    };
     let indices: Vec<i64> = if let Ok(a) = value.cast::<PyUntypedArray>() {
         let dtype = a.dtype();
-        if a.ndim() != 1 || !matches!(dtype.kind(), b'i' | b'u') {
+        IndexEntry::check_array(a.ndim(), dtype.kind(), || {
             let repr = dtype.str().map(|r| r.to_string()).unwrap_or_default();
-            return Err(not_ints(format!("an array of dtype {repr} and shape {:?}", a.shape())));
-        }
+            format!("an array of dtype {repr} and shape {:?}", a.shape())
+        })
+        .map_err(batch_error)?;
         if a.is_c_contiguous() && a.cast::<PyArray1<i64>>().is_ok() {
             // The common case (np.array of ints, np.flatnonzero): its bytes, read without a
             // Python call (rust-numpy's `readonly()` borrow check cost more than the rest
@@ -367,34 +373,25 @@ fn env_indices(value: Option<&Bound<'_, PyAny>>, num_envs: usize) -> PyResult<En
     } else {
         let Ok(items) = value.try_iter() else {
             let name = value.get_type().name().map(|n| n.to_string()).unwrap_or_default();
-            return Err(not_ints(format!("a {name}")));
+            return Err(batch_error(BatchError::NotInts { got: format!("a {name}") }));
         };
         ints(items)?
     };
     EnvIndices::subset(&indices, num_envs).map_err(value_error)
 }
 
-/// The items of `env_indices` as `i64`s: `ValueError` naming an int too large for any
-/// sub-env, `TypeError` naming an item that is not an int (bools are not taken for indices).
+/// The items of `env_indices` as `i64`s, each classified for [`IndexEntry::index`].
 fn ints(items: Bound<'_, pyo3::types::PyIterator>) -> PyResult<Vec<i64>> {
     let mut out = Vec::new();
     for (entry, item) in items.enumerate() {
         let item = item?;
-        match item.extract::<i64>() {
-            Ok(i) if !item.is_instance_of::<PyBool>() => out.push(i),
-            Err(_) if item.is_instance_of::<PyInt>() => {
-                let repr = repr(&item);
-                return Err(PyValueError::new_err(format!(
-                    "env_indices[{entry}] is {repr}, not a sub-env index"
-                )));
-            }
-            _ => {
-                return Err(PyTypeError::new_err(format!(
-                    "env_indices[{entry}] is {}, not an int",
-                    repr(&item)
-                )))
-            }
-        }
+        let kind = match item.extract::<i64>() {
+            Ok(_) if item.is_instance_of::<PyBool>() => IndexEntry::Bool,
+            Ok(i) => IndexEntry::Int(i),
+            Err(_) if item.is_instance_of::<PyInt>() => IndexEntry::BigInt,
+            Err(_) => IndexEntry::Other,
+        };
+        out.push(kind.index(entry, || repr(&item)).map_err(batch_error)?);
     }
     Ok(out)
 }
