@@ -28,7 +28,7 @@ use super::single::{Input, LengthGuess, SingleAgentEpisodePy};
 use super::spec::{self, LeafBytes, Spec};
 use crate::runner::batcher::{Batcher, OutputRole};
 use crate::runner::step::{
-    same_layout, step_results, vector_info_keys, FastStep, FieldBytes, FieldRows, StepField,
+    same_layout, step_results, vector_info_keys, FastStep, FieldBytes, FieldRows, StepField, StepKind,
 };
 use crate::runner::tally::Tally;
 use crate::runner::{BatchError, EnvIndices, IndexEntry};
@@ -201,25 +201,20 @@ impl FieldError {
 }
 
 /// The common vector step laid out by the columns of `model` (a reset episode with a
-/// step), the fields in order (observation, action, reward, then the extras); `None` if
-/// some field of it is not stored typed, a batch does not convert, or a field is read per
-/// episode. Episodes whose columns differ (first steps, fields stored as objects, other
-/// dtypes) go through the per-episode conversion instead.
+/// step), as [`FastStep::build`] decides; episodes whose columns differ (first steps,
+/// fields stored as objects, other dtypes) go through the per-episode conversion instead.
 fn fast_step<'a, 'py: 'a>(
     model: &SingleAgentEpisodePy,
     fields: impl Iterator<Item = &'a BatchField<'py>>,
 ) -> Option<FastStep<LeafBytes<'py>>> {
-    let mut out = FastStep::default();
-    for f in fields {
+    FastStep::build(fields.map(|f| (&f.field, f.kind(), f)), |f, constant| {
         let spec = model.row_spec(f.field.name())?;
-        let bytes = match f.kind() {
-            FieldRows::Batch => f.convert(spec).ok()?,
-            FieldRows::Constant => f.const_bytes(spec)?,
-            FieldRows::PerEpisode => return None,
-        };
-        out.push(&f.field, bytes);
-    }
-    Some(out)
+        if constant {
+            f.const_bytes(spec)
+        } else {
+            f.convert(spec).ok()
+        }
+    })
 }
 
 /// Stores the steps of the episodes that take the fast path: row `i` of every batch,
@@ -551,18 +546,22 @@ pub fn single_agent_record_vector_step<'py>(
     for (i, (ep, info)) in episodes.into_iter().zip(&infos).enumerate() {
         let e = ep.borrow();
         let env = envs.env(i);
-        let p = if layouts.as_ref().is_some_and(|(l, k)| e.fits_rows(l, k)) {
-            None
-        } else if e.is_reset() {
-            let input = |f: &mut BatchField<'py>| f.input(&e, i).map_err(|err| err.into_py(py, env));
-            let (o, a, r) = (input(&mut obs)?, input(&mut act)?, input(&mut rew)?);
-            let x = extras.iter_mut().map(|(k, f)| Ok((k.clone(), input(f)?))).collect::<PyResult<_>>()?;
-            Some(Prepared::Step(
-                e.prepare_step_inputs(o, a, r, info.as_ref(), x).map_err(|err| for_env(py, env, err))?,
-            ))
-        } else {
-            let o = row_object(observations, i)?;
-            Some(Prepared::Reset(e.prepare_reset(&o).map_err(|err| for_env(py, env, err))?))
+        let fits = layouts.as_ref().is_some_and(|(l, k)| e.fits_rows(l, k));
+        let p = match StepKind::of(fits, || e.is_reset()) {
+            StepKind::Row => None,
+            StepKind::Step => {
+                let input = |f: &mut BatchField<'py>| f.input(&e, i).map_err(|err| err.into_py(py, env));
+                let (o, a, r) = (input(&mut obs)?, input(&mut act)?, input(&mut rew)?);
+                let x =
+                    extras.iter_mut().map(|(k, f)| Ok((k.clone(), input(f)?))).collect::<PyResult<_>>()?;
+                Some(Prepared::Step(
+                    e.prepare_step_inputs(o, a, r, info.as_ref(), x).map_err(|err| for_env(py, env, err))?,
+                ))
+            }
+            StepKind::Reset => {
+                let o = row_object(observations, i)?;
+                Some(Prepared::Reset(e.prepare_reset(&o).map_err(|err| for_env(py, env, err))?))
+            }
         };
         drop(e);
         match p {
