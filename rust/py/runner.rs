@@ -30,7 +30,7 @@ use crate::runner::batcher::{Batcher, OutputRole};
 use crate::runner::step::{
     same_layout, step_results, vector_info_keys, FastStep, FieldBytes, FieldRows, StepField, StepKind,
 };
-use crate::runner::tally::Tally;
+use crate::runner::tally::{StepCounts, Tally};
 use crate::runner::{BatchError, EnvIndices, IndexEntry};
 
 /// A batch bookkeeping error as Python's `ValueError`.
@@ -669,7 +669,7 @@ pub fn multi_agent_record_steps<'py>(
     let empty = PyDict::new(py);
     // The call's counts, written to the dicts once per agent and module at the end.
     let counts = agent_steps.zip(module_steps);
-    let (mut agent_tally, mut module_tally) = (Tally::default(), Tally::default());
+    let mut tally = StepCounts::default();
     // `i` is a row of the lists; `env` its episode's index, for messages and results.
     for (i, env) in envs.iter() {
         let ep = episodes.get_item(env)?.cast_into::<MultiAgentEpisodeCore>()?;
@@ -689,15 +689,15 @@ pub fn multi_agent_record_steps<'py>(
         )
         .map_err(|err| for_env(py, env, err))?;
         if counts.is_some() {
-            count_steps(ep.as_any(), &obs, &mut agent_tally, &mut module_tally)?;
+            count_steps(ep.as_any(), &obs, &mut tally)?;
         }
         if ep.try_borrow()?.done() {
             done.push(env);
         }
     }
     if let Some((agents, modules)) = counts {
-        add_counts(&agent_tally, agents)?;
-        add_counts(&module_tally, modules)?;
+        add_counts(&tally.agents, agents)?;
+        add_counts(&tally.modules, modules)?;
     }
     Ok(done)
 }
@@ -709,12 +709,6 @@ fn add_counts<'py>(tally: &Tally<Bound<'py, PyAny>>, d: &Bound<'py, PyDict>) -> 
         d.set_item(key, old + n)?;
     }
     Ok(())
-}
-
-/// Counts `key` in `tally`: keys are the same object (agent ids recur across steps and
-/// sub-envs) or, failing that, equal as a dict compares them.
-fn tally_add<'py>(tally: &mut Tally<Bound<'py, PyAny>>, key: &Bound<'py, PyAny>) -> PyResult<()> {
-    tally.add(key, |a, b| a.is(b), |a, b| a.eq(b))
 }
 
 /// The module of agent `aid` in `episode`: from its agent-to-module mapping, or for an
@@ -735,33 +729,25 @@ fn mapping<'py>(episode: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
     Ok(episode.getattr(intern!(episode.py(), "_agent_to_module_mapping"))?.cast_into::<PyDict>()?)
 }
 
-/// Counts one step per observing agent for the agent and for its module.
+/// Counts the step of `episode`'s sub-env (see [`StepCounts::add_step`]): keys are the
+/// same object (agent ids recur across steps and sub-envs) or, failing that, equal as a
+/// dict compares them.
 fn count_steps<'py>(
     episode: &Bound<'py, PyAny>,
     observations: &Bound<'py, PyDict>,
-    agents: &mut Tally<Bound<'py, PyAny>>,
-    modules: &mut Tally<Bound<'py, PyAny>>,
+    counts: &mut StepCounts<Bound<'py, PyAny>>,
 ) -> PyResult<()> {
     if observations.is_empty() {
         return Ok(());
     }
     let mapping = mapping(episode)?;
-    for (aid, _) in observations.iter() {
-        // An agent that first observes in the episode's terminal step gets no agent
-        // episode (it has no step to record) and so no mapping yet; its step still counts,
-        // for the module the mapping function gives it (as RLlib's `module_for` does).
-        let module = module_of(episode, &mapping, &aid)?;
-        if module.is_none() {
-            return Err(PyValueError::new_err(format!(
-                "agent {} maps to no module (the agent-to-module mapping function returned \
-                 None); it must return a configured module id",
-                aid.repr()?
-            )));
-        }
-        tally_add(agents, &aid)?;
-        tally_add(modules, &module)?;
-    }
-    Ok(())
+    counts.add_step(
+        observations.iter().map(|(aid, _)| aid),
+        |aid| module_of(episode, &mapping, aid).map(|m| (!m.is_none()).then_some(m)),
+        |aid| aid.repr().map_or_else(|e| e, |r| value_error(BatchError::NoModule { agent: r.to_string() })),
+        |a, b| a.is(b),
+        |a, b| a.eq(b),
+    )
 }
 
 /// Whether `flags[aid]` is set (a done agent).

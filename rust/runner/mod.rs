@@ -57,6 +57,9 @@ pub enum BatchError {
     OutputRows { module: String, output: String, rows: usize, batch: usize },
     /// An index map entry that names no gathered agent.
     StaleIndex,
+    /// An agent (`agent`, as the host writes it) that the agent-to-module mapping maps to
+    /// no module.
+    NoModule { agent: String },
 }
 
 impl fmt::Display for BatchError {
@@ -115,6 +118,11 @@ impl fmt::Display for BatchError {
                 write!(f, "module {module:?}: output {output:?} has {rows} rows, the batch has {batch}")
             }
             BatchError::StaleIndex => write!(f, "the batcher's index map is out of date"),
+            BatchError::NoModule { agent } => write!(
+                f,
+                "agent {agent} maps to no module (the agent-to-module mapping function returned \
+                 None); it must return a configured module id"
+            ),
         }
     }
 }
