@@ -770,8 +770,9 @@ fn module_outputs(
     let mut columns = Vec::new();
     for (col, value) in cols.iter() {
         let name = col.cast_into::<PyString>()?;
-        let s = name.to_str()?;
-        if s == actions_key || s == actions_for_env_key {
+        if OutputRole::of(name.to_str()?, actions_key, actions_for_env_key, false, false)
+            != Some(OutputRole::Extra)
+        {
             continue;
         }
         if let Some(c) = constants {
@@ -1038,6 +1039,7 @@ impl ModuleBatcherPy {
                     columns.push((role, col, value));
                 }
             }
+            let env_from_actions = OutputRole::env_from_actions(columns.iter().map(|(role, ..)| *role));
             // What each agent gets besides its dict's column values: its row of the
             // outputs, or the constants merged into that dict.
             let rows = rows.filter(|o| !o.columns.is_empty() || o.constants.is_some());
@@ -1049,7 +1051,7 @@ impl ModuleBatcherPy {
                         match role {
                             OutputRole::Actions => {
                                 actions[env].set_item(aid, &v)?;
-                                if !env_actions[env].contains(aid)? {
+                                if env_from_actions {
                                     env_actions[env].set_item(aid, &v)?;
                                 }
                             }

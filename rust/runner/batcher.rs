@@ -172,6 +172,12 @@ impl OutputRole {
             () => Some(OutputRole::Extra),
         }
     }
+
+    /// Whether the actions column gives the env's actions too: unless a column of its
+    /// own (role [`OutputRole::ActionsForEnv`]) does, whichever comes first.
+    pub fn env_from_actions(roles: impl IntoIterator<Item = OutputRole>) -> bool {
+        !roles.into_iter().any(|r| r == OutputRole::ActionsForEnv)
+    }
 }
 
 #[cfg(test)]
@@ -246,5 +252,17 @@ mod tests {
         assert_eq!(role("vf", false, false), Some(OutputRole::Extra));
         assert_eq!(role("vf", false, true), None, "handed over as rows");
         assert_eq!(role("actions", false, true), Some(OutputRole::Actions));
+    }
+
+    #[test]
+    fn the_env_takes_the_actions_unless_a_column_gives_its_own() {
+        use OutputRole::{Actions, ActionsForEnv, Extra};
+        assert!(OutputRole::env_from_actions([Actions, Extra]));
+        assert!(!OutputRole::env_from_actions([Actions, ActionsForEnv]));
+        assert!(!OutputRole::env_from_actions([ActionsForEnv, Extra, Actions]), "in any order");
+        // The env column that is the actions column itself has no role: the actions give it.
+        let role = |name, same| OutputRole::of(name, "actions", "actions_for_env", same, false);
+        let roles = [role("actions", true), role("actions_for_env", true)];
+        assert!(OutputRole::env_from_actions(roles.into_iter().flatten()));
     }
 }
