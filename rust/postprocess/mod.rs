@@ -12,6 +12,8 @@ pub enum GaeError {
     Segments { total: usize, rows: usize },
     /// One bootstrap value is needed per segment.
     Bootstraps { segments: usize, bootstraps: usize },
+    /// A segment of negative length.
+    NegativeLength,
 }
 
 impl fmt::Display for GaeError {
@@ -26,6 +28,7 @@ impl fmt::Display for GaeError {
             Self::Bootstraps { segments, bootstraps } => {
                 write!(f, "{segments} segments but {bootstraps} bootstrap values")
             }
+            Self::NegativeLength => write!(f, "a segment length is negative"),
         }
     }
 }
@@ -40,23 +43,28 @@ impl std::error::Error for GaeError {}
 /// (`advantages`, `advantages + values`) are written as f32.
 ///
 /// # Errors
-/// Inconsistent lengths (see [`GaeError`]); nothing is written then.
+/// Inconsistent or negative lengths (see [`GaeError`]); nothing is written then.
 #[allow(clippy::too_many_arguments)]
 pub fn gae_segments(
     rewards: &[f32],
     values: &[f32],
-    lengths: &[usize],
+    lengths: &[i64],
     bootstraps: &[f32],
     gamma: f64,
     lambda: f64,
     advantages: &mut [f32],
     targets: &mut [f32],
 ) -> Result<(), GaeError> {
+    // Lengths as the host's int64 arrays hold them; a sum past `usize` fits no batch.
+    let mut total = 0usize;
+    for &len in lengths {
+        let len = usize::try_from(len).map_err(|_| GaeError::NegativeLength)?;
+        total = total.saturating_add(len);
+    }
     let rows = rewards.len();
     if values.len() != rows || advantages.len() != rows || targets.len() != rows {
         return Err(GaeError::Lengths { rewards: rows, values: values.len() });
     }
-    let total: usize = lengths.iter().sum();
     if total != rows {
         return Err(GaeError::Segments { total, rows });
     }
@@ -66,7 +74,9 @@ pub fn gae_segments(
     let decay = gamma * lambda;
     let mut end = rows;
     for (len, &bootstrap) in lengths.iter().zip(bootstraps).rev() {
-        let start = end - len;
+        // Each length is in `0..=rows` (checked above: none negative, their sum `rows`).
+        #[allow(clippy::cast_sign_loss, clippy::cast_possible_truncation)]
+        let start = end - *len as usize;
         let mut next_value = f64::from(bootstrap);
         let mut running = 0.0_f64;
         for t in (start..end).rev() {
@@ -90,7 +100,7 @@ pub fn gae_segments(
 mod tests {
     use super::*;
 
-    fn run(r: &[f32], v: &[f32], lens: &[usize], b: &[f32], g: f64, l: f64) -> (Vec<f32>, Vec<f32>) {
+    fn run(r: &[f32], v: &[f32], lens: &[i64], b: &[f32], g: f64, l: f64) -> (Vec<f32>, Vec<f32>) {
         let mut a = vec![0.0; r.len()];
         let mut t = vec![0.0; r.len()];
         gae_segments(r, v, lens, b, g, l, &mut a, &mut t).unwrap();
@@ -131,5 +141,27 @@ mod tests {
         assert_eq!(err, Err(GaeError::Bootstraps { segments: 2, bootstraps: 1 }));
         let err = gae_segments(&[0.0; 2], &[0.0; 1], &[2], &[0.0], 1.0, 1.0, &mut a, &mut t);
         assert!(matches!(err, Err(GaeError::Lengths { .. })));
+    }
+
+    #[test]
+    fn negative_lengths_are_refused_before_anything_is_written() {
+        let mut a = vec![7.0; 2];
+        let mut t = vec![7.0; 2];
+        // -1 and 3 add up to the rows; the negative one is refused all the same.
+        let err = gae_segments(&[0.0; 2], &[0.0; 2], &[-1, 3], &[0.0; 2], 1.0, 1.0, &mut a, &mut t);
+        assert_eq!(err, Err(GaeError::NegativeLength));
+        assert_eq!(err.unwrap_err().to_string(), "a segment length is negative");
+        assert_eq!((a, t), (vec![7.0; 2], vec![7.0; 2]));
+        let err = gae_segments(
+            &[0.0],
+            &[0.0],
+            &[i64::MAX, i64::MAX, 1],
+            &[0.0; 3],
+            1.0,
+            1.0,
+            &mut [0.0],
+            &mut [0.0],
+        );
+        assert!(matches!(err, Err(GaeError::Segments { .. })), "a sum past usize is no panic");
     }
 }

@@ -31,13 +31,7 @@ pub fn gae_segments<'py>(
     let r = rewards.as_slice().map_err(|_| not_contiguous("rewards"))?;
     let v = values.as_slice().map_err(|_| not_contiguous("values"))?;
     let b = bootstraps.as_slice().map_err(|_| not_contiguous("bootstraps"))?;
-    let lens = lengths
-        .as_slice()
-        .map_err(|_| not_contiguous("lengths"))?
-        .iter()
-        .map(|&n| usize::try_from(n))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|_| PyValueError::new_err("gae_segments: a segment length is negative"))?;
+    let lens = lengths.as_slice().map_err(|_| not_contiguous("lengths"))?;
     let advantages = PyArray1::<f32>::zeros(py, rewards.len(), false);
     let targets = PyArray1::<f32>::zeros(py, rewards.len(), false);
     {
@@ -46,7 +40,7 @@ pub fn gae_segments<'py>(
         let (Ok(a), Ok(t)) = (a_rw.as_slice_mut(), t_rw.as_slice_mut()) else {
             unreachable!("new one-dimensional arrays are contiguous");
         };
-        gae(r, v, &lens, b, gamma, lambda_, a, t)
+        gae(r, v, lens, b, gamma, lambda_, a, t)
             .map_err(|e| PyValueError::new_err(format!("gae_segments: {e}")))?;
     }
     Ok((advantages, targets))

@@ -1,7 +1,5 @@
 //! The binding of [`crate::runner::ready::wait_ready`]: the wait runs with the GIL released.
 
-use std::time::Duration;
-
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 
@@ -33,18 +31,8 @@ pub fn wait_ready(
     need: usize,
     timeout_s: Option<f64>,
 ) -> PyResult<Vec<usize>> {
-    if fds.len() != weights.len() {
-        return Err(PyValueError::new_err(format!(
-            "wait_ready: {} fds but {} weights",
-            fds.len(),
-            weights.len()
-        )));
-    }
-    let timeout = match timeout_s {
-        None => None,
-        Some(t) if t.is_finite() && t >= 0.0 => Some(Duration::from_secs_f64(t)),
-        Some(t) => return Err(PyValueError::new_err(format!("wait_ready: timeout_s must be >= 0, got {t}"))),
-    };
+    let timeout = crate::runner::ready::wait_args(fds.len(), weights.len(), timeout_s)
+        .map_err(|e| PyValueError::new_err(format!("wait_ready: {e}")))?;
     // A Python exception raised by a signal handler, carried out of the GIL-free wait.
     let mut raised: Option<PyErr> = None;
     let result = py.detach(|| {

@@ -28,15 +28,25 @@ use super::single::{Input, LengthGuess, SingleAgentEpisodePy};
 use super::spec::{self, LeafBytes, Spec};
 use crate::runner::batcher::{Batcher, OutputRole};
 use crate::runner::step::{
-    same_layout, step_results, vector_info_keys, FastStep, FieldBytes, FieldRows, StepField,
+    same_layout, step_results, vector_info_keys, FastStep, FieldBytes, FieldRows, StepField, StepKind,
 };
-use crate::runner::tally::Tally;
-use crate::runner::{BatchError, EnvIndices};
+use crate::runner::tally::{StepCounts, Tally};
+use crate::runner::{BatchError, EnvIndices, IndexEntry};
 
 /// A batch bookkeeping error as Python's `ValueError`.
 #[allow(clippy::needless_pass_by_value)] // the shape `map_err` takes
 fn value_error(e: BatchError) -> PyErr {
     PyValueError::new_err(e.to_string())
+}
+
+/// A batch bookkeeping error as Python's `TypeError` or `ValueError`, as it says.
+#[allow(clippy::needless_pass_by_value)] // the shape `map_err` takes
+fn batch_error(e: BatchError) -> PyErr {
+    if e.is_type_error() {
+        PyTypeError::new_err(e.to_string())
+    } else {
+        PyValueError::new_err(e.to_string())
+    }
 }
 
 /// `repr(value)`, or nothing where it raises (for messages).
@@ -191,25 +201,20 @@ impl FieldError {
 }
 
 /// The common vector step laid out by the columns of `model` (a reset episode with a
-/// step), the fields in order (observation, action, reward, then the extras); `None` if
-/// some field of it is not stored typed, a batch does not convert, or a field is read per
-/// episode. Episodes whose columns differ (first steps, fields stored as objects, other
-/// dtypes) go through the per-episode conversion instead.
+/// step), as [`FastStep::build`] decides; episodes whose columns differ (first steps,
+/// fields stored as objects, other dtypes) go through the per-episode conversion instead.
 fn fast_step<'a, 'py: 'a>(
     model: &SingleAgentEpisodePy,
     fields: impl Iterator<Item = &'a BatchField<'py>>,
 ) -> Option<FastStep<LeafBytes<'py>>> {
-    let mut out = FastStep::default();
-    for f in fields {
+    FastStep::build(fields.map(|f| (&f.field, f.kind(), f)), |f, constant| {
         let spec = model.row_spec(f.field.name())?;
-        let bytes = match f.kind() {
-            FieldRows::Batch => f.convert(spec).ok()?,
-            FieldRows::Constant => f.const_bytes(spec)?,
-            FieldRows::PerEpisode => return None,
-        };
-        out.push(&f.field, bytes);
-    }
-    Some(out)
+        if constant {
+            f.const_bytes(spec)
+        } else {
+            f.convert(spec).ok()
+        }
+    })
 }
 
 /// Stores the steps of the episodes that take the fast path: row `i` of every batch,
@@ -345,17 +350,13 @@ fn unbatch_infos<'py>(
 /// included) or given twice, and `TypeError` for what is not integers (a bool mask too).
 fn env_indices(value: Option<&Bound<'_, PyAny>>, num_envs: usize) -> PyResult<EnvIndices> {
     let Some(value) = value.filter(|v| !v.is_none()) else { return Ok(EnvIndices::all(num_envs)) };
-    let not_ints = |what: String| {
-        PyTypeError::new_err(format!(
-            "env_indices must be a sequence of ints or a 1-D integer numpy array, got {what}"
-        ))
-    };
     let indices: Vec<i64> = if let Ok(a) = value.cast::<PyUntypedArray>() {
         let dtype = a.dtype();
-        if a.ndim() != 1 || !matches!(dtype.kind(), b'i' | b'u') {
+        IndexEntry::check_array(a.ndim(), dtype.kind(), || {
             let repr = dtype.str().map(|r| r.to_string()).unwrap_or_default();
-            return Err(not_ints(format!("an array of dtype {repr} and shape {:?}", a.shape())));
-        }
+            format!("an array of dtype {repr} and shape {:?}", a.shape())
+        })
+        .map_err(batch_error)?;
         if a.is_c_contiguous() && a.cast::<PyArray1<i64>>().is_ok() {
             // The common case (np.array of ints, np.flatnonzero): its bytes, read without a
             // Python call (rust-numpy's `readonly()` borrow check cost more than the rest
@@ -367,34 +368,25 @@ fn env_indices(value: Option<&Bound<'_, PyAny>>, num_envs: usize) -> PyResult<En
     } else {
         let Ok(items) = value.try_iter() else {
             let name = value.get_type().name().map(|n| n.to_string()).unwrap_or_default();
-            return Err(not_ints(format!("a {name}")));
+            return Err(batch_error(BatchError::NotInts { got: format!("a {name}") }));
         };
         ints(items)?
     };
     EnvIndices::subset(&indices, num_envs).map_err(value_error)
 }
 
-/// The items of `env_indices` as `i64`s: `ValueError` naming an int too large for any
-/// sub-env, `TypeError` naming an item that is not an int (bools are not taken for indices).
+/// The items of `env_indices` as `i64`s, each classified for [`IndexEntry::index`].
 fn ints(items: Bound<'_, pyo3::types::PyIterator>) -> PyResult<Vec<i64>> {
     let mut out = Vec::new();
     for (entry, item) in items.enumerate() {
         let item = item?;
-        match item.extract::<i64>() {
-            Ok(i) if !item.is_instance_of::<PyBool>() => out.push(i),
-            Err(_) if item.is_instance_of::<PyInt>() => {
-                let repr = repr(&item);
-                return Err(PyValueError::new_err(format!(
-                    "env_indices[{entry}] is {repr}, not a sub-env index"
-                )));
-            }
-            _ => {
-                return Err(PyTypeError::new_err(format!(
-                    "env_indices[{entry}] is {}, not an int",
-                    repr(&item)
-                )))
-            }
-        }
+        let kind = match item.extract::<i64>() {
+            Ok(_) if item.is_instance_of::<PyBool>() => IndexEntry::Bool,
+            Ok(i) => IndexEntry::Int(i),
+            Err(_) if item.is_instance_of::<PyInt>() => IndexEntry::BigInt,
+            Err(_) => IndexEntry::Other,
+        };
+        out.push(kind.index(entry, || repr(&item)).map_err(batch_error)?);
     }
     Ok(out)
 }
@@ -554,18 +546,22 @@ pub fn single_agent_record_vector_step<'py>(
     for (i, (ep, info)) in episodes.into_iter().zip(&infos).enumerate() {
         let e = ep.borrow();
         let env = envs.env(i);
-        let p = if layouts.as_ref().is_some_and(|(l, k)| e.fits_rows(l, k)) {
-            None
-        } else if e.is_reset() {
-            let input = |f: &mut BatchField<'py>| f.input(&e, i).map_err(|err| err.into_py(py, env));
-            let (o, a, r) = (input(&mut obs)?, input(&mut act)?, input(&mut rew)?);
-            let x = extras.iter_mut().map(|(k, f)| Ok((k.clone(), input(f)?))).collect::<PyResult<_>>()?;
-            Some(Prepared::Step(
-                e.prepare_step_inputs(o, a, r, info.as_ref(), x).map_err(|err| for_env(py, env, err))?,
-            ))
-        } else {
-            let o = row_object(observations, i)?;
-            Some(Prepared::Reset(e.prepare_reset(&o).map_err(|err| for_env(py, env, err))?))
+        let fits = layouts.as_ref().is_some_and(|(l, k)| e.fits_rows(l, k));
+        let p = match StepKind::of(fits, || e.is_reset()) {
+            StepKind::Row => None,
+            StepKind::Step => {
+                let input = |f: &mut BatchField<'py>| f.input(&e, i).map_err(|err| err.into_py(py, env));
+                let (o, a, r) = (input(&mut obs)?, input(&mut act)?, input(&mut rew)?);
+                let x =
+                    extras.iter_mut().map(|(k, f)| Ok((k.clone(), input(f)?))).collect::<PyResult<_>>()?;
+                Some(Prepared::Step(
+                    e.prepare_step_inputs(o, a, r, info.as_ref(), x).map_err(|err| for_env(py, env, err))?,
+                ))
+            }
+            StepKind::Reset => {
+                let o = row_object(observations, i)?;
+                Some(Prepared::Reset(e.prepare_reset(&o).map_err(|err| for_env(py, env, err))?))
+            }
         };
         drop(e);
         match p {
@@ -673,7 +669,7 @@ pub fn multi_agent_record_steps<'py>(
     let empty = PyDict::new(py);
     // The call's counts, written to the dicts once per agent and module at the end.
     let counts = agent_steps.zip(module_steps);
-    let (mut agent_tally, mut module_tally) = (Tally::default(), Tally::default());
+    let mut tally = StepCounts::default();
     // `i` is a row of the lists; `env` its episode's index, for messages and results.
     for (i, env) in envs.iter() {
         let ep = episodes.get_item(env)?.cast_into::<MultiAgentEpisodeCore>()?;
@@ -693,15 +689,15 @@ pub fn multi_agent_record_steps<'py>(
         )
         .map_err(|err| for_env(py, env, err))?;
         if counts.is_some() {
-            count_steps(ep.as_any(), &obs, &mut agent_tally, &mut module_tally)?;
+            count_steps(ep.as_any(), &obs, &mut tally)?;
         }
         if ep.try_borrow()?.done() {
             done.push(env);
         }
     }
     if let Some((agents, modules)) = counts {
-        add_counts(&agent_tally, agents)?;
-        add_counts(&module_tally, modules)?;
+        add_counts(&tally.agents, agents)?;
+        add_counts(&tally.modules, modules)?;
     }
     Ok(done)
 }
@@ -713,12 +709,6 @@ fn add_counts<'py>(tally: &Tally<Bound<'py, PyAny>>, d: &Bound<'py, PyDict>) -> 
         d.set_item(key, old + n)?;
     }
     Ok(())
-}
-
-/// Counts `key` in `tally`: keys are the same object (agent ids recur across steps and
-/// sub-envs) or, failing that, equal as a dict compares them.
-fn tally_add<'py>(tally: &mut Tally<Bound<'py, PyAny>>, key: &Bound<'py, PyAny>) -> PyResult<()> {
-    tally.add(key, |a, b| a.is(b), |a, b| a.eq(b))
 }
 
 /// The module of agent `aid` in `episode`: from its agent-to-module mapping, or for an
@@ -739,33 +729,25 @@ fn mapping<'py>(episode: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
     Ok(episode.getattr(intern!(episode.py(), "_agent_to_module_mapping"))?.cast_into::<PyDict>()?)
 }
 
-/// Counts one step per observing agent for the agent and for its module.
+/// Counts the step of `episode`'s sub-env (see [`StepCounts::add_step`]): keys are the
+/// same object (agent ids recur across steps and sub-envs) or, failing that, equal as a
+/// dict compares them.
 fn count_steps<'py>(
     episode: &Bound<'py, PyAny>,
     observations: &Bound<'py, PyDict>,
-    agents: &mut Tally<Bound<'py, PyAny>>,
-    modules: &mut Tally<Bound<'py, PyAny>>,
+    counts: &mut StepCounts<Bound<'py, PyAny>>,
 ) -> PyResult<()> {
     if observations.is_empty() {
         return Ok(());
     }
     let mapping = mapping(episode)?;
-    for (aid, _) in observations.iter() {
-        // An agent that first observes in the episode's terminal step gets no agent
-        // episode (it has no step to record) and so no mapping yet; its step still counts,
-        // for the module the mapping function gives it (as RLlib's `module_for` does).
-        let module = module_of(episode, &mapping, &aid)?;
-        if module.is_none() {
-            return Err(PyValueError::new_err(format!(
-                "agent {} maps to no module (the agent-to-module mapping function returned \
-                 None); it must return a configured module id",
-                aid.repr()?
-            )));
-        }
-        tally_add(agents, &aid)?;
-        tally_add(modules, &module)?;
-    }
-    Ok(())
+    counts.add_step(
+        observations.iter().map(|(aid, _)| aid),
+        |aid| module_of(episode, &mapping, aid).map(|m| (!m.is_none()).then_some(m)),
+        |aid| aid.repr().map_or_else(|e| e, |r| value_error(BatchError::NoModule { agent: r.to_string() })),
+        |a, b| a.is(b),
+        |a, b| a.eq(b),
+    )
 }
 
 /// Whether `flags[aid]` is set (a done agent).
@@ -788,8 +770,9 @@ fn module_outputs(
     let mut columns = Vec::new();
     for (col, value) in cols.iter() {
         let name = col.cast_into::<PyString>()?;
-        let s = name.to_str()?;
-        if s == actions_key || s == actions_for_env_key {
+        if OutputRole::of(name.to_str()?, actions_key, actions_for_env_key, false, false)
+            != Some(OutputRole::Extra)
+        {
             continue;
         }
         if let Some(c) = constants {
@@ -1056,6 +1039,7 @@ impl ModuleBatcherPy {
                     columns.push((role, col, value));
                 }
             }
+            let env_from_actions = OutputRole::env_from_actions(columns.iter().map(|(role, ..)| *role));
             // What each agent gets besides its dict's column values: its row of the
             // outputs, or the constants merged into that dict.
             let rows = rows.filter(|o| !o.columns.is_empty() || o.constants.is_some());
@@ -1067,7 +1051,7 @@ impl ModuleBatcherPy {
                         match role {
                             OutputRole::Actions => {
                                 actions[env].set_item(aid, &v)?;
-                                if !env_actions[env].contains(aid)? {
+                                if env_from_actions {
                                     env_actions[env].set_item(aid, &v)?;
                                 }
                             }

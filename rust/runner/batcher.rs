@@ -88,8 +88,10 @@ impl<A> Batcher<A> {
         agent: A,
         item: &[B],
     ) -> Result<(), BatchError> {
-        let agents = self.agents.get_mut(row).ok_or(BatchError::NoRow { row })?;
-        let (_, batch) = self.modules.get_mut(module).ok_or(BatchError::StaleIndex)?;
+        // `let else`, not `ok_or`: an eager error would be dropped on every push (a call:
+        // `BatchError` holds strings).
+        let Some(agents) = self.agents.get_mut(row) else { return Err(BatchError::NoRow { row }) };
+        let Some((_, batch)) = self.modules.get_mut(module) else { return Err(BatchError::StaleIndex) };
         batch.push(row, agents.len(), item)?;
         agents.push(agent);
         Ok(())
@@ -124,7 +126,7 @@ impl<A> Batcher<A> {
 
     /// Checks that a module's output column `output` has `rows` rows, one per batch row.
     pub fn check_output(&self, module: usize, output: &str, rows: usize) -> Result<(), BatchError> {
-        let (id, batch) = self.modules.get(module).ok_or(BatchError::StaleIndex)?;
+        let Some((id, batch)) = self.modules.get(module) else { return Err(BatchError::StaleIndex) };
         if rows == batch.len() {
             return Ok(());
         }
@@ -169,6 +171,12 @@ impl OutputRole {
             () if extras_as_rows => None,
             () => Some(OutputRole::Extra),
         }
+    }
+
+    /// Whether the actions column gives the env's actions too: unless a column of its
+    /// own (role [`OutputRole::ActionsForEnv`]) does, whichever comes first.
+    pub fn env_from_actions(roles: impl IntoIterator<Item = OutputRole>) -> bool {
+        !roles.into_iter().any(|r| r == OutputRole::ActionsForEnv)
     }
 }
 
@@ -244,5 +252,17 @@ mod tests {
         assert_eq!(role("vf", false, false), Some(OutputRole::Extra));
         assert_eq!(role("vf", false, true), None, "handed over as rows");
         assert_eq!(role("actions", false, true), Some(OutputRole::Actions));
+    }
+
+    #[test]
+    fn the_env_takes_the_actions_unless_a_column_gives_its_own() {
+        use OutputRole::{Actions, ActionsForEnv, Extra};
+        assert!(OutputRole::env_from_actions([Actions, Extra]));
+        assert!(!OutputRole::env_from_actions([Actions, ActionsForEnv]));
+        assert!(!OutputRole::env_from_actions([ActionsForEnv, Extra, Actions]), "in any order");
+        // The env column that is the actions column itself has no role: the actions give it.
+        let role = |name, same| OutputRole::of(name, "actions", "actions_for_env", same, false);
+        let roles = [role("actions", true), role("actions_for_env", true)];
+        assert!(OutputRole::env_from_actions(roles.into_iter().flatten()));
     }
 }

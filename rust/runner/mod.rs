@@ -35,6 +35,13 @@ pub enum BatchError {
     EnvIndexOutOfRange { entry: usize, index: i64, num_envs: usize },
     /// Sub-env `index` appears twice in a subset of sub-envs, at entries `first` and `second`.
     DuplicateEnvIndex { index: usize, first: usize, second: usize },
+    /// Entry `entry` of a subset of sub-envs is an int too large for any index (`repr`).
+    NotAnIndex { entry: usize, repr: String },
+    /// Entry `entry` of a subset of sub-envs is not an int (`repr`; a bool neither).
+    NotAnInt { entry: usize, repr: String },
+    /// A subset of sub-envs that is not a sequence of ints or a 1-D integer array (`got`
+    /// describes what it is).
+    NotInts { got: String },
     /// A per-row input (`what`, made of `unit`s) without one entry per row of the step.
     Count { what: &'static str, unit: &'static str, expected: usize, per: &'static str, got: usize },
     /// A batch of `rows` rows given with a subset of `entries` sub-envs.
@@ -50,6 +57,9 @@ pub enum BatchError {
     OutputRows { module: String, output: String, rows: usize, batch: usize },
     /// An index map entry that names no gathered agent.
     StaleIndex,
+    /// An agent (`agent`, as the host writes it) that the agent-to-module mapping maps to
+    /// no module.
+    NoModule { agent: String },
 }
 
 impl fmt::Display for BatchError {
@@ -81,6 +91,13 @@ impl fmt::Display for BatchError {
                 "env_indices names sub-env {index} twice (entries {first} and {second}); each \
                  sub-env steps at most once per call"
             ),
+            BatchError::NotAnIndex { entry, repr } => {
+                write!(f, "env_indices[{entry}] is {repr}, not a sub-env index")
+            }
+            BatchError::NotAnInt { entry, repr } => write!(f, "env_indices[{entry}] is {repr}, not an int"),
+            BatchError::NotInts { got } => {
+                write!(f, "env_indices must be a sequence of ints or a 1-D integer numpy array, got {got}")
+            }
             BatchError::Count { what, unit, expected, per, got } => {
                 write!(f, "{what}: expected {expected} {unit} ({per}), got {got}")
             }
@@ -101,11 +118,58 @@ impl fmt::Display for BatchError {
                 write!(f, "module {module:?}: output {output:?} has {rows} rows, the batch has {batch}")
             }
             BatchError::StaleIndex => write!(f, "the batcher's index map is out of date"),
+            BatchError::NoModule { agent } => write!(
+                f,
+                "agent {agent} maps to no module (the agent-to-module mapping function returned \
+                 None); it must return a configured module id"
+            ),
         }
     }
 }
 
 impl std::error::Error for BatchError {}
+
+impl BatchError {
+    /// Whether the error is about the kind of a value (Python's `TypeError`), not its value.
+    #[must_use]
+    pub fn is_type_error(&self) -> bool {
+        matches!(self, BatchError::NotAnInt { .. } | BatchError::NotInts { .. })
+    }
+}
+
+/// An entry of a subset of sub-envs as the host classifies it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IndexEntry {
+    /// An int that fits an `i64`.
+    Int(i64),
+    /// An int that does not.
+    BigInt,
+    /// A bool (an int to Python, never an index).
+    Bool,
+    /// Anything else.
+    Other,
+}
+
+impl IndexEntry {
+    /// The index entry `entry` stands for; `repr` (called only for an error) names it.
+    pub fn index(self, entry: usize, repr: impl FnOnce() -> String) -> Result<i64, BatchError> {
+        match self {
+            IndexEntry::Int(i) => Ok(i),
+            IndexEntry::BigInt => Err(BatchError::NotAnIndex { entry, repr: repr() }),
+            IndexEntry::Bool | IndexEntry::Other => Err(BatchError::NotAnInt { entry, repr: repr() }),
+        }
+    }
+
+    /// Checks that an array of `ndim` dimensions and dtype kind `kind` (numpy's
+    /// `dtype.kind`) can hold sub-env indices: 1-D, of signed or unsigned integers.
+    /// `describe` (called only for an error) says what the array is.
+    pub fn check_array(ndim: usize, kind: u8, describe: impl FnOnce() -> String) -> Result<(), BatchError> {
+        if ndim == 1 && matches!(kind, b'i' | b'u') {
+            return Ok(());
+        }
+        Err(BatchError::NotInts { got: describe() })
+    }
+}
 
 /// The rows of one batch: one contiguous buffer per leaf, row `i` of leaf `l` at
 /// `leaves[l][i * item_bytes(l)..]`. Borrows the buffers; checks their sizes once.
@@ -536,6 +600,31 @@ mod tests {
         let none = EnvIndices::subset(&[0], 0).unwrap_err();
         assert!(none.to_string().contains("no sub-envs"), "{none}");
         assert!(EnvIndices::subset(&[i64::MIN, i64::MAX], 3).is_err());
+    }
+
+    #[test]
+    fn index_entries_are_ints_that_fit_and_never_bools() {
+        let repr = || "x".to_owned();
+        assert_eq!(IndexEntry::Int(-3).index(0, || panic!("no message for an int")), Ok(-3));
+        let too_large = IndexEntry::BigInt.index(2, || "10**30".to_owned()).unwrap_err();
+        assert_eq!(too_large.to_string(), "env_indices[2] is 10**30, not a sub-env index");
+        assert!(!too_large.is_type_error());
+        let not_int = IndexEntry::Bool.index(1, || "True".to_owned()).unwrap_err();
+        assert_eq!(not_int.to_string(), "env_indices[1] is True, not an int");
+        assert!(not_int.is_type_error());
+        assert_eq!(
+            IndexEntry::Other.index(4, repr),
+            Err(BatchError::NotAnInt { entry: 4, repr: "x".into() })
+        );
+        assert!(IndexEntry::check_array(1, b'u', || panic!("no message")).is_ok());
+        let not_ints = IndexEntry::check_array(2, b'i', || "a 2-D array".to_owned()).unwrap_err();
+        assert!(not_ints.is_type_error());
+        assert_eq!(
+            not_ints.to_string(),
+            "env_indices must be a sequence of ints or a 1-D integer numpy array, got a 2-D array"
+        );
+        assert!(IndexEntry::check_array(1, b'b', String::new).is_err(), "a bool mask is not indices");
+        assert!(!BatchError::Shrank.is_type_error());
     }
 
     #[test]

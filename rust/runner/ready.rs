@@ -5,9 +5,48 @@
 //! waits until enough sub-envs are ready to make a batch: [`wait_ready`] blocks in `poll(2)`
 //! (the binding calls it with the GIL released), so no thread spins while the workers step.
 
+use std::fmt;
 use std::io;
 use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
+
+/// Why a wait was refused before it started.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ReadyError {
+    /// Not one weight per pipe.
+    Lengths { fds: usize, weights: usize },
+    /// A timeout that is negative or not a number.
+    Timeout(f64),
+}
+
+impl fmt::Display for ReadyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReadyError::Lengths { fds, weights } => write!(f, "{fds} fds but {weights} weights"),
+            ReadyError::Timeout(t) => write!(f, "timeout_s must be >= 0, got {t}"),
+        }
+    }
+}
+
+impl std::error::Error for ReadyError {}
+
+/// Checks a wait's arguments: one weight per pipe (`fds`, `weights`: their counts) and a
+/// timeout in seconds that is `>= 0` (None: no limit).
+///
+/// Returns the timeout as [`wait_ready`] takes it (one too long for a `Duration`: none).
+///
+/// # Errors
+/// [`ReadyError`] for counts that differ or a negative, infinite or NaN timeout.
+pub fn wait_args(fds: usize, weights: usize, timeout_s: Option<f64>) -> Result<Option<Duration>, ReadyError> {
+    if fds != weights {
+        return Err(ReadyError::Lengths { fds, weights });
+    }
+    match timeout_s {
+        None => Ok(None),
+        Some(t) if t.is_finite() && t >= 0.0 => Ok(Duration::try_from_secs_f64(t).ok()),
+        Some(t) => Err(ReadyError::Timeout(t)),
+    }
+}
 
 /// Waits until pipes whose weights sum to at least `need` are readable (or hung up).
 ///
@@ -211,6 +250,19 @@ mod tests {
         assert_eq!(wait_ready(&fds, &[1, 1], 0, None, no_interrupt).unwrap().len(), 2);
         // A need above the total weight waits for all, not for ever.
         assert_eq!(wait_ready(&fds, &[1, 1], 99, None, no_interrupt).unwrap().len(), 2);
+    }
+
+    #[test]
+    fn wait_args_need_a_weight_per_pipe_and_a_timeout_at_or_above_zero() {
+        assert_eq!(wait_args(2, 2, None), Ok(None));
+        assert_eq!(wait_args(1, 1, Some(0.25)), Ok(Some(Duration::from_millis(250))));
+        assert_eq!(wait_args(1, 1, Some(0.0)), Ok(Some(Duration::ZERO)));
+        assert_eq!(wait_args(1, 1, Some(1e300)), Ok(None), "longer than a Duration: no limit");
+        let err = wait_args(3, 2, Some(1.0)).unwrap_err();
+        assert_eq!(err.to_string(), "3 fds but 2 weights");
+        assert_eq!(wait_args(1, 1, Some(-0.5)).unwrap_err().to_string(), "timeout_s must be >= 0, got -0.5");
+        assert!(wait_args(1, 1, Some(f64::INFINITY)).is_err());
+        assert!(wait_args(1, 1, Some(f64::NAN)).is_err());
     }
 
     #[test]

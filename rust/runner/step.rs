@@ -119,7 +119,11 @@ impl<B: AsRef<[u8]>> FieldBytes<B> {
 /// Row `i` of a leaf whose rows are `width` bytes (`None`: a constant, every row).
 fn leaf_row(bytes: &[u8], width: Option<usize>, i: usize) -> Result<&[u8], BatchError> {
     match width {
-        Some(w) => bytes.get(i * w..(i + 1) * w).ok_or(BatchError::NoRow { row: i }),
+        // Not `ok_or`: an eager error would be dropped on every row read (a call).
+        Some(w) => match bytes.get(i * w..(i + 1) * w) {
+            Some(row) => Ok(row),
+            None => Err(BatchError::NoRow { row: i }),
+        },
         None => Ok(bytes),
     }
 }
@@ -170,6 +174,30 @@ impl<B: AsRef<[u8]>> Default for FastStep<B> {
 }
 
 impl<B: AsRef<[u8]>> FastStep<B> {
+    /// The fast step of a vector step's fields (observation, action, reward, then the
+    /// extras), each given as its field, how the episodes read it, and what `bytes` takes
+    /// to lay it out by the columns of the episodes that take the path.
+    ///
+    /// `bytes(value, constant)` is the field's batch (or, `constant`, its one item) laid
+    /// out by the column that stores it; `None` where no column stores the field typed or
+    /// the value does not convert. Returns `None` (every episode converts its own row) as
+    /// soon as a field is read per episode or has no bytes.
+    pub fn build<'f, T>(
+        fields: impl IntoIterator<Item = (&'f StepField, FieldRows, T)>,
+        mut bytes: impl FnMut(T, bool) -> Option<FieldBytes<B>>,
+    ) -> Option<FastStep<B>> {
+        let mut out = FastStep::default();
+        for (field, rows, value) in fields {
+            let constant = match rows {
+                FieldRows::Batch => false,
+                FieldRows::Constant => true,
+                FieldRows::PerEpisode => return None,
+            };
+            out.push(field, bytes(value, constant)?);
+        }
+        Some(out)
+    }
+
     /// Adds the next field's bytes (observation, action, reward, then the extras).
     pub fn push(&mut self, field: &StepField, bytes: FieldBytes<B>) {
         if let StepField::Extra(key) = field {
@@ -194,6 +222,34 @@ impl<B: AsRef<[u8]>> FastStep<B> {
     #[must_use]
     pub fn leaves(&self) -> StepLeaves<'_> {
         StepLeaves::new(self.fields.iter().flat_map(FieldBytes::leaves).collect())
+    }
+}
+
+/// What a vector step does to one sub-env's episode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepKind {
+    /// Stores row `i` of the fast step's batches as they are.
+    Row,
+    /// Converts its row of each field and takes it as a step.
+    Step,
+    /// Takes its row's observation (and infos) as its reset: an episode not reset yet is
+    /// a new one after gymnasium's next-step autoreset.
+    Reset,
+}
+
+impl StepKind {
+    /// The kind of step for an episode whose columns `fit_rows` of the fast step (a
+    /// reset episode with typed columns of its layouts) and that `is_reset` (asked only
+    /// where they do not fit).
+    #[must_use]
+    pub fn of(fits_rows: bool, is_reset: impl FnOnce() -> bool) -> StepKind {
+        if fits_rows {
+            StepKind::Row
+        } else if is_reset() {
+            StepKind::Step
+        } else {
+            StepKind::Reset
+        }
     }
 }
 
@@ -322,6 +378,47 @@ mod tests {
         leaves.row_into(1, &mut row).unwrap();
         assert_eq!(row, vec![&[0u8][..], &[7u8][..], &[4u8][..]]);
         assert_eq!(leaves.check_rows(3), Err(BatchError::Shrank));
+    }
+
+    #[test]
+    fn a_fast_step_needs_bytes_for_every_field_and_none_read_per_episode() {
+        let scalar = Arc::new(Schema::new(vec![Leaf::new(DType::BOOL, vec![])]));
+        let (obs, seq) = (StepField::Observations, StepField::Extra("seq".into()));
+        let bytes = |v: u8, constant: bool| -> Option<FieldBytes<Vec<u8>>> {
+            match (v, constant) {
+                (0, _) => None,
+                (_, true) => Some(FieldBytes::constant(scalar.clone(), vec![vec![v]])),
+                (_, false) => FieldBytes::batch(scalar.clone(), vec![vec![v, v]], 2).ok(),
+            }
+        };
+        let step = FastStep::build([(&obs, FieldRows::Batch, 1), (&seq, FieldRows::Constant, 9)], bytes);
+        let step = step.expect("every field has bytes");
+        assert_eq!(step.keys(), vec!["seq"]);
+        let mut row = Vec::new();
+        step.leaves().row_into(1, &mut row).unwrap();
+        assert_eq!(row, vec![&[1u8][..], &[9u8][..]]);
+        // A field without bytes (not stored typed, or not converted): no fast path.
+        assert!(
+            FastStep::build([(&obs, FieldRows::Batch, 1), (&seq, FieldRows::Constant, 0)], bytes).is_none()
+        );
+        // A field read per episode: no fast path, and its bytes are never asked for.
+        let per_episode = [(&obs, FieldRows::PerEpisode, 1), (&seq, FieldRows::Batch, 1)];
+        let mut asked = 0;
+        let none = FastStep::build(per_episode, |v, c| {
+            asked += 1;
+            bytes(v, c)
+        });
+        assert!(none.is_none());
+        assert_eq!(asked, 0);
+        assert!(FastStep::<Vec<u8>>::build([], bytes).is_some_and(|s| s.layouts().is_empty()));
+    }
+
+    #[test]
+    fn an_episode_takes_its_row_a_step_or_its_reset() {
+        assert_eq!(StepKind::of(true, || panic!("a fitting episode is reset")), StepKind::Row);
+        assert_eq!(StepKind::of(false, || true), StepKind::Step);
+        // Not reset yet: after gymnasium's next-step autoreset, its row is a reset.
+        assert_eq!(StepKind::of(false, || false), StepKind::Reset);
     }
 
     #[test]
