@@ -2,12 +2,13 @@
 //!
 //! It converts between Python/numpy values and the pure core's types, maps core errors to
 //! Python exceptions, and hands the core's plans the values they record: a multi-agent
-//! env step (applied by the core through the `Books` the binding implements over RLlib's
-//! dicts), a multi-agent concat, cut or slice, a read or write of an episode field, a
-//! runner's vector step, a metrics logger's stats. What it still decides, because only Python can: which Python object is
-//! a numpy array, a torch tensor or a nested value (and so how it converts), the order of
-//! a Python set where RLlib's results depend on it (agents that join), and which keys of
-//! Python dicts name the same agent.
+//! env step (which agents it mentions and what each gets, `episode::multi::Mentions`; the
+//! per-agent plan, applied by the core through the `Books` the binding implements over
+//! RLlib's dicts), a multi-agent concat, cut or slice, a read or write of an episode
+//! field, a runner's vector step, a metrics logger's stats. What it still decides, because
+//! only Python can: which Python object is a numpy array, a torch tensor or a nested value
+//! (and so how it converts), the order of a Python set where RLlib's results depend on it
+//! (agents that join), and which keys of Python dicts name the same agent.
 
 mod dist;
 mod errors;

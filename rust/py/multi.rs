@@ -6,8 +6,9 @@
 //! The episode's containers (agent episodes, step maps, hanging values) are Python dicts
 //! held in native fields and exposed under RLlib's attribute names, so that the Python
 //! layer reads them as RLlib's users do while the native step reaches them without
-//! attribute lookups; the per-agent decisions come from the pure core
-//! ([`plan_env_step`], [`plan_concat`]), which this module applies to the dicts.
+//! attribute lookups; the decisions come from the pure core (which agents a step
+//! mentions, [`Mentions`]; each agent's part, [`plan_env_step`]; [`plan_concat`]), which
+//! this module applies to the dicts.
 
 use pyo3::exceptions::PyValueError;
 use pyo3::intern;
