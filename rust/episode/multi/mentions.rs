@@ -230,11 +230,7 @@ impl<K: Clone, V, H: Default> Mentions<K, V, H> {
         hint: usize,
         value: Option<V>,
     ) -> Result<(), I::Error> {
-        let Some(value) = value else { return Ok(()) };
-        if let Some(i) = self.find(ids, id, hint)? {
-            self.rows[i].info = Some(value);
-        }
-        Ok(())
+        self.add_to_mentioned(ids, id, hint, value, |row| &mut row.info)
     }
 
     /// An entry of the extra model outputs dict at position `hint`: kept for a mentioned
@@ -250,9 +246,22 @@ impl<K: Clone, V, H: Default> Mentions<K, V, H> {
         hint: usize,
         value: Option<V>,
     ) -> Result<(), I::Error> {
+        self.add_to_mentioned(ids, id, hint, value, |row| &mut row.extra)
+    }
+
+    /// Puts a given `value` into the `slot` of `id`'s row, if the step mentions the agent.
+    #[inline]
+    fn add_to_mentioned<I: AgentIds<K>>(
+        &mut self,
+        ids: &mut I,
+        id: &K,
+        hint: usize,
+        value: Option<V>,
+        slot: impl FnOnce(&mut Mention<K, V, H>) -> &mut Option<V>,
+    ) -> Result<(), I::Error> {
         let Some(value) = value else { return Ok(()) };
         if let Some(i) = self.find(ids, id, hint)? {
-            self.rows[i].extra = Some(value);
+            *slot(&mut self.rows[i]) = Some(value);
         }
         Ok(())
     }
