@@ -247,12 +247,44 @@ def test_untrained_episodes_are_served_and_counted_but_not_returned() -> None:
     runner = runner_for(env)
     episodes = sample_all(runner, 4)
     assert sorted(e.id_ for e in episodes) == ["ep-0", "ep-2", "ep-3", "ep-5"]
+    # An untrained episode may still be running when the fourth trained one ends: actions
+    # are served only while the runner samples, so sample on until run() returns (untrained
+    # steps count towards no sample size); what that call serves still counts below.
+    with pytest.raises(RuntimeError, match="no episode runs"):
+        runner.sample(num_timesteps=1)
     env.join(timeout=10)
     # Untrained episodes got their actions too (their simulators finished).
     assert set(env.actions) == set(scripts)
     metrics = runner.get_metrics()
     assert int(metrics["num_episodes"]) == 6
     assert int(metrics["num_env_steps_sampled"]) == sum(range(1, 7))
+    runner.stop()
+
+
+def test_untrained_steps_served_by_a_call_that_then_fails_still_count() -> None:
+    """An untrained episode that runs after the last trained one is served by the next
+    call; that call raises (run() returned, nothing to return) but counts what it served."""
+    release = threading.Event()
+
+    class Late(Scripted):
+        def play(self, eid: str, script: list[Step]) -> None:
+            if eid in self.untrained:
+                assert release.wait(timeout=10)
+            super().play(eid, script)
+
+    env = Late(
+        {"ep-0": [("get", 1.0)] * 2, "ep-1": [("get", 1.0)] * 3}, untrained=frozenset({"ep-1"})
+    )
+    runner = runner_for(env)
+    assert [e.id_ for e in sample_all(runner, 1)] == ["ep-0"]
+    release.set()
+    with pytest.raises(RuntimeError, match="no episode runs"):
+        runner.sample(num_timesteps=1)
+    env.join(timeout=10)
+    assert len(env.actions["ep-1"]) == 3
+    metrics = runner.get_metrics()
+    assert int(metrics["num_episodes"]) == 2
+    assert int(metrics["num_env_steps_sampled"]) == 5
     runner.stop()
 
 

@@ -629,19 +629,21 @@ class EnvRunner(Checkpointable, abc.ABC, Generic[EpisodeT]):
                     self._sub_env_failed(i, err)
             if done:
                 self._end_episodes(done)
-        if sub_envs.exhausted and not (call.env_steps or call.done_out):
-            raise RuntimeError(
-                f"{type(sub_envs.env).__name__}.run() returned: no episode runs and no more "
-                "can start"
-            )
         self._done_episodes_for_metrics.extend(call.done_out)
         self._done_episodes_for_metrics.extend(call.done_untrained)
         ongoing = self._cut_ongoing(call.to_numpy) if num_timesteps is not None else []
+        # Counted before the error below: untrained episodes served in this call still
+        # count in the metrics.
         self._increase_sampled_metrics(
             call.env_steps + call.untrained_steps,
             len(call.done_out) + len(call.done_untrained),
             *self._agent_and_module_steps(),
         )
+        if sub_envs.exhausted and not (call.env_steps or call.done_out):
+            raise RuntimeError(
+                f"{type(sub_envs.env).__name__}.run() returned: no episode runs and no more "
+                "can start"
+            )
         return call.done_out + ongoing
 
     def _poll(self, wait_s: float) -> StepResults:
