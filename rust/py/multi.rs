@@ -535,19 +535,16 @@ impl MultiAgentEpisodeCore {
             }
         }
         let first_map = ours.dicts.step_maps.values().into_iter().next();
-        let our_lookback = match first_map {
-            Some(m) => m.cast::<StepMapPy>()?.borrow().map.lookback(),
-            None => ours.lookback,
-        };
-        let lengths = |s: &EpisodeState<'_>| usize::try_from(s.env_t - s.env_t_started).unwrap_or(0);
+        let map_lookback = first_map.map(|m| Ok::<_, PyErr>(m.cast::<StepMapPy>()?.borrow().map.lookback()));
         let plan = plan_concat(&ConcatInput {
             agents: &facts,
             their_dropped: &their_dropped,
             their_begin: &their_begin,
             their_done: &their_done,
-            our_len: lengths(&ours),
-            our_lookback,
-            new_steps: lengths(&theirs),
+            ours: (ours.env_t_started, ours.env_t),
+            theirs: (theirs.env_t_started, theirs.env_t),
+            map_lookback: map_lookback.transpose()?,
+            episode_lookback: ours.lookback,
         });
         plan.apply(&mut books)
     }

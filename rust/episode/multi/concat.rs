@@ -90,11 +90,26 @@ pub struct ConcatInput<'a> {
     pub their_begin: &'a [BeginReward],
     /// The agents whose episode in the other chunk is done, in its order.
     pub their_done: &'a [usize],
-    /// Our env steps and look-back (the look-back of our maps, or of the episode when it
-    /// has none), and the other chunk's env steps.
-    pub our_len: usize,
-    pub our_lookback: usize,
-    pub new_steps: usize,
+    /// Our chunk's and the other chunk's counters (`env_t_started`, `env_t`).
+    pub ours: (i64, i64),
+    pub theirs: (i64, i64),
+    /// The look-back of our first env-step map (`None` without maps) and our episode's.
+    pub map_lookback: Option<usize>,
+    pub episode_lookback: usize,
+}
+
+impl ConcatInput<'_> {
+    /// The look-back our maps share: the first map's, else the episode's.
+    #[must_use]
+    pub fn our_lookback(&self) -> usize {
+        self.map_lookback.unwrap_or(self.episode_lookback)
+    }
+}
+
+/// The env steps of a chunk with counters `(env_t_started, env_t)`; none if they are
+/// reversed.
+fn chunk_steps((started, t): (i64, i64)) -> usize {
+    usize::try_from(t - started).unwrap_or(0)
 }
 
 /// The plan of one `concat_episode`.
@@ -139,9 +154,9 @@ pub fn plan_concat(input: &ConcatInput<'_>) -> ConcatPlan {
         .collect();
     ConcatPlan {
         agents,
-        new_steps: input.new_steps,
-        steps_before: input.our_lookback + input.our_len,
-        lookback: input.our_lookback,
+        new_steps: chunk_steps(input.theirs),
+        steps_before: input.our_lookback() + chunk_steps(input.ours),
+        lookback: input.our_lookback(),
         dropped: input.their_dropped.to_vec(),
         begin_rewards: input
             .their_begin
@@ -283,10 +298,21 @@ mod tests {
             their_dropped: &[],
             their_begin: &[],
             their_done: &[],
-            our_len: 5,
-            our_lookback: 2,
-            new_steps: 3,
+            ours: (10, 15),
+            theirs: (15, 18),
+            map_lookback: Some(2),
+            episode_lookback: 1,
         }
+    }
+
+    #[test]
+    fn counters_and_lookback_give_the_maps_geometry() {
+        let agents = [live()];
+        let plan = plan_concat(&input(&agents));
+        assert_eq!((plan.new_steps, plan.steps_before, plan.lookback), (3, 7, 2));
+        // Without maps the episode's look-back counts; reversed counters are no steps.
+        let plan = plan_concat(&ConcatInput { map_lookback: None, theirs: (15, 12), ..input(&agents) });
+        assert_eq!((plan.new_steps, plan.steps_before, plan.lookback), (0, 6, 1));
     }
 
     /// An agent that both chunks have, live, with maps.
