@@ -9,7 +9,8 @@ use pyo3::types::{PyDict, PyFloat, PySet};
 use super::multi::{MultiAgentEpisodeCore, StepMapPy};
 use super::single::SingleAgentEpisodePy;
 use crate::episode::multi::{
-    plan_cut, plan_slice, ActionSource, CutAgent, CutInput, CutPlan, HangingExtras, RewardSum, SliceInput,
+    plan_cut, plan_slice, ActionSource, CutAgent, CutInput, CutPlan, HangingExtras, OutputKeys, RewardSum,
+    SliceInput,
 };
 
 /// An agent of the chunk, as the binding holds it.
@@ -294,29 +295,31 @@ impl MultiAgentEpisodeCore {
                 a,
                 read_item(eps, "actions", None, index_of(eps, "actions", None, row)?, action.as_ref())?,
             )?;
-            // The outputs of the keys the agent stores (or, storing none, of those that
-            // hang), each read like the action.
             let outputs = PyDict::new(py);
             let stored: Vec<String> = eps.try_borrow()?.extra_key_names().map(str::to_owned).collect();
-            let theirs = hanging(our_extras)?;
-            if !stored.is_empty() {
-                for key in &stored {
-                    let value = theirs.as_ref().map(|h| h.get_item(key)).transpose()?;
-                    let index = index_of(eps, "extra_model_outputs", Some(key), row)?;
-                    outputs.set_item(
-                        key,
-                        read_item(eps, "extra_model_outputs", Some(key), index, value.as_ref())?,
-                    )?;
+            let theirs = hanging(our_extras)?.filter(|h| h.is_truthy().unwrap_or(false));
+            match source.output_keys(!stored.is_empty(), theirs.is_some()) {
+                OutputKeys::Stored => {
+                    for key in &stored {
+                        let value = theirs.as_ref().map(|h| h.get_item(key)).transpose()?;
+                        let index = index_of(eps, "extra_model_outputs", Some(key), row)?;
+                        outputs.set_item(
+                            key,
+                            read_item(eps, "extra_model_outputs", Some(key), index, value.as_ref())?,
+                        )?;
+                    }
                 }
-            } else if let Some(theirs) = theirs.filter(|h| h.is_truthy().unwrap_or(false)) {
-                let keys: Vec<String> = theirs.cast::<PyDict>()?.keys().extract()?;
-                for key in keys {
-                    let value = theirs.get_item(&key)?;
-                    outputs.set_item(
-                        &key,
-                        read_item(eps, "extra_model_outputs", Some(&key), 0, Some(&value))?,
-                    )?;
+                OutputKeys::Hanging => {
+                    let theirs = theirs.as_ref().map(|h| h.cast::<PyDict>()).transpose()?;
+                    for (key, value) in theirs.into_iter().flat_map(|h| h.iter()) {
+                        let key: String = key.extract()?;
+                        outputs.set_item(
+                            &key,
+                            read_item(eps, "extra_model_outputs", Some(&key), 0, Some(&value))?,
+                        )?;
+                    }
                 }
+                OutputKeys::None => {}
             }
             extras.set_item(a, outputs)?;
         }

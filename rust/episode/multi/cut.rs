@@ -128,6 +128,31 @@ pub enum ActionSource {
     Hanging,
 }
 
+/// The keys of an agent's hanging extra outputs in the successor, each read like its
+/// action (see [`ActionSource::output_keys`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutputKeys {
+    /// The keys the agent's episode stores.
+    Stored,
+    /// The keys of the outputs that hang at the chunk's end.
+    Hanging,
+    /// No outputs.
+    None,
+}
+
+impl ActionSource {
+    /// Which keys the successor's hanging extra outputs have: the stored ones, or, where
+    /// the agent stores none and its action hangs, those of what hangs with it.
+    #[must_use]
+    pub fn output_keys(self, stores_keys: bool, outputs_hang: bool) -> OutputKeys {
+        match self {
+            _ if stores_keys => OutputKeys::Stored,
+            Self::Hanging if outputs_hang => OutputKeys::Hanging,
+            _ => OutputKeys::None,
+        }
+    }
+}
+
 /// A reward sum of the rebuild (which starts at 0.0 and adds one term per kept env step):
 /// a known value, or one row of the episode (adding zeros keeps it).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -701,6 +726,17 @@ pub fn plan_slice(input: &SliceInput<'_>) -> Option<CutPlan> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn hanging_output_keys_are_the_stored_ones_else_those_that_hang_with_the_action() {
+        use super::{ActionSource as A, OutputKeys as K};
+        assert_eq!(A::Row(3).output_keys(true, true), K::Stored);
+        assert_eq!(A::Hanging.output_keys(true, true), K::Stored);
+        assert_eq!(A::Hanging.output_keys(false, true), K::Hanging);
+        assert_eq!(A::Hanging.output_keys(false, false), K::None);
+        // A row's action never takes what hangs.
+        assert_eq!(A::Row(0).output_keys(false, true), K::None);
+    }
+
     use super::*;
     use proptest::prelude::*;
 

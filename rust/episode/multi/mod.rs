@@ -25,7 +25,7 @@ pub use concat::{
 };
 pub use cut::{
     plan_cut, plan_slice, ActionSource, AgentCut, Counters, CutAgent, CutInput, CutPlan, HangingExtras,
-    RewardSum, SliceInput,
+    OutputKeys, RewardSum, SliceInput,
 };
 pub use env_step::{
     episode_ends, plan_env_step, AgentOutcome, AgentStep, Books, EnvStep, EnvStepPlan, Hanging, MapWrite,
