@@ -311,7 +311,7 @@ impl MultiAgentEpisodeCore {
                 }
                 OutputKeys::Hanging => {
                     let theirs = theirs.as_ref().map(|h| h.cast::<PyDict>()).transpose()?;
-                    for (key, value) in theirs.into_iter().flat_map(|h| h.iter()) {
+                    for (key, value) in theirs.into_iter().flat_map(PyDictMethods::iter) {
                         let key: String = key.extract()?;
                         outputs.set_item(
                             &key,
