@@ -568,6 +568,30 @@ impl MultiAgentEpisodeCore {
         self.cut_into(successor, lookback)
     }
 
+    /// The successor `cut` returns when it keeps `lookback` env steps of look-back, on
+    /// the simultaneous path (the core's `plan_simultaneous_cut`): a new object of this
+    /// episode's class (made with `__new__`) holding each kept agent's cut episode, its
+    /// env-step map (a run of agent steps), `agent_t_started`, the module mapping, the
+    /// begin rewards and the counters. The caller sets its id, spaces, mapping function
+    /// and custom data.
+    ///
+    /// Args:
+    ///     lookback: The look-back `cut` decided on.
+    ///
+    /// Returns:
+    ///     The successor, or None where the path does not apply (the caller then takes
+    ///     the general one).
+    ///
+    /// Raises:
+    ///     EpisodeStateError: From an agent episode's cut.
+    #[pyo3(name = "_simultaneous_successor")]
+    fn simultaneous_successor_py<'py>(
+        slf: &Bound<'py, Self>,
+        lookback: usize,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        slf.try_borrow()?.simultaneous_successor(slf, lookback)
+    }
+
     /// Fills `sliced`, a new episode object (made with `__new__`, its id, spaces and
     /// mapping function set), with the episode `slice` returns for the env steps
     /// `start:stop` (resolved, step 1) with `lookback` env steps of look-back, as the

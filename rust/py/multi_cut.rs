@@ -1,6 +1,7 @@
-//! The books' part of a multi-agent episode's general `cut` and of its `slice`: the facts
-//! the core's [`plan_cut`] and [`plan_slice`] read, gathered from the episode's dicts and
-//! agent episodes, and the plan applied to a new episode object.
+//! The books' part of a multi-agent episode's `cut` and `slice`: the facts the core's
+//! [`plan_simultaneous_cut`] (a simultaneous chunk's cut, tried first), [`plan_cut`] and
+//! [`plan_slice`] read, gathered from the episode's dicts and agent episodes, and the plan
+//! applied to a new episode object.
 
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -9,8 +10,8 @@ use pyo3::types::{PyDict, PyFloat, PySet};
 use super::multi::{MultiAgentEpisodeCore, StepMapPy};
 use super::single::SingleAgentEpisodePy;
 use crate::episode::multi::{
-    plan_cut, plan_slice, ActionSource, CutAgent, CutInput, CutPlan, HangingExtras, OutputKeys, RewardSum,
-    SliceInput,
+    plan_cut, plan_simultaneous_cut, plan_slice, ActionSource, CutAgent, CutInput, CutPart, CutPlan,
+    HangingExtras, OutputKeys, RewardSum, SimultaneousAgent, SimultaneousInput, SliceInput, StepMap,
 };
 
 /// An agent of the chunk, as the binding holds it.
@@ -163,6 +164,120 @@ fn index_of(
 }
 
 impl MultiAgentEpisodeCore {
+    /// The successor of `slf` (this episode) that keeps `lookback` env steps, on the
+    /// simultaneous path ([`plan_simultaneous_cut`]); `None`, with nothing made, where
+    /// the path does not apply.
+    pub(crate) fn simultaneous_successor<'py>(
+        &self,
+        slf: &Bound<'py, MultiAgentEpisodeCore>,
+        lookback: usize,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let py = slf.py();
+        let episodes = self.agent_episodes.bind(py);
+        let maps = self.env_t_to_agent_t.bind(py);
+        let hanging = !self.hanging_actions_end.bind(py).is_empty()
+            || !self.hanging_extra_model_outputs_end.bind(py).is_empty();
+        if episodes.is_empty() || hanging {
+            return Ok(None);
+        }
+        let mut agents = Vec::with_capacity(episodes.len());
+        let mut step_maps = Vec::with_capacity(episodes.len());
+        for (aid, eps) in episodes.iter() {
+            let Ok(eps) = eps.cast_into::<SingleAgentEpisodePy>() else { return Ok(None) };
+            let map = match maps.get_item(&aid)? {
+                None => None,
+                Some(m) => match m.cast_into::<StepMapPy>() {
+                    Ok(m) => Some(m),
+                    Err(_) => return Ok(None),
+                },
+            };
+            step_maps.push(map);
+            agents.push((aid, eps));
+        }
+        let borrowed: Vec<Option<PyRef<'_, StepMapPy>>> = step_maps
+            .iter()
+            .map(|m| m.as_ref().map(Bound::try_borrow).transpose())
+            .collect::<Result<_, _>>()?;
+        let mut facts = Vec::with_capacity(agents.len());
+        for ((_, eps), map) in agents.iter().zip(&borrowed) {
+            let (done, numpy, has_extra_keys) = {
+                let e = eps.try_borrow()?;
+                let has_extra_keys = e.extra_key_names().next().is_some();
+                (e.done(), e.any_finalized(), has_extra_keys)
+            };
+            // The module id is read only where the rest allows the path.
+            let has_module = map.is_some() && !numpy && eps.getattr(intern!(py, "module_id"))?.is_truthy()?;
+            facts.push(SimultaneousAgent {
+                map: map.as_ref().map(|m| &m.map),
+                done,
+                numpy,
+                has_module,
+                has_extra_keys,
+            });
+        }
+        let parts = plan_simultaneous_cut(&SimultaneousInput {
+            agents: facts,
+            maps: maps.len(),
+            hanging,
+            lookback,
+            env_steps: self.env_t - self.env_t_started,
+        });
+        drop(borrowed);
+        let Some(parts) = parts else { return Ok(None) };
+
+        let cls = slf.get_type();
+        let successor =
+            cls.call_method1(intern!(py, "__new__"), (&cls,))?.cast_into::<MultiAgentEpisodeCore>()?;
+        let modules = PyDict::new(py);
+        for ((aid, eps), part) in agents.iter().zip(&parts) {
+            if *part != CutPart::Dropped {
+                modules.set_item(aid, eps.getattr(intern!(py, "module_id"))?)?;
+            }
+        }
+        successor.setattr(intern!(py, "_agent_to_module_mapping"), modules)?;
+        let rewards_end = {
+            let mut s = successor.try_borrow_mut()?;
+            s.len_lookback_buffers = lookback;
+            (s.env_t_started, s.env_t) = (self.env_t, self.env_t);
+            s.hanging_rewards_begin = self
+                .hanging_rewards_end
+                .bind(py)
+                .call_method0(intern!(py, "copy"))?
+                .cast_into::<PyDict>()?
+                .unbind();
+            s.hanging_rewards_end.clone_ref(py)
+        };
+        let s = successor.try_borrow()?;
+        let (new_episodes, new_t_started, new_maps) =
+            (s.agent_episodes.bind(py), s.agent_t_started.bind(py), s.env_t_to_agent_t.bind(py));
+        for ((aid, eps), part) in agents.iter().zip(&parts) {
+            let CutPart::Keep { finished_now } = *part else { continue };
+            let agent = eps.call_method0(intern!(py, "_successor"))?.cast_into::<SingleAgentEpisodePy>()?;
+            // An agent that finished now is cut as live and keeps its flags.
+            eps.try_borrow_mut()?.cut_into(py, &agent, lookback, finished_now)?;
+            let t = agent.try_borrow()?.t_started();
+            new_episodes.set_item(aid, &agent)?;
+            new_t_started.set_item(aid, t)?;
+            new_maps.set_item(aid, StepMapPy { map: StepMap::run(t, lookback) })?;
+        }
+        if parts.contains(&CutPart::Gone) {
+            // The rebuild leaves each agent that finished before the kept env steps an
+            // empty hanging reward, in the order in which it visits the set of agent ids.
+            let rewards_end = rewards_end.bind(py);
+            for aid in py.get_type::<PySet>().call1((episodes,))?.try_iter()? {
+                let aid = aid?;
+                let i = agents.iter().position(|(a, _)| a.eq(&aid).unwrap_or(false));
+                if i.is_some_and(|i| parts[i] == CutPart::Gone) {
+                    let old =
+                        rewards_end.get_item(&aid)?.map(|v| v.extract::<f64>()).transpose()?.unwrap_or(0.0);
+                    rewards_end.set_item(&aid, old + 0.0)?;
+                }
+            }
+        }
+        drop(s);
+        Ok(Some(successor.into_any()))
+    }
+
     /// Fills `successor` (a new episode object) with this episode's cut that keeps
     /// `lookback` env steps as the core's plan says; `false`, with nothing written,
     /// where there is no plan.

@@ -510,72 +510,17 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
         rebuild handles them: one that finished at the last env step (having stepped at
         each kept one) stays as a done agent, cut like a live one; one whose last step is
         the first kept env step is dropped, from the module map too; one that finished
-        before is left out. With any other done agent, there is no such successor.
+        before is left out. With any other done agent, there is no such successor. The
+        native ``_simultaneous_successor`` makes the books (the core's
+        ``plan_simultaneous_cut``); the identity, spaces and custom data are set here.
         """
-        episodes = self.agent_episodes
-        maps = self.env_t_to_agent_t
-        if (
-            not episodes
-            or self._hanging_actions_end
-            or self._hanging_extra_model_outputs_end
-            or lookback > self.env_t - self.env_t_started
-            or len(maps) != len(episodes)
-        ):
+        successor = self._simultaneous_successor(lookback)
+        if successor is None:
             return None
-        kept: list[tuple[Any, SingleAgentEpisode, bool]] = []  # (id, episode, finished now)
-        dropped: set = set()
-        gone: set = set()
-        for aid, eps in episodes.items():
-            step_map = maps.get(aid)
-            if (
-                step_map is None
-                # The general path rebuilds numpy'd data as lists.
-                or eps.is_numpy
-                or eps._is_finalized("observations")
-                # The general path asks the mapping function again for a falsy module id.
-                or not eps.module_id
-            ):
-                return None
-            # (Extra-output keys matter only without look-back: read them only then.)
-            has_extras = lookback == 0 and bool(eps._extra_keys())
-            part = step_map._simultaneous_cut(eps.is_done, lookback, has_extras)
-            if part is None:
-                return None
-            if part == "gone":
-                gone.add(aid)
-            elif part == "dropped":
-                dropped.add(aid)
-            else:
-                kept.append((aid, eps, part == "finished"))
-        if not kept:
-            return None
-        successor = type(self).__new__(type(self))
         successor.id_ = self.id_
         successor.agent_to_module_mapping_fn = self.agent_to_module_mapping_fn
-        successor._agent_to_module_mapping = {
-            aid: eps.module_id for aid, eps in episodes.items() if aid not in dropped
-        }
-        successor._len_lookback_buffers = lookback
         successor.observation_space = self.observation_space
         successor.action_space = self.action_space
-        successor.env_t_started = successor.env_t = self.env_t
-        successor._hanging_rewards_begin = self._hanging_rewards_end.copy()
-        # Flags, times and the other containers: the native constructor's (empty, not done).
-        for aid, eps, finished_now in kept:
-            agent = eps._successor()
-            # (An agent that finished now is cut as live and keeps its flags.)
-            eps._cut_into(agent, lookback, keep_done=finished_now)
-            t = agent.t_started
-            successor.agent_episodes[aid] = agent
-            successor.agent_t_started[aid] = t
-            successor.env_t_to_agent_t[aid] = StepMap(range(t - lookback, t + 1), lookback)
-        if gone:
-            # The general path's per-env-step reads leave each agent that finished before
-            # them an empty hanging reward (done agents get no rewards), in the order in
-            # which it visits the set of agent ids.
-            for aid in set(self.agent_episode_ids):
-                if aid in gone:
-                    successor._hanging_rewards_end[aid] += 0.0
         successor._custom_data = copy.deepcopy(self._custom_data) if self._custom_data else {}
         return successor
 

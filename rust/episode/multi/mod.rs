@@ -8,14 +8,16 @@
 //! agent-step maps ([`StepMap`]), decides per agent what an env step records where
 //! ([`plan_agent_step`]), and turns a whole env step into one plan checked before anything
 //! is applied ([`plan_env_step`]), the plan of appending a chunk ([`plan_concat`]), and
-//! the plans of a cut and a slice ([`plan_cut`], [`plan_slice`]). Which agents an env step
-//! mentions, and what it gives each, is [`Mentions`].
+//! the plans of a cut and a slice ([`plan_cut`], [`plan_slice`]; a simultaneous chunk's cut,
+//! [`plan_simultaneous_cut`]). Which agents an env step mentions, and what it gives each,
+//! is [`Mentions`].
 
 mod agent;
 mod concat;
 mod cut;
 mod env_step;
 mod mentions;
+mod simultaneous;
 mod step_map;
 
 pub use agent::{plan_agent_step, AgentPlan, AgentStepError, AgentStepInput, Source};
@@ -32,4 +34,5 @@ pub use env_step::{
     Slot,
 };
 pub use mentions::{AgentIds, AgentVec, Mention, Mentions};
+pub use simultaneous::{plan_simultaneous_cut, SimultaneousAgent, SimultaneousCut, SimultaneousInput};
 pub use step_map::{CutPart, MapRead, StepMap};

@@ -408,7 +408,7 @@ impl SingleAgentEpisodePy {
         self.core.t = t;
     }
     #[getter]
-    fn t_started(&self) -> i64 {
+    pub(crate) fn t_started(&self) -> i64 {
         self.core.t_started
     }
     #[setter]
@@ -480,7 +480,7 @@ impl SingleAgentEpisodePy {
     /// the successor gets its flags (a multi-agent cut's agent that finished at the last
     /// env step).
     #[pyo3(name = "_cut_into", signature = (target, len_lookback_buffer, keep_done=false))]
-    fn cut_into(
+    pub(crate) fn cut_into(
         &mut self,
         py: Python<'_>,
         target: &Bound<'_, SingleAgentEpisodePy>,
