@@ -15,6 +15,7 @@ mod errors;
 mod index;
 mod metrics;
 mod multi;
+mod multi_agents;
 mod multi_cut;
 mod object;
 mod outputs;

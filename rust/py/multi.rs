@@ -19,6 +19,7 @@ use pyo3::{PyTraverseError, PyVisit};
 
 use super::errors::{index_error, with_prefix};
 use super::index::to_index;
+use super::multi_agents::AgentEpisodeMaker;
 use super::object::PyObj;
 use super::outputs::AgentOutputsPy;
 use super::single::{
@@ -566,6 +567,30 @@ impl MultiAgentEpisodeCore {
     #[pyo3(name = "_cut_books")]
     fn cut_books(&self, successor: &Bound<'_, MultiAgentEpisodeCore>, lookback: usize) -> PyResult<bool> {
         self.cut_into(successor, lookback)
+    }
+
+    /// The episode of an agent that observes for the first time in this chunk.
+    ///
+    /// `add_env_reset` and `add_env_step` make their new agents' episodes this way
+    /// while they check the step, before they store anything, so that the check of the
+    /// env's declared agents costs one lookup per agent and chunk, nothing per step. An
+    /// agent episode class with a constructor of its own is constructed through it.
+    ///
+    /// Args:
+    ///     agent_id: The agent.
+    ///
+    /// Returns:
+    ///     Its new (empty) episode.
+    ///
+    /// Raises:
+    ///     MultiAgentEnvError: If the episode has declared agents (a runner's) and
+    ///         `agent_id` is not among them; nothing of the step is stored then.
+    #[pyo3(name = "_new_agent_episode")]
+    fn new_agent_episode<'py>(
+        slf: &Bound<'py, Self>,
+        agent_id: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, SingleAgentEpisodePy>> {
+        AgentEpisodeMaker::new(slf.as_any())?.make(agent_id)
     }
 
     /// The successor `cut` returns when it keeps `lookback` env steps of look-back, on
@@ -1278,7 +1303,7 @@ fn flag(d: Option<&Bound<'_, PyDict>>, key: &Bound<'_, PyAny>) -> PyResult<bool>
 }
 
 /// `fastrollout.errors.MultiAgentEnvError` (defined in Python, next to RLlib's name for it).
-fn multi_agent_env_error(py: Python<'_>, message: String) -> PyErr {
+pub(crate) fn multi_agent_env_error(py: Python<'_>, message: String) -> PyErr {
     static ERR: PyOnceLock<Py<pyo3::types::PyType>> = PyOnceLock::new();
     match ERR.import(py, "fastrollout.errors", "MultiAgentEnvError") {
         Ok(cls) => PyErr::from_type(cls.clone(), message),
@@ -1457,12 +1482,18 @@ pub fn multi_agent_add_env_reset<'py>(
     let infos = as_dict(infos)?;
     let EpisodeState { dicts: Dicts { agent_episodes, step_maps, .. }, compression, .. } =
         episode.try_borrow()?.state(py);
-    let new_agent_episode = episode.getattr(intern!(py, "_new_agent_episode"))?;
+    let mut maker = None;
     let mut prepared = Vec::with_capacity(observations.len());
     for (aid, obs) in observations.iter() {
         let eps = match agent_episodes.get_item(&aid)? {
             Some(e) => e.cast_into::<SingleAgentEpisodePy>()?,
-            None => make_agent_episode(&new_agent_episode, &aid, compression)?,
+            None => {
+                let maker = match &maker {
+                    Some(m) => m,
+                    None => maker.insert(AgentEpisodeMaker::new(episode.as_any())?),
+                };
+                maker.make_compressed(&aid, compression)?
+            }
         };
         let reset = eps.borrow().prepare_reset(&obs).map_err(|e| for_agent(py, &aid, e))?;
         let info = get_opt(infos.as_ref(), &aid)?;

@@ -36,16 +36,9 @@ from fastrollout.errors import (
     EpisodeDoneError,
     EpisodeStateError,
     IndexFormError,
-    MultiAgentEnvError,
 )
 
 SKIP = "S"  # An env step at which an agent did not step (RLlib's skip tag).
-
-
-#: (agent episode class, id of the observation space, id of the action space) -> a blank
-#: agent episode with those spaces (it holds them, so the ids stay theirs), oldest first.
-_BLANK_AGENT_EPISODES: dict[tuple[type, int, int], SingleAgentEpisode] = {}
-_MAX_BLANK_AGENT_EPISODES = 64
 
 
 def default_agent_to_module_mapping_fn(agent_id: Any, episode: Any) -> str:
@@ -160,60 +153,9 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
 
     # ------------------------------------------------------------------ recording
 
-    def _new_agent_episode(self, agent_id: Any) -> SingleAgentEpisode:
-        """The episode of an agent that observes for the first time in this chunk.
-
-        The native ``add_env_reset``/``add_env_step`` call this while they check the step,
-        before they store anything, so that the check of the env's declared agents costs
-        one lookup per agent and chunk, nothing per step.
-
-        Args:
-            agent_id: The agent.
-
-        Returns:
-            Its new (empty) episode.
-
-        Raises:
-            MultiAgentEnvError: If the episode has declared agents (a runner's) and
-                ``agent_id`` is not among them; nothing of the step is stored then.
-        """
-        declared = self._declared_agents
-        if declared is not None and agent_id not in declared:
-            raise MultiAgentEnvError(
-                f"the env returned an observation for agent {agent_id!r}, which is not one "
-                f"of its possible_agents {list(declared)}: list every agent the env may "
-                "return data for in possible_agents"
-            )
-        cls = self._agent_episode_cls
-        obs_space = self.observation_space.get(agent_id)
-        act_space = self.action_space.get(agent_id)
-        if cls.__init__ is not SingleAgentEpisode.__init__:
-            # A subclass's own constructor runs for every agent.
-            return cls(
-                agent_id=agent_id,
-                module_id=self.module_for(agent_id),
-                multi_agent_episode_id=self.id_,
-                observation_space=obs_space,
-                action_space=act_space,
-            )
-        # Agents with the same spaces copy one blank episode's layouts instead of reading
-        # them from the spaces again (about 10 µs per agent and chunk).
-        key = (cls, id(obs_space), id(act_space))
-        blank = _BLANK_AGENT_EPISODES.get(key)
-        if (
-            blank is None
-            or blank.observation_space is not obs_space
-            or blank.action_space is not act_space
-        ):
-            blank = cls(observation_space=obs_space, action_space=act_space)
-            if len(_BLANK_AGENT_EPISODES) >= _MAX_BLANK_AGENT_EPISODES:
-                _BLANK_AGENT_EPISODES.pop(next(iter(_BLANK_AGENT_EPISODES)))
-            _BLANK_AGENT_EPISODES[key] = blank
-        episode = blank._blank_like()
-        episode.agent_id = agent_id
-        episode.module_id = self.module_for(agent_id)
-        episode.multi_agent_episode_id = self.id_
-        return episode
+    # _new_agent_episode (the episode of an agent that observes for the first time in
+    # this chunk: declared-agents check, agent episode class, blank layouts, module) is
+    # native (MultiAgentEpisodeCore).
 
     def add_env_reset(self, *, observations: dict, infos: dict | None = None) -> None:
         """Records the reset observations (and infos) of the agents that got one.

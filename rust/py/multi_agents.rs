@@ -1,0 +1,156 @@
+//! The episodes of agents that observe for the first time in a multi-agent chunk, made
+//! with what the chunk's episode holds (its declared agents, agent episode class, spaces,
+//! module mapping and id) read once per reset or env step instead of once per agent.
+//!
+//! Agents with the same spaces copy one blank episode's layouts instead of reading them
+//! from the spaces again (about 10 µs per agent and chunk): the blanks are kept here, per
+//! agent episode class and spaces, the oldest dropped past [`MAX_BLANKS`].
+
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyList, PyTuple};
+
+use super::multi::multi_agent_env_error;
+use super::single::SingleAgentEpisodePy;
+
+/// Blank agent episodes kept at most.
+const MAX_BLANKS: usize = 64;
+
+/// (agent episode class, id of the observation space, id of the action space) -> a blank
+/// agent episode with those spaces (it holds them, so the ids stay theirs), oldest first.
+fn blanks(py: Python<'_>) -> &Bound<'_, PyDict> {
+    static BLANKS: PyOnceLock<Py<PyDict>> = PyOnceLock::new();
+    BLANKS.get_or_init(py, || PyDict::new(py).unbind()).bind(py)
+}
+
+/// What makes a multi-agent episode's new agent episodes (its `_new_agent_episode`).
+pub(crate) struct AgentEpisodeMaker<'py> {
+    episode: Bound<'py, PyAny>,
+    /// The env's declared agents (`_declared_agents`), if any.
+    declared: Option<Bound<'py, PyAny>>,
+    /// `_agent_episode_cls`, and whether it has a constructor of its own (which then
+    /// runs for every agent).
+    class: Bound<'py, PyAny>,
+    own_init: bool,
+    observation_spaces: Bound<'py, PyAny>,
+    action_spaces: Bound<'py, PyAny>,
+    /// `_agent_to_module_mapping` (`None`: not a dict; `module_for` answers then).
+    modules: Option<Bound<'py, PyDict>>,
+    id: Bound<'py, PyAny>,
+}
+
+impl<'py> AgentEpisodeMaker<'py> {
+    /// The maker of `episode`'s new agent episodes.
+    pub(crate) fn new(episode: &Bound<'py, PyAny>) -> PyResult<Self> {
+        static BASE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+        let py = episode.py();
+        let base = BASE.import(py, "fastrollout.episodes.single_agent_episode", "SingleAgentEpisode")?;
+        let class = episode.getattr(intern!(py, "_agent_episode_cls"))?;
+        let init = intern!(py, "__init__");
+        let own_init = !class.getattr(init)?.is(&base.getattr(init)?);
+        Ok(AgentEpisodeMaker {
+            declared: Some(episode.getattr(intern!(py, "_declared_agents"))?).filter(|d| !d.is_none()),
+            own_init,
+            class,
+            observation_spaces: episode.getattr(intern!(py, "observation_space"))?,
+            action_spaces: episode.getattr(intern!(py, "action_space"))?,
+            modules: episode.getattr(intern!(py, "_agent_to_module_mapping"))?.cast_into::<PyDict>().ok(),
+            id: episode.getattr(intern!(py, "id_"))?,
+            episode: episode.clone(),
+        })
+    }
+
+    /// The new (empty) episode of `aid`, its observations compressed in blocks of
+    /// `compression` items (`None`: uncompressed).
+    pub(crate) fn make_compressed(
+        &self,
+        aid: &Bound<'py, PyAny>,
+        compression: Option<usize>,
+    ) -> PyResult<Bound<'py, SingleAgentEpisodePy>> {
+        let eps = self.make(aid)?;
+        if compression.is_some() {
+            eps.try_borrow_mut()?.set_observation_compression(compression);
+        }
+        Ok(eps)
+    }
+
+    /// The new (empty) episode of `aid`; `MultiAgentEnvError` if the episode has declared
+    /// agents and `aid` is not among them.
+    pub(crate) fn make(&self, aid: &Bound<'py, PyAny>) -> PyResult<Bound<'py, SingleAgentEpisodePy>> {
+        let py = aid.py();
+        if let Some(declared) = &self.declared {
+            if !declared.contains(aid)? {
+                let listed = py.get_type::<PyList>().call1((declared,))?;
+                return Err(multi_agent_env_error(
+                    py,
+                    format!(
+                        "the env returned an observation for agent {}, which is not one of its \
+                         possible_agents {}: list every agent the env may return data for in \
+                         possible_agents",
+                        aid.repr()?,
+                        listed.str()?
+                    ),
+                ));
+            }
+        }
+        let get = intern!(py, "get");
+        let obs_space = self.observation_spaces.call_method1(get, (aid,))?;
+        let act_space = self.action_spaces.call_method1(get, (aid,))?;
+        if self.own_init {
+            // A subclass's own constructor runs for every agent.
+            let kwargs = PyDict::new(py);
+            kwargs.set_item(intern!(py, "agent_id"), aid)?;
+            kwargs.set_item(intern!(py, "module_id"), self.module(aid)?)?;
+            kwargs.set_item(intern!(py, "multi_agent_episode_id"), &self.id)?;
+            kwargs.set_item(intern!(py, "observation_space"), &obs_space)?;
+            kwargs.set_item(intern!(py, "action_space"), &act_space)?;
+            return Ok(self.class.call((), Some(&kwargs))?.cast_into::<SingleAgentEpisodePy>()?);
+        }
+        let episode = self.blank(&obs_space, &act_space)?.call_method0(intern!(py, "_blank_like"))?;
+        episode.setattr(intern!(py, "agent_id"), aid)?;
+        episode.setattr(intern!(py, "module_id"), self.module(aid)?)?;
+        episode.setattr(intern!(py, "multi_agent_episode_id"), &self.id)?;
+        Ok(episode.cast_into::<SingleAgentEpisodePy>()?)
+    }
+
+    /// The kept blank episode of the class with these spaces (made and kept if there is
+    /// none).
+    fn blank(&self, obs_space: &Bound<'py, PyAny>, act_space: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let py = obs_space.py();
+        let key = PyTuple::new(
+            py,
+            [self.class.clone(), (obs_space.as_ptr() as usize).into_pyobject(py)?.into_any(), {
+                (act_space.as_ptr() as usize).into_pyobject(py)?.into_any()
+            }],
+        )?;
+        let blanks = blanks(py);
+        if let Some(blank) = blanks.get_item(&key)? {
+            if blank.getattr(intern!(py, "observation_space"))?.is(obs_space)
+                && blank.getattr(intern!(py, "action_space"))?.is(act_space)
+            {
+                return Ok(blank);
+            }
+        }
+        let kwargs = PyDict::new(py);
+        kwargs.set_item(intern!(py, "observation_space"), obs_space)?;
+        kwargs.set_item(intern!(py, "action_space"), act_space)?;
+        let blank = self.class.call((), Some(&kwargs))?;
+        if blanks.len() >= MAX_BLANKS {
+            if let Some((oldest, _)) = blanks.iter().next() {
+                blanks.del_item(oldest)?;
+            }
+        }
+        blanks.set_item(key, &blank)?;
+        Ok(blank)
+    }
+
+    /// The module of `aid` (the episode's `module_for`: the mapping function runs once
+    /// per agent).
+    fn module(&self, aid: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        if let Some(module) = self.modules.as_ref().map(|m| m.get_item(aid)).transpose()?.flatten() {
+            return Ok(module);
+        }
+        self.episode.call_method1(intern!(aid.py(), "module_for"), (aid,))
+    }
+}
