@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
+
 __all__ = ["new_episode_id"]
 
 # The next ids, made 256 at a time as one hex string: ``os.urandom`` is a system call
@@ -25,11 +27,12 @@ os.register_at_fork(after_in_child=_forget_pool)
 
 
 def _draw_pool() -> str:
-    raw = bytearray(os.urandom(16 * _BATCH))
-    for i in range(6, len(raw), 16):
-        raw[i] = (raw[i] & 0x0F) | 0x40  # version 4
-        raw[i + 2] = (raw[i + 2] & 0x3F) | 0x80  # RFC 4122 variant
-    return raw.hex()
+    # One id per row; the bits are set for all rows at once (a loop over the bytes costs
+    # about twice the draw itself).
+    raw = np.frombuffer(os.urandom(16 * _BATCH), np.uint8).reshape(_BATCH, 16).copy()
+    raw[:, 6] = (raw[:, 6] & 0x0F) | 0x40  # version 4
+    raw[:, 8] = (raw[:, 8] & 0x3F) | 0x80  # RFC 4122 variant
+    return raw.tobytes().hex()
 
 
 def new_episode_id() -> str:
