@@ -9,7 +9,7 @@
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyList, PyTuple};
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 
 use super::multi::multi_agent_env_error;
 use super::single::SingleAgentEpisodePy;
@@ -33,29 +33,53 @@ pub(crate) struct AgentEpisodeMaker<'py> {
     /// runs for every agent).
     class: Bound<'py, PyAny>,
     own_init: bool,
+    /// Whether the class makes its blank copies with `SingleAgentEpisode._blank_like`
+    /// (done here then, without the Python call).
+    base_blank_like: bool,
     observation_spaces: Bound<'py, PyAny>,
     action_spaces: Bound<'py, PyAny>,
-    /// `_agent_to_module_mapping` (`None`: not a dict; `module_for` answers then).
-    modules: Option<Bound<'py, PyDict>>,
+    /// `_agent_to_module_mapping` and the mapping function, where the episode's
+    /// `module_for` is `MultiAgentEpisode.module_for` and the mapping a dict (that method
+    /// is then done here, without the Python call; `None`: it is called).
+    modules: Option<(Bound<'py, PyDict>, Bound<'py, PyAny>)>,
     id: Bound<'py, PyAny>,
+}
+
+/// `name` of `class` is the same object as `name` of `base` (a method not overridden).
+fn inherited(
+    class: &Bound<'_, PyAny>,
+    base: &Bound<'_, PyAny>,
+    name: &Bound<'_, PyString>,
+) -> PyResult<bool> {
+    Ok(class.getattr(name)?.is(&base.getattr(name)?))
 }
 
 impl<'py> AgentEpisodeMaker<'py> {
     /// The maker of `episode`'s new agent episodes.
     pub(crate) fn new(episode: &Bound<'py, PyAny>) -> PyResult<Self> {
-        static BASE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+        static SINGLE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+        static MULTI: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
         let py = episode.py();
-        let base = BASE.import(py, "fastrollout.episodes.single_agent_episode", "SingleAgentEpisode")?;
+        let single = SINGLE.import(py, "fastrollout.episodes.single_agent_episode", "SingleAgentEpisode")?;
+        let multi = MULTI.import(py, "fastrollout.episodes.multi_agent_episode", "MultiAgentEpisode")?;
         let class = episode.getattr(intern!(py, "_agent_episode_cls"))?;
-        let init = intern!(py, "__init__");
-        let own_init = !class.getattr(init)?.is(&base.getattr(init)?);
+        let modules = if inherited(&episode.get_type(), multi, intern!(py, "module_for"))? {
+            let mapping =
+                episode.getattr(intern!(py, "_agent_to_module_mapping"))?.cast_into::<PyDict>().ok();
+            mapping
+                .map(|m| Ok::<_, PyErr>((m, episode.getattr(intern!(py, "agent_to_module_mapping_fn"))?)))
+                .transpose()?
+        } else {
+            None
+        };
         Ok(AgentEpisodeMaker {
             declared: Some(episode.getattr(intern!(py, "_declared_agents"))?).filter(|d| !d.is_none()),
-            own_init,
+            own_init: !inherited(&class, single, intern!(py, "__init__"))?,
+            base_blank_like: inherited(&class, single, intern!(py, "_blank_like"))?,
             class,
             observation_spaces: episode.getattr(intern!(py, "observation_space"))?,
             action_spaces: episode.getattr(intern!(py, "action_space"))?,
-            modules: episode.getattr(intern!(py, "_agent_to_module_mapping"))?.cast_into::<PyDict>().ok(),
+            modules,
             id: episode.getattr(intern!(py, "id_"))?,
             episode: episode.clone(),
         })
@@ -94,9 +118,8 @@ impl<'py> AgentEpisodeMaker<'py> {
                 ));
             }
         }
-        let get = intern!(py, "get");
-        let obs_space = self.observation_spaces.call_method1(get, (aid,))?;
-        let act_space = self.action_spaces.call_method1(get, (aid,))?;
+        let obs_space = space_of(&self.observation_spaces, aid)?;
+        let act_space = space_of(&self.action_spaces, aid)?;
         if self.own_init {
             // A subclass's own constructor runs for every agent.
             let kwargs = PyDict::new(py);
@@ -107,7 +130,17 @@ impl<'py> AgentEpisodeMaker<'py> {
             kwargs.set_item(intern!(py, "action_space"), &act_space)?;
             return Ok(self.class.call((), Some(&kwargs))?.cast_into::<SingleAgentEpisodePy>()?);
         }
-        let episode = self.blank(&obs_space, &act_space)?.call_method0(intern!(py, "_blank_like"))?;
+        let blank = self.blank(&obs_space, &act_space)?;
+        let episode = if self.base_blank_like {
+            // `SingleAgentEpisode._blank_like`: its successor, with a new id and its layouts.
+            let episode =
+                blank.call_method0(intern!(py, "_successor"))?.cast_into::<SingleAgentEpisodePy>()?;
+            episode.setattr(intern!(py, "id_"), new_episode_id(py)?)?;
+            blank.cast::<SingleAgentEpisodePy>()?.try_borrow()?.blank_into(&episode)?;
+            episode.into_any()
+        } else {
+            blank.call_method0(intern!(py, "_blank_like"))?
+        };
         episode.setattr(intern!(py, "agent_id"), aid)?;
         episode.setattr(intern!(py, "module_id"), self.module(aid)?)?;
         episode.setattr(intern!(py, "multi_agent_episode_id"), &self.id)?;
@@ -116,7 +149,11 @@ impl<'py> AgentEpisodeMaker<'py> {
 
     /// The kept blank episode of the class with these spaces (made and kept if there is
     /// none).
-    fn blank(&self, obs_space: &Bound<'py, PyAny>, act_space: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    fn blank(
+        &self,
+        obs_space: &Bound<'py, PyAny>,
+        act_space: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let py = obs_space.py();
         let key = PyTuple::new(
             py,
@@ -126,8 +163,8 @@ impl<'py> AgentEpisodeMaker<'py> {
         )?;
         let blanks = blanks(py);
         if let Some(blank) = blanks.get_item(&key)? {
-            if blank.getattr(intern!(py, "observation_space"))?.is(obs_space)
-                && blank.getattr(intern!(py, "action_space"))?.is(act_space)
+            if blank.getattr(intern!(py, "_observation_space"))?.is(obs_space)
+                && blank.getattr(intern!(py, "_action_space"))?.is(act_space)
             {
                 return Ok(blank);
             }
@@ -148,9 +185,28 @@ impl<'py> AgentEpisodeMaker<'py> {
     /// The module of `aid` (the episode's `module_for`: the mapping function runs once
     /// per agent).
     fn module(&self, aid: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-        if let Some(module) = self.modules.as_ref().map(|m| m.get_item(aid)).transpose()?.flatten() {
+        let Some((mapping, mapping_fn)) = &self.modules else {
+            return self.episode.call_method1(intern!(aid.py(), "module_for"), (aid,));
+        };
+        if let Some(module) = mapping.get_item(aid)? {
             return Ok(module);
         }
-        self.episode.call_method1(intern!(aid.py(), "module_for"), (aid,))
+        let module = mapping_fn.call1((aid, &self.episode))?;
+        mapping.set_item(aid, &module)?;
+        Ok(module)
     }
+}
+
+/// The space of `aid` in an episode's spaces (their `get`; a dict's directly).
+fn space_of<'py>(spaces: &Bound<'py, PyAny>, aid: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    match spaces.cast_exact::<PyDict>() {
+        Ok(d) => Ok(d.get_item(aid)?.unwrap_or_else(|| aid.py().None().into_bound(aid.py()))),
+        Err(_) => spaces.call_method1(intern!(aid.py(), "get"), (aid,)),
+    }
+}
+
+/// A new episode id (`fastrollout.episodes._ids.new_episode_id`).
+fn new_episode_id(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
+    static NEW_ID: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    NEW_ID.import(py, "fastrollout.episodes._ids", "new_episode_id")?.call0()
 }

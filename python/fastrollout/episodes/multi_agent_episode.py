@@ -137,17 +137,18 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
         self.is_truncated = bool(
             truncateds if isinstance(truncateds, bool) else truncateds.get("__all__", False)
         )
-        self._init_agent_episodes(
-            agent_module_ids=agent_module_ids,
-            agent_episode_ids=agent_episode_ids,
-            observations=observations,
-            infos=infos,
-            actions=actions,
-            rewards=rewards,
-            terminateds=terminateds,
-            truncateds=truncateds,
-            extra_model_outputs=extra_model_outputs,
-        )
+        if observations is not None:  # (an episode without initial data has none to load)
+            self._init_agent_episodes(
+                agent_module_ids=agent_module_ids,
+                agent_episode_ids=agent_episode_ids,
+                observations=observations,
+                infos=infos,
+                actions=actions,
+                rewards=rewards,
+                terminateds=terminateds,
+                truncateds=truncateds,
+                extra_model_outputs=extra_model_outputs,
+            )
         self._custom_data: dict = {}
         self.validate()
 
@@ -1294,8 +1295,6 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
         truncateds,
         extra_model_outputs,
     ) -> None:
-        if observations is None:
-            return
         if actions is None:
             actions, rewards, extra_model_outputs = [], [], []
         if infos is None:

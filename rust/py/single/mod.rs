@@ -471,7 +471,7 @@ impl SingleAgentEpisodePy {
     /// Raises:
     ///     EpisodeStateError: If this episode was already reset.
     #[pyo3(name = "_blank_into")]
-    fn blank_into(&self, target: &Bound<'_, SingleAgentEpisodePy>) -> PyResult<()> {
+    pub(crate) fn blank_into(&self, target: &Bound<'_, SingleAgentEpisodePy>) -> PyResult<()> {
         Self::fill_target(target, self.core.blank_copy()?)
     }
 
