@@ -347,3 +347,50 @@ def test_runner_new_episodes_follow_the_envs_space_objects():
     runner._episodes[0].add_env_reset(observation=np.zeros(4), infos={})
     runner._episodes[0].to_numpy()
     assert runner._episodes[0].get_observations().dtype == np.float64
+
+
+def test_new_agent_episodes_keep_overridden_methods_and_reuse_blank_layouts():
+    """The native maker of new agents' episodes (``_new_agent_episode``) copies blank
+    layouts and maps modules itself only where the classes keep ``_blank_like`` and
+    ``module_for``; overrides of either are called, once per new agent. Agents with the
+    same spaces get the same layouts, each with its own id, module and episode id."""
+    from fastrollout import MultiAgentEpisode, SingleAgentEpisode
+
+    obs_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    act_space = gym.spaces.Discrete(3)
+    calls: list[str] = []
+
+    class Copied(SingleAgentEpisode):
+        __slots__ = ()
+
+        def _blank_like(self) -> SingleAgentEpisode:
+            calls.append("blank_like")
+            return super()._blank_like()
+
+    class Mapped(MultiAgentEpisode):
+        _agent_episode_cls = Copied
+
+        def module_for(self, agent_id):
+            calls.append(f"module_for {agent_id}")
+            return super().module_for(agent_id)
+
+    spaces = {"a": obs_space, "b": obs_space}
+    acts = {"a": act_space, "b": act_space}
+    obs = {aid: np.zeros(3, np.float32) for aid in spaces}
+    mapped = Mapped(id_="m", observation_space=spaces, action_space=acts)
+    mapped.add_env_reset(observations=obs)
+    assert calls == ["blank_like", "module_for a", "blank_like", "module_for b"]
+    plain = MultiAgentEpisode(
+        id_="p",
+        observation_space=spaces,
+        action_space=acts,
+        agent_to_module_mapping_fn=lambda aid, ep: f"m_{aid}",
+    )
+    plain.add_env_reset(observations=obs)
+    for ep in (mapped, plain):
+        a, b = ep.agent_episodes["a"], ep.agent_episodes["b"]
+        assert type(a) is ep._agent_episode_cls and a.id_ != b.id_
+        assert (a.agent_id, b.agent_id, a.multi_agent_episode_id) == ("a", "b", ep.id_)
+        assert a.observation_space is obs_space and a.action_space is act_space
+        assert a.module_id == ep.module_for("a") and b.module_id == ep.module_for("b")
+    assert plain._agent_to_module_mapping == {"a": "m_a", "b": "m_b"}
