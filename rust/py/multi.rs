@@ -1485,15 +1485,14 @@ pub fn multi_agent_add_env_reset<'py>(
     let mut maker = None;
     let mut prepared = Vec::with_capacity(observations.len());
     for (aid, obs) in observations.iter() {
-        let eps = match agent_episodes.get_item(&aid)? {
-            Some(e) => e.cast_into::<SingleAgentEpisodePy>()?,
-            None => {
-                let maker = match &maker {
-                    Some(m) => m,
-                    None => maker.insert(AgentEpisodeMaker::new(episode.as_any())?),
-                };
-                maker.make_compressed(&aid, compression)?
-            }
+        let eps = if let Some(e) = agent_episodes.get_item(&aid)? {
+            e.cast_into::<SingleAgentEpisodePy>()?
+        } else {
+            let maker = match &maker {
+                Some(m) => m,
+                None => maker.insert(AgentEpisodeMaker::new(episode.as_any())?),
+            };
+            maker.make_compressed(&aid, compression)?
         };
         let reset = eps.borrow().prepare_reset(&obs).map_err(|e| for_agent(py, &aid, e))?;
         let info = get_opt(infos.as_ref(), &aid)?;
