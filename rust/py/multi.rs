@@ -27,8 +27,8 @@ use super::single::{
 };
 use crate::episode::multi::{
     plan_concat, plan_env_step, AgentIds, AgentOutcome, AgentPlan, AgentStep, AgentStepError, AgentStepInput,
-    AgentVec, BeginReward, Books, ConcatAgent, ConcatBooks, ConcatInput, CutPart, EnvStep, MapRead, Mention,
-    Mentions, Slot, Source, StepMap,
+    AgentVec, BeginReward, Books, ConcatAgent, ConcatBooks, ConcatInput, EnvStep, MapRead, Mention, Mentions,
+    Slot, Source, StepMap,
 };
 
 /// RLlib's skip tag in env-step maps.
@@ -115,19 +115,6 @@ impl StepMapPy {
     #[pyo3(name = "_cut_lookback")]
     fn cut_lookback(requested: usize, hanging: Vec<PyRef<'_, StepMapPy>>) -> usize {
         StepMap::cut_lookback(requested, hanging.iter().map(|m| &m.map))
-    }
-
-    /// The agent's part in a cut that keeps `lookback` env steps on the simultaneous
-    /// path: `"keep"`, `"finished"` (kept, done), `"dropped"` or `"gone"`; None where the
-    /// cut is rebuilt from the per-env-step reads (see the core's `simultaneous_cut`).
-    #[pyo3(name = "_simultaneous_cut")]
-    fn simultaneous_cut(&self, done: bool, lookback: usize, has_extra_keys: bool) -> Option<&'static str> {
-        self.map.simultaneous_cut(done, lookback, has_extra_keys).map(|part| match part {
-            CutPart::Keep { finished_now: false } => "keep",
-            CutPart::Keep { finished_now: true } => "finished",
-            CutPart::Dropped => "dropped",
-            CutPart::Gone => "gone",
-        })
     }
 
     /// Entries at `indices` (RLlib's index semantics; `fill`: out-of-range reads as "S";
