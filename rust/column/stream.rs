@@ -34,6 +34,32 @@ pub fn extend(buf: &mut Vec<u8>, src: &[u8]) {
 
 /// The big-item half of [`extend`], kept out of line so that small appends stay a plain
 /// `extend_from_slice` where they are inlined.
+/// Appends `src` (4, 8 or 16 bytes: a scalar or a small vector item) if `buf` has room
+/// for it, with fixed-size moves and no call; false (nothing appended) otherwise.
+#[inline]
+pub fn extend_within_capacity(buf: &mut Vec<u8>, src: &[u8]) -> bool {
+    fn put<const N: usize>(buf: &mut Vec<u8>, src: &[u8]) -> bool {
+        let len = buf.len();
+        let Ok(bytes) = <&[u8; N]>::try_from(src) else { return false };
+        if buf.capacity() - len < N {
+            return false;
+        }
+        // SAFETY: the buffer has room for `N` more bytes (checked above); they are written
+        // (one unaligned move) before the length covers them.
+        unsafe {
+            buf.as_mut_ptr().add(len).cast::<[u8; N]>().write_unaligned(*bytes);
+            buf.set_len(len + N);
+        }
+        true
+    }
+    match src.len() {
+        4 => put::<4>(buf, src),
+        8 => put::<8>(buf, src),
+        16 => put::<16>(buf, src),
+        _ => false,
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 #[inline(never)]
 fn extend_streaming(buf: &mut Vec<u8>, src: &[u8]) {
