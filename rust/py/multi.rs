@@ -24,6 +24,7 @@ use super::outputs::AgentOutputsPy;
 use super::single::{
     info_or_absent, perf_counter, ExtraOutputs, PreparedReset, PreparedStep, RowSteps, SingleAgentEpisodePy,
 };
+use super::spec;
 use crate::episode::multi::{
     plan_concat, plan_env_step, AgentIds, AgentOutcome, AgentPlan, AgentStep, AgentStepError, AgentStepInput,
     AgentVec, BeginReward, Books, ConcatAgent, ConcatBooks, ConcatInput, CutPart, EnvStep, MapRead, Mention,
@@ -786,7 +787,7 @@ impl MultiAgentEpisodeCore {
                     ..AgentStepInput::default()
                 }),
                 agent_len,
-                t_started: row.host.t_started.as_ref().map(PyAnyMethods::extract::<i64>).transpose()?,
+                t_started: row.host.t_started.as_ref().map(spec::extract_i64).transpose()?,
             });
             rewards.push(match &row.reward {
                 Some(r) => r.extract::<f64>().map_err(|_| {
