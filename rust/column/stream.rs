@@ -120,6 +120,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn appends_a_small_item_only_where_it_fits_the_room_left() {
+        for n in [4usize, 8, 16] {
+            let src: Vec<u8> = (1..=n as u8).collect();
+            let mut buf: Vec<u8> = Vec::with_capacity(3 + n);
+            buf.extend_from_slice(&[9, 9, 9]);
+            assert!(extend_within_capacity(&mut buf, &src), "{n} bytes fit");
+            assert_eq!(buf[3..], src[..]);
+            assert_eq!(buf.len(), 3 + n);
+            buf.shrink_to_fit();
+            let before = buf.clone();
+            if buf.capacity() == buf.len() {
+                assert!(!extend_within_capacity(&mut buf, &src), "no room: nothing appended");
+                assert_eq!(buf, before);
+            }
+        }
+        let mut buf = Vec::with_capacity(64);
+        assert!(!extend_within_capacity(&mut buf, &[1, 2, 3]), "other sizes take the general copy");
+        assert!(buf.is_empty());
+    }
+
+    #[test]
     fn appends_the_same_bytes_as_an_ordinary_copy() {
         let src: Vec<u8> = (0..70_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
         // Every alignment of the destination, sizes around the threshold and the 64- and

@@ -923,7 +923,7 @@ impl MultiAgentEpisodeCore {
                     let eps = agent_episode()?;
                     let obs_value = row.observation.clone().unwrap_or_else(none);
                     let reset = eps.borrow().prepare_reset(&obs_value).map_err(|e| for_agent(py, aid, e))?;
-                    Prepared::Join { episode: eps, reset, infos: row.info.clone() }
+                    Prepared::Join { episode: eps, reset: Box::new(reset), infos: row.info.clone() }
                 }
                 AgentPlan::Hang => Prepared::Hang {
                     action: row.action.clone().unwrap_or_else(none),
@@ -1006,7 +1006,7 @@ enum Prepared<'py> {
     },
     Join {
         episode: Bound<'py, SingleAgentEpisodePy>,
-        reset: PreparedReset<'py>,
+        reset: Box<PreparedReset<'py>>,
         infos: Option<Bound<'py, PyAny>>,
     },
     Hang {
@@ -1102,7 +1102,7 @@ impl Books for DictBooks<'_, '_> {
                 }
             }
             Some(Prepared::Join { episode: eps, reset, infos }) => {
-                eps.borrow_mut().apply_reset(py, reset, infos.as_ref())?;
+                eps.borrow_mut().apply_reset(py, *reset, infos.as_ref())?;
                 self.dicts.agent_episodes.set_item(aid, &eps)?;
             }
             Some(Prepared::Hang { action, extras }) => {
