@@ -497,7 +497,22 @@ impl Column {
     /// [`Self::push`] without the size check, for items already checked against the
     /// schema (a wrong size would corrupt later reads, not memory: every read is bounds
     /// checked).
+    #[inline]
     pub fn push_unchecked<B: AsRef<[u8]>>(&mut self, item: &[B]) {
+        // The usual item (one small leaf, room in the buffer, no compression) inline: the
+        // general push costs about 90 instructions per field and step, this about 20.
+        if let (None, Leaves::One(buf), [bytes]) = (&self.packed, &mut self.leaves, item) {
+            if stream::extend_within_capacity(buf, bytes.as_ref()) {
+                self.total += 1;
+                return;
+            }
+        }
+        self.push_any(item);
+    }
+
+    /// [`Self::push_unchecked`] for any item and column.
+    #[inline(never)]
+    fn push_any<B: AsRef<[u8]>>(&mut self, item: &[B]) {
         if self.packed.as_ref().is_some_and(|p| p.closed) {
             self.reopen();
         }

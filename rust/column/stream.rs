@@ -34,6 +34,32 @@ pub fn extend(buf: &mut Vec<u8>, src: &[u8]) {
 
 /// The big-item half of [`extend`], kept out of line so that small appends stay a plain
 /// `extend_from_slice` where they are inlined.
+/// Appends `src` (4, 8 or 16 bytes: a scalar or a small vector item) if `buf` has room
+/// for it, with fixed-size moves and no call; false (nothing appended) otherwise.
+#[inline]
+pub fn extend_within_capacity(buf: &mut Vec<u8>, src: &[u8]) -> bool {
+    fn put<const N: usize>(buf: &mut Vec<u8>, src: &[u8]) -> bool {
+        let len = buf.len();
+        let Ok(bytes) = <&[u8; N]>::try_from(src) else { return false };
+        if buf.capacity() - len < N {
+            return false;
+        }
+        // SAFETY: the buffer has room for `N` more bytes (checked above); they are written
+        // (one unaligned move) before the length covers them.
+        unsafe {
+            buf.as_mut_ptr().add(len).cast::<[u8; N]>().write_unaligned(*bytes);
+            buf.set_len(len + N);
+        }
+        true
+    }
+    match src.len() {
+        4 => put::<4>(buf, src),
+        8 => put::<8>(buf, src),
+        16 => put::<16>(buf, src),
+        _ => false,
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 #[inline(never)]
 fn extend_streaming(buf: &mut Vec<u8>, src: &[u8]) {
@@ -92,6 +118,27 @@ unsafe fn stream_copy(dst: *mut u8, src: *const u8, n: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn appends_a_small_item_only_where_it_fits_the_room_left() {
+        for n in [4usize, 8, 16] {
+            let src: Vec<u8> = (1..=n as u8).collect();
+            let mut buf: Vec<u8> = Vec::with_capacity(3 + n);
+            buf.extend_from_slice(&[9, 9, 9]);
+            assert!(extend_within_capacity(&mut buf, &src), "{n} bytes fit");
+            assert_eq!(buf[3..], src[..]);
+            assert_eq!(buf.len(), 3 + n);
+            buf.shrink_to_fit();
+            let before = buf.clone();
+            if buf.capacity() == buf.len() {
+                assert!(!extend_within_capacity(&mut buf, &src), "no room: nothing appended");
+                assert_eq!(buf, before);
+            }
+        }
+        let mut buf = Vec::with_capacity(64);
+        assert!(!extend_within_capacity(&mut buf, &[1, 2, 3]), "other sizes take the general copy");
+        assert!(buf.is_empty());
+    }
 
     #[test]
     fn appends_the_same_bytes_as_an_ordinary_copy() {

@@ -1158,11 +1158,16 @@ fn same_str(a: &str, b: &str) -> bool {
         return true;
     }
     // Eight bytes at a time (an extra key is looked up twice per agent and step; a byte
-    // loop took about 50 instructions for "action_logp").
-    let (a, b) = (a.as_bytes().chunks_exact(8), b.as_bytes().chunks_exact(8));
-    let (a_rest, b_rest) = (a.remainder(), b.remainder());
+    // loop took about 50 instructions for "action_logp"), the tail as the last eight bytes
+    // (overlapping the words before) where the text has that many.
+    let (a, b) = (a.as_bytes(), b.as_bytes());
     let word = |c: &[u8]| u64::from_ne_bytes(c.try_into().unwrap_or_default());
-    a.zip(b).all(|(x, y)| word(x) == word(y)) && a_rest.iter().eq(b_rest.iter())
+    let n = a.len();
+    if n < 8 {
+        return a.iter().eq(b.iter());
+    }
+    let (wa, wb) = (a.chunks_exact(8), b.chunks_exact(8));
+    wa.zip(wb).all(|(x, y)| word(x) == word(y)) && word(&a[n - 8..]) == word(&b[n - 8..])
 }
 
 fn row_field_label<K: AsRef<str>>(slot: usize, extra_keys: &[K]) -> String {
@@ -1392,6 +1397,9 @@ mod tests {
             ("", "", true),
             ("vf_preds", "vf_predz", false),
             ("vf", "vf_", false),
+            ("action_logp", "action_lozp", false),
+            ("vf_preds", "vf_preds", true),
+            ("action_dist_inputs", "action_dist_inputz", false),
         ] {
             assert_eq!(same_str(a, &String::from(b)), same, "{a:?} {b:?}");
         }

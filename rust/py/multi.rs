@@ -25,6 +25,7 @@ use super::outputs::AgentOutputsPy;
 use super::single::{
     info_or_absent, perf_counter, ExtraOutputs, PreparedReset, PreparedStep, RowSteps, SingleAgentEpisodePy,
 };
+use super::spec;
 use crate::episode::multi::{
     plan_concat, plan_env_step, AgentIds, AgentOutcome, AgentPlan, AgentStep, AgentStepError, AgentStepInput,
     AgentVec, BeginReward, Books, ConcatAgent, ConcatBooks, ConcatInput, EnvStep, MapRead, Mention, Mentions,
@@ -819,7 +820,7 @@ impl MultiAgentEpisodeCore {
                     ..AgentStepInput::default()
                 }),
                 agent_len,
-                t_started: row.host.t_started.as_ref().map(PyAnyMethods::extract::<i64>).transpose()?,
+                t_started: row.host.t_started.as_ref().map(spec::extract_i64).transpose()?,
             });
             rewards.push(match &row.reward {
                 Some(r) => r.extract::<f64>().map_err(|_| {
@@ -955,7 +956,7 @@ impl MultiAgentEpisodeCore {
                     let eps = agent_episode()?;
                     let obs_value = row.observation.clone().unwrap_or_else(none);
                     let reset = eps.borrow().prepare_reset(&obs_value).map_err(|e| for_agent(py, aid, e))?;
-                    Prepared::Join { episode: eps, reset, infos: row.info.clone() }
+                    Prepared::Join { episode: eps, reset: Box::new(reset), infos: row.info.clone() }
                 }
                 AgentPlan::Hang => Prepared::Hang {
                     action: row.action.clone().unwrap_or_else(none),
@@ -1038,7 +1039,7 @@ enum Prepared<'py> {
     },
     Join {
         episode: Bound<'py, SingleAgentEpisodePy>,
-        reset: PreparedReset<'py>,
+        reset: Box<PreparedReset<'py>>,
         infos: Option<Bound<'py, PyAny>>,
     },
     Hang {
@@ -1134,7 +1135,7 @@ impl Books for DictBooks<'_, '_> {
                 }
             }
             Some(Prepared::Join { episode: eps, reset, infos }) => {
-                eps.borrow_mut().apply_reset(py, reset, infos.as_ref())?;
+                eps.borrow_mut().apply_reset(py, *reset, infos.as_ref())?;
                 self.dicts.agent_episodes.set_item(aid, &eps)?;
             }
             Some(Prepared::Hang { action, extras }) => {

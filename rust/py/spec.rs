@@ -391,7 +391,7 @@ fn host_scalar(value: &Bound<'_, PyAny>) -> PyResult<Option<(Scalar, usize)>> {
         return Ok(Some((Scalar::Float(value.extract()?), 8)));
     }
     if value.is_exact_instance_of::<PyInt>() {
-        return Ok(value.extract::<i64>().ok().map(|v| (Scalar::Int(v), 8)));
+        return Ok(exact_int(value).map(|v| (Scalar::Int(v), 8)));
     }
     /// numpy's scalar types that the fast path knows, with their dtypes.
     static TYPES: PyOnceLock<Vec<(Py<PyType>, DType)>> = PyOnceLock::new();
@@ -433,11 +433,65 @@ fn host_scalar(value: &Bound<'_, PyAny>) -> PyResult<Option<(Scalar, usize)>> {
     Ok(Scalar::read(dtype, &raw[..dtype.size]).map(|s| (s, dtype.size)))
 }
 
+/// The value of an exact Python int that fits an i64 (`int(value)`), `None` for a bigger
+/// one; read with one C-API call, without pyo3's error check of every -1.
+pub(crate) fn exact_int(value: &Bound<'_, PyAny>) -> Option<i64> {
+    let mut overflow = 0;
+    // SAFETY: `value` is a live object (an exact int for every caller, which cannot fail
+    // to convert other than by overflowing) and `overflow` a valid local.
+    let v = unsafe { pyo3::ffi::PyLong_AsLongLongAndOverflow(value.as_ptr(), &raw mut overflow) };
+    if overflow != 0 || (v == -1 && PyErr::take(value.py()).is_some()) {
+        return None;
+    }
+    Some(v)
+}
+
+/// `value.extract::<i64>()`, an exact int that fits read by [`exact_int`].
+pub(crate) fn extract_i64(value: &Bound<'_, PyAny>) -> PyResult<i64> {
+    if value.is_exact_instance_of::<PyInt>() {
+        if let Some(v) = exact_int(value) {
+            return Ok(v);
+        }
+    }
+    value.extract()
+}
+
 /// Converts one value (or batch of values) into the bytes of leaf `leaf`.
 ///
 /// With `batch = Some(n)`, the value holds `n` items stacked on a leading axis (`None`:
 /// take `n` from the value).
+#[inline]
 fn leaf_bytes<'py>(
+    value: &Bound<'py, PyAny>,
+    leaf: &Leaf,
+    descr: &Bound<'py, PyArrayDescr>,
+    batch: Option<Option<usize>>,
+    what: &dyn Fn() -> String,
+) -> PyResult<LeafBytes<'py>> {
+    // Fast paths, inline in the per-step callers: Python and numpy scalars into scalar
+    // leaves (no numpy call; the per-step cost of rewards, actions and log-probs), and
+    // an array already in the leaf's layout (numpy's own descriptor of the leaf's dtype,
+    // one object per builtin dtype; the leaf's shape; C layout).
+    if batch.is_none() {
+        if leaf.shape.is_empty() {
+            if let Some(bytes) = host_scalar(value)?.and_then(|(s, size)| s.encode(size, leaf.dtype)) {
+                return Ok(LeafBytes::Inline(bytes));
+            }
+        }
+        if let Ok(array) = value.cast::<PyUntypedArray>() {
+            // SAFETY: `array` is a live numpy array; its descriptor pointer is only compared.
+            let same_descr = unsafe { (*array.as_array_ptr()).fields.descr.cast() == descr.as_ptr() };
+            if same_descr && array.shape().iter().eq(leaf.shape.iter()) && array.is_c_contiguous() {
+                return Ok(view_or_copy(array.clone(), leaf.item_bytes()));
+            }
+        }
+    }
+    convert_leaf(value, leaf, descr, batch, what)
+}
+
+/// [`leaf_bytes`] for values that its fast paths do not take.
+#[inline(never)]
+fn convert_leaf<'py>(
     value: &Bound<'py, PyAny>,
     leaf: &Leaf,
     descr: &Bound<'py, PyArrayDescr>,
@@ -446,13 +500,6 @@ fn leaf_bytes<'py>(
 ) -> PyResult<LeafBytes<'py>> {
     let py = value.py();
     let mismatch = || mismatch(what(), Expected::Leaf { leaf: leaf.clone(), batch: batch.is_some() }, value);
-    // Fast path: Python and numpy scalars into scalar leaves (no numpy call; the per-step
-    // cost of rewards, actions and log-probs).
-    if batch.is_none() && leaf.shape.is_empty() {
-        if let Some(bytes) = host_scalar(value)?.and_then(|(s, size)| s.encode(size, leaf.dtype)) {
-            return Ok(LeafBytes::Inline(bytes));
-        }
-    }
     let array = match value.cast::<PyUntypedArray>() {
         Ok(a) => a.clone(),
         Err(_) => numpy(py)?
@@ -462,16 +509,6 @@ fn leaf_bytes<'py>(
             .cast_into::<PyUntypedArray>()?,
     };
     let given = array.dtype();
-    // The usual step first: numpy's own descriptor of the leaf's dtype (one object per
-    // builtin dtype), the leaf's shape, C layout; what the checks below accept, found
-    // without reading the dtype's kind and size.
-    if batch.is_none()
-        && given.is(descr)
-        && array.shape().iter().eq(leaf.shape.iter())
-        && array.is_c_contiguous()
-    {
-        return Ok(view_or_copy(array, leaf.item_bytes()));
-    }
     let fits = leaf.items_in(array.shape(), batch).is_some()
         && kind_of(&given).is_some_and(|kind| kind.casts_to(leaf.dtype.kind));
     if !fits {
@@ -526,6 +563,7 @@ pub fn to_leaves(
 
 /// The bytes of `value` for a spec of one leaf (a Box, Discrete or scalar field), as
 /// [`to_leaf_views`] gives them for one item; `None` for a spec of several leaves.
+#[inline]
 pub fn one_leaf_view<'py>(
     spec: &Spec,
     value: &Bound<'py, PyAny>,
