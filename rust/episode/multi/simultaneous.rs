@@ -89,7 +89,7 @@ mod tests {
         }
     }
 
-    fn input<'a>(agents: Vec<SimultaneousAgent<'a>>, lookback: usize) -> SimultaneousInput<'a> {
+    fn input(agents: Vec<SimultaneousAgent<'_>>, lookback: usize) -> SimultaneousInput<'_> {
         let maps = agents.len();
         SimultaneousInput { agents, maps, hanging: false, lookback, env_steps: 3 }
     }
