@@ -239,12 +239,7 @@ impl MultiAgentEpisodeCore {
             let mut s = successor.try_borrow_mut()?;
             s.len_lookback_buffers = lookback;
             (s.env_t_started, s.env_t) = (self.env_t, self.env_t);
-            s.hanging_rewards_begin = self
-                .hanging_rewards_end
-                .bind(py)
-                .call_method0(intern!(py, "copy"))?
-                .cast_into::<PyDict>()?
-                .unbind();
+            s.hanging_rewards_begin = self.successor_begin_rewards(py)?;
             s.hanging_rewards_end.clone_ref(py)
         };
         let s = successor.try_borrow()?;
@@ -294,12 +289,7 @@ impl MultiAgentEpisodeCore {
         {
             let mut s = successor.try_borrow_mut()?;
             s.set_counters(&plan);
-            s.hanging_rewards_begin = self
-                .hanging_rewards_end
-                .bind(py)
-                .call_method0(intern!(py, "copy"))?
-                .cast_into::<PyDict>()?
-                .unbind();
+            s.hanging_rewards_begin = self.successor_begin_rewards(py)?;
         }
         let modules = PyDict::new(py);
         for (i, a) in agents.iter().enumerate() {
@@ -351,6 +341,13 @@ impl MultiAgentEpisodeCore {
         }
         sliced.setattr(intern!(py, "_agent_to_module_mapping"), mapping)?;
         Ok(true)
+    }
+
+    /// The begin rewards of this chunk's successor: a copy of what hangs at its end (the
+    /// dict's own `copy`, so a defaultdict stays one).
+    fn successor_begin_rewards(&self, py: Python<'_>) -> PyResult<Py<PyDict>> {
+        let end = self.hanging_rewards_end.bind(py);
+        Ok(end.call_method0(intern!(py, "copy"))?.cast_into::<PyDict>()?.unbind())
     }
 
     /// Sets the new chunk's counters, flags and look-back from `plan`.
