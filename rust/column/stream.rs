@@ -32,8 +32,6 @@ pub fn extend(buf: &mut Vec<u8>, src: &[u8]) {
     }
 }
 
-/// The big-item half of [`extend`], kept out of line so that small appends stay a plain
-/// `extend_from_slice` where they are inlined.
 /// Appends `src` (4, 8 or 16 bytes: a scalar or a small vector item) if `buf` has room
 /// for it, with fixed-size moves and no call; false (nothing appended) otherwise.
 #[inline]
@@ -60,6 +58,8 @@ pub fn extend_within_capacity(buf: &mut Vec<u8>, src: &[u8]) -> bool {
     }
 }
 
+/// The big-item half of [`extend`], kept out of line so that small appends stay a plain
+/// `extend_from_slice` where they are inlined.
 #[cfg(target_arch = "x86_64")]
 #[inline(never)]
 fn extend_streaming(buf: &mut Vec<u8>, src: &[u8]) {
