@@ -261,8 +261,14 @@ impl MultiAgentEpisodeCore {
             let rewards_end = rewards_end.bind(py);
             for aid in py.get_type::<PySet>().call1((episodes,))?.try_iter()? {
                 let aid = aid?;
-                let i = agents.iter().position(|(a, _)| a.eq(&aid).unwrap_or(false));
-                if i.is_some_and(|i| parts[i] == CutPart::Gone) {
+                let mut gone = false;
+                for ((a, _), part) in agents.iter().zip(&parts) {
+                    if a.eq(&aid)? {
+                        gone = *part == CutPart::Gone;
+                        break;
+                    }
+                }
+                if gone {
                     let old =
                         rewards_end.get_item(&aid)?.map(|v| v.extract::<f64>()).transpose()?.unwrap_or(0.0);
                     rewards_end.set_item(&aid, old + 0.0)?;
