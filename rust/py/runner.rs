@@ -759,30 +759,32 @@ fn is_flagged(flags: Option<&Bound<'_, PyDict>>, aid: &Bound<'_, PyAny>) -> PyRe
 }
 
 /// A module's extra outputs as rows of its arrays (see [`super::outputs`]), or `None`
-/// where one is not a C-contiguous numpy array with a row axis, or a constant has a
-/// column's name (the scatter then makes per-agent dicts).
+/// where [`OutputRole::extras_as_rows`] refuses them (the scatter then makes per-agent
+/// dicts); a column has rows if it is a C-contiguous numpy array with a row axis.
 fn module_outputs(
     cols: &Bound<'_, PyDict>,
     actions_key: &str,
     actions_for_env_key: &str,
     constants: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<Option<Arc<ModuleOutputs>>> {
-    let mut columns = Vec::new();
+    let mut extras = Vec::new();
     for (col, value) in cols.iter() {
         let name = col.cast_into::<PyString>()?;
         if OutputRole::of(name.to_str()?, actions_key, actions_for_env_key, false, false)
-            != Some(OutputRole::Extra)
+            == Some(OutputRole::Extra)
         {
-            continue;
+            extras.push(OutputColumn::new(&name, &value).ok_or(name));
         }
-        if let Some(c) = constants {
-            if c.contains(&name)? {
-                return Ok(None);
-            }
-        }
-        let Some(column) = OutputColumn::new(&name, &value) else { return Ok(None) };
-        columns.push(column);
     }
+    let names = extras.iter().map(|c| match c {
+        Ok(c) => c.name.bind(cols.py()).to_str().map(|n| (n, true)),
+        Err(name) => name.to_str().map(|n| (n, false)),
+    });
+    let names = names.collect::<PyResult<Vec<_>>>()?;
+    if !OutputRole::extras_as_rows(names, |n| constants.map_or(Ok(false), |c| c.contains(n)))? {
+        return Ok(None);
+    }
+    let columns = extras.into_iter().flatten().collect();
     // A copy: the values are read when the step is recorded, after the caller's code ran.
     let constants = constants.map(PyDictMethods::copy).transpose()?.map(Bound::unbind);
     Ok(Some(Arc::new(ModuleOutputs { columns, constants })))

@@ -178,6 +178,26 @@ impl OutputRole {
     pub fn env_from_actions(roles: impl IntoIterator<Item = OutputRole>) -> bool {
         !roles.into_iter().any(|r| r == OutputRole::ActionsForEnv)
     }
+
+    /// Whether a module's extra outputs can reach its agents as rows of its arrays, given
+    /// each extra column's name and whether it has rows (`rowable`: an array with a row
+    /// axis) and which names the constants given to every agent take (`is_constant`): every
+    /// extra column must be rowable, and no constant may share a column's name (an agent's
+    /// dict would then hold the constant there, which a row cannot give).
+    ///
+    /// # Errors
+    /// The first error of `is_constant`.
+    pub fn extras_as_rows<'a, E>(
+        extras: impl IntoIterator<Item = (&'a str, bool)>,
+        mut is_constant: impl FnMut(&str) -> Result<bool, E>,
+    ) -> Result<bool, E> {
+        for (name, rowable) in extras {
+            if !rowable || is_constant(name)? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
 }
 
 #[cfg(test)]
@@ -264,5 +284,19 @@ mod tests {
         let role = |name, same| OutputRole::of(name, "actions", "actions_for_env", same, false);
         let roles = [role("actions", true), role("actions_for_env", true)];
         assert!(OutputRole::env_from_actions(roles.into_iter().flatten()));
+    }
+
+    #[test]
+    fn extras_go_as_rows_only_when_every_column_has_rows_and_no_constant_shadows_one() {
+        let rows = |extras: &[(&'static str, bool)], constants: &[&str]| {
+            OutputRole::extras_as_rows(extras.iter().copied(), |n| Ok::<_, ()>(constants.contains(&n)))
+                .unwrap()
+        };
+        assert!(rows(&[("vf", true), ("logp", true)], &["weights_seq_no"]));
+        assert!(rows(&[], &["weights_seq_no"]), "no extras: nothing to refuse");
+        assert!(!rows(&[("vf", true), ("logp", false)], &[]), "a column without rows");
+        assert!(!rows(&[("vf", true)], &["vf"]), "a constant with a column's name");
+        let err = OutputRole::extras_as_rows([("vf", true)], |_| Err("lookup failed"));
+        assert_eq!(err, Err("lookup failed"));
     }
 }
