@@ -23,6 +23,7 @@ __all__ = [
     "multi_agent_add_env_reset",
     "multi_agent_record_steps",
     "native_heap_bytes",
+    "new_episode_id",
     "single_agent_record_vector_step",
     "wait_ready",
 ]
@@ -44,6 +45,10 @@ def gae_segments(
 def native_heap_bytes() -> int:
     """Bytes in the extension's live heap blocks (not in the C heap's statistics)."""
 
+def new_episode_id() -> str:
+    """A new random version-4 UUID as 32 hex digits (what ``uuid.uuid4().hex`` gives)."""
+
+def _forget_episode_ids() -> None: ...
 def multi_agent_add_env_reset(
     episode: MultiAgentEpisodeCore,
     observations: dict[Any, Any],
@@ -72,6 +77,10 @@ class MultiAgentEpisodeCore:
     _observation_compression: int | None
 
     def __new__(cls, *_args: Any, **_kwargs: Any) -> Self: ...
+    @property
+    def is_done(self) -> bool:
+        """Whether the episode is terminated or truncated (``__all__``)."""
+
     def add_env_step(
         self,
         observations: dict[Any, Any],
@@ -86,7 +95,9 @@ class MultiAgentEpisodeCore:
     def _concat_books(self, other: MultiAgentEpisodeCore, agents: list[Any]) -> None: ...
     def _cut_books(self, successor: MultiAgentEpisodeCore, lookback: int) -> bool: ...
     def _new_agent_episode(self, agent_id: Any) -> SingleAgentEpisodeCore: ...
-    def _simultaneous_successor(self, lookback: int) -> Self | None: ...
+    def _cut_simultaneous(self, requested: int) -> Self | None: ...
+    def _blank_counters(self) -> None: ...
+    def _agents_to_numpy(self) -> None: ...
     def _slice_books(
         self,
         sliced: MultiAgentEpisodeCore,

@@ -12,6 +12,7 @@
 
 mod dist;
 mod errors;
+mod ids;
 mod index;
 mod metrics;
 mod multi;
@@ -35,6 +36,10 @@ mod _core {
     use super::errors::EpisodeStateError;
     #[pymodule_export]
     use super::errors::SpaceMismatchError;
+    #[pymodule_export]
+    use super::ids::forget_episode_ids;
+    #[pymodule_export]
+    use super::ids::new_episode_id;
     #[pymodule_export]
     use super::metrics::MetricsStorePy;
     #[pymodule_export]

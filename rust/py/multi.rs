@@ -247,6 +247,18 @@ where
     Ok(())
 }
 
+/// An empty `defaultdict(factory)`: the type's `tp_new` (dict's) and its writable
+/// `default_factory`, without `defaultdict.__init__`'s argument parsing (half the cost of
+/// the call; a new episode makes five).
+fn new_defaultdict<'py>(
+    defaultdict: &Bound<'py, pyo3::types::PyType>,
+    factory: &Bound<'py, pyo3::types::PyType>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let obj = super::multi_cut::new_object(defaultdict)?;
+    obj.setattr(intern!(defaultdict.py(), "default_factory"), factory)?;
+    Ok(obj.cast_into::<PyDict>()?)
+}
+
 /// The episode's containers (shared with Python: RLlib's dicts under its names).
 struct Dicts<'py> {
     agent_episodes: Bound<'py, PyDict>,
@@ -333,6 +345,15 @@ impl MultiAgentEpisodeCore {
     pub fn done(&self) -> bool {
         self.is_terminated || self.is_truncated
     }
+
+    /// Sets the compression of every agent's observations (see `_observation_compression`).
+    fn apply_observation_compression(&mut self, py: Python<'_>, compression: Option<usize>) -> PyResult<()> {
+        self.observation_compression = compression;
+        for eps in self.agent_episodes.bind(py).values() {
+            eps.cast::<SingleAgentEpisodePy>()?.try_borrow_mut()?.set_observation_compression(compression);
+        }
+        Ok(())
+    }
 }
 
 #[pymethods]
@@ -353,7 +374,7 @@ impl MultiAgentEpisodeCore {
         static DEFAULTDICT: PyOnceLock<Py<pyo3::types::PyType>> = PyOnceLock::new();
         let defaultdict = DEFAULTDICT.import(py, "collections", "defaultdict")?;
         let with_default = |factory: Bound<'_, pyo3::types::PyType>| -> PyResult<Py<PyDict>> {
-            Ok(defaultdict.call1((factory,))?.cast_into::<PyDict>()?.unbind())
+            Ok(new_defaultdict(defaultdict, &factory)?.unbind())
         };
         Ok(MultiAgentEpisodeCore {
             env_t: 0,
@@ -373,6 +394,41 @@ impl MultiAgentEpisodeCore {
             dropped_agents: PySet::empty(py)?.unbind(),
             observation_compression: None,
         })
+    }
+
+    /// Whether the episode is terminated or truncated (`__all__`).
+    #[getter]
+    fn is_done(&self) -> bool {
+        self.done()
+    }
+
+    /// Turns every agent episode to numpy (each one's `to_numpy`; that of the native
+    /// class without a Python call).
+    ///
+    /// Raises:
+    ///     EpisodeStateError: If an agent episode's lengths do not fit.
+    ///     ValueError: If an agent episode holds no observation at all.
+    #[pyo3(name = "_agents_to_numpy")]
+    fn agents_to_numpy(&self, py: Python<'_>) -> PyResult<()> {
+        static SINGLE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+        let single = SINGLE.import(py, "fastrollout.episodes.single_agent_episode", "SingleAgentEpisode")?;
+        // A copy of the values: a subclass's `to_numpy` may change the dict.
+        let episodes = self.agent_episodes.bind(py).values();
+        for eps in episodes.iter() {
+            if eps.get_type().is(single) {
+                eps.cast::<SingleAgentEpisodePy>()?.try_borrow_mut()?.finalize_core()?;
+            } else {
+                eps.call_method0(intern!(py, "to_numpy"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets the counters, the look-back and the done flags of a blank chunk (0 and False).
+    #[pyo3(name = "_blank_counters")]
+    fn blank_counters(&mut self) {
+        (self.env_t, self.env_t_started, self.len_lookback_buffers) = (0, 0, 0);
+        (self.is_terminated, self.is_truncated) = (false, false);
     }
 
     // Setters (the getters are the fields' own): a value of the wrong type is refused
@@ -456,13 +512,9 @@ impl MultiAgentEpisodeCore {
     /// either way. Agents whose observations are Python objects stay as they are.
     #[setter(_observation_compression)]
     fn set_observation_compression(&mut self, value: &Bound<'_, PyAny>) -> PyResult<()> {
-        set_named(&mut self.observation_compression, value, "_observation_compression")?;
-        for eps in self.agent_episodes.bind(value.py()).values() {
-            eps.cast::<SingleAgentEpisodePy>()?
-                .try_borrow_mut()?
-                .set_observation_compression(self.observation_compression);
-        }
-        Ok(())
+        let mut compression = self.observation_compression;
+        set_named(&mut compression, value, "_observation_compression")?;
+        self.apply_observation_compression(value.py(), compression)
     }
 
     /// Appends the books of `other`, the chunk that continues this episode, as the core's
@@ -581,15 +633,17 @@ impl MultiAgentEpisodeCore {
         AgentEpisodeMaker::new(slf.as_any())?.make(agent_id)
     }
 
-    /// The successor `cut` returns when it keeps `lookback` env steps of look-back, on
-    /// the simultaneous path (the core's `plan_simultaneous_cut`): a new object of this
-    /// episode's class (made with `__new__`) holding each kept agent's cut episode, its
-    /// env-step map (a run of agent steps), `agent_t_started`, the module mapping, the
-    /// begin rewards and the counters. The caller sets its id, spaces, mapping function
-    /// and custom data.
+    /// The successor `cut` returns when it keeps `requested` env steps of look-back, on
+    /// the simultaneous path (the core's `plan_simultaneous_cut`): where nothing hangs, no
+    /// agent is numpy'd and every live agent stepped at each kept env step, a new object of
+    /// this episode's class (made with `__new__`) holding each kept agent's cut episode,
+    /// its env-step map (a run of agent steps), `agent_t_started`, the module mapping, the
+    /// begin rewards, the counters, and this episode's id, spaces, mapping function,
+    /// declared agents, observation compression and (a deep copy of its) custom data.
     ///
     /// Args:
-    ///     lookback: The look-back `cut` decided on.
+    ///     requested: The look-back `cut` was asked for (nothing hangs on this path, so
+    ///         it is the look-back kept).
     ///
     /// Returns:
     ///     The successor, or None where the path does not apply (the caller then takes
@@ -597,12 +651,32 @@ impl MultiAgentEpisodeCore {
     ///
     /// Raises:
     ///     EpisodeStateError: From an agent episode's cut.
-    #[pyo3(name = "_simultaneous_successor")]
-    fn simultaneous_successor_py<'py>(
+    #[pyo3(name = "_cut_simultaneous")]
+    fn cut_simultaneous<'py>(
         slf: &Bound<'py, Self>,
-        lookback: usize,
+        requested: usize,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
-        slf.try_borrow()?.simultaneous_successor(slf, lookback)
+        let Some(successor) = slf.try_borrow()?.simultaneous_successor(slf, requested)? else {
+            return Ok(None);
+        };
+        let py = slf.py();
+        for name in [intern!(py, "id_"), intern!(py, "agent_to_module_mapping_fn")] {
+            successor.setattr(name, slf.getattr(name)?)?;
+        }
+        for name in [intern!(py, "observation_space"), intern!(py, "action_space")] {
+            successor.setattr(name, slf.getattr(name)?)?;
+        }
+        let custom = slf.getattr(intern!(py, "_custom_data"))?;
+        let custom =
+            if custom.is_truthy()? { py_deepcopy(py)?.call1((custom,))? } else { PyDict::new(py).into_any() };
+        successor.setattr(intern!(py, "_custom_data"), custom)?;
+        let declared = slf.getattr(intern!(py, "_declared_agents"))?;
+        if !declared.is_none() {
+            successor.setattr(intern!(py, "_declared_agents"), declared)?;
+        }
+        let compression = slf.try_borrow()?.observation_compression;
+        successor.try_borrow_mut()?.apply_observation_compression(py, compression)?;
+        Ok(Some(successor.into_any()))
     }
 
     /// Fills `sliced`, a new episode object (made with `__new__`, its id, spaces and
@@ -1456,17 +1530,31 @@ impl<'py> AllKey<'py> {
     }
 }
 
-/// Records the reset observations of a `MultiAgentEpisode`'s agents in one call: every
-/// observation is checked and converted first, then all are stored (errors name the agent
-/// and leave the episode unchanged).
+/// Records the reset observations of a `MultiAgentEpisode`'s agents in one call and sets
+/// its start time: the episode must be neither done nor past env step 0; every observation
+/// is checked and converted first, then all are stored (errors name the agent and leave
+/// the episode unchanged).
+///
+/// Raises:
+///     EpisodeStateError: If the episode is done or was already reset.
+///     SpaceMismatchError: If an observation does not fit its agent's space.
 #[pyfunction]
 #[pyo3(signature = (episode, observations, infos=None))]
 pub fn multi_agent_add_env_reset<'py>(
     py: Python<'py>,
     episode: &Bound<'py, MultiAgentEpisodeCore>,
-    observations: &Bound<'py, PyDict>,
+    observations: &Bound<'py, PyAny>,
     infos: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<()> {
+    {
+        let e = episode.try_borrow()?;
+        crate::episode::multi::check_reset(e.done(), e.env_t, e.env_t_started)
+            .map_err(|err| super::errors::EpisodeStateError::new_err(err.to_string()))?;
+    }
+    // Converted after the checks, as the Python method did.
+    let observations = observations.cast::<PyDict>().map_err(|e| {
+        pyo3::impl_::extract_argument::argument_extraction_error(py, "observations", e.into())
+    })?;
     let infos = as_dict(infos)?;
     let EpisodeState { dicts: Dicts { agent_episodes, step_maps, .. }, compression, .. } =
         episode.try_borrow()?.state(py);
@@ -1493,6 +1581,7 @@ pub fn multi_agent_add_env_reset<'py>(
             agent_episodes.set_item(&aid, &eps)?;
         }
     }
+    episode.try_borrow_mut()?.start_time = Some(perf_counter());
     Ok(())
 }
 

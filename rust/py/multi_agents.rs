@@ -34,8 +34,10 @@ pub(crate) struct AgentEpisodeMaker<'py> {
     class: Bound<'py, PyAny>,
     own_init: bool,
     /// Whether the class makes its blank copies with `SingleAgentEpisode._blank_like`
-    /// (done here then, without the Python call).
+    /// (done here then, without the Python call), and its successors with
+    /// `SingleAgentEpisode._successor` (both then in one call, `_blank_for_agent`).
     base_blank_like: bool,
+    base_successor: bool,
     observation_spaces: Bound<'py, PyAny>,
     action_spaces: Bound<'py, PyAny>,
     /// `_agent_to_module_mapping` and the mapping function, where the episode's
@@ -76,6 +78,8 @@ impl<'py> AgentEpisodeMaker<'py> {
             declared: Some(episode.getattr(intern!(py, "_declared_agents"))?).filter(|d| !d.is_none()),
             own_init: !inherited(&class, single, intern!(py, "__init__"))?,
             base_blank_like: inherited(&class, single, intern!(py, "_blank_like"))?,
+            base_successor: inherited(&class, single, intern!(py, "_successor"))?
+                && inherited(&class, single, intern!(py, "_blank_for_agent"))?,
             class,
             observation_spaces: episode.getattr(intern!(py, "observation_space"))?,
             action_spaces: episode.getattr(intern!(py, "action_space"))?,
@@ -131,11 +135,17 @@ impl<'py> AgentEpisodeMaker<'py> {
             return Ok(self.class.call((), Some(&kwargs))?.cast_into::<SingleAgentEpisodePy>()?);
         }
         let blank = self.blank(&obs_space, &act_space)?;
+        if self.base_blank_like && self.base_successor {
+            // `_blank_like` with the agent's identity, in one Python call (its slots are
+            // cheaper to set there than with attribute calls from here).
+            let args = (super::ids::next_id(py)?, aid, self.module(aid)?, &self.id);
+            return Ok(blank.call_method1(intern!(py, "_blank_for_agent"), args)?.cast_into()?);
+        }
         let episode = if self.base_blank_like {
             // `SingleAgentEpisode._blank_like`: its successor, with a new id and its layouts.
             let episode =
                 blank.call_method0(intern!(py, "_successor"))?.cast_into::<SingleAgentEpisodePy>()?;
-            episode.setattr(intern!(py, "id_"), new_episode_id(py)?)?;
+            episode.setattr(intern!(py, "id_"), super::ids::next_id(py)?)?;
             blank.cast::<SingleAgentEpisodePy>()?.try_borrow()?.blank_into(&episode)?;
             episode.into_any()
         } else {
@@ -203,10 +213,4 @@ fn space_of<'py>(spaces: &Bound<'py, PyAny>, aid: &Bound<'py, PyAny>) -> PyResul
         Ok(d) => Ok(d.get_item(aid)?.unwrap_or_else(|| aid.py().None().into_bound(aid.py()))),
         Err(_) => spaces.call_method1(intern!(aid.py(), "get"), (aid,)),
     }
-}
-
-/// A new episode id (`fastrollout.episodes._ids.new_episode_id`).
-fn new_episode_id(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
-    static NEW_ID: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-    NEW_ID.import(py, "fastrollout.episodes._ids", "new_episode_id")?.call0()
 }

@@ -5,7 +5,8 @@
 
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyFloat, PySet};
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyFloat, PySet, PyTuple, PyType};
 
 use super::multi::{MultiAgentEpisodeCore, StepMapPy};
 use super::single::SingleAgentEpisodePy;
@@ -140,6 +141,61 @@ fn plan<'py>(
     Ok(planned.map(|p| (p, agents)))
 }
 
+/// The empty hanging reward the rebuild leaves each agent that finished before the kept
+/// env steps (`parts`: [`CutPart::Gone`]), in the order in which it visits the set of
+/// agent ids (`episodes`' keys).
+fn gone_rewards<'py>(
+    episodes: &Bound<'py, PyDict>,
+    agents: &[(Bound<'py, PyAny>, Bound<'py, SingleAgentEpisodePy>)],
+    parts: &[CutPart],
+    rewards_end: &Bound<'py, PyDict>,
+) -> PyResult<()> {
+    let py = episodes.py();
+    for aid in py.get_type::<PySet>().call1((episodes,))?.try_iter()? {
+        let aid = aid?;
+        let mut gone = false;
+        for ((a, _), part) in agents.iter().zip(parts) {
+            if a.eq(&aid)? {
+                gone = *part == CutPart::Gone;
+                break;
+            }
+        }
+        if gone {
+            let old = rewards_end.get_item(&aid)?.map(|v| v.extract::<f64>()).transpose()?.unwrap_or(0.0);
+            rewards_end.set_item(&aid, old + 0.0)?;
+        }
+    }
+    Ok(())
+}
+
+/// Whether `d` is a `collections.defaultdict` (exactly) whose factory is `float`.
+fn is_float_defaultdict(d: &Bound<'_, PyDict>) -> PyResult<bool> {
+    static DEFAULTDICT: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+    let py = d.py();
+    Ok(d.get_type().is(DEFAULTDICT.import(py, "collections", "defaultdict")?)
+        && d.getattr(intern!(py, "default_factory"))?.is(py.get_type::<PyFloat>()))
+}
+
+/// A new object of `cls` from its `tp_new` without arguments: `cls.__new__(cls)` without
+/// the attribute lookup and the call through `__new__`'s wrapper.
+pub(crate) fn new_object<'py>(cls: &Bound<'py, PyType>) -> PyResult<Bound<'py, PyAny>> {
+    let py = cls.py();
+    let args = PyTuple::empty(py);
+    // SAFETY: `cls` is a live type object; `Py_tp_new` is a slot every instantiable type
+    // has (readable with `PyType_GetSlot` for static types since Python 3.10), a `newfunc`.
+    unsafe {
+        let slot = pyo3::ffi::PyType_GetSlot(cls.as_type_ptr(), pyo3::ffi::Py_tp_new);
+        if slot.is_null() {
+            return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                "cannot create '{}' instances",
+                cls.name()?
+            )));
+        }
+        let new: pyo3::ffi::newfunc = std::mem::transmute(slot);
+        Bound::from_owned_ptr_or_err(py, new(cls.as_type_ptr(), args.as_ptr(), std::ptr::null_mut()))
+    }
+}
+
 /// Item `index` (with `neg_index_as_lookback`) of the agent's `field` (`key`) as the
 /// rebuild reads it, `add_last` appended to the field (converted as its items are).
 fn read_item<'py>(
@@ -171,7 +227,7 @@ impl MultiAgentEpisodeCore {
         &self,
         slf: &Bound<'py, MultiAgentEpisodeCore>,
         lookback: usize,
-    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+    ) -> PyResult<Option<Bound<'py, MultiAgentEpisodeCore>>> {
         let py = slf.py();
         let episodes = self.agent_episodes.bind(py);
         let maps = self.env_t_to_agent_t.bind(py);
@@ -199,6 +255,7 @@ impl MultiAgentEpisodeCore {
             .map(|m| m.as_ref().map(Bound::try_borrow).transpose())
             .collect::<Result<_, _>>()?;
         let mut facts = Vec::with_capacity(agents.len());
+        let mut module_ids = Vec::with_capacity(agents.len());
         for ((_, eps), map) in agents.iter().zip(&borrowed) {
             let (done, numpy, has_extra_keys) = {
                 let e = eps.try_borrow()?;
@@ -206,7 +263,10 @@ impl MultiAgentEpisodeCore {
                 (e.done(), e.any_finalized(), has_extra_keys)
             };
             // The module id is read only where the rest allows the path.
-            let has_module = map.is_some() && !numpy && eps.getattr(intern!(py, "module_id"))?.is_truthy()?;
+            let module =
+                if map.is_some() && !numpy { Some(eps.getattr(intern!(py, "module_id"))?) } else { None };
+            let has_module = module.as_ref().map(PyAnyMethods::is_truthy).transpose()?.unwrap_or(false);
+            module_ids.push(module);
             facts.push(SimultaneousAgent {
                 map: map.as_ref().map(|m| &m.map),
                 done,
@@ -225,13 +285,15 @@ impl MultiAgentEpisodeCore {
         drop(borrowed);
         let Some(parts) = parts else { return Ok(None) };
 
-        let cls = slf.get_type();
-        let successor =
-            cls.call_method1(intern!(py, "__new__"), (&cls,))?.cast_into::<MultiAgentEpisodeCore>()?;
+        let successor = new_object(&slf.get_type())?.cast_into::<MultiAgentEpisodeCore>()?;
         let modules = PyDict::new(py);
-        for ((aid, eps), part) in agents.iter().zip(&parts) {
+        for (((aid, eps), part), module) in agents.iter().zip(&parts).zip(module_ids) {
             if *part != CutPart::Dropped {
-                modules.set_item(aid, eps.getattr(intern!(py, "module_id"))?)?;
+                let module = match module {
+                    Some(m) => m,
+                    None => eps.getattr(intern!(py, "module_id"))?,
+                };
+                modules.set_item(aid, module)?;
             }
         }
         successor.setattr(intern!(py, "_agent_to_module_mapping"), modules)?;
@@ -239,7 +301,7 @@ impl MultiAgentEpisodeCore {
             let mut s = successor.try_borrow_mut()?;
             s.len_lookback_buffers = lookback;
             (s.env_t_started, s.env_t) = (self.env_t, self.env_t);
-            s.hanging_rewards_begin = self.successor_begin_rewards(py)?;
+            self.set_successor_begin_rewards(py, &mut s)?;
             s.hanging_rewards_end.clone_ref(py)
         };
         let s = successor.try_borrow()?;
@@ -256,27 +318,10 @@ impl MultiAgentEpisodeCore {
             new_maps.set_item(aid, StepMapPy { map: StepMap::run(t, lookback) })?;
         }
         if parts.contains(&CutPart::Gone) {
-            // The rebuild leaves each agent that finished before the kept env steps an
-            // empty hanging reward, in the order in which it visits the set of agent ids.
-            let rewards_end = rewards_end.bind(py);
-            for aid in py.get_type::<PySet>().call1((episodes,))?.try_iter()? {
-                let aid = aid?;
-                let mut gone = false;
-                for ((a, _), part) in agents.iter().zip(&parts) {
-                    if a.eq(&aid)? {
-                        gone = *part == CutPart::Gone;
-                        break;
-                    }
-                }
-                if gone {
-                    let old =
-                        rewards_end.get_item(&aid)?.map(|v| v.extract::<f64>()).transpose()?.unwrap_or(0.0);
-                    rewards_end.set_item(&aid, old + 0.0)?;
-                }
-            }
+            gone_rewards(episodes, &agents, &parts, rewards_end.bind(py))?;
         }
         drop(s);
-        Ok(Some(successor.into_any()))
+        Ok(Some(successor))
     }
 
     /// Fills `successor` (a new episode object) with this episode's cut that keeps
@@ -354,6 +399,25 @@ impl MultiAgentEpisodeCore {
     fn successor_begin_rewards(&self, py: Python<'_>) -> PyResult<Py<PyDict>> {
         let end = self.hanging_rewards_end.bind(py);
         Ok(end.call_method0(intern!(py, "copy"))?.cast_into::<PyDict>()?.unbind())
+    }
+
+    /// Sets `successor`'s begin rewards (a new episode object's, an empty
+    /// `defaultdict(float)`) to a copy of what hangs at this chunk's end: its own where
+    /// that is an empty `defaultdict(float)` too (the copy would be one).
+    fn set_successor_begin_rewards(
+        &self,
+        py: Python<'_>,
+        successor: &mut MultiAgentEpisodeCore,
+    ) -> PyResult<()> {
+        let end = self.hanging_rewards_end.bind(py);
+        if end.is_empty()
+            && is_float_defaultdict(end)?
+            && is_float_defaultdict(successor.hanging_rewards_begin.bind(py))?
+        {
+            return Ok(());
+        }
+        successor.hanging_rewards_begin = self.successor_begin_rewards(py)?;
+        Ok(())
     }
 
     /// Sets the new chunk's counters, flags and look-back from `plan`.

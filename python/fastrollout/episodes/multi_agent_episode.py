@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import builtins
 import copy
-import time
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -114,12 +113,28 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
         self.agent_to_module_mapping_fn = (
             agent_to_module_mapping_fn or default_agent_to_module_mapping_fn
         )
-        self._agent_to_module_mapping: dict = dict(agent_module_ids or {})
+        self._agent_to_module_mapping: dict = dict(agent_module_ids) if agent_module_ids else {}
+        self.observation_space = observation_space or {}
+        self.action_space = action_space or {}
+        self._custom_data: dict = {}
+        if (
+            observations is None
+            and rewards is None
+            and len_lookback_buffer == "auto"
+            and not env_t_started
+            and not agent_t_started
+            and not terminateds
+            and not truncateds
+        ):
+            # A blank chunk (what runners and users make): counters and flags at 0, and
+            # nothing to validate unless a subclass checks more or the books hold agents.
+            self._blank_counters()
+            if self.agent_episodes or type(self).validate is not MultiAgentEpisode.validate:
+                self.validate()
+            return
         if len_lookback_buffer == "auto":
             len_lookback_buffer = len(rewards or [])
         self._len_lookback_buffers = int(len_lookback_buffer)
-        self.observation_space = observation_space or {}
-        self.action_space = action_space or {}
         terminateds = terminateds or {}
         truncateds = truncateds or {}
         self.env_t_started = env_t_started or 0
@@ -149,7 +164,6 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
                 truncateds=truncateds,
                 extra_model_outputs=extra_model_outputs,
             )
-        self._custom_data: dict = {}
         self.validate()
 
     # ------------------------------------------------------------------ recording
@@ -170,15 +184,8 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
             SpaceMismatchError: If an observation does not fit its agent's space (the
                 message names the agent); nothing is recorded then.
         """
-        if self.is_done:
-            raise EpisodeStateError("add_env_reset: the episode is done")
-        if not self.env_t == self.env_t_started == 0:
-            raise EpisodeStateError(
-                f"add_env_reset: a reset starts at env_t=0, this episode is at "
-                f"env_t={self.env_t} (env_t_started={self.env_t_started})"
-            )
+        # The checks (done, env_t), the record and the start time are native.
         multi_agent_add_env_reset(self, observations, infos)
-        self._start_time = time.perf_counter()
 
     def validate(self) -> None:
         """Checks every agent episode's lengths.
@@ -222,10 +229,7 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
             raise RuntimeError(f"only some agent episodes of {self} are numpy'd")
         return flags.pop() if flags else False
 
-    @property
-    def is_done(self) -> bool:
-        """Whether the episode is terminated or truncated (``__all__``)."""
-        return self.is_terminated or self.is_truncated
+    # is_done (whether the episode is terminated or truncated, ``__all__``) is native.
 
     @property
     def agent_ids(self) -> set:
@@ -258,8 +262,7 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
         Returns:
             This episode.
         """
-        for eps in list(self.agent_episodes.values()):
-            eps.to_numpy()
+        self._agents_to_numpy()
         return self
 
     def _seal(self) -> None:
@@ -342,15 +345,18 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
             )
         if self.is_done:
             raise EpisodeDoneError("cut: the multi-agent episode is done")
+        # Chunks whose live agents all stepped at each kept env step, with nothing hanging
+        # (a runner's usual chunks): the native shortcut, which makes the whole successor.
+        successor = self._cut_simultaneous(len_lookback_buffer)
+        if successor is not None:
+            return successor
         # Agents whose action hangs keep the observation it came from in the look-back
         # (RLlib 2.60 loses them for len_lookback_buffer=0: ray issue 44677).
         len_lookback_buffer = StepMap._cut_lookback(
             len_lookback_buffer,
             [self.env_t_to_agent_t[aid] for aid in self._hanging_actions_end],
         )
-        successor = self._cut_simultaneous(len_lookback_buffer)
-        if successor is None:
-            successor = self._cut_rebuilt(len_lookback_buffer)
+        successor = self._cut_rebuilt(len_lookback_buffer)
         if self._declared_agents is not None:
             successor._declared_agents = self._declared_agents
         successor._observation_compression = self._observation_compression
@@ -439,31 +445,6 @@ class MultiAgentEpisode(MultiAgentEpisodeCore):
             if eps.is_done and aid not in finished and aid in successor.agent_episodes:
                 successor._del_agent(aid)
         successor._hanging_rewards_begin = self._hanging_rewards_end.copy()
-        successor._custom_data = copy.deepcopy(self._custom_data) if self._custom_data else {}
-        return successor
-
-    def _cut_simultaneous(self, lookback: int) -> MultiAgentEpisode | None:
-        """``cut`` for chunks whose live agents all stepped at each env step kept, else None.
-
-        When nothing hangs, no agent is numpy'd and every agent that is not done stepped
-        at each of the ``lookback + 1`` last env steps (simultaneous agents, as a runner's
-        chunks usually are), each agent's successor is its own episode's cut with the
-        same look-back and its env-step map is a plain run of agent steps. That is what
-        the rebuild from the per-env-step reads gives. Done agents are handled as the
-        rebuild handles them: one that finished at the last env step (having stepped at
-        each kept one) stays as a done agent, cut like a live one; one whose last step is
-        the first kept env step is dropped, from the module map too; one that finished
-        before is left out. With any other done agent, there is no such successor. The
-        native ``_simultaneous_successor`` makes the books (the core's
-        ``plan_simultaneous_cut``); the identity, spaces and custom data are set here.
-        """
-        successor = self._simultaneous_successor(lookback)
-        if successor is None:
-            return None
-        successor.id_ = self.id_
-        successor.agent_to_module_mapping_fn = self.agent_to_module_mapping_fn
-        successor.observation_space = self.observation_space
-        successor.action_space = self.action_space
         successor._custom_data = copy.deepcopy(self._custom_data) if self._custom_data else {}
         return successor
 

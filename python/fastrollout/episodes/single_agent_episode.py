@@ -185,6 +185,34 @@ class SingleAgentEpisode(SingleAgentEpisodeCore):
         episode._custom_data = None
         return episode
 
+    def _blank_for_agent(
+        self, id_: str, agent_id: Any, module_id: Any, multi_agent_episode_id: str
+    ) -> SingleAgentEpisode:
+        """:meth:`_blank_like` with the given identity (a multi-agent episode's new agent).
+
+        Args:
+            id_: The new episode's id.
+            agent_id: Its agent.
+            module_id: Its module.
+            multi_agent_episode_id: The id of the multi-agent episode it belongs to.
+
+        Returns:
+            The new blank episode.
+
+        Raises:
+            EpisodeStateError: If this episode holds data.
+        """
+        episode = type(self).__new__(type(self))
+        episode.id_ = id_
+        episode.agent_id = agent_id
+        episode.module_id = module_id
+        episode.multi_agent_episode_id = multi_agent_episode_id
+        episode._observation_space = self._observation_space
+        episode._action_space = self._action_space
+        episode._custom_data = None
+        self._blank_into(episode)
+        return episode
+
     def _blank_like(self) -> SingleAgentEpisode:
         """A new blank episode (a new ``id_``) with this blank one's spaces and metadata.
 

@@ -10,13 +10,14 @@
 //! is applied ([`plan_env_step`]), the plan of appending a chunk ([`plan_concat`]), and
 //! the plans of a cut and a slice ([`plan_cut`], [`plan_slice`]; a simultaneous chunk's cut,
 //! [`plan_simultaneous_cut`]). Which agents an env step mentions, and what it gives each,
-//! is [`Mentions`].
+//! is [`Mentions`]; when a reset may be recorded, [`check_reset`].
 
 mod agent;
 mod concat;
 mod cut;
 mod env_step;
 mod mentions;
+mod reset;
 mod simultaneous;
 mod step_map;
 
@@ -34,5 +35,6 @@ pub use env_step::{
     Slot,
 };
 pub use mentions::{AgentIds, AgentVec, Mention, Mentions};
+pub use reset::{check_reset, ResetError};
 pub use simultaneous::{plan_simultaneous_cut, SimultaneousAgent, SimultaneousCut, SimultaneousInput};
 pub use step_map::{CutPart, MapRead, StepMap};

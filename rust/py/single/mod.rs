@@ -172,6 +172,12 @@ impl SingleAgentEpisodePy {
     pub fn done(&self) -> bool {
         self.core.is_done()
     }
+
+    /// `to_numpy` (a multi-agent episode's, for each of its agents).
+    pub fn finalize_core(&mut self) -> PyResult<()> {
+        self.core.to_numpy()?;
+        Ok(())
+    }
 }
 
 #[pymethods]
