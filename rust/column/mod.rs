@@ -577,6 +577,39 @@ impl Column {
     /// (compressed as this one is).
     #[must_use]
     pub fn select(&self, positions: &[usize], lookback: usize) -> Column {
+        if let Some(out) = self.select_run(positions, lookback) {
+            return out;
+        }
+        self.select_items(positions, lookback)
+    }
+
+    /// [`Column::select`] of a run of consecutive positions on an uncompressed column (a
+    /// cut's tail): one copy of each leaf's bytes into a buffer of the exact size, instead
+    /// of an item at a time into a growing one. `None` for other selections.
+    fn select_run(&self, positions: &[usize], lookback: usize) -> Option<Column> {
+        let (&first, &last) = (positions.first()?, positions.last()?);
+        if self.packed.is_some() || last >= self.total || last - first + 1 != positions.len() {
+            return None;
+        }
+        if positions.windows(2).any(|w| w[1] != w[0] + 1) {
+            return None;
+        }
+        let buffers = (self.schema.leaves.iter().zip(self.leaves.iter()))
+            .map(|(leaf, buf)| buf[first * leaf.item_bytes()..(last + 1) * leaf.item_bytes()].to_vec())
+            .collect();
+        let mut out = Column {
+            schema: Arc::clone(&self.schema),
+            leaves: Leaves::new(buffers),
+            packed: None,
+            total: positions.len(),
+            lookback: 0,
+        };
+        out.set_lookback(lookback);
+        Some(out)
+    }
+
+    /// [`Column::select`], item by item.
+    fn select_items(&self, positions: &[usize], lookback: usize) -> Column {
         let mut out = Column::new(Arc::clone(&self.schema));
         out.set_compression(self.compression());
         out.extend_from(self, positions);
@@ -865,6 +898,39 @@ mod tests {
 
     fn f32_col() -> Column {
         Column::new(Schema::new(vec![Leaf::new(DType::F32, vec![2])]))
+    }
+
+    #[test]
+    fn a_run_is_selected_as_item_by_item() {
+        let two = Schema::new(vec![Leaf::new(DType::F32, vec![2]), Leaf::new(DType::I64, vec![])]);
+        for total in 0..7usize {
+            let mut one = f32_col();
+            let mut many = Column::new(two.clone());
+            for i in 0..total {
+                one.push(&[&item(i as f32, -(i as f32))]).unwrap();
+                many.push(&[item(i as f32, 1.0), (i as i64).to_ne_bytes().to_vec()]).unwrap();
+            }
+            one.set_lookback(total / 2);
+            for first in 0..=total {
+                for len in 0..=total - first {
+                    let run: Vec<usize> = (first..first + len).collect();
+                    for lookback in 0..=len + 1 {
+                        for c in [&one, &many] {
+                            let fast = c.select_run(&run, lookback);
+                            assert_eq!(fast.is_some(), len > 0);
+                            if let Some(fast) = fast {
+                                assert_eq!(
+                                    fast,
+                                    c.select_items(&run, lookback),
+                                    "{run:?} lookback {lookback}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(f32_col().select_run(&[0, 2], 0).is_none());
     }
 
     fn item(a: f32, b: f32) -> Vec<u8> {

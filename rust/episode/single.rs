@@ -1121,6 +1121,9 @@ fn positions<O: Clone, S>(
     index: &Index,
     neg_as_lookback: bool,
 ) -> Result<Vec<usize>, EpisodeError> {
+    if let Some(tail) = tail_positions(field.geometry().total, index, neg_as_lookback) {
+        return Ok(tail);
+    }
     Ok(match field.resolve(index, neg_as_lookback, false)? {
         Resolved::One(pos) => vec![pos],
         Resolved::Many(v) => v,
@@ -1131,6 +1134,21 @@ fn positions<O: Clone, S>(
         crate::column::Pos::Fill => None,
     })
     .collect())
+}
+
+/// The positions of the last `n` of `total` items, where `index` is `[-n:]` (a cut's
+/// tail: RLlib's slice of the whole buffer, look-back included, without fill): what
+/// [`Field::resolve`] gives, without its general slice rules.
+fn tail_positions(total: usize, index: &Index, neg_as_lookback: bool) -> Option<Vec<usize>> {
+    match *index {
+        Index::Slice { start: Some(start), stop: None, step: None | Some(1) }
+            if start < 0 && !neg_as_lookback =>
+        {
+            let n = usize::try_from(start.unsigned_abs()).unwrap_or(usize::MAX);
+            Some((total.saturating_sub(n)..total).collect())
+        }
+        _ => None,
+    }
 }
 
 /// Appends `other`'s chunk to `mine`; if their storages differ (two inferred schemas that
@@ -1619,6 +1637,32 @@ mod tests {
             assert_eq!(joined.t, 7);
         }
         assert_eq!(e, original, "cut leaves the episode unchanged");
+    }
+
+    #[test]
+    fn tail_positions_are_those_the_general_slice_rules_resolve() {
+        use crate::column::{Geometry, Pos, Resolved};
+        for total in 0..8usize {
+            for lookback in 0..=total {
+                let g = Geometry { total, lookback };
+                for start in -10i64..=2 {
+                    for step in [None, Some(1)] {
+                        for neg in [false, true] {
+                            let index = Index::Slice { start: Some(start), stop: None, step };
+                            let Some(fast) = super::tail_positions(total, &index, neg) else { continue };
+                            let Ok(Resolved::Many(general)) = g.resolve(&index, neg, false) else {
+                                panic!("no general positions for {index:?}");
+                            };
+                            let general: Vec<usize> = general
+                                .into_iter()
+                                .filter_map(|p| if let Pos::At(p) = p { Some(p) } else { None })
+                                .collect();
+                            assert_eq!(fast, general, "total {total} lookback {lookback} start {start}");
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]
