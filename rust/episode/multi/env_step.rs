@@ -636,6 +636,33 @@ mod tests {
     }
 
     #[test]
+    fn a_plan_made_into_a_used_plan_is_the_plan_made_afresh() {
+        let step = |has_observation| AgentStep {
+            input: AgentStepInput {
+                has_observation,
+                has_any_data: true,
+                has_episode: true,
+                has_step_map: true,
+                ..AgentStepInput::default()
+            },
+            ..AgentStep::default()
+        };
+        let (two, one) = ([step(true), step(false)], [step(false)]);
+        let env_step = |agents| EnvStep {
+            agents,
+            terminated: false,
+            truncated: true,
+            env_t: 3,
+            env_t_started: 0,
+            lookback: 0,
+        };
+        let mut plan = plan_env_step(&env_step(&two), &[1.0, 2.0]).unwrap();
+        plan_env_step_into(&env_step(&one), &[4.0], &mut plan).unwrap();
+        assert_eq!(plan, plan_env_step(&env_step(&one), &[4.0]).unwrap());
+        assert_eq!((plan.agents.len(), plan.env_t, plan.truncated), (1, 4, true));
+    }
+
+    #[test]
     fn the_episode_ends_on_all_or_when_every_live_agent_is_flagged() {
         assert_eq!(episode_ends(false, false, [true, true]), (true, false));
         assert_eq!(episode_ends(false, false, [true, false]), (false, false));
