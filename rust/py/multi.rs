@@ -27,9 +27,9 @@ use super::single::{
 };
 use super::spec;
 use crate::episode::multi::{
-    plan_concat, plan_env_step, AgentIds, AgentOutcome, AgentPlan, AgentStep, AgentStepError, AgentStepInput,
-    AgentVec, BeginReward, Books, ConcatAgent, ConcatBooks, ConcatInput, EnvStep, MapRead, Mention, Mentions,
-    Slot, Source, StepMap,
+    plan_concat, plan_env_step_into, AgentIds, AgentOutcome, AgentPlan, AgentStep, AgentStepError,
+    AgentStepInput, AgentVec, BeginReward, Books, ConcatAgent, ConcatBooks, ConcatInput, EnvStep,
+    EnvStepPlan, MapRead, Mention, Mentions, Slot, Source, StepMap,
 };
 
 /// RLlib's skip tag in env-step maps.
@@ -908,7 +908,8 @@ impl MultiAgentEpisodeCore {
             });
             parts.push(Part { map: step_map, held: held_episode, hanging: hanging_action, prepared: None });
         }
-        let plan = plan_env_step(
+        let mut plan = EnvStepPlan::default();
+        plan_env_step_into(
             &EnvStep {
                 agents: &steps,
                 terminated: is_terminated,
@@ -918,6 +919,7 @@ impl MultiAgentEpisodeCore {
                 lookback,
             },
             &rewards,
+            &mut plan,
         )
         .map_err(|(k, e)| agent_error(&rows[at(k)].id, e))?;
 

@@ -319,30 +319,36 @@ impl LeafBytes<'_> {
 impl AsRef<[u8]> for LeafBytes<'_> {
     #[inline]
     fn as_ref(&self) -> &[u8] {
+        // The small-item arms inline (read twice per field and step: checked, then stored);
+        // an array view's live layout is read out of line.
         match self {
-            LeafBytes::Owned(v) => v,
             LeafBytes::Inline(b) => b.as_ref(),
-            LeafBytes::Array(a) => {
-                // The array's layout is read now, not when the view was made: a reshape or
-                // resize in between changes the length (the column then rejects the item)
-                // but never points outside the live buffer.
-                if !a.is_c_contiguous() {
-                    return &[];
-                }
-                let n = a.len_total_bytes();
-                // SAFETY: `a` is a live C-contiguous numpy array (checked just above) held
-                // by this value, so its data pointer addresses `n` readable bytes. The slice
-                // borrows `self` and the caller copies it before any Python code can run
-                // (the thread stays attached and executes only Rust in between).
-                unsafe {
-                    let data = (*a.as_array_ptr()).fields.data.cast::<u8>();
-                    if n == 0 || data.is_null() {
-                        &[]
-                    } else {
-                        std::slice::from_raw_parts(data, n)
-                    }
-                }
-            }
+            LeafBytes::Owned(v) => v,
+            LeafBytes::Array(a) => live_array_bytes(a),
+        }
+    }
+}
+
+/// The bytes of `a` as its layout is now (see [`LeafBytes::as_ref`]).
+#[inline(never)]
+fn live_array_bytes<'a>(a: &'a Bound<'_, PyUntypedArray>) -> &'a [u8] {
+    // The array's layout is read now, not when the view was made: a reshape or resize in
+    // between changes the length (the column then rejects the item) but never points
+    // outside the live buffer.
+    if !a.is_c_contiguous() {
+        return &[];
+    }
+    let n = a.len_total_bytes();
+    // SAFETY: `a` is a live C-contiguous numpy array (checked just above) held by the
+    // caller's value, so its data pointer addresses `n` readable bytes. The slice borrows
+    // that value and the caller copies it before any Python code can run (the thread
+    // stays attached and executes only Rust in between).
+    unsafe {
+        let data = (*a.as_array_ptr()).fields.data.cast::<u8>();
+        if n == 0 || data.is_null() {
+            &[]
+        } else {
+            std::slice::from_raw_parts(data, n)
         }
     }
 }

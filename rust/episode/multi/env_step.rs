@@ -6,6 +6,7 @@
 //! then applies it: an error anywhere leaves the episode as it was.
 
 use super::agent::{plan_agent_step, AgentPlan, AgentStepError, AgentStepInput, Source};
+use super::mentions::AgentVec;
 
 /// One agent an env step mentions: what the step holds for it and its bookkeeping before
 /// the step.
@@ -88,14 +89,15 @@ pub struct AgentOutcome {
 }
 
 /// The plan of one env step.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct EnvStepPlan {
     /// The episode's env step and flags after the step.
     pub env_t: i64,
     pub terminated: bool,
     pub truncated: bool,
-    /// One outcome per [`EnvStep::agents`] entry, in the same order.
-    pub agents: Vec<AgentOutcome>,
+    /// One outcome per [`EnvStep::agents`] entry, in the same order (inline up to eight
+    /// agents: no heap block per env step).
+    pub agents: AgentVec<AgentOutcome>,
 }
 
 /// Whether the episode ends at a step: when `__all__` says so, or (as terminated) when
@@ -116,8 +118,25 @@ pub fn episode_ends(
 /// Returns the index of the first agent whose part breaks RLlib's rules, with why; no
 /// part of a failed plan is applied.
 pub fn plan_env_step(step: &EnvStep<'_>, rewards: &[f64]) -> Result<EnvStepPlan, (usize, AgentStepError)> {
+    let mut plan = EnvStepPlan::default();
+    plan_env_step_into(step, rewards, &mut plan)?;
+    Ok(plan)
+}
+
+/// [`plan_env_step`] into `plan` (the caller's, filled in place: a plan moved out of a
+/// call is copied whole, its agents inline). On error `plan` holds the agents planned
+/// before the failing one.
+///
+/// # Errors
+/// As [`plan_env_step`].
+pub fn plan_env_step_into(
+    step: &EnvStep<'_>,
+    rewards: &[f64],
+    plan: &mut EnvStepPlan,
+) -> Result<(), (usize, AgentStepError)> {
     let env_t = step.env_t + 1;
-    let mut agents = Vec::with_capacity(step.agents.len());
+    let agents = &mut plan.agents;
+    agents.clear();
     for (i, agent) in step.agents.iter().enumerate() {
         let terminated = agent.input.terminated || step.terminated;
         let truncated = agent.input.truncated || step.truncated;
@@ -167,7 +186,8 @@ pub fn plan_env_step(step: &EnvStep<'_>, rewards: &[f64]) -> Result<EnvStepPlan,
         }
         agents.push(outcome);
     }
-    Ok(EnvStepPlan { env_t, terminated: step.terminated, truncated: step.truncated, agents })
+    (plan.env_t, plan.terminated, plan.truncated) = (env_t, step.terminated, step.truncated);
+    Ok(())
 }
 
 /// One piece of an agent's hanging data.
@@ -613,6 +633,33 @@ mod tests {
         assert_eq!(plan.agents[0].map, MapWrite::Join { skips: 4, lookback: 1 });
         assert_eq!(plan.agents[0].hanging, Hanging::AddBegin(0.5));
         assert_eq!(plan.env_t, 11);
+    }
+
+    #[test]
+    fn a_plan_made_into_a_used_plan_is_the_plan_made_afresh() {
+        let step = |has_observation| AgentStep {
+            input: AgentStepInput {
+                has_observation,
+                has_any_data: true,
+                has_episode: true,
+                has_step_map: true,
+                ..AgentStepInput::default()
+            },
+            ..AgentStep::default()
+        };
+        let (two, one) = ([step(true), step(false)], [step(false)]);
+        let env_step = |agents| EnvStep {
+            agents,
+            terminated: false,
+            truncated: true,
+            env_t: 3,
+            env_t_started: 0,
+            lookback: 0,
+        };
+        let mut plan = plan_env_step(&env_step(&two), &[1.0, 2.0]).unwrap();
+        plan_env_step_into(&env_step(&one), &[4.0], &mut plan).unwrap();
+        assert_eq!(plan, plan_env_step(&env_step(&one), &[4.0]).unwrap());
+        assert_eq!((plan.agents.len(), plan.env_t, plan.truncated), (1, 4, true));
     }
 
     #[test]

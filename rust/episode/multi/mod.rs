@@ -31,8 +31,8 @@ pub use cut::{
     OutputKeys, RewardSum, SliceInput,
 };
 pub use env_step::{
-    episode_ends, plan_env_step, AgentOutcome, AgentStep, Books, EnvStep, EnvStepPlan, Hanging, MapWrite,
-    Slot,
+    episode_ends, plan_env_step, plan_env_step_into, AgentOutcome, AgentStep, Books, EnvStep, EnvStepPlan,
+    Hanging, MapWrite, Slot,
 };
 pub use mentions::{AgentIds, AgentVec, Mention, Mentions};
 pub use reset::{check_reset, ResetError};
