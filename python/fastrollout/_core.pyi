@@ -18,6 +18,7 @@ __all__ = [
     "StatsSnapshot",
     "StepMap",
     "__version__",
+    "_forget_episode_ids",
     "categorical_draw",
     "gae_segments",
     "multi_agent_add_env_reset",
@@ -48,7 +49,9 @@ def native_heap_bytes() -> int:
 def new_episode_id() -> str:
     """A new random version-4 UUID as 32 hex digits (what ``uuid.uuid4().hex`` gives)."""
 
-def _forget_episode_ids() -> None: ...
+def _forget_episode_ids() -> None:
+    """Forgets the drawn episode ids (a forked child draws its own)."""
+
 def multi_agent_add_env_reset(
     episode: MultiAgentEpisodeCore,
     observations: dict[Any, Any],
