@@ -660,11 +660,9 @@ impl MultiAgentEpisodeCore {
             return Ok(None);
         };
         let py = slf.py();
-        for name in [intern!(py, "id_"), intern!(py, "agent_to_module_mapping_fn")] {
-            successor.setattr(name, slf.getattr(name)?)?;
-        }
-        for name in [intern!(py, "observation_space"), intern!(py, "action_space")] {
-            successor.setattr(name, slf.getattr(name)?)?;
+        let shared = ["id_", "agent_to_module_mapping_fn", "observation_space", "action_space"];
+        for name in shared.map(|n| PyString::intern(py, n)) {
+            successor.setattr(&name, slf.getattr(&name)?)?;
         }
         let custom = slf.getattr(intern!(py, "_custom_data"))?;
         let custom =
