@@ -17,6 +17,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyInt, PyList, PySet, PyString, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
 
+use super::dict_walk::for_each_item;
 use super::errors::{index_error, with_prefix};
 use super::index::to_index;
 use super::multi_agents::AgentEpisodeMaker;
@@ -763,21 +764,25 @@ impl MultiAgentEpisodeCore {
         let mut ids = PyIds { all: AllKey::new(py)?, index: None };
         let mut rows: Rows<'py> = Mentions::default();
         let given = |v: Bound<'py, PyAny>| Some(v).filter(|v| !v.is_none());
-        for (aid, obs) in observations.iter() {
+        for_each_item(observations, |_, aid, obs| {
             rows.observation(&mut ids, &aid, given(obs))?;
-        }
-        for (i, (aid, action)) in actions.iter().enumerate() {
+            Ok(true)
+        })?;
+        for_each_item(actions, |i, aid, action| {
             rows.action(&mut ids, &aid, i, given(action))?;
-        }
-        for (i, (aid, reward)) in rewards.iter().enumerate() {
+            Ok(true)
+        })?;
+        for_each_item(rewards, |i, aid, reward| {
             rows.reward(&mut ids, &aid, i, given(reward))?;
-        }
+            Ok(true)
+        })?;
         for (flags, truncated) in [(terminateds.as_ref(), false), (truncateds.as_ref(), true)] {
             let Some(flags) = flags else { continue };
-            for (i, (aid, value)) in flags.iter().enumerate() {
+            for_each_item(flags, |i, aid, value| {
                 let on = !value.is_none() && value.is_truthy()?;
                 rows.flag(&mut ids, &aid, i, on, truncated)?;
-            }
+                Ok(true)
+            })?;
         }
         if rows.all_flagged() {
             for (i, aid) in agent_episodes.keys().iter().enumerate() {
@@ -785,14 +790,16 @@ impl MultiAgentEpisodeCore {
             }
         }
         if let Some(infos) = &infos {
-            for (i, (aid, info)) in infos.iter().enumerate() {
+            for_each_item(infos, |i, aid, info| {
                 rows.info(&mut ids, &aid, i, given(info))?;
-            }
+                Ok(true)
+            })?;
         }
         if let Some(extras) = &extras {
-            for (i, (aid, extra)) in extras.iter().enumerate() {
+            for_each_item(extras, |i, aid, extra| {
                 rows.extra(&mut ids, &aid, i, given(extra))?;
-            }
+                Ok(true)
+            })?;
         }
         let (all, all_flagged) = (ids.all, rows.all_flagged());
 

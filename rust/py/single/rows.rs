@@ -8,6 +8,7 @@ use smallvec::SmallVec;
 
 use super::{FieldName, SingleAgentEpisodePy};
 use crate::episode::Leaves;
+use crate::py::dict_walk::for_each_item;
 use crate::py::errors::episode_error;
 use crate::py::object::PyObj;
 use crate::py::outputs::AgentOutputsPy;
@@ -135,15 +136,20 @@ impl SingleAgentEpisodePy {
                 _ => return Ok(false),
             }
             let push_dict = |steps: &mut RowSteps<'py>, d: &Bound<'py, PyDict>| -> PyResult<bool> {
-                for (k, v) in d.iter() {
-                    let Ok(k) = k.cast_into::<PyString>() else { return Ok(false) };
-                    let k = PyBackedStr::try_from(k)?;
-                    if !self.push_row_bytes(&mut steps.leaves, FieldName::Extra(&k), &v) {
+                let mut fits = true;
+                for_each_item(d, |_, k, v| {
+                    let Ok(k) = k.cast_into::<PyString>() else {
+                        fits = false;
                         return Ok(false);
+                    };
+                    let k = PyBackedStr::try_from(k)?;
+                    fits = self.push_row_bytes(&mut steps.leaves, FieldName::Extra(&k), &v);
+                    if fits {
+                        steps.keys.push(k);
                     }
-                    steps.keys.push(k);
-                }
-                Ok(true)
+                    Ok(fits)
+                })?;
+                Ok(fits)
             };
             match extra_model_outputs {
                 None => Ok(true),
