@@ -485,14 +485,42 @@ fn leaf_bytes<'py>(
             }
         }
         if let Ok(array) = value.cast::<PyUntypedArray>() {
-            // SAFETY: `array` is a live numpy array; its descriptor pointer is only compared.
-            let same_descr = unsafe { (*array.as_array_ptr()).fields.descr.cast() == descr.as_ptr() };
-            if same_descr && array.shape().iter().eq(leaf.shape.iter()) && array.is_c_contiguous() {
+            if in_leaf_layout(array, leaf, descr.as_ptr()) {
                 return Ok(view_or_copy(array.clone(), leaf.item_bytes()));
             }
         }
     }
     convert_leaf(value, leaf, descr, batch, what)
+}
+
+/// Whether `array` is one item of `leaf` as the column stores it: numpy's own descriptor
+/// of the leaf's dtype (`descr`: one object per builtin dtype), the leaf's shape, C layout.
+#[inline]
+fn in_leaf_layout(array: &Bound<'_, PyUntypedArray>, leaf: &Leaf, descr: *mut pyo3::ffi::PyObject) -> bool {
+    // SAFETY: `array` is a live numpy array; its descriptor pointer is only compared.
+    let same_descr = unsafe { (*array.as_array_ptr()).fields.descr.cast() == descr };
+    same_descr && array.shape().iter().eq(leaf.shape.iter()) && array.is_c_contiguous()
+}
+
+/// The bytes of `value` for a spec of one leaf where [`leaf_bytes`] takes one of its fast
+/// paths (a Python or numpy scalar into a scalar leaf, an array already in the leaf's
+/// layout), without its error plumbing; `None` otherwise (then [`one_leaf_view`] gives the
+/// bytes, or the error).
+#[inline]
+pub fn one_leaf_fast<'py>(spec: &Spec, value: &Bound<'py, PyAny>) -> Option<LeafBytes<'py>> {
+    let (Tree::Leaf(0), [leaf], [descr]) = (&spec.tree, spec.schema.leaves.as_slice(), spec.descrs.as_slice())
+    else {
+        return None;
+    };
+    if leaf.shape.is_empty() {
+        if let Ok(Some((s, size))) = host_scalar(value) {
+            if let Some(bytes) = s.encode(size, leaf.dtype) {
+                return Some(LeafBytes::Inline(bytes));
+            }
+        }
+    }
+    let array = value.cast::<PyUntypedArray>().ok()?;
+    in_leaf_layout(array, leaf, descr.as_ptr()).then(|| view_or_copy(array.clone(), leaf.item_bytes()))
 }
 
 /// [`leaf_bytes`] for values that its fast paths do not take.

@@ -180,6 +180,10 @@ impl SingleAgentEpisodePy {
         value: &Bound<'py, PyAny>,
     ) -> bool {
         let Some(spec) = self.row_spec(name) else { return false };
+        if let Some(bytes) = spec::one_leaf_fast(spec, value) {
+            leaves.push(bytes);
+            return true;
+        }
         if let Some(view) = spec::one_leaf_view(spec, value, &|| name.label()) {
             return view.map(|v| leaves.push(v)).is_ok();
         }
