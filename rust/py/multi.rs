@@ -805,7 +805,7 @@ impl MultiAgentEpisodeCore {
 
         // Each mentioned agent's episode, and whether any agent joins now; its step map
         // and `agent_t_started` entry (converted where the plan reads them).
-        read_in_dict_order(agent_episodes, &mut rows.rows, |row, eps| {
+        let walked = read_in_dict_order(agent_episodes, &mut rows.rows, |row, eps| {
             row.host.episode = Some(eps.cast_into::<SingleAgentEpisodePy>()?);
             Ok(())
         })?;
@@ -819,13 +819,25 @@ impl MultiAgentEpisodeCore {
             Ok(())
         })?;
 
-        let (is_terminated, is_truncated) = rows.episode_ends::<PyIds<'py>, PyErr>(
-            agent_episodes
-                .iter()
-                .map(|(aid, eps)| Ok((aid, eps.cast::<SingleAgentEpisodePy>()?.borrow().done()))),
-            |aid| Ok(flag(terminateds.as_ref(), aid)? || flag(truncateds.as_ref(), aid)?),
-        )?;
-        let rows = &rows.rows;
+        // The agents with an episode, in its order: the first rows where the walk above
+        // matched every entry (their episodes are at hand), the dict otherwise.
+        let flagged =
+            |aid: &Bound<'py, PyAny>| Ok(flag(terminateds.as_ref(), aid)? || flag(truncateds.as_ref(), aid)?);
+        let (is_terminated, is_truncated) = if walked == agent_episodes.len() {
+            let done = |r: &Row<'py>| r.host.episode.as_ref().is_some_and(|e| e.borrow().done());
+            rows.episode_ends::<PyIds<'py>, PyErr>(
+                rows.rows[..walked].iter().map(|r| Ok((r.id.clone(), done(r)))),
+                flagged,
+            )?
+        } else {
+            rows.episode_ends::<PyIds<'py>, PyErr>(
+                agent_episodes
+                    .iter()
+                    .map(|(aid, eps)| Ok((aid, eps.cast::<SingleAgentEpisodePy>()?.borrow().done()))),
+                flagged,
+            )?
+        };
+        let rows = &mut rows.rows;
 
         // Agents that join take their place in `agent_episodes` in the order RLlib visits
         // them: that of the Python set it builds from the same dicts with the same set
@@ -874,14 +886,14 @@ impl MultiAgentEpisodeCore {
         let mut parts: AgentVec<Part<'py>> = AgentVec::new();
         let mut observed_with_map = 0usize;
         for k in 0..n {
-            let row = &rows[at(k)];
-            let aid = &row.id;
+            let row = &mut rows[at(k)];
             // One shared borrow of an agent's episode serves its plan input and its step's
             // conversion (each borrow and release is an atomic read-modify-write).
             let held_episode = row.host.episode.as_ref().map(Bound::try_borrow).transpose()?;
             let (has_episode, episode_done, agent_len) =
                 held_episode.as_ref().map_or((false, false, 0), |e| (true, e.done(), e.chunk_len()));
-            let step_map = row.host.step_map.clone().map(Bound::cast_into::<StepMapPy>).transpose()?;
+            let step_map = row.host.step_map.take().map(Bound::cast_into::<StepMapPy>).transpose()?;
+            let aid = &row.id;
             if row.observation.is_some() && step_map.is_some() {
                 observed_with_map += 1;
             }
@@ -1415,12 +1427,12 @@ type Rows<'py> = Mentions<Bound<'py, PyAny>, Bound<'py, PyAny>, Held<'py>>;
 /// order (`found` must not run Python code). The dict is walked while its keys are the
 /// rows' very ids in the same order (the usual case: an episode's dicts list its agents in
 /// the order its steps do), which costs about half a lookup; the rows from the first that
-/// differs are looked up.
+/// differs are looked up. Returns how many rows the walk matched (the dict's first entries).
 fn read_in_dict_order<'py>(
     dict: &Bound<'py, PyDict>,
     rows: &mut [Row<'py>],
     mut found: impl FnMut(&mut Row<'py>, Bound<'py, PyAny>) -> PyResult<()>,
-) -> PyResult<()> {
+) -> PyResult<usize> {
     let py = dict.py();
     let mut walked = 0;
     let mut pos: pyo3::ffi::Py_ssize_t = 0;
@@ -1445,7 +1457,7 @@ fn read_in_dict_order<'py>(
             found(row, value)?;
         }
     }
-    Ok(())
+    Ok(walked)
 }
 
 /// Python agent ids told apart for [`Mentions`]: by identity first (no call), then by

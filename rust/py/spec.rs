@@ -508,7 +508,8 @@ fn in_leaf_layout(array: &Bound<'_, PyUntypedArray>, leaf: &Leaf, descr: *mut py
 /// bytes, or the error).
 #[inline]
 pub fn one_leaf_fast<'py>(spec: &Spec, value: &Bound<'py, PyAny>) -> Option<LeafBytes<'py>> {
-    let (Tree::Leaf(0), [leaf], [descr]) = (&spec.tree, spec.schema.leaves.as_slice(), spec.descrs.as_slice())
+    let (Tree::Leaf(0), [leaf], [descr]) =
+        (&spec.tree, spec.schema.leaves.as_slice(), spec.descrs.as_slice())
     else {
         return None;
     };
