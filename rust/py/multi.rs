@@ -1524,6 +1524,7 @@ impl<'py> AllKey<'py> {
 
     /// Whether `key` is `"__all__"` (identity, then for a `str` its cached hash and text,
     /// for an `int` no: no rich compare for the usual str and int agent ids).
+    #[inline]
     fn matches(&self, key: &Bound<'_, PyAny>) -> PyResult<bool> {
         if key.is(&self.key) {
             return Ok(true);

@@ -142,11 +142,10 @@ impl SingleAgentEpisodePy {
                         fits = false;
                         return Ok(false);
                     };
-                    let k = PyBackedStr::try_from(k)?;
-                    fits = self.push_row_bytes(&mut steps.leaves, FieldName::Extra(&k), &v);
-                    if fits {
-                        steps.keys.push(k);
-                    }
+                    // Kept at once: where the value does not fit, `finish` takes it back.
+                    steps.keys.push(PyBackedStr::try_from(k)?);
+                    let k = steps.keys.last().map_or("", |k| &**k);
+                    fits = self.push_row_bytes(&mut steps.leaves, FieldName::Extra(k), &v);
                     Ok(fits)
                 })?;
                 Ok(fits)
