@@ -392,6 +392,7 @@ fn mismatch(what: String, expected: Expected, value: &Bound<'_, PyAny>) -> PyErr
 
 /// A Python float or int, or a numpy float/int/bool scalar, read as a [`Scalar`] with its
 /// own type's size; `None` for anything else (the general path converts it).
+#[inline]
 fn host_scalar(value: &Bound<'_, PyAny>) -> PyResult<Option<(Scalar, usize)>> {
     if value.is_exact_instance_of::<PyFloat>() {
         return Ok(Some((Scalar::Float(value.extract()?), 8)));
@@ -399,6 +400,12 @@ fn host_scalar(value: &Bound<'_, PyAny>) -> PyResult<Option<(Scalar, usize)>> {
     if value.is_exact_instance_of::<PyInt>() {
         return Ok(exact_int(value).map(|v| (Scalar::Int(v), 8)));
     }
+    numpy_scalar(value)
+}
+
+/// [`host_scalar`] for numpy's scalars.
+#[inline(never)]
+fn numpy_scalar(value: &Bound<'_, PyAny>) -> PyResult<Option<(Scalar, usize)>> {
     /// numpy's scalar types that the fast path knows, with their dtypes.
     static TYPES: PyOnceLock<Vec<(Py<PyType>, DType)>> = PyOnceLock::new();
     let py = value.py();
@@ -441,6 +448,7 @@ fn host_scalar(value: &Bound<'_, PyAny>) -> PyResult<Option<(Scalar, usize)>> {
 
 /// The value of an exact Python int that fits an i64 (`int(value)`), `None` for a bigger
 /// one; read with one C-API call, without pyo3's error check of every -1.
+#[inline]
 pub(crate) fn exact_int(value: &Bound<'_, PyAny>) -> Option<i64> {
     let mut overflow = 0;
     // SAFETY: `value` is a live object (an exact int for every caller, which cannot fail
