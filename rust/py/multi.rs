@@ -943,6 +943,7 @@ impl MultiAgentEpisodeCore {
         // The values each part records, converted; nothing is stored yet.
         let mut new_agent_episode: Option<Bound<'py, PyAny>> = None;
         let mut row_steps = RowSteps::default();
+        let none = py.None().into_bound(py);
         for ((k, outcome), part) in plan.agents.iter().enumerate().zip(&mut parts) {
             let row = &rows[at(k)];
             let aid = &row.id;
@@ -963,33 +964,36 @@ impl MultiAgentEpisodeCore {
                 };
                 make_agent_episode(make, aid, compression)
             };
-            let none = || py.None().into_bound(py);
             let prepared = match outcome.plan {
                 AgentPlan::Step { observation, action: action_src, extra_model_outputs, .. } => {
                     let eps = agent_episode()?;
+                    // The values are borrowed from the step's rows where they come from there.
+                    let last;
                     let (obs_value, info_value) = if observation == Source::Last {
                         held_episode = None;
-                        let (o, i) = eps.borrow_mut().last_observation_and_infos(py)?;
-                        (o, Some(i))
+                        last = eps.borrow_mut().last_observation_and_infos(py)?;
+                        (&last.0, Some(&last.1))
                     } else {
-                        (row.observation.clone().unwrap_or_else(none), row.info.clone())
+                        (row.observation.as_ref().unwrap_or(&none), row.info.as_ref())
                     };
                     let action_value = match action_src {
-                        Source::Hanging => hanging_action.clone().unwrap_or_else(none),
-                        _ => row.action.clone().unwrap_or_else(none),
+                        Source::Hanging => hanging_action.as_ref().unwrap_or(&none),
+                        _ => row.action.as_ref().unwrap_or(&none),
                     };
+                    let hanging_extras_value;
                     let extras_value = match extra_model_outputs {
-                        Source::Hanging => hanging_extras.get_item(aid)?,
-                        _ => row.extra.clone(),
+                        Source::Hanging => {
+                            hanging_extras_value = hanging_extras.get_item(aid)?;
+                            hanging_extras_value.as_ref()
+                        }
+                        _ => row.extra.as_ref(),
                     };
                     // The runner's scatter hands an agent's row of its module's outputs (a
                     // plain dict is told apart first, without the subtype walk).
                     let extras_rows = extras_value
-                        .as_ref()
                         .filter(|v| !v.is_exact_instance_of::<PyDict>())
-                        .and_then(|v| v.cast::<AgentOutputsPy>().ok().cloned());
-                    let extras_dict =
-                        if extras_rows.is_some() { None } else { as_dict(extras_value.as_ref())? };
+                        .and_then(|v| v.cast::<AgentOutputsPy>().ok());
+                    let extras_dict = if extras_rows.is_some() { None } else { dict_ref(extras_value)? };
                     let hanging_reward = if outcome.add_hanging_reward {
                         rewards_end.get_item(aid)?.map(|v| v.extract::<f64>()).transpose()?.unwrap_or(0.0)
                     } else {
@@ -1001,7 +1005,7 @@ impl MultiAgentEpisodeCore {
                         && action_src == Source::Given
                         && extra_model_outputs == Source::Given;
                     let row_step = if given {
-                        let extras = match (&extras_rows, &extras_dict) {
+                        let extras = match (extras_rows, extras_dict) {
                             (Some(r), _) => Some(ExtraOutputs::Rows(r.get())),
                             (None, Some(d)) => Some(ExtraOutputs::Dict(d)),
                             (None, None) => None,
@@ -1015,8 +1019,8 @@ impl MultiAgentEpisodeCore {
                         };
                         e.prepare_row_step(
                             &mut row_steps,
-                            &obs_value,
-                            &action_value,
+                            obs_value,
+                            action_value,
                             hanging_reward + reward,
                             extras,
                         )?
@@ -1024,22 +1028,20 @@ impl MultiAgentEpisodeCore {
                         None
                     };
                     let step = if let Some(row_step) = row_step {
-                        StepData::Rows { row: row_step, info: info_or_absent(info_value.as_ref()) }
+                        StepData::Rows { row: row_step, info: info_or_absent(info_value) }
                     } else {
-                        let extras_dict = match &extras_rows {
-                            Some(r) => Some(r.get().to_dict(py)?),
+                        let rows_dict;
+                        let extras_dict = match extras_rows {
+                            Some(r) => {
+                                rows_dict = r.get().to_dict(py)?;
+                                Some(&rows_dict)
+                            }
                             None => extras_dict,
                         };
                         let total = (hanging_reward + reward).into_pyobject(py)?.into_any();
                         let step = eps
                             .borrow()
-                            .prepare_step(
-                                &obs_value,
-                                &action_value,
-                                &total,
-                                info_value.as_ref(),
-                                extras_dict.as_ref(),
-                            )
+                            .prepare_step(obs_value, action_value, &total, info_value, extras_dict)
                             .map_err(|e| for_agent(py, aid, e))?;
                         StepData::Items(Box::new(step))
                     };
@@ -1047,15 +1049,15 @@ impl MultiAgentEpisodeCore {
                 }
                 AgentPlan::Join => {
                     let eps = agent_episode()?;
-                    let obs_value = row.observation.clone().unwrap_or_else(none);
+                    let obs_value = row.observation.clone().unwrap_or_else(|| none.clone());
                     let reset = eps.borrow().prepare_reset(&obs_value).map_err(|e| for_agent(py, aid, e))?;
                     Prepared::Join { episode: eps, reset: Box::new(reset), infos: row.info.clone() }
                 }
                 AgentPlan::Hang => Prepared::Hang {
-                    action: row.action.clone().unwrap_or_else(none),
+                    action: row.action.clone().unwrap_or_else(|| none.clone()),
                     extras: match row.extra.as_ref().map(|v| v.cast::<AgentOutputsPy>()) {
                         Some(Ok(r)) => r.get().to_dict(py)?.into_any(),
-                        _ => row.extra.clone().unwrap_or_else(none),
+                        _ => row.extra.clone().unwrap_or_else(|| none.clone()),
                     },
                 },
                 AgentPlan::AddReward { .. } | AgentPlan::Drop => Prepared::Nothing,
@@ -1398,6 +1400,14 @@ fn agent_error(agent: &Bound<'_, PyAny>, e: AgentStepError) -> PyErr {
     match e {
         AgentStepError::ObservedWithoutActing => super::errors::EpisodeStateError::new_err(message),
         _ => multi_agent_env_error(agent.py(), message),
+    }
+}
+
+/// `value` as a dict, borrowed (`None` for None).
+fn dict_ref<'a, 'py>(value: Option<&'a Bound<'py, PyAny>>) -> PyResult<Option<&'a Bound<'py, PyDict>>> {
+    match value {
+        Some(v) if !v.is_none() => Ok(Some(v.cast::<PyDict>()?)),
+        _ => Ok(None),
     }
 }
 
