@@ -805,8 +805,9 @@ impl MultiAgentEpisodeCore {
 
         // Each mentioned agent's episode, and whether any agent joins now; its step map
         // and `agent_t_started` entry (converted where the plan reads them).
+        let mut episode_type = std::ptr::null_mut();
         let walked = read_in_dict_order(agent_episodes, &mut rows.rows, |row, eps| {
-            row.host.episode = Some(eps.cast_into::<SingleAgentEpisodePy>()?);
+            row.host.episode = Some(cast_episode(eps, &mut episode_type)?);
             Ok(())
         })?;
         let joins = rows.rows.iter().any(|row| row.host.episode.is_none());
@@ -1468,6 +1469,25 @@ fn read_in_dict_order<'py>(
         }
     }
     Ok(walked)
+}
+
+/// `obj` as an agent episode, its type checked once per type in a walk (`seen`: the last
+/// type that passed; an episode's agents usually share one class, and the check of a
+/// Python subclass walks its bases). The caller keeps the objects that passed alive, and
+/// with them their types, for as long as it passes the same `seen`.
+fn cast_episode<'py>(
+    obj: Bound<'py, PyAny>,
+    seen: &mut *mut pyo3::ffi::PyTypeObject,
+) -> PyResult<Bound<'py, SingleAgentEpisodePy>> {
+    let ty = obj.get_type_ptr();
+    if ty == *seen {
+        // SAFETY: an object of this very type (alive: the caller keeps it) passed the check
+        // below, so this one is a `SingleAgentEpisodePy` too.
+        return Ok(unsafe { obj.cast_into_unchecked() });
+    }
+    let episode = obj.cast_into::<SingleAgentEpisodePy>()?;
+    *seen = ty;
+    Ok(episode)
 }
 
 /// Python agent ids told apart for [`Mentions`]: by identity first (no call), then by
