@@ -955,15 +955,10 @@ impl MultiAgentEpisodeCore {
             // are written.
             let mut held_episode = part.held.take();
             let mut agent_episode = || -> PyResult<Bound<'py, SingleAgentEpisodePy>> {
-                if let Some(e) = existing {
-                    return Ok(e.clone());
+                match existing {
+                    Some(e) => Ok(e.clone()),
+                    None => joining_episode(episode, &mut new_agent_episode, aid, compression),
                 }
-                // Looked up only when an agent joins (a bound method per lookup).
-                let make = match &new_agent_episode {
-                    Some(f) => f,
-                    None => new_agent_episode.insert(episode.getattr(intern!(py, "_new_agent_episode"))?),
-                };
-                make_agent_episode(make, aid, compression)
             };
             let prepared = match outcome.plan {
                 AgentPlan::Step { observation, action: action_src, extra_model_outputs, .. } => {
@@ -1633,6 +1628,22 @@ pub fn multi_agent_add_env_reset<'py>(
     }
     episode.try_borrow_mut()?.start_time = Some(perf_counter());
     Ok(())
+}
+
+/// The episode of an agent that has none yet: from the episode's `_new_agent_episode`,
+/// looked up once per step (`make`) and only when an agent joins (a bound method per lookup).
+#[inline(never)]
+fn joining_episode<'py>(
+    episode: &Bound<'py, MultiAgentEpisodeCore>,
+    make: &mut Option<Bound<'py, PyAny>>,
+    aid: &Bound<'py, PyAny>,
+    compression: Option<usize>,
+) -> PyResult<Bound<'py, SingleAgentEpisodePy>> {
+    let make = match &*make {
+        Some(f) => f,
+        None => make.insert(episode.getattr(intern!(episode.py(), "_new_agent_episode"))?),
+    };
+    make_agent_episode(make, aid, compression)
 }
 
 /// A new agent episode from the episode's `_new_agent_episode` (`make`), its observations

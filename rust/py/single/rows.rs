@@ -63,6 +63,7 @@ impl RowSteps<'_> {
 
     /// Ends the step begun at `mark`: kept (its index) where `added` is `Ok(true)`;
     /// otherwise what it added is taken back, so that the next step starts clean.
+    #[inline]
     pub(super) fn finish(&mut self, mark: (usize, usize), added: PyResult<bool>) -> PyResult<Option<usize>> {
         if !matches!(added, Ok(true)) {
             self.leaves.truncate(mark.0);
