@@ -47,13 +47,16 @@ pub struct RowSteps<'py> {
     /// The extras' keys, their text read once (for the lookup of their columns when
     /// converted and when stored).
     keys: SmallVec<[PyBackedStr; 24]>,
-    /// Per step, where its leaves and its extras' keys end.
-    ends: SmallVec<[(usize, usize); 8]>,
+    /// Per step, where its leaves and its extras' keys start and end.
+    spans: SmallVec<[Span; 8]>,
 }
 
 /// [`RowSteps`]' leaves: room for eight steps of an observation, an action, a reward and
 /// three one-leaf extras.
 pub(super) type RowLeaves<'py> = SmallVec<[LeafBytes<'py>; 48]>;
+
+/// One step's leaves and keys in [`RowSteps`]: the leaves `[0]..[1]`, the keys `[2]..[3]`.
+type Span = [usize; 4];
 
 impl RowSteps<'_> {
     /// Where the next step's leaves and keys start (for [`Self::finish`]).
@@ -70,13 +73,8 @@ impl RowSteps<'_> {
             self.keys.truncate(mark.1);
             return added.map(|_| None);
         }
-        self.ends.push(self.mark());
-        Ok(Some(self.ends.len() - 1))
-    }
-
-    /// Where step `step`'s leaves and keys start.
-    pub(super) fn starts(&self, step: usize) -> (usize, usize) {
-        step.checked_sub(1).map_or((0, 0), |p| self.ends[p])
+        self.spans.push([mark.0, self.leaves.len(), mark.1, self.keys.len()]);
+        Ok(Some(self.spans.len() - 1))
     }
 
     /// Stores step `step` into `episode` (nothing is stored on error); `info` as
@@ -90,8 +88,7 @@ impl RowSteps<'_> {
         truncated: bool,
         now: f64,
     ) -> PyResult<()> {
-        let (l0, k0) = self.starts(step);
-        let (l1, k1) = self.ends[step];
+        let [l0, l1, k0, k1] = self.spans[step];
         episode.add_row_step(&self.leaves[l0..l1], &self.keys[k0..k1], info, terminated, truncated, now)
     }
 }
