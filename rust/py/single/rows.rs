@@ -113,6 +113,7 @@ impl RowSteps<'_> {
 
     /// Stores step `step` into `episode` (nothing is stored on error); `info` as
     /// [`info_or_absent`] gives it.
+    #[inline]
     pub fn apply(
         &self,
         step: usize,
@@ -260,6 +261,7 @@ impl SingleAgentEpisodePy {
     /// [`Self::fits_rows`] order; `info` is [`info_or_absent`]'s (decided by the caller
     /// before any bytes are borrowed, since reading a value's truth may run Python code).
     /// Nothing is stored on error.
+    #[inline]
     pub fn add_row_step<B: AsRef<[u8]>, K: AsRef<str>>(
         &mut self,
         leaves: &[B],
