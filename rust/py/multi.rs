@@ -1199,6 +1199,7 @@ impl Books for DictBooks<'_, '_> {
         Ok(())
     }
 
+    #[inline]
     fn record(&mut self, i: usize, outcome: &AgentOutcome) -> PyResult<()> {
         let aid = self.aid(i);
         let py = aid.py();
@@ -1238,6 +1239,7 @@ impl Books for DictBooks<'_, '_> {
         Ok(())
     }
 
+    #[inline]
     fn push_map(&mut self, i: usize, step: Option<i64>, count: usize) -> PyResult<()> {
         let map = &mut self.map(i)?.borrow_mut().map;
         // One entry (every step of an agent) without the iterator's reserve.
