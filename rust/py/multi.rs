@@ -1174,6 +1174,7 @@ impl<'a, 'py> DictBooks<'a, 'py> {
         &self.rows[self.order.map_or(i, |o| o[i])].id
     }
 
+    #[inline]
     fn map(&mut self, i: usize) -> PyResult<Bound<'py, StepMapPy>> {
         if let Some(m) = &self.parts[i].map {
             return Ok(m.clone());

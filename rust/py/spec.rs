@@ -570,6 +570,7 @@ fn convert_leaf<'py>(
 
 /// `array` (live, C-contiguous, `n` bytes) as leaf bytes: a small item (up to
 /// [`INLINE_BYTES`]) copied now, so that storing it reads no layout; a view otherwise.
+#[inline]
 fn view_or_copy(array: Bound<'_, PyUntypedArray>, n: usize) -> LeafBytes<'_> {
     if n <= INLINE_BYTES {
         // SAFETY: `array` is a live C-contiguous numpy array of `n` bytes (the caller's
