@@ -10,6 +10,7 @@
 //! (and so how it converts), the order of a Python set where RLlib's results depend on it
 //! (agents that join), and which keys of Python dicts name the same agent.
 
+mod dict_walk;
 mod dist;
 mod errors;
 mod ids;

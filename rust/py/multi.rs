@@ -17,6 +17,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyInt, PyList, PySet, PyString, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
 
+use super::dict_walk::for_each_item;
 use super::errors::{index_error, with_prefix};
 use super::index::to_index;
 use super::multi_agents::AgentEpisodeMaker;
@@ -763,21 +764,25 @@ impl MultiAgentEpisodeCore {
         let mut ids = PyIds { all: AllKey::new(py)?, index: None };
         let mut rows: Rows<'py> = Mentions::default();
         let given = |v: Bound<'py, PyAny>| Some(v).filter(|v| !v.is_none());
-        for (aid, obs) in observations.iter() {
+        for_each_item(observations, |_, aid, obs| {
             rows.observation(&mut ids, &aid, given(obs))?;
-        }
-        for (i, (aid, action)) in actions.iter().enumerate() {
+            Ok(true)
+        })?;
+        for_each_item(actions, |i, aid, action| {
             rows.action(&mut ids, &aid, i, given(action))?;
-        }
-        for (i, (aid, reward)) in rewards.iter().enumerate() {
+            Ok(true)
+        })?;
+        for_each_item(rewards, |i, aid, reward| {
             rows.reward(&mut ids, &aid, i, given(reward))?;
-        }
+            Ok(true)
+        })?;
         for (flags, truncated) in [(terminateds.as_ref(), false), (truncateds.as_ref(), true)] {
             let Some(flags) = flags else { continue };
-            for (i, (aid, value)) in flags.iter().enumerate() {
+            for_each_item(flags, |i, aid, value| {
                 let on = !value.is_none() && value.is_truthy()?;
                 rows.flag(&mut ids, &aid, i, on, truncated)?;
-            }
+                Ok(true)
+            })?;
         }
         if rows.all_flagged() {
             for (i, aid) in agent_episodes.keys().iter().enumerate() {
@@ -785,21 +790,24 @@ impl MultiAgentEpisodeCore {
             }
         }
         if let Some(infos) = &infos {
-            for (i, (aid, info)) in infos.iter().enumerate() {
+            for_each_item(infos, |i, aid, info| {
                 rows.info(&mut ids, &aid, i, given(info))?;
-            }
+                Ok(true)
+            })?;
         }
         if let Some(extras) = &extras {
-            for (i, (aid, extra)) in extras.iter().enumerate() {
+            for_each_item(extras, |i, aid, extra| {
                 rows.extra(&mut ids, &aid, i, given(extra))?;
-            }
+                Ok(true)
+            })?;
         }
         let (all, all_flagged) = (ids.all, rows.all_flagged());
 
         // Each mentioned agent's episode, and whether any agent joins now; its step map
         // and `agent_t_started` entry (converted where the plan reads them).
-        read_in_dict_order(agent_episodes, &mut rows.rows, |row, eps| {
-            row.host.episode = Some(eps.cast_into::<SingleAgentEpisodePy>()?);
+        let mut episode_type = std::ptr::null_mut();
+        let walked = read_in_dict_order(agent_episodes, &mut rows.rows, |row, eps| {
+            row.host.episode = Some(cast_episode(eps, &mut episode_type)?);
             Ok(())
         })?;
         let joins = rows.rows.iter().any(|row| row.host.episode.is_none());
@@ -812,13 +820,25 @@ impl MultiAgentEpisodeCore {
             Ok(())
         })?;
 
-        let (is_terminated, is_truncated) = rows.episode_ends::<PyIds<'py>, PyErr>(
-            agent_episodes
-                .iter()
-                .map(|(aid, eps)| Ok((aid, eps.cast::<SingleAgentEpisodePy>()?.borrow().done()))),
-            |aid| Ok(flag(terminateds.as_ref(), aid)? || flag(truncateds.as_ref(), aid)?),
-        )?;
-        let rows = &rows.rows;
+        // The agents with an episode, in its order: the first rows where the walk above
+        // matched every entry (their episodes are at hand), the dict otherwise.
+        let flagged =
+            |aid: &Bound<'py, PyAny>| Ok(flag(terminateds.as_ref(), aid)? || flag(truncateds.as_ref(), aid)?);
+        let (is_terminated, is_truncated) = if walked == agent_episodes.len() {
+            let done = |r: &Row<'py>| r.host.episode.as_ref().is_some_and(|e| e.borrow().done());
+            rows.episode_ends::<PyIds<'py>, PyErr>(
+                rows.rows[..walked].iter().map(|r| Ok((r.id.clone(), done(r)))),
+                flagged,
+            )?
+        } else {
+            rows.episode_ends::<PyIds<'py>, PyErr>(
+                agent_episodes
+                    .iter()
+                    .map(|(aid, eps)| Ok((aid, eps.cast::<SingleAgentEpisodePy>()?.borrow().done()))),
+                flagged,
+            )?
+        };
+        let rows = &mut rows.rows;
 
         // Agents that join take their place in `agent_episodes` in the order RLlib visits
         // them: that of the Python set it builds from the same dicts with the same set
@@ -867,14 +887,14 @@ impl MultiAgentEpisodeCore {
         let mut parts: AgentVec<Part<'py>> = AgentVec::new();
         let mut observed_with_map = 0usize;
         for k in 0..n {
-            let row = &rows[at(k)];
-            let aid = &row.id;
+            let row = &mut rows[at(k)];
             // One shared borrow of an agent's episode serves its plan input and its step's
             // conversion (each borrow and release is an atomic read-modify-write).
             let held_episode = row.host.episode.as_ref().map(Bound::try_borrow).transpose()?;
             let (has_episode, episode_done, agent_len) =
                 held_episode.as_ref().map_or((false, false, 0), |e| (true, e.done(), e.chunk_len()));
-            let step_map = row.host.step_map.clone().map(Bound::cast_into::<StepMapPy>).transpose()?;
+            let step_map = row.host.step_map.take().map(Bound::cast_into::<StepMapPy>).transpose()?;
+            let aid = &row.id;
             if row.observation.is_some() && step_map.is_some() {
                 observed_with_map += 1;
             }
@@ -924,6 +944,7 @@ impl MultiAgentEpisodeCore {
         // The values each part records, converted; nothing is stored yet.
         let mut new_agent_episode: Option<Bound<'py, PyAny>> = None;
         let mut row_steps = RowSteps::default();
+        let none = py.None().into_bound(py);
         for ((k, outcome), part) in plan.agents.iter().enumerate().zip(&mut parts) {
             let row = &rows[at(k)];
             let aid = &row.id;
@@ -934,43 +955,41 @@ impl MultiAgentEpisodeCore {
             // are written.
             let mut held_episode = part.held.take();
             let mut agent_episode = || -> PyResult<Bound<'py, SingleAgentEpisodePy>> {
-                if let Some(e) = existing {
-                    return Ok(e.clone());
+                match existing {
+                    Some(e) => Ok(e.clone()),
+                    None => joining_episode(episode, &mut new_agent_episode, aid, compression),
                 }
-                // Looked up only when an agent joins (a bound method per lookup).
-                let make = match &new_agent_episode {
-                    Some(f) => f,
-                    None => new_agent_episode.insert(episode.getattr(intern!(py, "_new_agent_episode"))?),
-                };
-                make_agent_episode(make, aid, compression)
             };
-            let none = || py.None().into_bound(py);
             let prepared = match outcome.plan {
                 AgentPlan::Step { observation, action: action_src, extra_model_outputs, .. } => {
                     let eps = agent_episode()?;
+                    // The values are borrowed from the step's rows where they come from there.
+                    let last;
                     let (obs_value, info_value) = if observation == Source::Last {
                         held_episode = None;
-                        let (o, i) = eps.borrow_mut().last_observation_and_infos(py)?;
-                        (o, Some(i))
+                        last = eps.borrow_mut().last_observation_and_infos(py)?;
+                        (&last.0, Some(&last.1))
                     } else {
-                        (row.observation.clone().unwrap_or_else(none), row.info.clone())
+                        (row.observation.as_ref().unwrap_or(&none), row.info.as_ref())
                     };
                     let action_value = match action_src {
-                        Source::Hanging => hanging_action.clone().unwrap_or_else(none),
-                        _ => row.action.clone().unwrap_or_else(none),
+                        Source::Hanging => hanging_action.as_ref().unwrap_or(&none),
+                        _ => row.action.as_ref().unwrap_or(&none),
                     };
+                    let hanging_extras_value;
                     let extras_value = match extra_model_outputs {
-                        Source::Hanging => hanging_extras.get_item(aid)?,
-                        _ => row.extra.clone(),
+                        Source::Hanging => {
+                            hanging_extras_value = hanging_extras.get_item(aid)?;
+                            hanging_extras_value.as_ref()
+                        }
+                        _ => row.extra.as_ref(),
                     };
                     // The runner's scatter hands an agent's row of its module's outputs (a
                     // plain dict is told apart first, without the subtype walk).
                     let extras_rows = extras_value
-                        .as_ref()
                         .filter(|v| !v.is_exact_instance_of::<PyDict>())
-                        .and_then(|v| v.cast::<AgentOutputsPy>().ok().cloned());
-                    let extras_dict =
-                        if extras_rows.is_some() { None } else { as_dict(extras_value.as_ref())? };
+                        .and_then(|v| v.cast::<AgentOutputsPy>().ok());
+                    let extras_dict = if extras_rows.is_some() { None } else { dict_ref(extras_value)? };
                     let hanging_reward = if outcome.add_hanging_reward {
                         rewards_end.get_item(aid)?.map(|v| v.extract::<f64>()).transpose()?.unwrap_or(0.0)
                     } else {
@@ -982,7 +1001,7 @@ impl MultiAgentEpisodeCore {
                         && action_src == Source::Given
                         && extra_model_outputs == Source::Given;
                     let row_step = if given {
-                        let extras = match (&extras_rows, &extras_dict) {
+                        let extras = match (extras_rows, extras_dict) {
                             (Some(r), _) => Some(ExtraOutputs::Rows(r.get())),
                             (None, Some(d)) => Some(ExtraOutputs::Dict(d)),
                             (None, None) => None,
@@ -996,8 +1015,8 @@ impl MultiAgentEpisodeCore {
                         };
                         e.prepare_row_step(
                             &mut row_steps,
-                            &obs_value,
-                            &action_value,
+                            obs_value,
+                            action_value,
                             hanging_reward + reward,
                             extras,
                         )?
@@ -1005,22 +1024,20 @@ impl MultiAgentEpisodeCore {
                         None
                     };
                     let step = if let Some(row_step) = row_step {
-                        StepData::Rows { row: row_step, info: info_or_absent(info_value.as_ref()) }
+                        StepData::Rows { row: row_step, info: info_or_absent(info_value) }
                     } else {
-                        let extras_dict = match &extras_rows {
-                            Some(r) => Some(r.get().to_dict(py)?),
+                        let rows_dict;
+                        let extras_dict = match extras_rows {
+                            Some(r) => {
+                                rows_dict = r.get().to_dict(py)?;
+                                Some(&rows_dict)
+                            }
                             None => extras_dict,
                         };
                         let total = (hanging_reward + reward).into_pyobject(py)?.into_any();
                         let step = eps
                             .borrow()
-                            .prepare_step(
-                                &obs_value,
-                                &action_value,
-                                &total,
-                                info_value.as_ref(),
-                                extras_dict.as_ref(),
-                            )
+                            .prepare_step(obs_value, action_value, &total, info_value, extras_dict)
                             .map_err(|e| for_agent(py, aid, e))?;
                         StepData::Items(Box::new(step))
                     };
@@ -1028,15 +1045,15 @@ impl MultiAgentEpisodeCore {
                 }
                 AgentPlan::Join => {
                     let eps = agent_episode()?;
-                    let obs_value = row.observation.clone().unwrap_or_else(none);
+                    let obs_value = row.observation.clone().unwrap_or_else(|| none.clone());
                     let reset = eps.borrow().prepare_reset(&obs_value).map_err(|e| for_agent(py, aid, e))?;
                     Prepared::Join { episode: eps, reset: Box::new(reset), infos: row.info.clone() }
                 }
                 AgentPlan::Hang => Prepared::Hang {
-                    action: row.action.clone().unwrap_or_else(none),
+                    action: row.action.clone().unwrap_or_else(|| none.clone()),
                     extras: match row.extra.as_ref().map(|v| v.cast::<AgentOutputsPy>()) {
                         Some(Ok(r)) => r.get().to_dict(py)?.into_any(),
-                        _ => row.extra.clone().unwrap_or_else(none),
+                        _ => row.extra.clone().unwrap_or_else(|| none.clone()),
                     },
                 },
                 AgentPlan::AddReward { .. } | AgentPlan::Drop => Prepared::Nothing,
@@ -1157,6 +1174,7 @@ impl<'a, 'py> DictBooks<'a, 'py> {
         &self.rows[self.order.map_or(i, |o| o[i])].id
     }
 
+    #[inline]
     fn map(&mut self, i: usize) -> PyResult<Bound<'py, StepMapPy>> {
         if let Some(m) = &self.parts[i].map {
             return Ok(m.clone());
@@ -1182,6 +1200,7 @@ impl Books for DictBooks<'_, '_> {
         Ok(())
     }
 
+    #[inline]
     fn record(&mut self, i: usize, outcome: &AgentOutcome) -> PyResult<()> {
         let aid = self.aid(i);
         let py = aid.py();
@@ -1221,6 +1240,7 @@ impl Books for DictBooks<'_, '_> {
         Ok(())
     }
 
+    #[inline]
     fn push_map(&mut self, i: usize, step: Option<i64>, count: usize) -> PyResult<()> {
         let map = &mut self.map(i)?.borrow_mut().map;
         // One entry (every step of an agent) without the iterator's reserve.
@@ -1382,6 +1402,14 @@ fn agent_error(agent: &Bound<'_, PyAny>, e: AgentStepError) -> PyErr {
     }
 }
 
+/// `value` as a dict, borrowed (`None` for None).
+fn dict_ref<'a, 'py>(value: Option<&'a Bound<'py, PyAny>>) -> PyResult<Option<&'a Bound<'py, PyDict>>> {
+    match value {
+        Some(v) if !v.is_none() => Ok(Some(v.cast::<PyDict>()?)),
+        _ => Ok(None),
+    }
+}
+
 fn as_dict<'py>(value: Option<&Bound<'py, PyAny>>) -> PyResult<Option<Bound<'py, PyDict>>> {
     match value {
         Some(v) if !v.is_none() => Ok(Some(v.cast::<PyDict>()?.clone())),
@@ -1408,12 +1436,12 @@ type Rows<'py> = Mentions<Bound<'py, PyAny>, Bound<'py, PyAny>, Held<'py>>;
 /// order (`found` must not run Python code). The dict is walked while its keys are the
 /// rows' very ids in the same order (the usual case: an episode's dicts list its agents in
 /// the order its steps do), which costs about half a lookup; the rows from the first that
-/// differs are looked up.
+/// differs are looked up. Returns how many rows the walk matched (the dict's first entries).
 fn read_in_dict_order<'py>(
     dict: &Bound<'py, PyDict>,
     rows: &mut [Row<'py>],
     mut found: impl FnMut(&mut Row<'py>, Bound<'py, PyAny>) -> PyResult<()>,
-) -> PyResult<()> {
+) -> PyResult<usize> {
     let py = dict.py();
     let mut walked = 0;
     let mut pos: pyo3::ffi::Py_ssize_t = 0;
@@ -1438,7 +1466,26 @@ fn read_in_dict_order<'py>(
             found(row, value)?;
         }
     }
-    Ok(())
+    Ok(walked)
+}
+
+/// `obj` as an agent episode, its type checked once per type in a walk (`seen`: the last
+/// type that passed; an episode's agents usually share one class, and the check of a
+/// Python subclass walks its bases). The caller keeps the objects that passed alive, and
+/// with them their types, for as long as it passes the same `seen`.
+fn cast_episode<'py>(
+    obj: Bound<'py, PyAny>,
+    seen: &mut *mut pyo3::ffi::PyTypeObject,
+) -> PyResult<Bound<'py, SingleAgentEpisodePy>> {
+    let ty = obj.get_type_ptr();
+    if ty == *seen {
+        // SAFETY: an object of this very type (alive: the caller keeps it) passed the check
+        // below, so this one is a `SingleAgentEpisodePy` too.
+        return Ok(unsafe { obj.cast_into_unchecked() });
+    }
+    let episode = obj.cast_into::<SingleAgentEpisodePy>()?;
+    *seen = ty;
+    Ok(episode)
 }
 
 /// Python agent ids told apart for [`Mentions`]: by identity first (no call), then by
@@ -1505,6 +1552,7 @@ impl<'py> AllKey<'py> {
 
     /// Whether `key` is `"__all__"` (identity, then for a `str` its cached hash and text,
     /// for an `int` no: no rich compare for the usual str and int agent ids).
+    #[inline]
     fn matches(&self, key: &Bound<'_, PyAny>) -> PyResult<bool> {
         if key.is(&self.key) {
             return Ok(true);
@@ -1583,6 +1631,22 @@ pub fn multi_agent_add_env_reset<'py>(
     }
     episode.try_borrow_mut()?.start_time = Some(perf_counter());
     Ok(())
+}
+
+/// The episode of an agent that has none yet: from the episode's `_new_agent_episode`,
+/// looked up once per step (`make`) and only when an agent joins (a bound method per lookup).
+#[inline(never)]
+fn joining_episode<'py>(
+    episode: &Bound<'py, MultiAgentEpisodeCore>,
+    make: &mut Option<Bound<'py, PyAny>>,
+    aid: &Bound<'py, PyAny>,
+    compression: Option<usize>,
+) -> PyResult<Bound<'py, SingleAgentEpisodePy>> {
+    let make = match &*make {
+        Some(f) => f,
+        None => make.insert(episode.getattr(intern!(episode.py(), "_new_agent_episode"))?),
+    };
+    make_agent_episode(make, aid, compression)
 }
 
 /// A new agent episode from the episode's `_new_agent_episode` (`make`), its observations

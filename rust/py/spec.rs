@@ -392,6 +392,7 @@ fn mismatch(what: String, expected: Expected, value: &Bound<'_, PyAny>) -> PyErr
 
 /// A Python float or int, or a numpy float/int/bool scalar, read as a [`Scalar`] with its
 /// own type's size; `None` for anything else (the general path converts it).
+#[inline]
 fn host_scalar(value: &Bound<'_, PyAny>) -> PyResult<Option<(Scalar, usize)>> {
     if value.is_exact_instance_of::<PyFloat>() {
         return Ok(Some((Scalar::Float(value.extract()?), 8)));
@@ -399,6 +400,12 @@ fn host_scalar(value: &Bound<'_, PyAny>) -> PyResult<Option<(Scalar, usize)>> {
     if value.is_exact_instance_of::<PyInt>() {
         return Ok(exact_int(value).map(|v| (Scalar::Int(v), 8)));
     }
+    numpy_scalar(value)
+}
+
+/// [`host_scalar`] for numpy's scalars.
+#[inline(never)]
+fn numpy_scalar(value: &Bound<'_, PyAny>) -> PyResult<Option<(Scalar, usize)>> {
     /// numpy's scalar types that the fast path knows, with their dtypes.
     static TYPES: PyOnceLock<Vec<(Py<PyType>, DType)>> = PyOnceLock::new();
     let py = value.py();
@@ -441,6 +448,7 @@ fn host_scalar(value: &Bound<'_, PyAny>) -> PyResult<Option<(Scalar, usize)>> {
 
 /// The value of an exact Python int that fits an i64 (`int(value)`), `None` for a bigger
 /// one; read with one C-API call, without pyo3's error check of every -1.
+#[inline]
 pub(crate) fn exact_int(value: &Bound<'_, PyAny>) -> Option<i64> {
     let mut overflow = 0;
     // SAFETY: `value` is a live object (an exact int for every caller, which cannot fail
@@ -485,14 +493,43 @@ fn leaf_bytes<'py>(
             }
         }
         if let Ok(array) = value.cast::<PyUntypedArray>() {
-            // SAFETY: `array` is a live numpy array; its descriptor pointer is only compared.
-            let same_descr = unsafe { (*array.as_array_ptr()).fields.descr.cast() == descr.as_ptr() };
-            if same_descr && array.shape().iter().eq(leaf.shape.iter()) && array.is_c_contiguous() {
+            if in_leaf_layout(array, leaf, descr.as_ptr()) {
                 return Ok(view_or_copy(array.clone(), leaf.item_bytes()));
             }
         }
     }
     convert_leaf(value, leaf, descr, batch, what)
+}
+
+/// Whether `array` is one item of `leaf` as the column stores it: numpy's own descriptor
+/// of the leaf's dtype (`descr`: one object per builtin dtype), the leaf's shape, C layout.
+#[inline]
+fn in_leaf_layout(array: &Bound<'_, PyUntypedArray>, leaf: &Leaf, descr: *mut pyo3::ffi::PyObject) -> bool {
+    // SAFETY: `array` is a live numpy array; its descriptor pointer is only compared.
+    let same_descr = unsafe { (*array.as_array_ptr()).fields.descr.cast() == descr };
+    same_descr && array.shape().iter().eq(leaf.shape.iter()) && array.is_c_contiguous()
+}
+
+/// The bytes of `value` for a spec of one leaf where [`leaf_bytes`] takes one of its fast
+/// paths (a Python or numpy scalar into a scalar leaf, an array already in the leaf's
+/// layout), without its error plumbing; `None` otherwise (then [`one_leaf_view`] gives the
+/// bytes, or the error).
+#[inline]
+pub fn one_leaf_fast<'py>(spec: &Spec, value: &Bound<'py, PyAny>) -> Option<LeafBytes<'py>> {
+    let (Tree::Leaf(0), [leaf], [descr]) =
+        (&spec.tree, spec.schema.leaves.as_slice(), spec.descrs.as_slice())
+    else {
+        return None;
+    };
+    if leaf.shape.is_empty() {
+        if let Ok(Some((s, size))) = host_scalar(value) {
+            if let Some(bytes) = s.encode(size, leaf.dtype) {
+                return Some(LeafBytes::Inline(bytes));
+            }
+        }
+    }
+    let array = value.cast::<PyUntypedArray>().ok()?;
+    in_leaf_layout(array, leaf, descr.as_ptr()).then(|| view_or_copy(array.clone(), leaf.item_bytes()))
 }
 
 /// [`leaf_bytes`] for values that its fast paths do not take.
@@ -533,6 +570,7 @@ fn convert_leaf<'py>(
 
 /// `array` (live, C-contiguous, `n` bytes) as leaf bytes: a small item (up to
 /// [`INLINE_BYTES`]) copied now, so that storing it reads no layout; a view otherwise.
+#[inline]
 fn view_or_copy(array: Bound<'_, PyUntypedArray>, n: usize) -> LeafBytes<'_> {
     if n <= INLINE_BYTES {
         // SAFETY: `array` is a live C-contiguous numpy array of `n` bytes (the caller's

@@ -96,6 +96,7 @@ pub struct Inline {
 impl Inline {
     /// A copy of `b`; `None` if it is longer than [`INLINE_BYTES`].
     #[must_use]
+    #[inline]
     pub fn new(b: &[u8]) -> Option<Inline> {
         let mut bytes = [0u8; INLINE_BYTES];
         bytes.get_mut(..b.len())?.copy_from_slice(b);
@@ -126,6 +127,7 @@ impl Scalar {
     /// bytes and bools into int32, bools into bool. `None` otherwise: the caller converts
     /// through numpy, which also reports what does not fit.
     #[must_use]
+    #[inline]
     pub fn encode(self, size: usize, to: DType) -> Option<Inline> {
         match (self, to.kind, to.size) {
             (Scalar::Float(v), Kind::Float, 4) => Inline::new(&(v as f32).to_ne_bytes()),

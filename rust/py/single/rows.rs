@@ -2,12 +2,13 @@
 //! columns (a vector env's batches, a module's outputs), stored without per-item conversion.
 
 use pyo3::prelude::*;
-use pyo3::pybacked::PyBackedStr;
 use pyo3::types::{PyDict, PyString};
 use smallvec::SmallVec;
+use std::ptr::NonNull;
 
 use super::{FieldName, SingleAgentEpisodePy};
 use crate::episode::Leaves;
+use crate::py::dict_walk::for_each_item;
 use crate::py::errors::episode_error;
 use crate::py::object::PyObj;
 use crate::py::outputs::AgentOutputsPy;
@@ -45,14 +46,51 @@ pub struct RowSteps<'py> {
     leaves: RowLeaves<'py>,
     /// The extras' keys, their text read once (for the lookup of their columns when
     /// converted and when stored).
-    keys: SmallVec<[PyBackedStr; 24]>,
-    /// Per step, where its leaves and its extras' keys end.
-    ends: SmallVec<[(usize, usize); 8]>,
+    keys: SmallVec<[Key<'py>; 24]>,
+    /// Per step, where its leaves and its extras' keys start and end.
+    spans: SmallVec<[Span; 8]>,
+}
+
+/// An extra output's key with its text, read once: pyo3's `PyBackedStr` held as a
+/// `Bound`, whose drop needs no check of the thread's attachment (a thread-local read per
+/// key and step).
+pub(super) struct Key<'py> {
+    /// Keeps `text` alive.
+    _obj: Bound<'py, PyString>,
+    text: NonNull<str>,
+}
+
+impl<'py> Key<'py> {
+    fn new(obj: Bound<'py, PyString>) -> PyResult<Self> {
+        let text = NonNull::from(obj.to_str()?);
+        Ok(Key { _obj: obj, text })
+    }
+}
+
+impl AsRef<str> for Key<'_> {
+    #[inline]
+    fn as_ref(&self) -> &str {
+        // SAFETY: `text` is the UTF-8 text of `_obj` (read by `to_str`), which a str object
+        // keeps, unchanged, for as long as it lives; `_obj` holds it.
+        unsafe { self.text.as_ref() }
+    }
+}
+
+impl std::ops::Deref for Key<'_> {
+    type Target = str;
+
+    #[inline]
+    fn deref(&self) -> &str {
+        self.as_ref()
+    }
 }
 
 /// [`RowSteps`]' leaves: room for eight steps of an observation, an action, a reward and
 /// three one-leaf extras.
 pub(super) type RowLeaves<'py> = SmallVec<[LeafBytes<'py>; 48]>;
+
+/// One step's leaves and keys in [`RowSteps`]: the leaves `[0]..[1]`, the keys `[2]..[3]`.
+type Span = [usize; 4];
 
 impl RowSteps<'_> {
     /// Where the next step's leaves and keys start (for [`Self::finish`]).
@@ -62,23 +100,20 @@ impl RowSteps<'_> {
 
     /// Ends the step begun at `mark`: kept (its index) where `added` is `Ok(true)`;
     /// otherwise what it added is taken back, so that the next step starts clean.
+    #[inline]
     pub(super) fn finish(&mut self, mark: (usize, usize), added: PyResult<bool>) -> PyResult<Option<usize>> {
         if !matches!(added, Ok(true)) {
             self.leaves.truncate(mark.0);
             self.keys.truncate(mark.1);
             return added.map(|_| None);
         }
-        self.ends.push(self.mark());
-        Ok(Some(self.ends.len() - 1))
-    }
-
-    /// Where step `step`'s leaves and keys start.
-    pub(super) fn starts(&self, step: usize) -> (usize, usize) {
-        step.checked_sub(1).map_or((0, 0), |p| self.ends[p])
+        self.spans.push([mark.0, self.leaves.len(), mark.1, self.keys.len()]);
+        Ok(Some(self.spans.len() - 1))
     }
 
     /// Stores step `step` into `episode` (nothing is stored on error); `info` as
     /// [`info_or_absent`] gives it.
+    #[inline]
     pub fn apply(
         &self,
         step: usize,
@@ -88,8 +123,7 @@ impl RowSteps<'_> {
         truncated: bool,
         now: f64,
     ) -> PyResult<()> {
-        let (l0, k0) = self.starts(step);
-        let (l1, k1) = self.ends[step];
+        let [l0, l1, k0, k1] = self.spans[step];
         episode.add_row_step(&self.leaves[l0..l1], &self.keys[k0..k1], info, terminated, truncated, now)
     }
 }
@@ -135,22 +169,26 @@ impl SingleAgentEpisodePy {
                 _ => return Ok(false),
             }
             let push_dict = |steps: &mut RowSteps<'py>, d: &Bound<'py, PyDict>| -> PyResult<bool> {
-                for (k, v) in d.iter() {
-                    let Ok(k) = k.cast_into::<PyString>() else { return Ok(false) };
-                    let k = PyBackedStr::try_from(k)?;
-                    if !self.push_row_bytes(&mut steps.leaves, FieldName::Extra(&k), &v) {
+                let mut fits = true;
+                for_each_item(d, |_, k, v| {
+                    let Ok(k) = k.cast_into::<PyString>() else {
+                        fits = false;
                         return Ok(false);
-                    }
-                    steps.keys.push(k);
-                }
-                Ok(true)
+                    };
+                    // Kept at once: where the value does not fit, `finish` takes it back.
+                    steps.keys.push(Key::new(k)?);
+                    let k = steps.keys.last().map_or("", |k| &**k);
+                    fits = self.push_row_bytes(&mut steps.leaves, FieldName::Extra(k), &v);
+                    Ok(fits)
+                })?;
+                Ok(fits)
             };
             match extra_model_outputs {
                 None => Ok(true),
                 Some(ExtraOutputs::Dict(d)) => push_dict(steps, d),
                 Some(ExtraOutputs::Rows(r)) => {
                     for column in r.columns() {
-                        let k = PyBackedStr::try_from(column.name.bind(py).clone())?;
+                        let k = Key::new(column.name.bind(py).clone())?;
                         let Some(spec) = self.row_spec(FieldName::Extra(&k)) else {
                             return Ok(false);
                         };
@@ -174,6 +212,10 @@ impl SingleAgentEpisodePy {
         value: &Bound<'py, PyAny>,
     ) -> bool {
         let Some(spec) = self.row_spec(name) else { return false };
+        if let Some(bytes) = spec::one_leaf_fast(spec, value) {
+            leaves.push(bytes);
+            return true;
+        }
         if let Some(view) = spec::one_leaf_view(spec, value, &|| name.label()) {
             return view.map(|v| leaves.push(v)).is_ok();
         }
@@ -219,6 +261,7 @@ impl SingleAgentEpisodePy {
     /// [`Self::fits_rows`] order; `info` is [`info_or_absent`]'s (decided by the caller
     /// before any bytes are borrowed, since reading a value's truth may run Python code).
     /// Nothing is stored on error.
+    #[inline]
     pub fn add_row_step<B: AsRef<[u8]>, K: AsRef<str>>(
         &mut self,
         leaves: &[B],
