@@ -2,9 +2,9 @@
 //! columns (a vector env's batches, a module's outputs), stored without per-item conversion.
 
 use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedStr;
 use pyo3::types::{PyDict, PyString};
 use smallvec::SmallVec;
-use std::ptr::NonNull;
 
 use super::{FieldName, SingleAgentEpisodePy};
 use crate::episode::Leaves;
@@ -46,43 +46,9 @@ pub struct RowSteps<'py> {
     leaves: RowLeaves<'py>,
     /// The extras' keys, their text read once (for the lookup of their columns when
     /// converted and when stored).
-    keys: SmallVec<[Key<'py>; 24]>,
+    keys: SmallVec<[PyBackedStr; 24]>,
     /// Per step, where its leaves and its extras' keys start and end.
     spans: SmallVec<[Span; 8]>,
-}
-
-/// An extra output's key with its text, read once: pyo3's `PyBackedStr` held as a
-/// `Bound`, whose drop needs no check of the thread's attachment (a thread-local read per
-/// key and step).
-pub(super) struct Key<'py> {
-    /// Keeps `text` alive.
-    _obj: Bound<'py, PyString>,
-    text: NonNull<str>,
-}
-
-impl<'py> Key<'py> {
-    fn new(obj: Bound<'py, PyString>) -> PyResult<Self> {
-        let text = NonNull::from(obj.to_str()?);
-        Ok(Key { _obj: obj, text })
-    }
-}
-
-impl AsRef<str> for Key<'_> {
-    #[inline]
-    fn as_ref(&self) -> &str {
-        // SAFETY: `text` is the UTF-8 text of `_obj` (read by `to_str`), which a str object
-        // keeps, unchanged, for as long as it lives; `_obj` holds it.
-        unsafe { self.text.as_ref() }
-    }
-}
-
-impl std::ops::Deref for Key<'_> {
-    type Target = str;
-
-    #[inline]
-    fn deref(&self) -> &str {
-        self.as_ref()
-    }
 }
 
 /// [`RowSteps`]' leaves: room for eight steps of an observation, an action, a reward and
@@ -176,7 +142,7 @@ impl SingleAgentEpisodePy {
                         return Ok(false);
                     };
                     // Kept at once: where the value does not fit, `finish` takes it back.
-                    steps.keys.push(Key::new(k)?);
+                    steps.keys.push(PyBackedStr::try_from(k)?);
                     let k = steps.keys.last().map_or("", |k| &**k);
                     fits = self.push_row_bytes(&mut steps.leaves, FieldName::Extra(k), &v);
                     Ok(fits)
@@ -188,7 +154,7 @@ impl SingleAgentEpisodePy {
                 Some(ExtraOutputs::Dict(d)) => push_dict(steps, d),
                 Some(ExtraOutputs::Rows(r)) => {
                     for column in r.columns() {
-                        let k = Key::new(column.name.bind(py).clone())?;
+                        let k = PyBackedStr::try_from(column.name.bind(py).clone())?;
                         let Some(spec) = self.row_spec(FieldName::Extra(&k)) else {
                             return Ok(false);
                         };
