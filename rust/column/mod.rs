@@ -808,6 +808,20 @@ impl Column {
         }
     }
 
+    /// Makes room for `items` more items in every leaf buffer, in whole items and at most
+    /// `max_bytes` per buffer (a leaf whose item is bigger than that gets nothing); a hint,
+    /// as [`Self::reserve`].
+    pub fn reserve_within(&mut self, items: usize, max_bytes: usize) {
+        let items = self.packed.as_ref().map_or(items, |p| items.min(2 * p.rows));
+        for (buf, leaf) in self.leaves.iter_mut().zip(&self.schema.leaves) {
+            let n = leaf.item_bytes();
+            let fit = items.min(max_bytes.checked_div(n).unwrap_or(0));
+            if fit > 0 {
+                let _ = buf.try_reserve_exact(fit * n);
+            }
+        }
+    }
+
     /// Gives back the buffers' spare capacity (growth by doubling leaves up to half of a
     /// buffer unused), for a column that is kept but no longer appended to.
     ///
@@ -1017,6 +1031,18 @@ mod tests {
             }
         }
         assert_eq!(capacities, vec![64, 256, 1024, 2048]);
+    }
+
+    #[test]
+    fn reserve_within_takes_whole_items_up_to_the_bound() {
+        let mut c =
+            Column::new(Schema::new(vec![Leaf::new(DType::F32, vec![4]), Leaf::new(DType::BOOL, vec![])]));
+        c.reserve_within(128, 1024);
+        assert_eq!(c.leaves[0].capacity(), 64 * 16, "the bound: 64 items of 16 bytes");
+        assert_eq!(c.leaves[1].capacity(), 128, "the items: 128 of 1 byte");
+        let mut big = Column::new(Schema::new(vec![Leaf::new(DType::BOOL, vec![4096])]));
+        big.reserve_within(128, 1024);
+        assert_eq!(big.capacity_bytes(), 0, "an item bigger than the bound gets no room");
     }
 
     #[test]
