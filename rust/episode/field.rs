@@ -274,6 +274,7 @@ impl<O: Clone, S> Field<O, S> {
 
     /// Appends one item to a sparse field: `Some` object, or `None` for an absent one.
     /// Returns `false` (and changes nothing) if the field is not sparse.
+    #[inline]
     pub fn push_sparse(&mut self, item: Option<O>) -> bool {
         let Storage::Sparse { total, items, .. } = &mut self.storage else { return false };
         if let Some(o) = item {

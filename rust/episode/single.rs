@@ -709,11 +709,12 @@ impl<O: Clone, S> SingleAgentCore<O, S> {
         // Each extra's position, found once by the check and used by the store (inline for
         // up to eight extras: no heap block per step).
         let mut inline = [0usize; 8];
-        let mut heap = Vec::new();
+        // Made only for more extras (no vector to drop on the usual step).
+        let mut heap: Vec<usize>;
         let extra_at: &mut [usize] = if let Some(at) = inline.get_mut(..extra_keys.len()) {
             at
         } else {
-            heap.resize(extra_keys.len(), 0);
+            heap = vec![0; extra_keys.len()];
             &mut heap
         };
         // Check every field first (sizes against the columns), then store.
