@@ -98,6 +98,17 @@ impl Leaves {
             Leaves::Many(buffers)
         }
     }
+
+    /// The buffers `make(leaf)` of the `n` leaves, without a vector of them for one leaf
+    /// (which would be allocated and freed again: a column is made per field of every
+    /// episode and cut).
+    fn from_fn(n: usize, mut make: impl FnMut(usize) -> Vec<u8>) -> Leaves {
+        if n == 1 {
+            Leaves::One(make(0))
+        } else {
+            Leaves::Many((0..n).map(make).collect())
+        }
+    }
 }
 
 impl std::ops::Deref for Leaves {
@@ -162,7 +173,7 @@ impl Column {
     #[must_use]
     pub fn new(schema: impl Into<Arc<Schema>>) -> Column {
         let schema = schema.into();
-        let leaves = Leaves::new(vec![Vec::new(); schema.leaves.len()]);
+        let leaves = Leaves::from_fn(schema.leaves.len(), |_| Vec::new());
         Column { schema, leaves, packed: None, total: 0, lookback: 0 }
     }
 
@@ -594,12 +605,13 @@ impl Column {
         if positions.windows(2).any(|w| w[1] != w[0] + 1) {
             return None;
         }
-        let buffers = (self.schema.leaves.iter().zip(self.leaves.iter()))
-            .map(|(leaf, buf)| buf[first * leaf.item_bytes()..(last + 1) * leaf.item_bytes()].to_vec())
-            .collect();
+        let leaves = Leaves::from_fn(self.leaves.len(), |l| {
+            let n = self.schema.leaves[l].item_bytes();
+            self.leaves[l][first * n..(last + 1) * n].to_vec()
+        });
         let mut out = Column {
             schema: Arc::clone(&self.schema),
-            leaves: Leaves::new(buffers),
+            leaves,
             packed: None,
             total: positions.len(),
             lookback: 0,
