@@ -98,6 +98,17 @@ impl Leaves {
             Leaves::Many(buffers)
         }
     }
+
+    /// The buffers `make(leaf)` of the `n` leaves, without a vector of them for one leaf
+    /// (which would be allocated and freed again: a column is made per field of every
+    /// episode and cut).
+    fn from_fn(n: usize, mut make: impl FnMut(usize) -> Vec<u8>) -> Leaves {
+        if n == 1 {
+            Leaves::One(make(0))
+        } else {
+            Leaves::Many((0..n).map(make).collect())
+        }
+    }
 }
 
 impl std::ops::Deref for Leaves {
@@ -162,7 +173,7 @@ impl Column {
     #[must_use]
     pub fn new(schema: impl Into<Arc<Schema>>) -> Column {
         let schema = schema.into();
-        let leaves = Leaves::new(vec![Vec::new(); schema.leaves.len()]);
+        let leaves = Leaves::from_fn(schema.leaves.len(), |_| Vec::new());
         Column { schema, leaves, packed: None, total: 0, lookback: 0 }
     }
 
@@ -594,12 +605,13 @@ impl Column {
         if positions.windows(2).any(|w| w[1] != w[0] + 1) {
             return None;
         }
-        let buffers = (self.schema.leaves.iter().zip(self.leaves.iter()))
-            .map(|(leaf, buf)| buf[first * leaf.item_bytes()..(last + 1) * leaf.item_bytes()].to_vec())
-            .collect();
+        let leaves = Leaves::from_fn(self.leaves.len(), |l| {
+            let n = self.schema.leaves[l].item_bytes();
+            self.leaves[l][first * n..(last + 1) * n].to_vec()
+        });
         let mut out = Column {
             schema: Arc::clone(&self.schema),
-            leaves: Leaves::new(buffers),
+            leaves,
             packed: None,
             total: positions.len(),
             lookback: 0,
@@ -805,6 +817,20 @@ impl Column {
         for (buf, leaf) in self.leaves.iter_mut().zip(&self.schema.leaves) {
             let bytes = items.saturating_mul(leaf.item_bytes()).min(MAX_RESERVE_BYTES);
             let _ = buf.try_reserve_exact(bytes);
+        }
+    }
+
+    /// Makes room for `items` more items in every leaf buffer, in whole items and at most
+    /// `max_bytes` per buffer (a leaf whose item is bigger than that gets nothing); a hint,
+    /// as [`Self::reserve`].
+    pub fn reserve_within(&mut self, items: usize, max_bytes: usize) {
+        let items = self.packed.as_ref().map_or(items, |p| items.min(2 * p.rows));
+        for (buf, leaf) in self.leaves.iter_mut().zip(&self.schema.leaves) {
+            let n = leaf.item_bytes();
+            let fit = items.min(max_bytes.checked_div(n).unwrap_or(0));
+            if fit > 0 {
+                let _ = buf.try_reserve_exact(fit * n);
+            }
         }
     }
 
@@ -1017,6 +1043,18 @@ mod tests {
             }
         }
         assert_eq!(capacities, vec![64, 256, 1024, 2048]);
+    }
+
+    #[test]
+    fn reserve_within_takes_whole_items_up_to_the_bound() {
+        let mut c =
+            Column::new(Schema::new(vec![Leaf::new(DType::F32, vec![4]), Leaf::new(DType::BOOL, vec![])]));
+        c.reserve_within(128, 1024);
+        assert_eq!(c.leaves[0].capacity(), 64 * 16, "the bound: 64 items of 16 bytes");
+        assert_eq!(c.leaves[1].capacity(), 128, "the items: 128 of 1 byte");
+        let mut big = Column::new(Schema::new(vec![Leaf::new(DType::BOOL, vec![4096])]));
+        big.reserve_within(128, 1024);
+        assert_eq!(big.capacity_bytes(), 0, "an item bigger than the bound gets no room");
     }
 
     #[test]

@@ -8,6 +8,8 @@
 use std::fmt;
 use std::sync::Arc;
 
+use smallvec::SmallVec;
+
 use super::field::{Field, Item, Storage, TypedItem};
 use crate::column::{Column, ColumnError, Index, IndexError, Resolved};
 use crate::schema::Schema;
@@ -709,11 +711,12 @@ impl<O: Clone, S> SingleAgentCore<O, S> {
         // Each extra's position, found once by the check and used by the store (inline for
         // up to eight extras: no heap block per step).
         let mut inline = [0usize; 8];
-        let mut heap = Vec::new();
+        // Made only for more extras (no vector to drop on the usual step).
+        let mut heap: Vec<usize>;
         let extra_at: &mut [usize] = if let Some(at) = inline.get_mut(..extra_keys.len()) {
             at
         } else {
-            heap.resize(extra_keys.len(), 0);
+            heap = vec![0; extra_keys.len()];
             &mut heap
         };
         // Check every field first (sizes against the columns), then store.
@@ -825,23 +828,23 @@ impl<O: Clone, S> SingleAgentCore<O, S> {
     /// keeps an agent that finished at its last env step that way.
     pub fn cut_as_live(&self, len_lookback_buffer: usize) -> Result<SingleAgentCore<O, S>, EpisodeError> {
         let k = len_lookback_buffer as i64;
-        let tail = |field: &Field<O, S>, n: i64| -> Result<Vec<usize>, EpisodeError> {
-            let index = if n > 0 {
-                Index::Slice { start: Some(-n), stop: None, step: None }
-            } else {
-                Index::Slice { start: None, stop: Some(0), step: None }
-            };
-            positions(field, &index, false)
+        // The positions of the field's last `n` items, look-back included (RLlib's slice
+        // `[-n:]` of the whole buffer; `[:0]`, nothing, for `n <= 0`), on the stack for
+        // short tails.
+        let tail = |field: &Field<O, S>, n: i64| -> SmallVec<[usize; 8]> {
+            let total = field.geometry().total;
+            let n = usize::try_from(n).unwrap_or(0);
+            (total.saturating_sub(n)..total).collect()
         };
-        let rewards_pos = tail(&self.rewards, k)?;
+        let rewards_pos = tail(&self.rewards, k);
         // RLlib's "auto" look-back: everything kept before the new chunk starts.
         let lookback = rewards_pos.len();
-        let obs_pos = tail(&self.observations, k + 1)?;
-        let infos_pos = tail(&self.infos, k + 1)?;
-        let actions_pos = tail(&self.actions, k)?;
+        let obs_pos = tail(&self.observations, k + 1);
+        let infos_pos = tail(&self.infos, k + 1);
+        let actions_pos = tail(&self.actions, k);
         let mut extra_model_outputs = Vec::with_capacity(self.extra_model_outputs.len());
         for (key, field) in &self.extra_model_outputs {
-            extra_model_outputs.push((key.clone(), field.select(&tail(field, k)?, lookback)));
+            extra_model_outputs.push((key.clone(), field.select(&tail(field, k), lookback)));
         }
         Ok(SingleAgentCore {
             observations: self.observations.select(&obs_pos, lookback),
