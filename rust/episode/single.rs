@@ -832,9 +832,7 @@ impl<O: Clone, S> SingleAgentCore<O, S> {
         // `[-n:]` of the whole buffer; `[:0]`, nothing, for `n <= 0`), on the stack for
         // short tails.
         let tail = |field: &Field<O, S>, n: i64| -> SmallVec<[usize; 8]> {
-            let total = field.geometry().total;
-            let n = usize::try_from(n).unwrap_or(0);
-            (total.saturating_sub(n)..total).collect()
+            last_positions(field.geometry().total, usize::try_from(n).unwrap_or(0)).collect()
         };
         let rewards_pos = tail(&self.rewards, k);
         // RLlib's "auto" look-back: everything kept before the new chunk starts.
@@ -1148,10 +1146,15 @@ fn tail_positions(total: usize, index: &Index, neg_as_lookback: bool) -> Option<
             if start < 0 && !neg_as_lookback =>
         {
             let n = usize::try_from(start.unsigned_abs()).unwrap_or(usize::MAX);
-            Some((total.saturating_sub(n)..total).collect())
+            Some(last_positions(total, n).collect())
         }
         _ => None,
     }
+}
+
+/// The positions of the last `n` of `total` items (all of them where `n` is larger).
+fn last_positions(total: usize, n: usize) -> std::ops::Range<usize> {
+    total.saturating_sub(n)..total
 }
 
 /// Appends `other`'s chunk to `mine`; if their storages differ (two inferred schemas that
