@@ -1410,11 +1410,9 @@ fn dict_ref<'a, 'py>(value: Option<&'a Bound<'py, PyAny>>) -> PyResult<Option<&'
     }
 }
 
+/// [`dict_ref`], owned.
 fn as_dict<'py>(value: Option<&Bound<'py, PyAny>>) -> PyResult<Option<Bound<'py, PyDict>>> {
-    match value {
-        Some(v) if !v.is_none() => Ok(Some(v.cast::<PyDict>()?.clone())),
-        _ => Ok(None),
-    }
+    Ok(dict_ref(value)?.cloned())
 }
 
 /// What the record keeps for an agent the env step mentions: its episode, step map and
