@@ -5,6 +5,7 @@ use pyo3::types::{PyDict, PyDictMethods};
 
 /// Calls `f(position, key, value)` for the entries of `dict` in its order, as pyo3's
 /// iterator gives them (new references), until `f` returns `Ok(false)` or an error.
+/// Returns whether `f` took every entry (`false`: it stopped the walk).
 ///
 /// One `PyDict_Next` per entry: the iterator makes one more to find the end, about 50
 /// instructions per walk (an env step walks each of its dicts and every agent's extra
@@ -13,7 +14,7 @@ use pyo3::types::{PyDict, PyDictMethods};
 pub(crate) fn for_each_item<'py>(
     dict: &Bound<'py, PyDict>,
     mut f: impl FnMut(usize, Bound<'py, PyAny>, Bound<'py, PyAny>) -> PyResult<bool>,
-) -> PyResult<()> {
+) -> PyResult<bool> {
     let py = dict.py();
     let n = dict.len();
     let mut pos: pyo3::ffi::Py_ssize_t = 0;
@@ -29,9 +30,9 @@ pub(crate) fn for_each_item<'py>(
             (Bound::from_borrowed_ptr(py, key), Bound::from_borrowed_ptr(py, value))
         };
         if !f(i, k, v)? {
-            break;
+            return Ok(false);
         }
         assert!(dict.len() == n, "dictionary changed size during iteration");
     }
-    Ok(())
+    Ok(true)
 }

@@ -135,19 +135,13 @@ impl SingleAgentEpisodePy {
                 _ => return Ok(false),
             }
             let push_dict = |steps: &mut RowSteps<'py>, d: &Bound<'py, PyDict>| -> PyResult<bool> {
-                let mut fits = true;
                 for_each_item(d, |_, k, v| {
-                    let Ok(k) = k.cast_into::<PyString>() else {
-                        fits = false;
-                        return Ok(false);
-                    };
+                    let Ok(k) = k.cast_into::<PyString>() else { return Ok(false) };
                     // Kept at once: where the value does not fit, `finish` takes it back.
                     steps.keys.push(PyBackedStr::try_from(k)?);
                     let k = steps.keys.last().map_or("", |k| &**k);
-                    fits = self.push_row_bytes(&mut steps.leaves, FieldName::Extra(k), &v);
-                    Ok(fits)
-                })?;
-                Ok(fits)
+                    Ok(self.push_row_bytes(&mut steps.leaves, FieldName::Extra(k), &v))
+                })
             };
             match extra_model_outputs {
                 None => Ok(true),
