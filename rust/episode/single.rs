@@ -774,7 +774,7 @@ impl<O: Clone, S> SingleAgentCore<O, S> {
         if self.is_done() {
             return Err(EpisodeError::Done { what: "cut" });
         }
-        self.cut_as_live(len_lookback_buffer)
+        Ok(self.cut_as_live(len_lookback_buffer))
     }
 
     /// [`Self::cut`] (with `keep_done`: [`Self::cut_as_live`], the successor keeping this
@@ -793,7 +793,7 @@ impl<O: Clone, S> SingleAgentCore<O, S> {
         if !keep_done {
             return self.cut(len_lookback_buffer);
         }
-        let mut core = self.cut_as_live(len_lookback_buffer)?;
+        let mut core = self.cut_as_live(len_lookback_buffer);
         (core.is_terminated, core.is_truncated) = (self.is_terminated, self.is_truncated);
         Ok(core)
     }
@@ -826,25 +826,25 @@ impl<O: Clone, S> SingleAgentCore<O, S> {
     /// [`Self::cut`] without the check that the episode is not done: the successor of a
     /// done episode as if it were not (its flags are cleared). A multi-agent episode's cut
     /// keeps an agent that finished at its last env step that way.
-    pub fn cut_as_live(&self, len_lookback_buffer: usize) -> Result<SingleAgentCore<O, S>, EpisodeError> {
-        let k = len_lookback_buffer as i64;
+    #[must_use]
+    pub fn cut_as_live(&self, len_lookback_buffer: usize) -> SingleAgentCore<O, S> {
+        let k = len_lookback_buffer;
         // The positions of the field's last `n` items, look-back included (RLlib's slice
-        // `[-n:]` of the whole buffer; `[:0]`, nothing, for `n <= 0`), on the stack for
-        // short tails.
-        let tail = |field: &Field<O, S>, n: i64| -> SmallVec<[usize; 8]> {
-            last_positions(field.geometry().total, usize::try_from(n).unwrap_or(0)).collect()
+        // `[-n:]` of the whole buffer, nothing for `n == 0`), on the stack for short tails.
+        let tail = |field: &Field<O, S>, n: usize| -> SmallVec<[usize; 8]> {
+            last_positions(field.geometry().total, n).collect()
         };
         let rewards_pos = tail(&self.rewards, k);
         // RLlib's "auto" look-back: everything kept before the new chunk starts.
         let lookback = rewards_pos.len();
-        let obs_pos = tail(&self.observations, k + 1);
-        let infos_pos = tail(&self.infos, k + 1);
+        let obs_pos = tail(&self.observations, k.saturating_add(1));
+        let infos_pos = tail(&self.infos, k.saturating_add(1));
         let actions_pos = tail(&self.actions, k);
         let mut extra_model_outputs = Vec::with_capacity(self.extra_model_outputs.len());
         for (key, field) in &self.extra_model_outputs {
             extra_model_outputs.push((key.clone(), field.select(&tail(field, k), lookback)));
         }
-        Ok(SingleAgentCore {
+        SingleAgentCore {
             observations: self.observations.select(&obs_pos, lookback),
             infos: self.infos.select(&infos_pos, lookback),
             actions: self.actions.select(&actions_pos, lookback),
@@ -855,7 +855,7 @@ impl<O: Clone, S> SingleAgentCore<O, S> {
             t: self.t,
             is_terminated: false,
             is_truncated: false,
-        })
+        }
     }
 
     /// The fields' sizes (look-back included), `t` and the done flags: what a multi-agent
@@ -1680,7 +1680,7 @@ mod tests {
         let live = e.cut(2).unwrap();
         e.is_truncated = true;
         assert!(e.cut(2).is_err());
-        assert_eq!(e.cut_as_live(2).unwrap(), live);
+        assert_eq!(e.cut_as_live(2), live);
     }
 
     /// The infos by position within the chunk and look-back (absent ones as `None`).
